@@ -1,0 +1,373 @@
+//! A read-through cache for what the guard lets through.
+
+use std::borrow::Borrow;
+use std::future::Future;
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use moka::future::Cache;
+use moka::Expiry;
+
+/// A read-through cache on [moka]: positive and negative entries, one load
+/// per key at a time, jittered expiry.
+///
+/// - **Negative entries.** A key the guard let through (a false positive)
+///   that the loader does not find is remembered as missing for a short
+///   time, so repeated requests for it stop reaching the database.
+/// - **Coalescing.** Concurrent requests for one key share a single load;
+///   a failed load is returned to all of them and cached for none.
+/// - **Jitter.** Each entry lives its TTL ± a fraction (10% by default), so
+///   entries loaded together do not expire together.
+/// - **Bounded.** At most `max_capacity` entries, evicted by moka's TinyLFU
+///   policy.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use bloom_guard::ReadThroughCache;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let cache: ReadThroughCache<String, String> = ReadThroughCache::builder()
+///     .max_capacity(10_000)
+///     .ttl(Duration::from_secs(60))
+///     .negative_ttl(Duration::from_secs(5))
+///     .build();
+///
+/// let value = cache
+///     .get_or_load("alice".to_owned(), || async {
+///         // the database query
+///         Ok::<_, std::io::Error>(Some("Alice".to_owned()))
+///     })
+///     .await;
+/// assert_eq!(value.unwrap(), Some("Alice".to_owned()));
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ReadThroughCache<K, V> {
+    cache: Cache<K, Entry<V>>,
+    counters: Arc<Counters>,
+}
+
+#[derive(Debug, Clone)]
+enum Entry<V> {
+    Found(V),
+    Missing,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    hits: AtomicU64,
+    negative_hits: AtomicU64,
+    loads: AtomicU64,
+    load_errors: AtomicU64,
+}
+
+impl<K, V> std::fmt::Debug for ReadThroughCache<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadThroughCache").field("counters", &self.counters).finish_non_exhaustive()
+    }
+}
+
+/// Counters of a [`ReadThroughCache`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct CacheStats {
+    /// Lookups answered by a positive entry.
+    pub hits: u64,
+    /// Lookups answered by a negative ("not found") entry.
+    pub negative_hits: u64,
+    /// Loads run (one per coalesced group of lookups).
+    pub loads: u64,
+    /// Loads that failed.
+    pub load_errors: u64,
+    /// Entries held now (approximate).
+    pub entries: u64,
+}
+
+impl<K, V> ReadThroughCache<K, V>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    /// A builder with the defaults: 100 000 entries, a 5 minute TTL, a 30
+    /// second negative TTL, 10% jitter.
+    pub fn builder() -> CacheBuilder<K, V> {
+        CacheBuilder::default()
+    }
+
+    /// The value of `key`: from the cache, or from `load` on a miss.
+    ///
+    /// `load` answers `Ok(None)` when the key does not exist; that is cached
+    /// as a negative entry. Concurrent calls for one key run one `load`.
+    ///
+    /// # Errors
+    ///
+    /// The error of `load`, shared by every caller waiting for that load.
+    /// Errors are not cached: the next call loads again.
+    pub async fn get_or_load<F, Fut, E>(&self, key: K, load: F) -> Result<Option<V>, Arc<E>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Option<V>, E>>,
+        E: Send + Sync + 'static,
+    {
+        let counters = &self.counters;
+        let mut loaded = false;
+        let entry = self
+            .cache
+            .try_get_with(key, async {
+                loaded = true;
+                counters.loads.fetch_add(1, Ordering::Relaxed);
+                let value = load().await.inspect_err(|_| {
+                    counters.load_errors.fetch_add(1, Ordering::Relaxed);
+                })?;
+                Ok(value.map_or(Entry::Missing, Entry::Found))
+            })
+            .await?;
+        match entry {
+            Entry::Found(value) => {
+                if !loaded {
+                    counters.hits.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Some(value))
+            }
+            Entry::Missing => {
+                if !loaded {
+                    counters.negative_hits.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Stores a value, for instance right after writing it.
+    pub async fn insert(&self, key: K, value: V) {
+        self.cache.insert(key, Entry::Found(value)).await;
+    }
+
+    /// Forgets a key, positive or negative: call it when the key is created
+    /// (its negative entry would hide it) or changed or deleted.
+    pub async fn invalidate<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.cache.invalidate(key).await;
+    }
+
+    /// The cache's counters.
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.counters;
+        CacheStats {
+            hits: c.hits.load(Ordering::Relaxed),
+            negative_hits: c.negative_hits.load(Ordering::Relaxed),
+            loads: c.loads.load(Ordering::Relaxed),
+            load_errors: c.load_errors.load(Ordering::Relaxed),
+            entries: self.cache.entry_count(),
+        }
+    }
+}
+
+/// Configures a [`ReadThroughCache`].
+#[derive(Debug, Clone)]
+pub struct CacheBuilder<K, V> {
+    max_capacity: u64,
+    ttl: Duration,
+    negative_ttl: Duration,
+    jitter: f64,
+    types: PhantomData<fn() -> (K, V)>,
+}
+
+impl<K, V> Default for CacheBuilder<K, V> {
+    fn default() -> Self {
+        Self {
+            max_capacity: 100_000,
+            ttl: Duration::from_secs(300),
+            negative_ttl: Duration::from_secs(30),
+            jitter: 0.1,
+            types: PhantomData,
+        }
+    }
+}
+
+impl<K, V> CacheBuilder<K, V>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    /// The most entries held, positive and negative together.
+    #[must_use]
+    pub fn max_capacity(mut self, entries: u64) -> Self {
+        self.max_capacity = entries;
+        self
+    }
+
+    /// How long a found value is kept.
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long a "not found" is kept. Keep it short: it is what a key
+    /// created elsewhere waits for before it shows here, unless the creator
+    /// invalidates it.
+    #[must_use]
+    pub fn negative_ttl(mut self, ttl: Duration) -> Self {
+        self.negative_ttl = ttl;
+        self
+    }
+
+    /// The spread of expiry times, as a fraction of the TTL (default 0.1:
+    /// ±10%), clamped to `0.0..=0.5`.
+    #[must_use]
+    pub fn jitter(mut self, fraction: f64) -> Self {
+        self.jitter = fraction.clamp(0.0, 0.5);
+        self
+    }
+
+    /// Builds the cache.
+    pub fn build(self) -> ReadThroughCache<K, V> {
+        let expiry = JitteredExpiry {
+            ttl: self.ttl,
+            negative_ttl: self.negative_ttl,
+            jitter: self.jitter,
+        };
+        ReadThroughCache {
+            cache: Cache::builder()
+                .max_capacity(self.max_capacity)
+                .expire_after(expiry)
+                .build(),
+            counters: Arc::default(),
+        }
+    }
+}
+
+struct JitteredExpiry {
+    ttl: Duration,
+    negative_ttl: Duration,
+    jitter: f64,
+}
+
+impl JitteredExpiry {
+    fn jittered(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(1.0 - self.jitter + 2.0 * self.jitter * fastrand::f64())
+    }
+}
+
+impl<K, V> Expiry<K, Entry<V>> for JitteredExpiry {
+    fn expire_after_create(&self, _key: &K, value: &Entry<V>, _created_at: Instant) -> Option<Duration> {
+        Some(match value {
+            Entry::Found(_) => self.jittered(self.ttl),
+            Entry::Missing => self.jittered(self.negative_ttl),
+        })
+    }
+
+    fn expire_after_update(
+        &self,
+        key: &K,
+        value: &Entry<V>,
+        updated_at: Instant,
+        _duration_until_expiry: Option<Duration>,
+    ) -> Option<Duration> {
+        self.expire_after_create(key, value, updated_at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn cache() -> ReadThroughCache<String, u32> {
+        ReadThroughCache::builder().build()
+    }
+
+    #[tokio::test]
+    async fn caches_found_and_missing_values() {
+        let cache = cache();
+        let loads = AtomicUsize::new(0);
+        for _ in 0..3 {
+            let found = cache
+                .get_or_load("a".into(), || async {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, ()>(Some(1))
+                })
+                .await;
+            assert_eq!(found, Ok(Some(1)));
+            let missing = cache
+                .get_or_load("b".into(), || async {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, ()>(None)
+                })
+                .await;
+            assert_eq!(missing, Ok(None));
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 2);
+        let stats = cache.stats();
+        assert_eq!((stats.loads, stats.hits, stats.negative_hits), (2, 2, 2));
+    }
+
+    #[tokio::test]
+    async fn errors_are_not_cached() {
+        let cache = cache();
+        let failed = cache.get_or_load("a".into(), || async { Err::<Option<u32>, _>("down") }).await;
+        assert_eq!(failed.map_err(|e| *e), Err("down"));
+        let found = cache.get_or_load("a".into(), || async { Ok::<_, &str>(Some(7)) }).await;
+        assert_eq!(found, Ok(Some(7)));
+        assert_eq!(cache.stats().load_errors, 1);
+    }
+
+    #[tokio::test]
+    async fn concurrent_lookups_share_one_load() {
+        let cache = cache();
+        let loads = Arc::new(AtomicUsize::new(0));
+        let lookups = (0..100).map(|_| {
+            let (cache, loads) = (cache.clone(), Arc::clone(&loads));
+            tokio::spawn(async move {
+                cache
+                    .get_or_load("k".into(), || async move {
+                        loads.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, ()>(Some(5))
+                    })
+                    .await
+            })
+        });
+        for lookup in futures_util::future::join_all(lookups).await {
+            assert_eq!(lookup.expect("lookup task"), Ok(Some(5)));
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn invalidate_drops_a_negative_entry() {
+        let cache = cache();
+        let _ = cache.get_or_load("k".into(), || async { Ok::<_, ()>(None) }).await;
+        cache.invalidate("k").await;
+        let found = cache.get_or_load("k".into(), || async { Ok::<_, ()>(Some(1)) }).await;
+        assert_eq!(found, Ok(Some(1)));
+    }
+
+    #[test]
+    fn expiry_is_jittered_within_bounds() {
+        let expiry = JitteredExpiry {
+            ttl: Duration::from_secs(100),
+            negative_ttl: Duration::from_secs(10),
+            jitter: 0.1,
+        };
+        let now = Instant::now();
+        let ttls: Vec<Duration> = (0..1000)
+            .filter_map(|_| Expiry::<(), Entry<()>>::expire_after_create(&expiry, &(), &Entry::Found(()), now))
+            .collect();
+        let (min, max) = (ttls.iter().min().copied(), ttls.iter().max().copied());
+        assert!(min >= Some(Duration::from_secs(90)) && max <= Some(Duration::from_secs(110)));
+        assert!(max.zip(min).is_some_and(|(max, min)| max - min > Duration::from_secs(10)), "no spread");
+        let negative = Expiry::<(), Entry<()>>::expire_after_create(&expiry, &(), &Entry::Missing, now);
+        assert!(negative.is_some_and(|ttl| ttl <= Duration::from_secs(11)));
+    }
+}

@@ -1,0 +1,104 @@
+//! One Bloom filter generation: the bits, its secret hasher and its sizing.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fastbloom::AtomicBloomFilter;
+
+use crate::key::Key;
+
+/// A lock-free Bloom filter sized for `capacity` keys.
+///
+/// fastbloom's default hasher is SipHash-1-3 keyed from the operating
+/// system's random source, fresh for every filter, so nobody outside the
+/// process can compute which absent keys collide.
+#[derive(Debug)]
+pub(crate) struct Filter {
+    bloom: AtomicBloomFilter,
+    capacity: u64,
+    /// Keys whose insertion set at least one new bit: a close, slightly low,
+    /// count of distinct keys.
+    keys: AtomicU64,
+}
+
+impl Filter {
+    /// A filter holding `capacity` keys at `target_fpp`, with a fresh random hasher.
+    pub(crate) fn new(capacity: u64, target_fpp: f64) -> Self {
+        let capacity = capacity.max(1);
+        let items = usize::try_from(capacity).unwrap_or(usize::MAX);
+        Self {
+            bloom: AtomicBloomFilter::with_false_pos(target_fpp).expected_items(items),
+            capacity,
+            keys: AtomicU64::new(0),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn insert(&self, key: &Key<'_>) {
+        if !self.bloom.insert(key.as_bytes()) {
+            self.keys.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn contains(&self, key: &Key<'_>) -> bool {
+        self.bloom.contains(key.as_bytes())
+    }
+
+    pub(crate) fn keys(&self) -> u64 {
+        self.keys.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub(crate) fn bits(&self) -> u64 {
+        self.bloom.num_bits() as u64
+    }
+
+    pub(crate) fn hashes(&self) -> u32 {
+        self.bloom.num_hashes()
+    }
+
+    /// The false-positive rate expected from the keys inserted so far.
+    pub(crate) fn estimated_fpp(&self) -> f64 {
+        let keys = usize::try_from(self.keys()).unwrap_or(usize::MAX);
+        self.bloom.expected_false_pos(keys)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn raw_bits(&self) -> Vec<u64> {
+        self.bloom.iter().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_filter_has_its_own_secret_hasher() {
+        let a = Filter::new(1000, 0.01);
+        let b = Filter::new(1000, 0.01);
+        for i in 0..100 {
+            let key = i.to_string();
+            a.insert(&Key::from(&key));
+            b.insert(&Key::from(&key));
+        }
+        assert_eq!(a.bits(), b.bits());
+        assert_ne!(a.raw_bits(), b.raw_bits(), "two filters of the same keys share a hasher key");
+    }
+
+    #[test]
+    fn counts_distinct_keys_and_estimates_its_rate() {
+        let filter = Filter::new(10_000, 0.001);
+        assert_eq!(filter.estimated_fpp(), 0.0);
+        for i in 0..10_000 {
+            filter.insert(&Key::from(i.to_string()));
+            filter.insert(&Key::from(i.to_string()));
+        }
+        assert!(filter.keys() <= 10_000 && filter.keys() > 9_900, "{}", filter.keys());
+        let estimated = filter.estimated_fpp();
+        assert!(estimated > 0.0005 && estimated < 0.002, "{estimated}");
+    }
+}

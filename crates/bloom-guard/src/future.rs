@@ -1,0 +1,58 @@
+//! The response future of `BloomGuardService`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::Response;
+use pin_project_lite::pin_project;
+
+pin_project! {
+    /// The inner service's future, or the guard's own answer.
+    pub struct ResponseFuture<F, B> {
+        #[pin]
+        kind: Kind<F, B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F, B> {
+        Inner { #[pin] future: F },
+        Answered { response: Option<Response<B>> },
+    }
+}
+
+impl<F, B> ResponseFuture<F, B> {
+    pub(crate) fn inner(future: F) -> Self {
+        Self { kind: Kind::Inner { future } }
+    }
+
+    pub(crate) fn answered(response: Response<B>) -> Self {
+        Self {
+            kind: Kind::Answered { response: Some(response) },
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Inner { future } => future.poll(cx),
+            KindProj::Answered { response } => {
+                Poll::Ready(Ok(response.take().expect("future polled after completion")))
+            }
+        }
+    }
+}
+
+impl<F, B> std::fmt::Debug for ResponseFuture<F, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}

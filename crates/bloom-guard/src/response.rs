@@ -1,0 +1,76 @@
+//! The canned responses the guard answers with on its own.
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+
+use crate::key::KeyError;
+
+/// A response the guard sends without calling the inner service: kept as
+/// parts so each request gets a fresh copy for any body type.
+#[derive(Debug, Clone)]
+pub(crate) struct CannedResponse {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl CannedResponse {
+    pub(crate) fn from_response<B: Into<Bytes>>(response: Response<B>) -> Self {
+        let (parts, body) = response.into_parts();
+        Self {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.into(),
+        }
+    }
+
+    pub(crate) fn json(status: StatusCode, body: &'static str) -> Self {
+        let mut headers = HeaderMap::with_capacity(1);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        Self {
+            status,
+            headers,
+            body: Bytes::from_static(body.as_bytes()),
+        }
+    }
+
+    /// 404 with `{"error":"not found"}`: what the example service answers for
+    /// a missing row, so a guard rejection and a database miss look the same.
+    pub(crate) fn not_found() -> Self {
+        Self::json(StatusCode::NOT_FOUND, r#"{"error":"not found"}"#)
+    }
+
+    pub(crate) fn bad_key(error: &KeyError) -> Self {
+        match error {
+            KeyError::TooLong { .. } => Self::json(StatusCode::BAD_REQUEST, r#"{"error":"key too long"}"#),
+            KeyError::Malformed(_) => Self::json(StatusCode::BAD_REQUEST, r#"{"error":"malformed key"}"#),
+        }
+    }
+
+    pub(crate) fn to_response<B: From<Bytes>>(&self) -> Response<B> {
+        let mut response = Response::new(B::from(self.body.clone()));
+        *response.status_mut() = self.status;
+        response.headers_mut().clone_from(&self.headers);
+        response
+    }
+}
+
+/// The response the guard gives for an absent key unless told otherwise:
+/// `404 Not Found`, `content-type: application/json`, body
+/// `{"error":"not found"}`.
+///
+/// Answer your own "not found" with the same bytes, and nobody can tell a
+/// filter rejection from a database miss, so nobody can probe for the
+/// filter's false positives.
+///
+/// # Example
+///
+/// ```
+/// let response = bloom_guard::not_found_response();
+/// assert_eq!(response.status(), 404);
+/// assert_eq!(response.body().as_ref(), br#"{"error":"not found"}"#);
+/// ```
+pub fn not_found_response() -> Response<Bytes> {
+    CannedResponse::not_found().to_response()
+}

@@ -1,0 +1,219 @@
+//! The middleware `Service`.
+
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use tower_service::Service;
+
+use crate::extract::KeyExtractor;
+use crate::future::ResponseFuture;
+use crate::guard::{BloomGuard, Verdict};
+use crate::response::CannedResponse;
+
+/// Answers requests whose key is absent from the filter; passes the rest to
+/// the inner service.
+///
+/// Created by layering a [`BloomGuard`]. Requests without a key, and every
+/// request while no filter is in place, go to the inner service.
+#[derive(Debug, Clone)]
+pub struct BloomGuardService<S, K> {
+    inner: S,
+    guard: BloomGuard<K>,
+}
+
+impl<S, K> BloomGuardService<S, K> {
+    /// Guards `inner` with `guard`.
+    pub fn new(inner: S, guard: BloomGuard<K>) -> Self {
+        Self { inner, guard }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for BloomGuardService<S, K>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    K: KeyExtractor<ReqBody>,
+    ResBody: From<Bytes>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let response = match self.guard.check(&req) {
+            Verdict::Pass => return ResponseFuture::inner(self.inner.call(req)),
+            Verdict::Reject(absent) => absent.to_response(),
+            Verdict::BadKey(error) => {
+                tracing::debug!(%error, "request key refused");
+                CannedResponse::bad_key(&error).to_response()
+            }
+        };
+        ResponseFuture::answered(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use axum::body::Body;
+    use axum::routing::get;
+    use axum::Router;
+    use http::StatusCode;
+    use http_body_util::BodyExt;
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+    use crate::{BloomGuard, KeyList, PathParam, PathSegment};
+
+    /// An inner service that counts its calls.
+    fn counting_app(guard: BloomGuard) -> (Router, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&calls);
+        let app = Router::new()
+            .route(
+                "/items/{key}",
+                get(move || async move {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    "inner"
+                }),
+            )
+            .route("/health", get(|| async { "ok" }))
+            .route_layer(guard);
+        (app, calls)
+    }
+
+    async fn warm_guard(keys: &[&str]) -> BloomGuard {
+        let guard = BloomGuard::builder().key(PathParam("key")).build();
+        guard.clone().warm(KeyList::new(keys)).await;
+        guard
+    }
+
+    async fn get_uri(app: &Router, uri: &str) -> (StatusCode, String) {
+        let request = http::Request::get(uri).body(Body::empty()).expect("valid request");
+        let response = app.clone().oneshot(request).await.expect("infallible");
+        let status = response.status();
+        let body = response.into_body().collect().await.expect("body").to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn absent_key_gets_the_configured_response_without_calling_inner() {
+        let guard = BloomGuard::builder()
+            .absent_response(
+                http::Response::builder()
+                    .status(StatusCode::GONE)
+                    .header("x-why", "absent")
+                    .body("gone")
+                    .expect("valid response"),
+            )
+            .build();
+        guard.rebuild(&KeyList::new(["present"])).await.expect("build");
+        let (app, calls) = counting_app(guard.clone());
+
+        let request = http::Request::get("/items/absent").body(Body::empty()).expect("valid request");
+        let response = app.oneshot(request).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::GONE);
+        assert_eq!(response.headers()["x-why"], "absent");
+        assert_eq!(response.into_body().collect().await.expect("body").to_bytes(), "gone");
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        assert_eq!(guard.stats().rejected, 1);
+    }
+
+    #[tokio::test]
+    async fn default_absent_response_is_a_json_404() {
+        let (app, _) = counting_app(warm_guard(&["present"]).await);
+        assert_eq!(
+            get_uri(&app, "/items/absent").await,
+            (StatusCode::NOT_FOUND, r#"{"error":"not found"}"#.to_owned())
+        );
+    }
+
+    #[tokio::test]
+    async fn present_key_reaches_the_inner_service() {
+        let guard = warm_guard(&["present", "a/b c"]).await;
+        let (app, calls) = counting_app(guard.clone());
+        assert_eq!(get_uri(&app, "/items/present").await, (StatusCode::OK, "inner".to_owned()));
+        assert_eq!(get_uri(&app, "/items/a%2Fb%20c").await, (StatusCode::OK, "inner".to_owned()));
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert_eq!(guard.stats().passed, 2);
+    }
+
+    #[tokio::test]
+    async fn requests_without_a_key_pass() {
+        let (app, _) = counting_app(warm_guard(&[]).await);
+        assert_eq!(get_uri(&app, "/health").await, (StatusCode::OK, "ok".to_owned()));
+        // `route_layer`: unknown routes keep the router's own 404.
+        assert_eq!(get_uri(&app, "/nowhere").await, (StatusCode::NOT_FOUND, String::new()));
+    }
+
+    #[tokio::test]
+    async fn everything_passes_until_the_filter_is_warm() {
+        let guard = BloomGuard::builder().build();
+        let (app, calls) = counting_app(guard.clone());
+        assert_eq!(get_uri(&app, "/items/anything").await.0, StatusCode::OK);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        guard.rebuild(&KeyList::new(["x"])).await.expect("build");
+        assert_eq!(get_uri(&app, "/items/anything").await.0, StatusCode::NOT_FOUND);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn overlong_key_is_refused_before_the_filter() {
+        let long = "k".repeat(17);
+        let guard = BloomGuard::builder().max_key_len(16).build();
+        // The key is in the filter: only the length check can refuse it.
+        guard.rebuild(&KeyList::new([long.as_str()])).await.expect("build");
+        let (app, calls) = counting_app(guard.clone());
+        let (status, body) = get_uri(&app, &format!("/items/{long}")).await;
+        assert_eq!((status, body.as_str()), (StatusCode::BAD_REQUEST, r#"{"error":"key too long"}"#));
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        let stats = guard.stats();
+        assert_eq!((stats.passed, stats.rejected, stats.bad_keys), (0, 0, 1));
+        // 16 bytes after decoding is fine even though the URL is longer.
+        let encoded = "%6B".repeat(16);
+        assert_eq!(get_uri(&app, &format!("/items/{encoded}")).await.0, StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn works_in_a_plain_tower_stack() {
+        let guard = BloomGuard::builder().key(PathSegment(1)).build();
+        guard.rebuild(&KeyList::new(["present"])).await.expect("build");
+        let svc = ServiceBuilder::new().layer(guard).service(service_fn(|_req: http::Request<()>| async {
+            Ok::<_, Infallible>(http::Response::new(Body::from("inner")))
+        }));
+        let present = http::Request::get("/items/present").body(()).expect("valid request");
+        assert_eq!(svc.clone().oneshot(present).await.map(|r| r.status()), Ok(StatusCode::OK));
+        let absent = http::Request::get("/items/absent").body(()).expect("valid request");
+        assert_eq!(svc.oneshot(absent).await.map(|r| r.status()), Ok(StatusCode::NOT_FOUND));
+    }
+
+    #[tokio::test]
+    async fn inserted_keys_pass_at_once() {
+        let guard = warm_guard(&["a"]).await;
+        let (app, _) = counting_app(guard.clone());
+        assert_eq!(get_uri(&app, "/items/new%0Akey").await.0, StatusCode::NOT_FOUND);
+        guard.insert("new\nkey");
+        assert_eq!(get_uri(&app, "/items/new%0Akey").await.0, StatusCode::OK);
+    }
+}

@@ -1,0 +1,84 @@
+//! What the guard reports about itself.
+
+use std::fmt;
+
+/// Where the guard is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+pub enum State {
+    /// The first filter is being built; every request passes (fail open).
+    Warming,
+    /// A filter is in place; absent keys are answered by the guard.
+    Ready,
+    /// The first filter could not be built yet (the source fails); every
+    /// request passes while the guard retries.
+    Degraded,
+}
+
+impl State {
+    pub(crate) fn from_u8(value: u8) -> Self {
+        match value {
+            1 => State::Ready,
+            2 => State::Degraded,
+            _ => State::Warming,
+        }
+    }
+
+    pub(crate) fn as_u8(self) -> u8 {
+        match self {
+            State::Warming => 0,
+            State::Ready => 1,
+            State::Degraded => 2,
+        }
+    }
+
+    /// The lowercase name: `warming`, `ready` or `degraded`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Warming => "warming",
+            State::Ready => "ready",
+            State::Degraded => "degraded",
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A snapshot of the guard's filter and counters.
+///
+/// Filter figures (`keys`, `bits`, ...) describe the filter in use and are
+/// zero while none is.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct Stats {
+    /// Where the guard is in its life.
+    pub state: State,
+    /// How many filters have been put in place; 0 until the first.
+    pub generation: u64,
+    /// Distinct keys in the filter (a close, slightly low, count).
+    pub keys: u64,
+    /// The number of keys the filter was sized for, headroom included.
+    pub capacity: u64,
+    /// The filter's size in bits.
+    pub bits: u64,
+    /// Hash functions per key.
+    pub hashes: u32,
+    /// The false-positive rate the filter is sized for.
+    pub target_fpp: f64,
+    /// The false-positive rate expected from the keys in the filter now.
+    pub estimated_fpp: f64,
+    /// Requests with a key that the guard let through.
+    pub passed: u64,
+    /// Requests the guard answered itself because their key is absent.
+    pub rejected: u64,
+    /// Requests refused because their key was malformed or too long.
+    pub bad_keys: u64,
+    /// Why the last filter build failed, if it did and none succeeded since.
+    pub last_error: Option<String>,
+}
