@@ -1,0 +1,122 @@
+//! Postgres keys through `COPY (query) TO STDOUT`.
+
+use bloom_guard::{KeyBatch, KeySource};
+use futures_util::stream::{BoxStream, StreamExt};
+use sqlx::PgPool;
+
+use crate::batches::{spawn_scan, BatchSender};
+use crate::copy_text::CopyTextDecoder;
+use crate::error::SourceError;
+
+/// Every key of a Postgres query, streamed with `COPY (query) TO STDOUT`.
+///
+/// `COPY` hands rows out as fast as Postgres can read them, several times
+/// faster than fetching rows one by one. The text output is decoded on a
+/// task of its own while the guard inserts the previous batch, and memory
+/// stays bounded by a few batches whatever the table's size.
+///
+/// The count hint is the planner's row estimate for the query (`EXPLAIN`,
+/// no scan), or the result of [`count_query`](Self::count_query) if set.
+///
+/// # Example
+///
+/// ```no_run
+/// use bloom_guard::BloomGuard;
+/// use bloom_guard_sqlx::PgCopySource;
+///
+/// # async fn run(pool: sqlx::PgPool) {
+/// let guard = BloomGuard::builder().expected_items(1_000_000).build();
+/// tokio::spawn(guard.clone().warm(PgCopySource::new(pool, "select key from items")));
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgCopySource {
+    pool: PgPool,
+    query: String,
+    count_query: Option<String>,
+}
+
+impl PgCopySource {
+    /// A source for `query`, which must select exactly one text column:
+    /// the key, in the same form requests carry it.
+    pub fn new(pool: PgPool, query: impl Into<String>) -> Self {
+        Self {
+            pool,
+            query: query.into(),
+            count_query: None,
+        }
+    }
+
+    /// A query returning the number of keys as one `bigint`, run instead of
+    /// the planner's estimate: `select count(*) from items` is exact but
+    /// scans the table once more.
+    #[must_use]
+    pub fn count_query(mut self, query: impl Into<String>) -> Self {
+        self.count_query = Some(query.into());
+        self
+    }
+}
+
+impl KeySource for PgCopySource {
+    type Error = SourceError;
+
+    async fn count_hint(&self) -> Result<Option<u64>, SourceError> {
+        if let Some(count_query) = &self.count_query {
+            let count: i64 = sqlx::query_scalar(count_query).fetch_one(&self.pool).await?;
+            return Ok(Some(count.max(0) as u64));
+        }
+        let plan: Vec<String> = sqlx::query_scalar(&format!("explain {}", self.query))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(plan.first().and_then(|line| planned_rows(line)))
+    }
+
+    fn keys(&self) -> BoxStream<'static, Result<KeyBatch, SourceError>> {
+        let pool = self.pool.clone();
+        let statement = format!("copy ({}) to stdout", self.query);
+        spawn_scan(move |batches| async move {
+            let mut conn = pool.acquire().await?;
+            let mut chunks = conn.copy_out_raw(&statement).await?;
+            let mut decoder = CopyTextDecoder::default();
+            let mut batch = BatchSender::new_batch();
+            let mut complete = true;
+            while let Some(chunk) = chunks.next().await {
+                decoder.decode(&chunk?, &mut batch)?;
+                if !batches.send_if_full(&mut batch).await {
+                    complete = false;
+                    break;
+                }
+            }
+            drop(chunks);
+            if !complete {
+                // The rest of the COPY is still on the wire: do not hand
+                // this connection back to the pool.
+                conn.close_on_drop();
+                return Ok(());
+            }
+            decoder.finish()?;
+            batches.finish(batch).await;
+            Ok(())
+        })
+    }
+}
+
+/// The `rows=` estimate of the top line of a text `EXPLAIN`.
+fn planned_rows(line: &str) -> Option<u64> {
+    let rows = &line[line.find(" rows=")? + 6..];
+    let end = rows.find(|c: char| !c.is_ascii_digit()).unwrap_or(rows.len());
+    rows[..end].parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_planner_estimate() {
+        let line = "Seq Scan on items  (cost=0.00..3084.00 rows=200000 width=10)";
+        assert_eq!(planned_rows(line), Some(200_000));
+        assert_eq!(planned_rows("Result  (cost=0.00..0.01 rows=1 width=32)"), Some(1));
+        assert_eq!(planned_rows("nonsense"), None);
+    }
+}
