@@ -177,12 +177,18 @@ mod tests {
     #[test]
     fn undoes_every_escape() {
         let decoded = decode_all(&[b"a\\\\b\\nc\\rd\\te\\bf\\fg\\vh\\101\\x42\\x4\\q\\7z\n"]);
-        assert_eq!(decoded, Ok(vec![b"a\\b\nc\rd\te\x08f\x0cg\x0bhAB\x04q\x07z".to_vec()]));
+        assert_eq!(
+            decoded,
+            Ok(vec![b"a\\b\nc\rd\te\x08f\x0cg\x0bhAB\x04q\x07z".to_vec()])
+        );
     }
 
     #[test]
     fn skips_nulls_and_keeps_empty_keys() {
-        assert_eq!(decode_all(&[b"\\N\n\na\n"]), Ok(vec![b"".to_vec(), b"a".to_vec()]));
+        assert_eq!(
+            decode_all(&[b"\\N\n\na\n"]),
+            Ok(vec![b"".to_vec(), b"a".to_vec()])
+        );
     }
 
     #[test]

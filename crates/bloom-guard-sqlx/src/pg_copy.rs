@@ -62,7 +62,9 @@ impl KeySource for PgCopySource {
 
     async fn count_hint(&self) -> Result<Option<u64>, SourceError> {
         if let Some(count_query) = &self.count_query {
-            let count: i64 = sqlx::query_scalar(count_query).fetch_one(&self.pool).await?;
+            let count: i64 = sqlx::query_scalar(count_query)
+                .fetch_one(&self.pool)
+                .await?;
             return Ok(Some(count.max(0) as u64));
         }
         let plan: Vec<String> = sqlx::query_scalar(&format!("explain {}", self.query))
@@ -104,7 +106,9 @@ impl KeySource for PgCopySource {
 /// The `rows=` estimate of the top line of a text `EXPLAIN`.
 fn planned_rows(line: &str) -> Option<u64> {
     let rows = &line[line.find(" rows=")? + 6..];
-    let end = rows.find(|c: char| !c.is_ascii_digit()).unwrap_or(rows.len());
+    let end = rows
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rows.len());
     rows[..end].parse().ok()
 }
 
@@ -116,7 +120,10 @@ mod tests {
     fn reads_the_planner_estimate() {
         let line = "Seq Scan on items  (cost=0.00..3084.00 rows=200000 width=10)";
         assert_eq!(planned_rows(line), Some(200_000));
-        assert_eq!(planned_rows("Result  (cost=0.00..0.01 rows=1 width=32)"), Some(1));
+        assert_eq!(
+            planned_rows("Result  (cost=0.00..0.01 rows=1 width=32)"),
+            Some(1)
+        );
         assert_eq!(planned_rows("nonsense"), None);
     }
 }

@@ -64,7 +64,9 @@ where
     type Error = SourceError;
 
     async fn count_hint(&self) -> Result<Option<u64>, SourceError> {
-        let count: i64 = sqlx::query_scalar(&self.count_query).fetch_one(&self.pool).await?;
+        let count: i64 = sqlx::query_scalar(&self.count_query)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(Some(count.max(0) as u64))
     }
 

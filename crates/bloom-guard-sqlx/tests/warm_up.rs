@@ -58,8 +58,15 @@ fn app(guard: &BloomGuard) -> Router {
 
 async fn status(app: &Router, key: &str) -> u16 {
     let uri = format!("/items/{}", utf8_percent_encode(key, NON_ALPHANUMERIC));
-    let request = http::Request::get(uri).body(Body::empty()).expect("valid request");
-    app.clone().oneshot(request).await.expect("infallible").status().as_u16()
+    let request = http::Request::get(uri)
+        .body(Body::empty())
+        .expect("valid request");
+    app.clone()
+        .oneshot(request)
+        .await
+        .expect("infallible")
+        .status()
+        .as_u16()
 }
 
 /// Warms a guard from `source` and checks every stored key and 100k absent ones.
@@ -70,16 +77,28 @@ async fn check_warm_up(source: impl KeySource, stored: Vec<String>) {
     assert_eq!(stats.generation, 1);
     assert!(stats.keys as usize >= stored.len() * 99 / 100, "{stats:?}");
 
-    let false_negatives = stored.iter().filter(|key| !guard.may_contain(key.as_str())).count();
+    let false_negatives = stored
+        .iter()
+        .filter(|key| !guard.may_contain(key.as_str()))
+        .count();
     assert_eq!(false_negatives, 0);
     let app = app(&guard);
     for key in AWKWARD_KEYS {
-        assert_eq!(status(&app, key).await, 200, "stored key {key:?} refused on the request path");
+        assert_eq!(
+            status(&app, key).await,
+            200,
+            "stored key {key:?} refused on the request path"
+        );
     }
 
-    let false_positives = (0..KEYS).filter(|&i| guard.may_contain(absent_key(i))).count();
+    let false_positives = (0..KEYS)
+        .filter(|&i| guard.may_contain(absent_key(i)))
+        .count();
     let rate = false_positives as f64 / KEYS as f64;
-    assert!(rate <= 1.5 * TARGET_FPP, "false-positive rate {rate} over 1.5x the target {TARGET_FPP}");
+    assert!(
+        rate <= 1.5 * TARGET_FPP,
+        "false-positive rate {rate} over 1.5x the target {TARGET_FPP}"
+    );
 }
 
 fn all_keys() -> Vec<String> {
@@ -95,11 +114,16 @@ async fn fill_postgres(pool: &PgPool, keys: &[String]) {
         .execute(pool)
         .await
         .expect("insert keys");
-    sqlx::query("analyze items").execute(pool).await.expect("analyze");
+    sqlx::query("analyze items")
+        .execute(pool)
+        .await
+        .expect("analyze");
 }
 
 async fn sqlite_with(keys: &[String]) -> SqlitePool {
-    let pool = SqlitePool::connect("sqlite::memory:").await.expect("in-memory sqlite");
+    let pool = SqlitePool::connect("sqlite::memory:")
+        .await
+        .expect("in-memory sqlite");
     sqlx::query("create table items (key text not null unique)")
         .execute(&pool)
         .await
@@ -136,9 +160,14 @@ async fn postgres_query_warm_up_has_no_false_negatives(pool: PgPool) {
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn postgres_count_hints_size_the_filter(pool: PgPool) {
     fill_postgres(&pool, &all_keys()).await;
-    let estimate = PgCopySource::new(pool.clone(), "select key from items").count_hint().await;
+    let estimate = PgCopySource::new(pool.clone(), "select key from items")
+        .count_hint()
+        .await;
     let estimate = estimate.expect("explain").expect("a row estimate");
-    assert!(estimate.abs_diff(all_keys().len() as u64) < 5_000, "{estimate}");
+    assert!(
+        estimate.abs_diff(all_keys().len() as u64) < 5_000,
+        "{estimate}"
+    );
     let exact = PgCopySource::new(pool, "select key from items")
         .count_query("select count(*) from items")
         .count_hint()
@@ -151,7 +180,9 @@ async fn postgres_count_hints_size_the_filter(pool: PgPool) {
 async fn postgres_bad_key_query_fails_and_the_guard_stays_open(pool: PgPool) {
     fill_postgres(&pool, &["a".to_owned()]).await;
     let guard = guard();
-    let result = guard.rebuild(&PgCopySource::new(pool, "select key, value from items")).await;
+    let result = guard
+        .rebuild(&PgCopySource::new(pool, "select key, value from items"))
+        .await;
     assert!(result.is_err());
     assert!(!guard.is_ready() && guard.may_contain("anything"));
     assert!(guard.stats().last_error.is_some());
@@ -196,11 +227,22 @@ async fn postgres_copy_loads_any_key_the_request_path_accepts(pool: PgPool) {
     let strategy = proptest::collection::hash_set("[^\u{0}]{1,24}", 1..60);
     let mut runner = TestRunner::default();
     for _ in 0..16 {
-        let keys: Vec<String> = strategy.new_tree(&mut runner).expect("keys").current().into_iter().collect();
-        sqlx::query("truncate items").execute(&pool).await.expect("truncate");
+        let keys: Vec<String> = strategy
+            .new_tree(&mut runner)
+            .expect("keys")
+            .current()
+            .into_iter()
+            .collect();
+        sqlx::query("truncate items")
+            .execute(&pool)
+            .await
+            .expect("truncate");
         fill_postgres(&pool, &keys).await;
         let guard = guard();
-        guard.clone().warm(PgCopySource::new(pool.clone(), "select key from items")).await;
+        guard
+            .clone()
+            .warm(PgCopySource::new(pool.clone(), "select key from items"))
+            .await;
         let app = app(&guard);
         for key in &keys {
             assert_eq!(status(&app, key).await, 200, "key {key:?}");

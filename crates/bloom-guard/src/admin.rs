@@ -99,7 +99,10 @@ mod tests {
         assert_eq!(status(None).await, StatusCode::UNAUTHORIZED);
         assert_eq!(status(Some("Bearer wrong")).await, StatusCode::UNAUTHORIZED);
         assert_eq!(status(Some("Bearer s3cre")).await, StatusCode::UNAUTHORIZED);
-        assert_eq!(status(Some("Bearer s3cret2")).await, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            status(Some("Bearer s3cret2")).await,
+            StatusCode::UNAUTHORIZED
+        );
         assert_eq!(status(Some("Bearer ")).await, StatusCode::UNAUTHORIZED);
         assert_eq!(status(Some("s3cret")).await, StatusCode::UNAUTHORIZED);
         assert_eq!(status(Some("Bearer s3cret")).await, StatusCode::OK);

@@ -68,7 +68,9 @@ struct Counters {
 
 impl<K, V> std::fmt::Debug for ReadThroughCache<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReadThroughCache").field("counters", &self.counters).finish_non_exhaustive()
+        f.debug_struct("ReadThroughCache")
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
     }
 }
 
@@ -260,7 +262,12 @@ impl JitteredExpiry {
 }
 
 impl<K, V> Expiry<K, Entry<V>> for JitteredExpiry {
-    fn expire_after_create(&self, _key: &K, value: &Entry<V>, _created_at: Instant) -> Option<Duration> {
+    fn expire_after_create(
+        &self,
+        _key: &K,
+        value: &Entry<V>,
+        _created_at: Instant,
+    ) -> Option<Duration> {
         Some(match value {
             Entry::Found(_) => self.jittered(self.ttl),
             Entry::Missing => self.jittered(self.negative_ttl),
@@ -315,9 +322,13 @@ mod tests {
     #[tokio::test]
     async fn errors_are_not_cached() {
         let cache = cache();
-        let failed = cache.get_or_load("a".into(), || async { Err::<Option<u32>, _>("down") }).await;
+        let failed = cache
+            .get_or_load("a".into(), || async { Err::<Option<u32>, _>("down") })
+            .await;
         assert_eq!(failed.map_err(|e| *e), Err("down"));
-        let found = cache.get_or_load("a".into(), || async { Ok::<_, &str>(Some(7)) }).await;
+        let found = cache
+            .get_or_load("a".into(), || async { Ok::<_, &str>(Some(7)) })
+            .await;
         assert_eq!(found, Ok(Some(7)));
         assert_eq!(cache.stats().load_errors, 1);
     }
@@ -347,9 +358,13 @@ mod tests {
     #[tokio::test]
     async fn invalidate_drops_a_negative_entry() {
         let cache = cache();
-        let _ = cache.get_or_load("k".into(), || async { Ok::<_, ()>(None) }).await;
+        let _ = cache
+            .get_or_load("k".into(), || async { Ok::<_, ()>(None) })
+            .await;
         cache.invalidate("k").await;
-        let found = cache.get_or_load("k".into(), || async { Ok::<_, ()>(Some(1)) }).await;
+        let found = cache
+            .get_or_load("k".into(), || async { Ok::<_, ()>(Some(1)) })
+            .await;
         assert_eq!(found, Ok(Some(1)));
     }
 
@@ -362,12 +377,19 @@ mod tests {
         };
         let now = Instant::now();
         let ttls: Vec<Duration> = (0..1000)
-            .filter_map(|_| Expiry::<(), Entry<()>>::expire_after_create(&expiry, &(), &Entry::Found(()), now))
+            .filter_map(|_| {
+                Expiry::<(), Entry<()>>::expire_after_create(&expiry, &(), &Entry::Found(()), now)
+            })
             .collect();
         let (min, max) = (ttls.iter().min().copied(), ttls.iter().max().copied());
         assert!(min >= Some(Duration::from_secs(90)) && max <= Some(Duration::from_secs(110)));
-        assert!(max.zip(min).is_some_and(|(max, min)| max - min > Duration::from_secs(10)), "no spread");
-        let negative = Expiry::<(), Entry<()>>::expire_after_create(&expiry, &(), &Entry::Missing, now);
+        assert!(
+            max.zip(min)
+                .is_some_and(|(max, min)| max - min > Duration::from_secs(10)),
+            "no spread"
+        );
+        let negative =
+            Expiry::<(), Entry<()>>::expire_after_create(&expiry, &(), &Entry::Missing, now);
         assert!(negative.is_some_and(|ttl| ttl <= Duration::from_secs(11)));
     }
 }

@@ -90,7 +90,11 @@ impl<B> KeyExtractor<B> for PathParam {
 fn path_param<'p>(template: &str, path: &'p str, name: &str) -> Option<&'p str> {
     let is_param = |segment: &str, wildcard: bool| {
         let inner = segment.strip_prefix('{')?.strip_suffix('}')?;
-        let inner = if wildcard { inner.strip_prefix('*')? } else { inner };
+        let inner = if wildcard {
+            inner.strip_prefix('*')?
+        } else {
+            inner
+        };
         (inner == name).then_some(())
     };
     if let Some(last) = template.rsplit('/').next() {
@@ -99,7 +103,9 @@ fn path_param<'p>(template: &str, path: &'p str, name: &str) -> Option<&'p str> 
             return path.splitn(before + 1, '/').nth(before);
         }
     }
-    let from_end = template.rsplit('/').position(|s| is_param(s, false).is_some())?;
+    let from_end = template
+        .rsplit('/')
+        .position(|s| is_param(s, false).is_some())?;
     path.rsplit('/').nth(from_end)
 }
 
@@ -121,8 +127,14 @@ pub struct PathSegment(pub usize);
 impl<B> KeyExtractor<B> for PathSegment {
     fn extract<'r>(&self, req: &'r Request<B>) -> Result<Option<Key<'r>>, KeyError> {
         let path = req.uri().path();
-        let segment = path.strip_prefix('/').unwrap_or(path).split('/').nth(self.0);
-        Ok(segment.filter(|s| !s.is_empty()).map(Key::from_percent_encoded))
+        let segment = path
+            .strip_prefix('/')
+            .unwrap_or(path)
+            .split('/')
+            .nth(self.0);
+        Ok(segment
+            .filter(|s| !s.is_empty())
+            .map(Key::from_percent_encoded))
     }
 }
 
@@ -170,7 +182,10 @@ pub struct Header(pub HeaderName);
 
 impl<B> KeyExtractor<B> for Header {
     fn extract<'r>(&self, req: &'r Request<B>) -> Result<Option<Key<'r>>, KeyError> {
-        Ok(req.headers().get(&self.0).map(|value| Key::from(value.as_bytes())))
+        Ok(req
+            .headers()
+            .get(&self.0)
+            .map(|value| Key::from(value.as_bytes())))
     }
 }
 
@@ -179,39 +194,75 @@ mod tests {
     use super::*;
 
     fn request(uri: &str) -> Request<()> {
-        Request::builder().uri(uri).body(()).expect("valid test uri")
+        Request::builder()
+            .uri(uri)
+            .body(())
+            .expect("valid test uri")
     }
 
     fn bytes(key: Option<Key<'_>>) -> Option<Vec<u8>> {
         key.map(|k| k.as_bytes().to_vec())
     }
 
-        #[test]
+    #[test]
     fn path_param_finds_the_named_segment() {
-        assert_eq!(path_param("/items/{key}", "/items/a%2Fb", "key"), Some("a%2Fb"));
-        assert_eq!(path_param("/t/{tenant}/items/{key}", "/t/x/items/y", "tenant"), Some("x"));
-        assert_eq!(path_param("/t/{tenant}/items/{key}", "/t/x/items/y", "key"), Some("y"));
+        assert_eq!(
+            path_param("/items/{key}", "/items/a%2Fb", "key"),
+            Some("a%2Fb")
+        );
+        assert_eq!(
+            path_param("/t/{tenant}/items/{key}", "/t/x/items/y", "tenant"),
+            Some("x")
+        );
+        assert_eq!(
+            path_param("/t/{tenant}/items/{key}", "/t/x/items/y", "key"),
+            Some("y")
+        );
         // nested: the router saw `/items/y` while the route is `/api/items/{key}`
         assert_eq!(path_param("/api/items/{key}", "/items/y", "key"), Some("y"));
-        assert_eq!(path_param("/files/{*key}", "/files/a/b%20c", "key"), Some("a/b%20c"));
+        assert_eq!(
+            path_param("/files/{*key}", "/files/a/b%20c", "key"),
+            Some("a/b%20c")
+        );
         assert_eq!(path_param("/items/{id}", "/items/y", "key"), None);
         assert_eq!(path_param("/items/key", "/items/key", "key"), None);
     }
 
     #[test]
     fn path_segment_counts_from_the_first_slash() {
-        assert_eq!(bytes(PathSegment(1).extract(&request("/items/a%09b")).unwrap()), Some(b"a\tb".to_vec()));
-        assert_eq!(bytes(PathSegment(0).extract(&request("/items/x")).unwrap()), Some(b"items".to_vec()));
-        assert_eq!(bytes(PathSegment(2).extract(&request("/items/x")).unwrap()), None);
-        assert_eq!(bytes(PathSegment(1).extract(&request("/items/")).unwrap()), None);
+        assert_eq!(
+            bytes(PathSegment(1).extract(&request("/items/a%09b")).unwrap()),
+            Some(b"a\tb".to_vec())
+        );
+        assert_eq!(
+            bytes(PathSegment(0).extract(&request("/items/x")).unwrap()),
+            Some(b"items".to_vec())
+        );
+        assert_eq!(
+            bytes(PathSegment(2).extract(&request("/items/x")).unwrap()),
+            None
+        );
+        assert_eq!(
+            bytes(PathSegment(1).extract(&request("/items/")).unwrap()),
+            None
+        );
     }
 
     #[test]
     fn query_param_decodes_form_values() {
         let req = request("/lookup?x=1&id=a+b%2Bc%26&y=2");
-        assert_eq!(bytes(QueryParam("id").extract(&req).unwrap()), Some(b"a b+c&".to_vec()));
-        assert_eq!(bytes(QueryParam("id").extract(&request("/lookup")).unwrap()), None);
-        assert_eq!(bytes(QueryParam("id").extract(&request("/lookup?idx=1")).unwrap()), None);
+        assert_eq!(
+            bytes(QueryParam("id").extract(&req).unwrap()),
+            Some(b"a b+c&".to_vec())
+        );
+        assert_eq!(
+            bytes(QueryParam("id").extract(&request("/lookup")).unwrap()),
+            None
+        );
+        assert_eq!(
+            bytes(QueryParam("id").extract(&request("/lookup?idx=1")).unwrap()),
+            None
+        );
     }
 
     #[test]
@@ -221,12 +272,18 @@ mod tests {
             .body(())
             .expect("valid test request");
         let extractor = Header(HeaderName::from_static("x-api-key"));
-        assert_eq!(bytes(extractor.extract(&req).unwrap()), Some(b"k\\1".to_vec()));
+        assert_eq!(
+            bytes(extractor.extract(&req).unwrap()),
+            Some(b"k\\1".to_vec())
+        );
     }
 
     #[test]
     fn closures_are_extractors() {
         let extractor = |req: &Request<()>| req.uri().query().map(str::to_owned);
-        assert_eq!(bytes(extractor.extract(&request("/?abc")).unwrap()), Some(b"abc".to_vec()));
+        assert_eq!(
+            bytes(extractor.extract(&request("/?abc")).unwrap()),
+            Some(b"abc".to_vec())
+        );
     }
 }

@@ -86,7 +86,11 @@ mod tests {
             b.insert(&Key::from(&key));
         }
         assert_eq!(a.bits(), b.bits());
-        assert_ne!(a.raw_bits(), b.raw_bits(), "two filters of the same keys share a hasher key");
+        assert_ne!(
+            a.raw_bits(),
+            b.raw_bits(),
+            "two filters of the same keys share a hasher key"
+        );
     }
 
     #[test]
@@ -97,7 +101,11 @@ mod tests {
             filter.insert(&Key::from(i.to_string()));
             filter.insert(&Key::from(i.to_string()));
         }
-        assert!(filter.keys() <= 10_000 && filter.keys() > 9_900, "{}", filter.keys());
+        assert!(
+            filter.keys() <= 10_000 && filter.keys() > 9_900,
+            "{}",
+            filter.keys()
+        );
         let estimated = filter.estimated_fpp();
         assert!(estimated > 0.0005 && estimated < 0.002, "{estimated}");
     }

@@ -25,12 +25,16 @@ pin_project! {
 
 impl<F, B> ResponseFuture<F, B> {
     pub(crate) fn inner(future: F) -> Self {
-        Self { kind: Kind::Inner { future } }
+        Self {
+            kind: Kind::Inner { future },
+        }
     }
 
     pub(crate) fn answered(response: Response<B>) -> Self {
         Self {
-            kind: Kind::Answered { response: Some(response) },
+            kind: Kind::Answered {
+                response: Some(response),
+            },
         }
     }
 }

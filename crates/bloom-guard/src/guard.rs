@@ -226,7 +226,10 @@ impl<K> Builder<K> {
     /// If `rate` is not strictly between 0 and 1.
     #[must_use]
     pub fn false_positive_rate(mut self, rate: f64) -> Self {
-        assert!(rate > 0.0 && rate < 1.0, "false_positive_rate must be in (0, 1), got {rate}");
+        assert!(
+            rate > 0.0 && rate < 1.0,
+            "false_positive_rate must be in (0, 1), got {rate}"
+        );
         self.config.target_fpp = rate;
         self
     }
@@ -240,7 +243,10 @@ impl<K> Builder<K> {
     /// If `fraction` is negative or not finite.
     #[must_use]
     pub fn headroom(mut self, fraction: f64) -> Self {
-        assert!(fraction >= 0.0 && fraction.is_finite(), "headroom must be >= 0, got {fraction}");
+        assert!(
+            fraction >= 0.0 && fraction.is_finite(),
+            "headroom must be >= 0, got {fraction}"
+        );
         self.config.headroom = fraction;
         self
     }
@@ -378,7 +384,10 @@ impl Shared {
 
     /// Makes `filter` receive every insert from now on, plus the journal.
     pub(crate) fn register(&self, filter: &Arc<Filter>) {
-        let mut building = self.building.write().unwrap_or_else(PoisonError::into_inner);
+        let mut building = self
+            .building
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         let journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         for (at, key) in journal.entries.iter().rev() {
@@ -391,19 +400,28 @@ impl Shared {
     }
 
     pub(crate) fn unregister(&self, filter: &Arc<Filter>) {
-        let mut building = self.building.write().unwrap_or_else(PoisonError::into_inner);
+        let mut building = self
+            .building
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         building.retain(|f| !Arc::ptr_eq(f, filter));
     }
 
     /// Puts a registered filter in use. Swapping and unregistering happen
     /// under the write lock so no insert can fall between the two.
     pub(crate) fn promote(&self, filter: &Arc<Filter>) -> u64 {
-        let mut building = self.building.write().unwrap_or_else(PoisonError::into_inner);
+        let mut building = self
+            .building
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         self.current.store(Some(Arc::clone(filter)));
         building.retain(|f| !Arc::ptr_eq(f, filter));
         drop(building);
         self.set_state(State::Ready);
-        *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
         self.generation.fetch_add(1, Ordering::AcqRel) + 1
     }
 
@@ -411,7 +429,10 @@ impl Shared {
         if self.current.load().is_none() {
             self.set_state(State::Degraded);
         }
-        *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(error);
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(error);
     }
 
     fn set_state(&self, state: State) {
@@ -433,7 +454,11 @@ impl Shared {
             passed: self.passed.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
             bad_keys: self.bad_keys.load(Ordering::Relaxed),
-            last_error: self.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            last_error: self
+                .last_error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
         }
     }
 }

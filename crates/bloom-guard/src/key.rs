@@ -150,13 +150,20 @@ mod tests {
             ("trailing%", "trailing%"),
         ];
         for (encoded, stored) in cases {
-            assert_eq!(Key::from_percent_encoded(encoded), Key::from(stored), "{encoded}");
+            assert_eq!(
+                Key::from_percent_encoded(encoded),
+                Key::from(stored),
+                "{encoded}"
+            );
         }
     }
 
     #[test]
     fn decoding_borrows_when_nothing_is_encoded() {
-        assert!(matches!(Key::from_percent_encoded("abc").0, Cow::Borrowed(_)));
+        assert!(matches!(
+            Key::from_percent_encoded("abc").0,
+            Cow::Borrowed(_)
+        ));
     }
 
     proptest! {

@@ -43,8 +43,12 @@ impl CannedResponse {
 
     pub(crate) fn bad_key(error: &KeyError) -> Self {
         match error {
-            KeyError::TooLong { .. } => Self::json(StatusCode::BAD_REQUEST, r#"{"error":"key too long"}"#),
-            KeyError::Malformed(_) => Self::json(StatusCode::BAD_REQUEST, r#"{"error":"malformed key"}"#),
+            KeyError::TooLong { .. } => {
+                Self::json(StatusCode::BAD_REQUEST, r#"{"error":"key too long"}"#)
+            }
+            KeyError::Malformed(_) => {
+                Self::json(StatusCode::BAD_REQUEST, r#"{"error":"malformed key"}"#)
+            }
         }
     }
 

@@ -110,10 +110,17 @@ mod tests {
     }
 
     async fn get_uri(app: &Router, uri: &str) -> (StatusCode, String) {
-        let request = http::Request::get(uri).body(Body::empty()).expect("valid request");
+        let request = http::Request::get(uri)
+            .body(Body::empty())
+            .expect("valid request");
         let response = app.clone().oneshot(request).await.expect("infallible");
         let status = response.status();
-        let body = response.into_body().collect().await.expect("body").to_bytes();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 
@@ -128,14 +135,27 @@ mod tests {
                     .expect("valid response"),
             )
             .build();
-        guard.rebuild(&KeyList::new(["present"])).await.expect("build");
+        guard
+            .rebuild(&KeyList::new(["present"]))
+            .await
+            .expect("build");
         let (app, calls) = counting_app(guard.clone());
 
-        let request = http::Request::get("/items/absent").body(Body::empty()).expect("valid request");
+        let request = http::Request::get("/items/absent")
+            .body(Body::empty())
+            .expect("valid request");
         let response = app.oneshot(request).await.expect("infallible");
         assert_eq!(response.status(), StatusCode::GONE);
         assert_eq!(response.headers()["x-why"], "absent");
-        assert_eq!(response.into_body().collect().await.expect("body").to_bytes(), "gone");
+        assert_eq!(
+            response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes(),
+            "gone"
+        );
         assert_eq!(calls.load(Ordering::SeqCst), 0);
         assert_eq!(guard.stats().rejected, 1);
     }
@@ -153,8 +173,14 @@ mod tests {
     async fn present_key_reaches_the_inner_service() {
         let guard = warm_guard(&["present", "a/b c"]).await;
         let (app, calls) = counting_app(guard.clone());
-        assert_eq!(get_uri(&app, "/items/present").await, (StatusCode::OK, "inner".to_owned()));
-        assert_eq!(get_uri(&app, "/items/a%2Fb%20c").await, (StatusCode::OK, "inner".to_owned()));
+        assert_eq!(
+            get_uri(&app, "/items/present").await,
+            (StatusCode::OK, "inner".to_owned())
+        );
+        assert_eq!(
+            get_uri(&app, "/items/a%2Fb%20c").await,
+            (StatusCode::OK, "inner".to_owned())
+        );
         assert_eq!(calls.load(Ordering::SeqCst), 2);
         assert_eq!(guard.stats().passed, 2);
     }
@@ -162,9 +188,15 @@ mod tests {
     #[tokio::test]
     async fn requests_without_a_key_pass() {
         let (app, _) = counting_app(warm_guard(&[]).await);
-        assert_eq!(get_uri(&app, "/health").await, (StatusCode::OK, "ok".to_owned()));
+        assert_eq!(
+            get_uri(&app, "/health").await,
+            (StatusCode::OK, "ok".to_owned())
+        );
         // `route_layer`: unknown routes keep the router's own 404.
-        assert_eq!(get_uri(&app, "/nowhere").await, (StatusCode::NOT_FOUND, String::new()));
+        assert_eq!(
+            get_uri(&app, "/nowhere").await,
+            (StatusCode::NOT_FOUND, String::new())
+        );
     }
 
     #[tokio::test]
@@ -174,7 +206,10 @@ mod tests {
         assert_eq!(get_uri(&app, "/items/anything").await.0, StatusCode::OK);
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         guard.rebuild(&KeyList::new(["x"])).await.expect("build");
-        assert_eq!(get_uri(&app, "/items/anything").await.0, StatusCode::NOT_FOUND);
+        assert_eq!(
+            get_uri(&app, "/items/anything").await.0,
+            StatusCode::NOT_FOUND
+        );
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
@@ -183,36 +218,63 @@ mod tests {
         let long = "k".repeat(17);
         let guard = BloomGuard::builder().max_key_len(16).build();
         // The key is in the filter: only the length check can refuse it.
-        guard.rebuild(&KeyList::new([long.as_str()])).await.expect("build");
+        guard
+            .rebuild(&KeyList::new([long.as_str()]))
+            .await
+            .expect("build");
         let (app, calls) = counting_app(guard.clone());
         let (status, body) = get_uri(&app, &format!("/items/{long}")).await;
-        assert_eq!((status, body.as_str()), (StatusCode::BAD_REQUEST, r#"{"error":"key too long"}"#));
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::BAD_REQUEST, r#"{"error":"key too long"}"#)
+        );
         assert_eq!(calls.load(Ordering::SeqCst), 0);
         let stats = guard.stats();
         assert_eq!((stats.passed, stats.rejected, stats.bad_keys), (0, 0, 1));
         // 16 bytes after decoding is fine even though the URL is longer.
         let encoded = "%6B".repeat(16);
-        assert_eq!(get_uri(&app, &format!("/items/{encoded}")).await.0, StatusCode::NOT_FOUND);
+        assert_eq!(
+            get_uri(&app, &format!("/items/{encoded}")).await.0,
+            StatusCode::NOT_FOUND
+        );
     }
 
     #[tokio::test]
     async fn works_in_a_plain_tower_stack() {
         let guard = BloomGuard::builder().key(PathSegment(1)).build();
-        guard.rebuild(&KeyList::new(["present"])).await.expect("build");
-        let svc = ServiceBuilder::new().layer(guard).service(service_fn(|_req: http::Request<()>| async {
-            Ok::<_, Infallible>(http::Response::new(Body::from("inner")))
-        }));
-        let present = http::Request::get("/items/present").body(()).expect("valid request");
-        assert_eq!(svc.clone().oneshot(present).await.map(|r| r.status()), Ok(StatusCode::OK));
-        let absent = http::Request::get("/items/absent").body(()).expect("valid request");
-        assert_eq!(svc.oneshot(absent).await.map(|r| r.status()), Ok(StatusCode::NOT_FOUND));
+        guard
+            .rebuild(&KeyList::new(["present"]))
+            .await
+            .expect("build");
+        let svc = ServiceBuilder::new().layer(guard).service(service_fn(
+            |_req: http::Request<()>| async {
+                Ok::<_, Infallible>(http::Response::new(Body::from("inner")))
+            },
+        ));
+        let present = http::Request::get("/items/present")
+            .body(())
+            .expect("valid request");
+        assert_eq!(
+            svc.clone().oneshot(present).await.map(|r| r.status()),
+            Ok(StatusCode::OK)
+        );
+        let absent = http::Request::get("/items/absent")
+            .body(())
+            .expect("valid request");
+        assert_eq!(
+            svc.oneshot(absent).await.map(|r| r.status()),
+            Ok(StatusCode::NOT_FOUND)
+        );
     }
 
     #[tokio::test]
     async fn inserted_keys_pass_at_once() {
         let guard = warm_guard(&["a"]).await;
         let (app, _) = counting_app(guard.clone());
-        assert_eq!(get_uri(&app, "/items/new%0Akey").await.0, StatusCode::NOT_FOUND);
+        assert_eq!(
+            get_uri(&app, "/items/new%0Akey").await.0,
+            StatusCode::NOT_FOUND
+        );
         guard.insert("new\nkey");
         assert_eq!(get_uri(&app, "/items/new%0Akey").await.0, StatusCode::OK);
     }

@@ -116,9 +116,16 @@ impl<K> BloomGuard<K> {
     }
 }
 
-async fn scan<S: KeySource>(shared: &Shared, source: &S, floor: u64) -> Result<Arc<Filter>, BuildError> {
+async fn scan<S: KeySource>(
+    shared: &Shared,
+    source: &S,
+    floor: u64,
+) -> Result<Arc<Filter>, BuildError> {
     let started = Instant::now();
-    let hint = source.count_hint().await.map_err(|e| BuildError::Source(Box::new(e)))?;
+    let hint = source
+        .count_hint()
+        .await
+        .map_err(|e| BuildError::Source(Box::new(e)))?;
     let config = &shared.config;
     let wanted = hint.unwrap_or(0).max(config.expected_items).max(floor);
     let capacity = (wanted as f64 * (1.0 + config.headroom)).ceil() as u64;
@@ -138,7 +145,11 @@ async fn scan<S: KeySource>(shared: &Shared, source: &S, floor: u64) -> Result<A
         let since = last_report.0.elapsed();
         if since >= config.progress_interval {
             let rate = (scanned - last_report.1) as f64 / since.as_secs_f64();
-            tracing::info!(keys = scanned, keys_per_sec = rate as u64, "bloom filter build in progress");
+            tracing::info!(
+                keys = scanned,
+                keys_per_sec = rate as u64,
+                "bloom filter build in progress"
+            );
             last_report = (Instant::now(), scanned);
         }
     }

@@ -1,1 +1,127 @@
-fn main() {}
+//! An items API guarded by bloom-guard.
+//!
+//! Shows the whole flow: the guard as `route_layer` on `/items/{key}`,
+//! warm-up from the database at start, write-through inserts, a moka
+//! read-through cache behind the guard, and the admin API on its own port.
+//!
+//! Run with `cargo run -p items-service` (an embedded SQLite file with demo
+//! items), or against Postgres with
+//! `DATABASE_URL=postgres://postgres@127.0.0.1/postgres ADMIN_TOKEN=secret cargo run -p items-service`.
+//!
+//! ```text
+//! curl -i localhost:3000/items/apple            # 200, from the database
+//! curl -i localhost:3000/items/no-such-key      # 404, answered by the guard
+//! curl -i -X POST localhost:3000/items -H 'content-type: application/json' \
+//!      -d '{"key":"kiwi","value":"green"}'     # 201
+//! curl -i localhost:3000/items/kiwi             # 200 at once
+//! curl -s -H 'authorization: Bearer secret' localhost:3001/admin/bloom
+//! ```
+
+use std::process::ExitCode;
+
+use items_service::{admin_app, app, guard, prepare, AppState, Config, Database};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let config = Config::from_env()?;
+    let db = match &config.database_url {
+        Some(url) => Database::postgres(url)?,
+        None => {
+            tracing::info!(path = %config.sqlite_path, "DATABASE_URL is unset: using an embedded SQLite database");
+            Database::sqlite(&config.sqlite_path).await?
+        }
+    };
+    let guard = config.guard_enabled.then(|| guard(&config));
+    if guard.is_none() {
+        tracing::warn!("BLOOM_GUARD=off: every request reaches the cache and the database");
+    }
+    let state = AppState::new(db.clone(), guard.clone());
+    tokio::spawn(prepare(db, guard));
+
+    let (stop, stopped) = watch::channel(());
+    let public = TcpListener::bind(config.bind_addr).await?;
+    tracing::info!(addr = %config.bind_addr, "serving the items API");
+    let mut servers = vec![tokio::spawn(serve(
+        public,
+        app(state.clone()),
+        stopped.clone(),
+    ))];
+    match &config.admin_token {
+        Some(token) => {
+            let admin = TcpListener::bind(config.admin_addr).await?;
+            tracing::info!(addr = %config.admin_addr, "serving the admin API");
+            servers.push(tokio::spawn(serve(
+                admin,
+                admin_app(&state, token),
+                stopped,
+            )));
+        }
+        None => tracing::info!("ADMIN_TOKEN is unset: the admin API is off"),
+    }
+
+    shutdown_signal().await;
+    tracing::info!("shutting down: finishing requests in flight");
+    drop(stop);
+    for server in servers {
+        server.await??;
+    }
+    Ok(())
+}
+
+async fn serve(
+    listener: TcpListener,
+    app: axum::Router,
+    mut stopped: watch::Receiver<()>,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            let _ = stopped.changed().await;
+        })
+        .await
+}
+
+/// Ctrl-C, or SIGTERM on Unix.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::warn!(%error, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,212 @@
+//! The items table, on Postgres or an embedded SQLite file.
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::{PgPool, SqlitePool};
+
+/// An item as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct Item {
+    /// The item's key, unique.
+    pub key: String,
+    /// The item's value.
+    pub value: String,
+}
+
+/// Demo items seeded into a new SQLite database.
+const DEMO_ITEMS: &[(&str, &str)] = &[
+    ("apple", "a red fruit"),
+    ("banana", "a yellow fruit"),
+    ("cherry", "a small red fruit"),
+    ("hello world", "a key with a space"),
+    ("a/b", "a key with a slash"),
+];
+
+/// The database behind the service, with a count of the item lookups it
+/// served (what the guard exists to save).
+#[derive(Debug, Clone)]
+pub struct Database {
+    pool: Pool,
+    lookups: Arc<AtomicU64>,
+}
+
+/// The pool of either kind of database.
+#[derive(Debug, Clone)]
+pub enum Pool {
+    /// Postgres.
+    Postgres(PgPool),
+    /// An embedded SQLite database.
+    Sqlite(SqlitePool),
+}
+
+impl Database {
+    /// A Postgres database. Connects lazily, so the service starts while
+    /// Postgres is down; call [`migrate`](Self::migrate) before use.
+    ///
+    /// # Errors
+    ///
+    /// If `url` is not a valid Postgres URL.
+    pub fn postgres(url: &str) -> Result<Self, sqlx::Error> {
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_lazy(url)?;
+        Ok(Self::from_pool(Pool::Postgres(pool)))
+    }
+
+    /// An embedded SQLite database in the file at `path`, created if missing,
+    /// migrated, and seeded with demo items when empty.
+    ///
+    /// # Errors
+    ///
+    /// If the file cannot be opened or migrated.
+    pub async fn sqlite(path: &str) -> Result<Self, sqlx::Error> {
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await?;
+        let db = Self::from_pool(Pool::Sqlite(pool));
+        db.migrate().await?;
+        db.seed_if_empty().await?;
+        Ok(db)
+    }
+
+    /// Wraps a pool.
+    pub fn from_pool(pool: Pool) -> Self {
+        Self {
+            pool,
+            lookups: Arc::default(),
+        }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Applies the migrations of this kind of database.
+    ///
+    /// # Errors
+    ///
+    /// If the database is unreachable or a migration fails.
+    pub async fn migrate(&self) -> Result<(), sqlx::Error> {
+        match &self.pool {
+            Pool::Postgres(pool) => sqlx::migrate!("../../migrations").run(pool).await?,
+            Pool::Sqlite(pool) => sqlx::migrate!("./sqlite").run(pool).await?,
+        }
+        Ok(())
+    }
+
+    async fn seed_if_empty(&self) -> Result<(), sqlx::Error> {
+        let Pool::Sqlite(pool) = &self.pool else {
+            return Ok(());
+        };
+        let count: i64 = sqlx::query_scalar("select count(*) from items")
+            .fetch_one(pool)
+            .await?;
+        if count == 0 {
+            for (key, value) in DEMO_ITEMS {
+                sqlx::query("insert into items (key, value) values (?, ?)")
+                    .bind(key)
+                    .bind(value)
+                    .execute(pool)
+                    .await?;
+            }
+            tracing::info!(
+                items = DEMO_ITEMS.len(),
+                "seeded the SQLite database with demo items"
+            );
+        }
+        Ok(())
+    }
+
+    /// The item with `key`, if any.
+    ///
+    /// # Errors
+    ///
+    /// If the database fails.
+    pub async fn get(&self, key: &str) -> Result<Option<Item>, sqlx::Error> {
+        self.lookups.fetch_add(1, Ordering::Relaxed);
+        match &self.pool {
+            Pool::Postgres(pool) => {
+                sqlx::query_as("select key, value from items where key = $1")
+                    .bind(key)
+                    .fetch_optional(pool)
+                    .await
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::query_as("select key, value from items where key = ?")
+                    .bind(key)
+                    .fetch_optional(pool)
+                    .await
+            }
+        }
+    }
+
+    /// Inserts an item; `None` if its key exists already.
+    ///
+    /// # Errors
+    ///
+    /// If the database fails.
+    pub async fn insert(&self, key: &str, value: &str) -> Result<Option<Item>, sqlx::Error> {
+        match &self.pool {
+            Pool::Postgres(pool) => {
+                sqlx::query_as(
+                    "insert into items (key, value) values ($1, $2) on conflict (key) do nothing returning key, value",
+                )
+                .bind(key)
+                .bind(value)
+                .fetch_optional(pool)
+                .await
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::query_as(
+                    "insert into items (key, value) values (?, ?) on conflict (key) do nothing returning key, value",
+                )
+                .bind(key)
+                .bind(value)
+                .fetch_optional(pool)
+                .await
+            }
+        }
+    }
+
+    /// Deletes the item with `key`; `false` if there was none.
+    ///
+    /// # Errors
+    ///
+    /// If the database fails.
+    pub async fn delete(&self, key: &str) -> Result<bool, sqlx::Error> {
+        let deleted = match &self.pool {
+            Pool::Postgres(pool) => {
+                let result = sqlx::query("delete from items where key = $1")
+                    .bind(key)
+                    .execute(pool)
+                    .await?;
+                result.rows_affected()
+            }
+            Pool::Sqlite(pool) => {
+                let result = sqlx::query("delete from items where key = ?")
+                    .bind(key)
+                    .execute(pool)
+                    .await?;
+                result.rows_affected()
+            }
+        };
+        Ok(deleted > 0)
+    }
+
+    /// How many item lookups reached the database.
+    pub fn lookups(&self) -> u64 {
+        self.lookups.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,90 @@
+//! The service's error responses: JSON, and nothing internal sent to clients.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+/// Everything a handler can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is malformed; the message says how, for the client.
+    #[error("{message}")]
+    BadRequest {
+        /// The status to answer with (a 4xx).
+        status: StatusCode,
+        /// What is wrong with the request.
+        message: String,
+    },
+    /// An item with this key exists already.
+    #[error("an item with this key exists")]
+    Conflict,
+    /// The database failed; logged, answered as 503.
+    #[error("database error")]
+    Database(#[source] Arc<sqlx::Error>),
+}
+
+impl ApiError {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self::BadRequest {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Database(Arc::new(error))
+    }
+}
+
+impl From<Arc<sqlx::Error>> for ApiError {
+    fn from(error: Arc<sqlx::Error>) -> Self {
+        Self::Database(error)
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        Self::BadRequest {
+            status: rejection.status(),
+            message: rejection.body_text(),
+        }
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        Self::BadRequest {
+            status: StatusCode::BAD_REQUEST,
+            message: rejection.body_text(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, message) = match self {
+            ApiError::BadRequest { status, message } => (status, message),
+            ApiError::Conflict => (StatusCode::CONFLICT, self.to_string()),
+            ApiError::Database(error) => {
+                tracing::error!(error = %error, "database request failed");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "service unavailable".to_owned(),
+                )
+            }
+        };
+        (status, Json(json!({ "error": message }))).into_response()
+    }
+}
+
+/// The service's "not found", byte for byte the guard's own answer for an
+/// absent key: nobody can tell which of the two answered.
+pub fn not_found() -> Response {
+    bloom_guard::not_found_response().map(axum::body::Body::from)
+}

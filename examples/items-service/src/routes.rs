@@ -1,0 +1,154 @@
+//! The public API and the admin API.
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bloom_guard::{BloomGuard, ReadThroughCache};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::db::{Database, Item};
+use crate::error::{not_found, ApiError};
+
+/// The longest key, in bytes; the guard refuses longer ones before hashing.
+pub const MAX_KEY_LEN: usize = 512;
+
+/// The largest request body accepted, in bytes.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// What the handlers share.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The items table.
+    pub db: Database,
+    /// The read-through cache in front of it.
+    pub cache: ReadThroughCache<String, Item>,
+    /// The guard, or `None` when run with `BLOOM_GUARD=off`.
+    pub guard: Option<BloomGuard>,
+}
+
+impl AppState {
+    /// State for `db`, guarded by `guard`, with the service's cache settings.
+    pub fn new(db: Database, guard: Option<BloomGuard>) -> Self {
+        Self {
+            db,
+            cache: ReadThroughCache::builder().max_capacity(100_000).build(),
+            guard,
+        }
+    }
+}
+
+/// The public API: `/items/{key}` behind the guard, `POST /items`, `/readyz`.
+pub fn app(state: AppState) -> Router {
+    let mut item = Router::new().route("/items/{key}", get(get_item).delete(delete_item));
+    if let Some(guard) = &state.guard {
+        item = item.route_layer(guard.clone());
+    }
+    Router::new()
+        .merge(item)
+        .route("/items", post(create_item))
+        .route("/readyz", get(readyz))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// The admin API (`GET /admin/bloom`), behind `token`. Serve it on its own
+/// address.
+pub fn admin_app(state: &AppState, token: &str) -> Router {
+    match &state.guard {
+        Some(guard) => bloom_guard::admin::router(guard.clone(), token),
+        None => Router::new(),
+    }
+}
+
+fn check_key(key: &str) -> Result<(), ApiError> {
+    if key.is_empty() {
+        return Err(ApiError::bad_request("key must not be empty"));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(ApiError::bad_request("key too long"));
+    }
+    if key.contains('\0') {
+        return Err(ApiError::bad_request("key must not contain NUL"));
+    }
+    Ok(())
+}
+
+async fn get_item(
+    State(state): State<AppState>,
+    key: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(key) = key?;
+    check_key(&key)?;
+    let db = state.db.clone();
+    let lookup = key.clone();
+    let item = state
+        .cache
+        .get_or_load(key, || async move { db.get(&lookup).await })
+        .await?;
+    Ok(match item {
+        Some(item) => Json(item).into_response(),
+        None => not_found(),
+    })
+}
+
+/// The body of `POST /items`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewItem {
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+async fn create_item(
+    State(state): State<AppState>,
+    body: Result<Json<NewItem>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(new) = body?;
+    check_key(&new.key)?;
+    // Into the filter before the row commits: a failed insert leaves a
+    // harmless false positive, never a window where the key is refused.
+    if let Some(guard) = &state.guard {
+        guard.insert(&new.key);
+    }
+    let created = state.db.insert(&new.key, &new.value).await?;
+    // A negative entry from an earlier lookup would hide the new item.
+    state.cache.invalidate(&new.key).await;
+    match created {
+        Some(item) => Ok((StatusCode::CREATED, Json(item)).into_response()),
+        None => Err(ApiError::Conflict),
+    }
+}
+
+async fn delete_item(
+    State(state): State<AppState>,
+    key: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(key) = key?;
+    check_key(&key)?;
+    let deleted = state.db.delete(&key).await?;
+    state.cache.invalidate(&key).await;
+    Ok(if deleted {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        not_found()
+    })
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    let state_name = state
+        .guard
+        .as_ref()
+        .map_or("ready", |g| g.stats().state.as_str());
+    let ready = state.guard.as_ref().is_none_or(BloomGuard::is_ready);
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(json!({ "status": state_name }))).into_response()
+}

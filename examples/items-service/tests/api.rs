@@ -1,0 +1,308 @@
+//! The items API through `oneshot`, on SQLite always and on Postgres when
+//! `DATABASE_URL` is set.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use items_service::{app, prepare, AppState, Config, Database, Pool};
+use sqlx::PgPool;
+use tower::ServiceExt;
+
+struct Response {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: String,
+}
+
+async fn send(app: &Router, request: Request<Body>) -> Response {
+    let response = app.clone().oneshot(request).await.expect("infallible");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    Response {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+async fn get(app: &Router, path: &str) -> Response {
+    send(
+        app,
+        Request::get(path)
+            .body(Body::empty())
+            .expect("valid request"),
+    )
+    .await
+}
+
+async fn post_json(app: &Router, body: &str) -> Response {
+    let request = Request::post("/items")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_owned()))
+        .expect("valid request");
+    send(app, request).await
+}
+
+fn test_config() -> Config {
+    Config::from_env().expect("default config")
+}
+
+/// A migrated SQLite database in a file of its own, seeded with demo items.
+async fn sqlite() -> Database {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "items-service-test-{}-{}.db",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_file(&path);
+    Database::sqlite(path.to_str().expect("utf-8 temp path"))
+        .await
+        .expect("sqlite")
+}
+
+/// Postgres, migrated by `sqlx::test`, with the demo keys.
+async fn postgres(pool: PgPool) -> Database {
+    for key in ["apple", "banana", "cherry"] {
+        sqlx::query("insert into items (key, value) values ($1, 'fruit')")
+            .bind(key)
+            .execute(&pool)
+            .await
+            .expect("seed");
+    }
+    Database::from_pool(Pool::Postgres(pool))
+}
+
+/// The app, with its guard warm.
+async fn ready_app(db: Database) -> (Router, AppState) {
+    let guard = items_service::guard(&test_config());
+    let state = AppState::new(db.clone(), Some(guard.clone()));
+    prepare(db, Some(guard)).await;
+    (app(state.clone()), state)
+}
+
+async fn existing_and_absent_keys(db: Database) {
+    let (app, state) = ready_app(db).await;
+    let found = get(&app, "/items/apple").await;
+    assert_eq!(found.status, StatusCode::OK);
+    assert!(found.body.contains(r#""key":"apple""#), "{}", found.body);
+
+    let lookups = state.db.lookups();
+    for i in 0..50 {
+        let absent = get(&app, &format!("/items/absent-{i}")).await;
+        assert_eq!(absent.status, StatusCode::NOT_FOUND);
+        assert_eq!(absent.body, r#"{"error":"not found"}"#);
+    }
+    assert_eq!(
+        state.db.lookups(),
+        lookups,
+        "an absent key reached the database"
+    );
+}
+
+async fn created_key_is_found_at_once(db: Database) {
+    let (app, state) = ready_app(db).await;
+    // A miss first, so a negative entry could hide the new key.
+    state.guard.as_ref().expect("guarded").insert("kiwi");
+    assert_eq!(get(&app, "/items/kiwi").await.status, StatusCode::NOT_FOUND);
+
+    let created = post_json(&app, r#"{"key":"kiwi","value":"green"}"#).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    assert_eq!(created.body, r#"{"key":"kiwi","value":"green"}"#);
+    let found = get(&app, "/items/kiwi").await;
+    assert_eq!(
+        (found.status, found.body.as_str()),
+        (StatusCode::OK, r#"{"key":"kiwi","value":"green"}"#)
+    );
+
+    let awkward = post_json(&app, r#"{"key":"tab\there/ü"}"#).await;
+    assert_eq!(awkward.status, StatusCode::CREATED);
+    assert_eq!(
+        get(&app, "/items/tab%09here%2F%C3%BC").await.status,
+        StatusCode::OK
+    );
+}
+
+async fn concurrent_requests_share_one_query(db: Database) {
+    let (app, state) = ready_app(db).await;
+    let before = state.db.lookups();
+    let requests = (0..100).map(|_| {
+        let app = app.clone();
+        tokio::spawn(async move { get(&app, "/items/banana").await.status })
+    });
+    for status in futures_util::future::join_all(requests).await {
+        assert_eq!(status.expect("request task"), StatusCode::OK);
+    }
+    assert_eq!(state.db.lookups() - before, 1);
+}
+
+async fn false_positives_are_negative_cached(db: Database) {
+    let (app, state) = ready_app(db).await;
+    // In the filter, not in the database: exactly what a false positive is.
+    state.guard.as_ref().expect("guarded").insert("ghost");
+    let before = state.db.lookups();
+    for _ in 0..10 {
+        assert_eq!(
+            get(&app, "/items/ghost").await.status,
+            StatusCode::NOT_FOUND
+        );
+    }
+    assert_eq!(state.db.lookups() - before, 1);
+    assert_eq!(state.cache.stats().negative_hits, 9);
+}
+
+#[tokio::test]
+async fn sqlite_existing_and_absent_keys() {
+    existing_and_absent_keys(sqlite().await).await;
+}
+
+#[tokio::test]
+async fn sqlite_created_key_is_found_at_once() {
+    created_key_is_found_at_once(sqlite().await).await;
+}
+
+#[tokio::test]
+async fn sqlite_concurrent_requests_share_one_query() {
+    concurrent_requests_share_one_query(sqlite().await).await;
+}
+
+#[tokio::test]
+async fn sqlite_false_positives_are_negative_cached() {
+    false_positives_are_negative_cached(sqlite().await).await;
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_existing_and_absent_keys(pool: PgPool) {
+    existing_and_absent_keys(postgres(pool).await).await;
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_created_key_is_found_at_once(pool: PgPool) {
+    created_key_is_found_at_once(postgres(pool).await).await;
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_concurrent_requests_share_one_query(pool: PgPool) {
+    concurrent_requests_share_one_query(postgres(pool).await).await;
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_false_positives_are_negative_cached(pool: PgPool) {
+    false_positives_are_negative_cached(postgres(pool).await).await;
+}
+
+#[tokio::test]
+async fn guard_and_database_misses_are_byte_identical() {
+    let (app, state) = ready_app(sqlite().await).await;
+    state.guard.as_ref().expect("guarded").insert("ghost");
+    let from_database = get(&app, "/items/ghost").await;
+    let from_guard = get(&app, "/items/never-stored").await;
+    assert_eq!(state.guard.as_ref().expect("guarded").stats().rejected, 1);
+    assert_eq!(from_guard.status, from_database.status);
+    assert_eq!(from_guard.headers, from_database.headers);
+    assert_eq!(from_guard.body, from_database.body);
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_json_4xx() {
+    let (app, _) = ready_app(sqlite().await).await;
+    let long_key = "k".repeat(513);
+    let cases = [
+        post_json(&app, "not json").await,
+        post_json(&app, r#"{"key": 42}"#).await,
+        post_json(&app, r#"{"value": "no key"}"#).await,
+        post_json(&app, r#"{"key": ""}"#).await,
+        post_json(&app, r#"{"key": "nul\u0000byte"}"#).await,
+        post_json(&app, &format!(r#"{{"key": "{long_key}"}}"#)).await,
+        post_json(&app, r#"{"key": "apple"}"#).await,
+        post_json(
+            &app,
+            &format!(r#"{{"key": "big", "value": "{}"}}"#, "v".repeat(20_000)),
+        )
+        .await,
+        send(
+            &app,
+            Request::post("/items")
+                .body(Body::empty())
+                .expect("valid request"),
+        )
+        .await,
+        get(&app, &format!("/items/{long_key}")).await,
+        get(&app, "/items/%FF%FE").await,
+    ];
+    for (i, response) in cases.iter().enumerate() {
+        assert!(
+            response.status.is_client_error(),
+            "case {i}: {}",
+            response.status
+        );
+        let json: serde_json::Value = serde_json::from_str(&response.body)
+            .unwrap_or_else(|_| panic!("case {i}: not JSON: {}", response.body));
+        assert!(json["error"].is_string(), "case {i}: {}", response.body);
+    }
+    assert_eq!(cases[6].status, StatusCode::CONFLICT);
+    assert_eq!(cases[7].status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        get(&app, "/items/big").await.status,
+        StatusCode::NOT_FOUND,
+        "a refused body was written"
+    );
+}
+
+#[tokio::test]
+async fn delete_removes_the_item_and_its_cache_entry() {
+    let (app, _) = ready_app(sqlite().await).await;
+    assert_eq!(get(&app, "/items/cherry").await.status, StatusCode::OK);
+    let request = Request::delete("/items/cherry")
+        .body(Body::empty())
+        .expect("valid request");
+    assert_eq!(send(&app, request).await.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        get(&app, "/items/cherry").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn readyz_is_503_until_the_guard_is_warm() {
+    let db = sqlite().await;
+    let guard = items_service::guard(&test_config());
+    let app = app(AppState::new(db.clone(), Some(guard.clone())));
+    let warming = get(&app, "/readyz").await;
+    assert_eq!(
+        (warming.status, warming.body.as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"warming"}"#)
+    );
+    // Fail open meanwhile: an existing key is served.
+    assert_eq!(get(&app, "/items/apple").await.status, StatusCode::OK);
+    assert_eq!(
+        get(&app, "/items/absent").await.status,
+        StatusCode::NOT_FOUND
+    );
+    prepare(db, Some(guard)).await;
+    assert_eq!(get(&app, "/readyz").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn without_the_guard_every_miss_reaches_the_database() {
+    let db = sqlite().await;
+    let state = AppState::new(db.clone(), None);
+    prepare(db, None).await;
+    let app = app(state.clone());
+    assert_eq!(get(&app, "/readyz").await.status, StatusCode::OK);
+    assert_eq!(get(&app, "/items/apple").await.status, StatusCode::OK);
+    for i in 0..5 {
+        assert_eq!(
+            get(&app, &format!("/items/absent-{i}")).await.status,
+            StatusCode::NOT_FOUND
+        );
+    }
+    assert_eq!(state.db.lookups(), 6);
+}
