@@ -12,3 +12,8 @@ pub use error::SourceError;
 #[cfg(feature = "postgres")]
 pub use pg_copy::PgCopySource;
 pub use query::QuerySource;
+
+/// The repository README's library example, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct RepositoryReadme;

@@ -22,6 +22,15 @@ use bloom_guard_sqlx::{PgCopySource, QuerySource};
 pub const KEY_QUERY: &str = "select key from items";
 
 /// The guard as the service configures it.
+///
+/// # Example
+///
+/// ```
+/// let config = items_service::Config::from_env()?;
+/// let guard = items_service::guard(&config);
+/// assert!(!guard.is_ready(), "fails open until warm");
+/// # Ok::<(), items_service::config::ConfigError>(())
+/// ```
 pub fn guard(config: &Config) -> BloomGuard {
     BloomGuard::builder()
         .expected_items(config.bloom_expected_items)
