@@ -60,10 +60,18 @@ impl Filter {
         self.bloom.num_hashes()
     }
 
-    /// The false-positive rate expected from the keys inserted so far.
+    /// The share of bits set. Reads the whole filter: for stats, not for
+    /// the request path.
+    pub(crate) fn fill(&self) -> f64 {
+        let ones: u64 = self.bloom.iter().map(|word| u64::from(word.count_ones())).sum();
+        ones as f64 / self.bits() as f64
+    }
+
+    /// The false-positive rate of the filter as it is: the chance that all
+    /// of an absent key's bits are set. Unlike an estimate from the key
+    /// count, this stays right when more keys arrive than were planned.
     pub(crate) fn estimated_fpp(&self) -> f64 {
-        let keys = usize::try_from(self.keys()).unwrap_or(usize::MAX);
-        self.bloom.expected_false_pos(keys)
+        self.fill().powi(self.hashes() as i32)
     }
 
     #[cfg(test)]
@@ -96,7 +104,7 @@ mod tests {
     #[test]
     fn counts_distinct_keys_and_estimates_its_rate() {
         let filter = Filter::new(10_000, 0.001);
-        assert_eq!(filter.estimated_fpp(), 0.0);
+        assert_eq!((filter.fill(), filter.estimated_fpp()), (0.0, 0.0));
         for i in 0..10_000 {
             filter.insert(&Key::from(i.to_string()));
             filter.insert(&Key::from(i.to_string()));
@@ -108,5 +116,12 @@ mod tests {
         );
         let estimated = filter.estimated_fpp();
         assert!(estimated > 0.0005 && estimated < 0.002, "{estimated}");
+        assert!((filter.fill() - 0.5).abs() < 0.05, "{}", filter.fill());
+
+        // Overfull: the key count saturates, the fill-based estimate does not.
+        for i in 10_000..100_000 {
+            filter.insert(&Key::from(i.to_string()));
+        }
+        assert!(filter.estimated_fpp() > 0.3, "{}", filter.estimated_fpp());
     }
 }

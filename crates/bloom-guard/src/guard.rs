@@ -442,15 +442,18 @@ impl Shared {
     pub(crate) fn stats(&self) -> Stats {
         let current = self.current.load();
         let filter = current.as_deref();
+        let fill = filter.map_or(0.0, Filter::fill);
+        let hashes = filter.map_or(0, Filter::hashes);
         Stats {
             state: State::from_u8(self.state.load(Ordering::Acquire)),
             generation: self.generation.load(Ordering::Acquire),
             keys: filter.map_or(0, Filter::keys),
             capacity: filter.map_or(0, Filter::capacity),
             bits: filter.map_or(0, Filter::bits),
-            hashes: filter.map_or(0, Filter::hashes),
+            hashes,
+            fill,
             target_fpp: self.config.target_fpp,
-            estimated_fpp: filter.map_or(0.0, Filter::estimated_fpp),
+            estimated_fpp: fill.powi(hashes as i32),
             passed: self.passed.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
             bad_keys: self.bad_keys.load(Ordering::Relaxed),

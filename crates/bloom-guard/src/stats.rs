@@ -69,9 +69,11 @@ pub struct Stats {
     pub bits: u64,
     /// Hash functions per key.
     pub hashes: u32,
+    /// The share of the filter's bits that are set (0.5 at capacity).
+    pub fill: f64,
     /// The false-positive rate the filter is sized for.
     pub target_fpp: f64,
-    /// The false-positive rate expected from the keys in the filter now.
+    /// The false-positive rate of the filter as it is now, from its fill.
     pub estimated_fpp: f64,
     /// Requests with a key that the guard let through.
     pub passed: u64,

@@ -50,14 +50,14 @@ impl<K> BloomGuard<K> {
         let mut delay = Duration::from_millis(100);
         loop {
             match self.build(&source, 0).await {
-                Ok(filter) => {
-                    if filter.keys() > filter.capacity() {
+                Ok(built) => {
+                    if built.scanned > built.filter.capacity() {
                         tracing::info!(
-                            keys = filter.keys(),
-                            capacity = filter.capacity(),
+                            keys = built.scanned,
+                            capacity = built.filter.capacity(),
                             "the source held more keys than its count hint; resizing"
                         );
-                        let _ = self.build(&source, filter.keys()).await;
+                        let _ = self.build(&source, built.scanned).await;
                     }
                     return;
                 }
@@ -100,7 +100,7 @@ impl<K> BloomGuard<K> {
         Ok(self.stats())
     }
 
-    async fn build<S: KeySource>(&self, source: &S, floor: u64) -> Result<Arc<Filter>, BuildError> {
+    async fn build<S: KeySource>(&self, source: &S, floor: u64) -> Result<Built, BuildError> {
         let shared = &*self.shared;
         let _one_at_a_time = shared.build_lock.lock().await;
         let result = scan(shared, source, floor).await;
@@ -116,11 +116,13 @@ impl<K> BloomGuard<K> {
     }
 }
 
-async fn scan<S: KeySource>(
-    shared: &Shared,
-    source: &S,
-    floor: u64,
-) -> Result<Arc<Filter>, BuildError> {
+/// A filter put in use, and how many keys its scan read.
+struct Built {
+    filter: Arc<Filter>,
+    scanned: u64,
+}
+
+async fn scan<S: KeySource>(shared: &Shared, source: &S, floor: u64) -> Result<Built, BuildError> {
     let started = Instant::now();
     let hint = source
         .count_hint()
@@ -164,7 +166,7 @@ async fn scan<S: KeySource>(
         estimated_fpp = filter.estimated_fpp(),
         "bloom filter ready"
     );
-    Ok(filter)
+    Ok(Built { filter, scanned })
 }
 
 /// A filter registered for write-through inserts; unregistered on drop
@@ -206,4 +208,222 @@ fn error_chain(error: &dyn StdError) -> String {
         source = cause.source();
     }
     message
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use futures_util::stream::{self, BoxStream, StreamExt};
+    use tokio::sync::oneshot;
+
+    use crate::{BloomGuard, KeyBatch, KeyList, KeySource, State};
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("database unreachable")]
+    struct Unreachable;
+
+    /// Fails its first `failures` scans, then yields `keys`.
+    struct Flaky {
+        failures: usize,
+        attempts: AtomicUsize,
+        keys: KeyList,
+    }
+
+    impl KeySource for Flaky {
+        type Error = Unreachable;
+
+        async fn count_hint(&self) -> Result<Option<u64>, Unreachable> {
+            Ok(None)
+        }
+
+        fn keys(&self) -> BoxStream<'static, Result<KeyBatch, Unreachable>> {
+            if self.attempts.fetch_add(1, Ordering::SeqCst) < self.failures {
+                stream::iter([Err(Unreachable)]).boxed()
+            } else {
+                self.keys
+                    .keys()
+                    .map(|batch| batch.map_err(|never| match never {}))
+                    .boxed()
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn warm_up_retries_and_stays_open_meanwhile() {
+        let guard = BloomGuard::builder().build();
+        let source = Flaky {
+            failures: 3,
+            attempts: AtomicUsize::new(0),
+            keys: KeyList::new(["a"]),
+        };
+        let warming = tokio::spawn(guard.clone().warm(source));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let stats = guard.stats();
+        assert_eq!(stats.state, State::Degraded);
+        assert_eq!(
+            stats.last_error.as_deref(),
+            Some("the key source failed: database unreachable")
+        );
+        assert!(
+            guard.may_contain("anything"),
+            "a degraded guard must fail open"
+        );
+
+        warming.await.expect("warm-up task");
+        let stats = guard.stats();
+        assert_eq!(
+            (stats.state, stats.generation, stats.last_error),
+            (State::Ready, 1, None)
+        );
+        assert!(!guard.may_contain("anything"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_pauses_grow_up_to_the_cap() {
+        let guard = BloomGuard::builder()
+            .max_retry_delay(Duration::from_secs(2))
+            .build();
+        let source = Flaky {
+            failures: 8,
+            attempts: AtomicUsize::new(0),
+            keys: KeyList::new(["a"]),
+        };
+        let started = tokio::time::Instant::now();
+        guard.clone().warm(source).await;
+        // Pauses of 0.1, 0.2, 0.4, 0.8, 1.6, 2, 2, 2 s, each jittered by ±50%.
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_secs_f64(9.1 * 0.5), "{elapsed:?}");
+        assert!(elapsed <= Duration::from_secs_f64(9.1 * 1.5), "{elapsed:?}");
+    }
+
+    /// Yields one batch, then waits for a signal before the next: the window
+    /// in which a write lands during the scan.
+    struct Paused {
+        resume: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
+        scanning: std::sync::Mutex<Option<oneshot::Sender<()>>>,
+    }
+
+    impl KeySource for Paused {
+        type Error = Unreachable;
+
+        async fn count_hint(&self) -> Result<Option<u64>, Unreachable> {
+            Ok(Some(2))
+        }
+
+        fn keys(&self) -> BoxStream<'static, Result<KeyBatch, Unreachable>> {
+            let resume = self.resume.lock().unwrap().take().expect("scanned once");
+            let scanning = self.scanning.lock().unwrap().take().expect("scanned once");
+            let first = stream::iter([Ok(["old"].into_iter().collect::<KeyBatch>())]);
+            let second = stream::once(async move {
+                let _ = scanning.send(());
+                let _ = resume.await;
+                Ok(["also-old"].into_iter().collect::<KeyBatch>())
+            });
+            first.chain(second).boxed()
+        }
+    }
+
+    #[tokio::test]
+    async fn writes_during_a_scan_reach_the_new_filter() {
+        let guard = BloomGuard::builder().write_window(Duration::ZERO).build();
+        guard
+            .rebuild(&KeyList::new(["old"]))
+            .await
+            .expect("first build");
+        let (resume_tx, resume_rx) = oneshot::channel();
+        let (scanning_tx, scanning_rx) = oneshot::channel();
+        let source = Paused {
+            resume: std::sync::Mutex::new(Some(resume_rx)),
+            scanning: std::sync::Mutex::new(Some(scanning_tx)),
+        };
+        let rebuild = {
+            let guard = guard.clone();
+            tokio::spawn(async move { guard.rebuild(&source).await.map(|s| s.generation) })
+        };
+        scanning_rx.await.expect("scan started");
+        // The row commits after the scan's snapshot: only the double write
+        // brings it into the new filter.
+        guard.insert("written-during-scan");
+        resume_tx.send(()).expect("resume");
+        assert_eq!(rebuild.await.expect("rebuild task").expect("rebuild"), 2);
+        assert!(guard.may_contain("written-during-scan"));
+        assert!(guard.may_contain("also-old"));
+    }
+
+    #[tokio::test]
+    async fn writes_shortly_before_a_build_are_replayed_into_it() {
+        let guard = BloomGuard::builder().build();
+        guard
+            .rebuild(&KeyList::new(["a"]))
+            .await
+            .expect("first build");
+        // Inserted, but its row is not in the source yet (still committing).
+        guard.insert("committing");
+        guard
+            .rebuild(&KeyList::new(["a"]))
+            .await
+            .expect("second build");
+        assert!(guard.may_contain("committing"));
+
+        let forgetful = BloomGuard::builder().write_window(Duration::ZERO).build();
+        forgetful
+            .rebuild(&KeyList::new(["a"]))
+            .await
+            .expect("first build");
+        forgetful.insert("committing");
+        std::thread::sleep(Duration::from_millis(2));
+        forgetful
+            .rebuild(&KeyList::new(["a"]))
+            .await
+            .expect("second build");
+        assert!(
+            !forgetful.may_contain("committing"),
+            "the window bounds the replay"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_rebuild_keeps_the_filter_in_use() {
+        let guard = BloomGuard::builder().build();
+        guard
+            .rebuild(&KeyList::new(["kept"]))
+            .await
+            .expect("first build");
+        let failing = Flaky {
+            failures: 1,
+            attempts: AtomicUsize::new(0),
+            keys: KeyList::new(["other"]),
+        };
+        assert!(guard.rebuild(&failing).await.is_err());
+        let stats = guard.stats();
+        assert_eq!((stats.state, stats.generation), (State::Ready, 1));
+        assert!(stats.last_error.is_some());
+        assert!(guard.may_contain("kept"));
+        assert!(!guard.may_contain("other"));
+    }
+
+    #[tokio::test]
+    async fn an_undercounted_source_is_built_again_at_its_size() {
+        let keys: Vec<String> = (0..20_000).map(|i| i.to_string()).collect();
+        struct Undercounted(KeyList);
+        impl KeySource for Undercounted {
+            type Error = std::convert::Infallible;
+            async fn count_hint(&self) -> Result<Option<u64>, Self::Error> {
+                Ok(Some(10))
+            }
+            fn keys(&self) -> BoxStream<'static, Result<KeyBatch, Self::Error>> {
+                self.0.keys()
+            }
+        }
+        let guard = BloomGuard::builder().expected_items(1).build();
+        guard.clone().warm(Undercounted(KeyList::new(&keys))).await;
+        let stats = guard.stats();
+        assert_eq!(stats.generation, 2);
+        assert!(
+            stats.capacity >= 20_000 && stats.estimated_fpp < 0.002,
+            "{stats:?}"
+        );
+    }
 }
