@@ -60,10 +60,23 @@ impl Filter {
         self.bloom.num_hashes()
     }
 
+    /// The number of distinct keys the filter's fill implies, which unlike
+    /// the insert count stays close when the filter is overfull.
+    pub(crate) fn estimated_keys(&self) -> u64 {
+        let fill = self.fill().min(1.0 - 1e-12);
+        let bits = self.bits() as f64;
+        let estimate = -(bits / f64::from(self.hashes())) * (1.0 - fill).ln();
+        (estimate.round() as u64).max(self.keys())
+    }
+
     /// The share of bits set. Reads the whole filter: for stats, not for
     /// the request path.
     pub(crate) fn fill(&self) -> f64 {
-        let ones: u64 = self.bloom.iter().map(|word| u64::from(word.count_ones())).sum();
+        let ones: u64 = self
+            .bloom
+            .iter()
+            .map(|word| u64::from(word.count_ones()))
+            .sum();
         ones as f64 / self.bits() as f64
     }
 

@@ -11,8 +11,9 @@ pub enum State {
     Warming,
     /// A filter is in place; absent keys are answered by the guard.
     Ready,
-    /// The first filter could not be built yet (the source fails); every
-    /// request passes while the guard retries.
+    /// Every request passes: the first filter could not be built yet (the
+    /// source fails, the guard retries), or the filter may be missing keys
+    /// for a while (a follower catching up on lost notifications).
     Degraded,
 }
 
@@ -75,10 +76,17 @@ pub struct Stats {
     pub target_fpp: f64,
     /// The false-positive rate of the filter as it is now, from its fill.
     pub estimated_fpp: f64,
+    /// The false-positive rate seen: reported false positives over all
+    /// lookups of absent keys (rejected or reported). See
+    /// [`BloomGuard::record_false_positive`](crate::BloomGuard::record_false_positive).
+    pub observed_fpp: f64,
     /// Requests with a key that the guard let through.
     pub passed: u64,
     /// Requests the guard answered itself because their key is absent.
     pub rejected: u64,
+    /// Keys the guard let through that the database did not hold, as
+    /// reported with `record_false_positive`.
+    pub false_positives: u64,
     /// Requests refused because their key was malformed or too long.
     pub bad_keys: u64,
     /// Why the last filter build failed, if it did and none succeeded since.

@@ -1,4 +1,5 @@
-//! Building a filter from a `KeySource`: warm-up at start and rebuilds.
+//! Building filters from a `KeySource`: warm-up, rebuilds, and the
+//! maintenance that triggers them.
 
 use std::error::Error as StdError;
 use std::fmt::Write as _;
@@ -6,21 +7,46 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use tokio::sync::watch;
 
 use crate::filter::Filter;
-use crate::guard::{BloomGuard, Shared};
+use crate::guard::BloomGuard;
+use crate::key::Key;
+use crate::shared::{lock, RebuildResult, Shared};
 use crate::source::KeySource;
 use crate::stats::Stats;
 
 /// Why a filter build failed. The guard keeps the filter it had.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
     /// The key source failed to count or to scan; check that the database
     /// is reachable and the key query is valid.
     #[error("the key source failed")]
-    Source(#[source] Box<dyn StdError + Send + Sync>),
+    Source(#[source] Arc<dyn StdError + Send + Sync>),
+    /// Keys read by the scan were not found in the new filter: a defect,
+    /// never expected. The filter was not put in use.
+    #[error("{missing} of {checked} sampled keys are missing from the new filter")]
+    Verification {
+        /// Sampled keys the new filter does not hold.
+        missing: usize,
+        /// Keys sampled.
+        checked: usize,
+    },
+    /// The rebuild this call joined was cancelled before it finished;
+    /// call again.
+    #[error("the rebuild in flight was cancelled")]
+    Cancelled,
 }
+
+impl BuildError {
+    fn source(error: impl StdError + Send + Sync + 'static) -> Self {
+        BuildError::Source(Arc::new(error))
+    }
+}
+
+/// Keys checked against a new filter before it is put in use.
+const SAMPLE_SIZE: usize = 256;
 
 impl<K> BloomGuard<K> {
     /// Loads every key of `source` into a first filter, retrying until it
@@ -71,18 +97,24 @@ impl<K> BloomGuard<K> {
         }
     }
 
-    /// Builds a new filter from `source` and swaps it in, once.
+    /// Builds a new filter from `source` and swaps it in.
     ///
     /// The new filter is sized from the source's count hint with headroom and
-    /// gets a fresh random hasher key. It receives every
-    /// [`insert`](Self::insert) from before its scan starts until it is in
-    /// use, so writes during the scan are kept. If anything fails, the filter
-    /// in use stays. Builds run one at a time.
+    /// gets a fresh random hasher key. It is registered for every
+    /// [`insert`](Self::insert) before its scan starts (and gets the keys
+    /// inserted within the [write window](crate::Builder::write_window)
+    /// before that), a sample of the scanned keys is checked in it, then it
+    /// replaces the filter in use atomically and the generation goes up. If
+    /// anything fails, the filter in use stays.
+    ///
+    /// One rebuild at a time: a call made while one is in flight joins it
+    /// and gets its result, so concurrent callers cause one scan.
     ///
     /// # Errors
     ///
     /// [`BuildError::Source`] if the source fails; it is also logged and
-    /// shown in [`Stats::last_error`].
+    /// shown in [`Stats::last_error`]. [`BuildError::Cancelled`] if the
+    /// rebuild this call joined was dropped by its caller.
     ///
     /// # Example
     ///
@@ -96,23 +128,129 @@ impl<K> BloomGuard<K> {
     /// # Ok(()) }
     /// ```
     pub async fn rebuild<S: KeySource>(&self, source: &S) -> Result<Stats, BuildError> {
-        self.build(source, 0).await?;
-        Ok(self.stats())
+        let (leader, mut result) = {
+            let mut slot = lock(&self.shared.rebuild_in_flight);
+            match &*slot {
+                Some(in_flight) => (None, in_flight.clone()),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    *slot = Some(rx.clone());
+                    (
+                        Some(InFlight {
+                            shared: &self.shared,
+                            tx,
+                        }),
+                        rx,
+                    )
+                }
+            }
+        };
+        if let Some(leader) = leader {
+            let outcome = self.build(source, 0).await.map(|_| self.stats());
+            leader.finish(outcome.clone());
+            return outcome;
+        }
+        loop {
+            if let Some(outcome) = result.borrow_and_update().clone() {
+                return outcome;
+            }
+            if result.changed().await.is_err() {
+                return Err(BuildError::Cancelled);
+            }
+        }
+    }
+
+    /// Keeps the filter fresh: rebuilds from `source` whenever
+    /// [`rebuild_due`](Self::rebuild_due) says so, checking every
+    /// [`Builder::check_interval`](crate::Builder::check_interval). Runs
+    /// until dropped; spawn it once the guard is warm.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bloom_guard::{BloomGuard, KeyList};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = BloomGuard::builder()
+    ///     .rebuild_interval(Duration::from_secs(3600)) // purge deleted keys hourly
+    ///     .build();
+    /// let keys = KeyList::new(["a"]);
+    /// guard.clone().warm(keys.clone()).await;
+    /// tokio::spawn(guard.clone().maintain(keys));
+    /// # }
+    /// ```
+    pub async fn maintain<S: KeySource>(self, source: S) {
+        let mut ticks = tokio::time::interval(self.shared.config.check_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            if let Some(reason) = self.rebuild_due() {
+                tracing::info!(reason, "rebuilding the bloom filter");
+                let _ = self.rebuild(&source).await;
+            }
+        }
+    }
+
+    /// Why the filter should be rebuilt now, if it should: its estimated
+    /// false-positive rate passed [`Builder::rebuild_above`](crate::Builder::rebuild_above)
+    /// times the target (inserts outgrew it), or the
+    /// [`Builder::rebuild_interval`](crate::Builder::rebuild_interval) has
+    /// passed since the last build (which purges deleted keys).
+    pub fn rebuild_due(&self) -> Option<&'static str> {
+        let config = &self.shared.config;
+        let last_build = self.shared.last_build()?;
+        if config
+            .rebuild_interval
+            .is_some_and(|every| last_build.elapsed() >= every)
+        {
+            return Some("the rebuild interval passed");
+        }
+        let stats = self.stats();
+        if stats.estimated_fpp > config.rebuild_above * config.target_fpp {
+            return Some("the estimated false-positive rate passed its limit");
+        }
+        None
     }
 
     async fn build<S: KeySource>(&self, source: &S, floor: u64) -> Result<Built, BuildError> {
         let shared = &*self.shared;
         let _one_at_a_time = shared.build_lock.lock().await;
+        let started = Instant::now();
         let result = scan(shared, source, floor).await;
-        match &result {
-            Ok(_) => {}
-            Err(error) => {
-                let message = error_chain(error);
-                tracing::warn!(error = %message, "bloom filter build failed; the filter in use stays");
-                shared.record_failure(message);
-            }
+        crate::metrics::record_build(shared, started.elapsed(), result.is_ok());
+        if let Err(error) = &result {
+            let message = error_chain(error);
+            tracing::warn!(error = %message, "bloom filter build failed; the filter in use stays");
+            shared.record_failure(message);
         }
         result
+    }
+}
+
+/// The leader of a rebuild: publishes its result to the callers that
+/// joined, and clears the slot even if it is cancelled.
+struct InFlight<'a> {
+    shared: &'a Shared,
+    tx: watch::Sender<RebuildResult>,
+}
+
+impl InFlight<'_> {
+    fn finish(self, outcome: Result<Stats, BuildError>) {
+        *lock(&self.shared.rebuild_in_flight) = None;
+        let _ = self.tx.send(Some(outcome));
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut slot = lock(&self.shared.rebuild_in_flight);
+        if slot
+            .as_ref()
+            .is_some_and(|rx| rx.same_channel(&self.tx.subscribe()))
+        {
+            *slot = None;
+        }
     }
 }
 
@@ -124,12 +262,15 @@ struct Built {
 
 async fn scan<S: KeySource>(shared: &Shared, source: &S, floor: u64) -> Result<Built, BuildError> {
     let started = Instant::now();
-    let hint = source
-        .count_hint()
-        .await
-        .map_err(|e| BuildError::Source(Box::new(e)))?;
+    let hint = source.count_hint().await.map_err(BuildError::source)?;
     let config = &shared.config;
-    let wanted = hint.unwrap_or(0).max(config.expected_items).max(floor);
+    // Never smaller than the filter in use: a low count hint (stale planner
+    // statistics) must not shrink a filter that live inserts have grown.
+    let wanted = hint
+        .unwrap_or(0)
+        .max(config.expected_items)
+        .max(floor)
+        .max(shared.keys_to_carry());
     let capacity = (wanted as f64 * (1.0 + config.headroom)).ceil() as u64;
     let filter = Arc::new(Filter::new(capacity, config.target_fpp));
     tracing::info!(count_hint = ?hint, capacity, bits = filter.bits(), "bloom filter build started");
@@ -137,11 +278,21 @@ async fn scan<S: KeySource>(shared: &Shared, source: &S, floor: u64) -> Result<B
     let registration = Registration::new(shared, Arc::clone(&filter));
     let mut keys = source.keys();
     let mut scanned: u64 = 0;
+    let mut sample: Vec<Vec<u8>> = Vec::with_capacity(SAMPLE_SIZE);
     let mut last_report = (Instant::now(), 0_u64);
     while let Some(batch) = keys.next().await {
-        let batch = batch.map_err(|e| BuildError::Source(Box::new(e)))?;
+        let batch = batch.map_err(BuildError::source)?;
         for key in batch.iter() {
             filter.insert(&key);
+        }
+        if sample.len() < SAMPLE_SIZE {
+            sample.extend(
+                batch
+                    .iter()
+                    .step_by(97)
+                    .take(SAMPLE_SIZE - sample.len())
+                    .map(|k| k.as_bytes().to_vec()),
+            );
         }
         scanned += batch.len() as u64;
         let since = last_report.0.elapsed();
@@ -156,6 +307,16 @@ async fn scan<S: KeySource>(shared: &Shared, source: &S, floor: u64) -> Result<B
         }
     }
     drop(keys);
+    let missing = sample
+        .iter()
+        .filter(|key| !filter.contains(&Key::from(&key[..])))
+        .count();
+    if missing > 0 {
+        return Err(BuildError::Verification {
+            missing,
+            checked: sample.len(),
+        });
+    }
     let generation = registration.promote();
     let elapsed = started.elapsed();
     tracing::info!(
@@ -211,7 +372,7 @@ fn error_chain(error: &dyn StdError) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
@@ -223,6 +384,101 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("database unreachable")]
     struct Unreachable;
+
+    /// A key list that counts its scans, and scans slowly enough for
+    /// concurrent callers to overlap.
+    pub(crate) struct Counting {
+        keys: KeyList,
+        scans: std::sync::Arc<AtomicUsize>,
+    }
+
+    impl Counting {
+        pub(crate) fn new<const N: usize>(keys: [&str; N]) -> Self {
+            Self {
+                keys: KeyList::new(keys),
+                scans: std::sync::Arc::default(),
+            }
+        }
+
+        pub(crate) fn scans(&self) -> std::sync::Arc<AtomicUsize> {
+            std::sync::Arc::clone(&self.scans)
+        }
+    }
+
+    impl KeySource for Counting {
+        type Error = std::convert::Infallible;
+
+        async fn count_hint(&self) -> Result<Option<u64>, Self::Error> {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            self.keys.count_hint().await
+        }
+
+        fn keys(&self) -> BoxStream<'static, Result<KeyBatch, Self::Error>> {
+            self.scans.fetch_add(1, Ordering::SeqCst);
+            self.keys.keys()
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_rebuilds_run_one_scan() {
+        let guard = BloomGuard::builder().build();
+        let source = Counting::new(["a"]);
+        let rebuilds = (0..10).map(|_| guard.rebuild(&source));
+        for outcome in futures_util::future::join_all(rebuilds).await {
+            assert_eq!(outcome.expect("rebuild").generation, 1);
+        }
+        assert_eq!(source.scans().load(Ordering::SeqCst), 1);
+        // Once it is over, the next call scans again.
+        assert_eq!(guard.rebuild(&source).await.expect("rebuild").generation, 2);
+        assert_eq!(source.scans().load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn joiners_of_a_cancelled_rebuild_are_told() {
+        let guard = BloomGuard::builder().build();
+        let source = Counting::new(["a"]);
+        let leader = guard.rebuild(&source);
+        let joiner = async {
+            tokio::task::yield_now().await;
+            guard.rebuild(&source).await
+        };
+        let leader = async {
+            // Dropped after its first poll, mid-build.
+            let _ = tokio::time::timeout(Duration::from_millis(10), leader).await;
+        };
+        let ((), joined) = tokio::join!(leader, joiner);
+        assert!(
+            matches!(joined, Err(crate::BuildError::Cancelled)),
+            "{joined:?}"
+        );
+        assert_eq!(guard.rebuild(&source).await.expect("rebuild").generation, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn maintain_rebuilds_on_schedule_and_when_outgrown() {
+        let guard = BloomGuard::builder()
+            .expected_items(100)
+            .headroom(0.0)
+            .rebuild_interval(Duration::from_secs(60))
+            .check_interval(Duration::from_secs(1))
+            .build();
+        let source = Counting::new(["a"]);
+        guard.rebuild(&source).await.expect("first build");
+        assert_eq!(guard.rebuild_due(), None);
+        tokio::spawn(guard.clone().maintain(Counting::new(["a"])));
+
+        tokio::time::sleep(Duration::from_secs(61)).await;
+        assert_eq!(guard.stats().generation, 2, "scheduled rebuild");
+
+        for i in 0..1000 {
+            guard.insert(format!("new-{i}"));
+        }
+        assert!(guard.rebuild_due().is_some());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let stats = guard.stats();
+        assert_eq!(stats.generation, 3, "rebuild of an outgrown filter");
+        assert!(stats.estimated_fpp < 0.002, "{stats:?}");
+    }
 
     /// Fails its first `failures` scans, then yields `keys`.
     struct Flaky {

@@ -1,0 +1,218 @@
+//! Configuring a `BloomGuard`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+
+use crate::extract::PathParam;
+use crate::guard::BloomGuard;
+use crate::response::CannedResponse;
+use crate::shared::Shared;
+
+/// Configures and builds a [`BloomGuard`].
+///
+/// # Example
+///
+/// ```
+/// use bloom_guard::{BloomGuard, QueryParam};
+///
+/// let guard = BloomGuard::builder()
+///     .key(QueryParam("id"))
+///     .expected_items(10_000_000)
+///     .false_positive_rate(0.0001)
+///     .max_key_len(64)
+///     .build();
+/// # drop(guard);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Builder<K> {
+    extractor: K,
+    config: Config,
+}
+
+/// The settings a guard's clones share.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) expected_items: u64,
+    pub(crate) target_fpp: f64,
+    pub(crate) headroom: f64,
+    pub(crate) max_key_len: usize,
+    pub(crate) absent: CannedResponse,
+    pub(crate) write_window: Duration,
+    pub(crate) progress_interval: Duration,
+    pub(crate) max_retry_delay: Duration,
+    pub(crate) check_interval: Duration,
+    pub(crate) rebuild_interval: Option<Duration>,
+    pub(crate) rebuild_above: f64,
+    pub(crate) name: &'static str,
+}
+
+impl Default for Builder<PathParam> {
+    fn default() -> Self {
+        Self {
+            extractor: PathParam("key"),
+            config: Config {
+                expected_items: 1000,
+                target_fpp: 0.001,
+                headroom: 0.25,
+                max_key_len: 512,
+                absent: CannedResponse::not_found(),
+                write_window: Duration::from_secs(60),
+                progress_interval: Duration::from_secs(5),
+                max_retry_delay: Duration::from_secs(30),
+                check_interval: Duration::from_secs(10),
+                rebuild_interval: None,
+                rebuild_above: 2.0,
+                name: "default",
+            },
+        }
+    }
+}
+
+impl<K> Builder<K> {
+    /// Where to find each request's key: a [`PathParam`], a
+    /// [`PathSegment`](crate::PathSegment), a [`QueryParam`](crate::QueryParam),
+    /// a [`Header`](crate::Header), or a closure. See [`KeyExtractor`].
+    #[must_use]
+    pub fn key<K2>(self, extractor: K2) -> Builder<K2> {
+        Builder {
+            extractor,
+            config: self.config,
+        }
+    }
+
+    /// A floor for the filter's size. Each build sizes the filter for the
+    /// larger of this and the source's count hint, plus headroom.
+    #[must_use]
+    pub fn expected_items(mut self, items: u64) -> Self {
+        self.config.expected_items = items;
+        self
+    }
+
+    /// The false-positive rate to size the filter for (default 0.001): the
+    /// share of absent keys that still reach your cache and database.
+    ///
+    /// # Panics
+    ///
+    /// If `rate` is not strictly between 0 and 1.
+    #[must_use]
+    pub fn false_positive_rate(mut self, rate: f64) -> Self {
+        assert!(
+            rate > 0.0 && rate < 1.0,
+            "false_positive_rate must be in (0, 1), got {rate}"
+        );
+        self.config.target_fpp = rate;
+        self
+    }
+
+    /// Extra room for keys inserted after a build, as a fraction of the
+    /// build's count (default 0.25: 25% more keys before the rate passes
+    /// its target).
+    ///
+    /// # Panics
+    ///
+    /// If `fraction` is negative or not finite.
+    #[must_use]
+    pub fn headroom(mut self, fraction: f64) -> Self {
+        assert!(
+            fraction >= 0.0 && fraction.is_finite(),
+            "headroom must be >= 0, got {fraction}"
+        );
+        self.config.headroom = fraction;
+        self
+    }
+
+    /// The longest key in bytes, after decoding (default 512). Longer keys
+    /// get a `400` before any hashing.
+    #[must_use]
+    pub fn max_key_len(mut self, bytes: usize) -> Self {
+        self.config.max_key_len = bytes;
+        self
+    }
+
+    /// The response for absent keys (default:
+    /// [`not_found_response`](crate::not_found_response)). Make it
+    /// byte-identical to your handler's own "not found".
+    #[must_use]
+    pub fn absent_response<B: Into<Bytes>>(mut self, response: Response<B>) -> Self {
+        self.config.absent = CannedResponse::from_response(response);
+        self
+    }
+
+    /// How long a write may take between [`BloomGuard::insert`] and its
+    /// commit (default 60 s). A filter build replays the keys inserted this
+    /// long before it started, so a row that commits after the build's scan
+    /// began is not lost.
+    #[must_use]
+    pub fn write_window(mut self, window: Duration) -> Self {
+        self.config.write_window = window;
+        self
+    }
+
+    /// How often a build logs its progress (default 5 s).
+    #[must_use]
+    pub fn progress_interval(mut self, interval: Duration) -> Self {
+        self.config.progress_interval = interval;
+        self
+    }
+
+    /// The longest pause between two attempts of [`BloomGuard::warm`]
+    /// (default 30 s); pauses start at 100 ms and double.
+    #[must_use]
+    pub fn max_retry_delay(mut self, delay: Duration) -> Self {
+        self.config.max_retry_delay = delay;
+        self
+    }
+
+    /// Rebuild on this schedule (default: never), which purges the keys of
+    /// deleted rows. See [`BloomGuard::maintain`].
+    #[must_use]
+    pub fn rebuild_interval(mut self, every: Duration) -> Self {
+        self.config.rebuild_interval = Some(every);
+        self
+    }
+
+    /// Rebuild once the estimated false-positive rate is above `factor`
+    /// times the target (default 2.0), as inserts outgrow the filter. See
+    /// [`BloomGuard::maintain`].
+    ///
+    /// # Panics
+    ///
+    /// If `factor` is below 1.
+    #[must_use]
+    pub fn rebuild_above(mut self, factor: f64) -> Self {
+        assert!(
+            factor >= 1.0,
+            "rebuild_above must be at least 1, got {factor}"
+        );
+        self.config.rebuild_above = factor;
+        self
+    }
+
+    /// How often [`BloomGuard::maintain`] checks whether a rebuild is due
+    /// (default 10 s).
+    #[must_use]
+    pub fn check_interval(mut self, every: Duration) -> Self {
+        self.config.check_interval = every;
+        self
+    }
+
+    /// The guard's name, the `guard` label of its metrics (default
+    /// `default`): tells guards of one process apart.
+    #[must_use]
+    pub fn name(mut self, name: &'static str) -> Self {
+        self.config.name = name;
+        self
+    }
+
+    /// Builds the guard. It fails open until [`BloomGuard::warm`] (or
+    /// [`BloomGuard::rebuild`]) puts a first filter in place.
+    pub fn build(self) -> BloomGuard<K> {
+        BloomGuard {
+            shared: Arc::new(Shared::new(self.config)),
+            extractor: self.extractor,
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The state every clone of a guard shares: the filter in use, the filters
+//! being built, and the counters.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::Instant;
+
+use arc_swap::ArcSwapOption;
+use tokio::sync::watch;
+
+use crate::builder::Config;
+use crate::filter::Filter;
+use crate::key::Key;
+use crate::rebuild::BuildError;
+use crate::stats::{State, Stats};
+
+/// Keys written recently, replayed into a filter whose build starts.
+#[derive(Debug, Default)]
+struct Journal {
+    entries: VecDeque<(Instant, Box<[u8]>)>,
+}
+
+/// The longest the journal gets, whatever the write rate.
+const JOURNAL_CAPACITY: usize = 100_000;
+
+/// The result of the rebuild in flight, for the callers that joined it.
+pub(crate) type RebuildResult = Option<Result<Stats, BuildError>>;
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    current: ArcSwapOption<Filter>,
+    /// Filters being built. Inserts take the read lock, registration the
+    /// write lock: once a filter is registered, every insert that started
+    /// earlier has finished and is in the journal.
+    building: RwLock<Vec<Arc<Filter>>>,
+    journal: Mutex<Journal>,
+    /// Reasons to let every request through although a filter is in use
+    /// (a follower catching up on lost notifications).
+    held_open: AtomicUsize,
+    generation: AtomicU64,
+    state: AtomicU8,
+    passed: AtomicU64,
+    rejected: AtomicU64,
+    bad_keys: AtomicU64,
+    false_positives: AtomicU64,
+    last_error: Mutex<Option<String>>,
+    /// When the filter in use was put in place (tokio's clock, which tests
+    /// can pause).
+    last_build: Mutex<Option<tokio::time::Instant>>,
+    /// One build at a time.
+    pub(crate) build_lock: tokio::sync::Mutex<()>,
+    /// The rebuild in flight, which later callers join.
+    pub(crate) rebuild_in_flight: Mutex<Option<watch::Receiver<RebuildResult>>>,
+}
+
+/// Locks a mutex whose data stays valid even if a holder panicked.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    pub(crate) fn new(config: Config) -> Self {
+        Self {
+            config,
+            current: ArcSwapOption::empty(),
+            building: RwLock::new(Vec::new()),
+            journal: Mutex::default(),
+            held_open: AtomicUsize::new(0),
+            generation: AtomicU64::new(0),
+            state: AtomicU8::new(State::Warming.as_u8()),
+            passed: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            bad_keys: AtomicU64::new(0),
+            false_positives: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+            last_build: Mutex::new(None),
+            build_lock: tokio::sync::Mutex::new(()),
+            rebuild_in_flight: Mutex::new(None),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn may_contain(&self, key: &Key<'_>) -> bool {
+        if self.held_open.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        match &*self.current.load() {
+            Some(filter) => filter.contains(key),
+            None => true,
+        }
+    }
+
+    /// About how many keys the next filter must hold besides its source's:
+    /// the distinct keys of the filter in use (estimated from its fill) and
+    /// the journal that will be replayed into it.
+    pub(crate) fn keys_to_carry(&self) -> u64 {
+        let in_use = self
+            .current
+            .load()
+            .as_deref()
+            .map_or(0, Filter::estimated_keys);
+        in_use.max(lock(&self.journal).entries.len() as u64)
+    }
+
+    pub(crate) fn has_filter(&self) -> bool {
+        self.current.load().is_some()
+    }
+
+    pub(crate) fn count_passed(&self) {
+        self.passed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_rejected(&self) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_bad_key(&self) {
+        self.bad_keys.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_false_positive(&self) {
+        self.false_positives.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn hold_open(&self) {
+        self.held_open.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn release_open(&self) {
+        self.held_open.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn insert(&self, key: &Key<'_>) {
+        let building = self.building.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(filter) = &*self.current.load() {
+            filter.insert(key);
+        }
+        for filter in building.iter() {
+            filter.insert(key);
+        }
+        let now = Instant::now();
+        let mut journal = lock(&self.journal);
+        journal.entries.push_back((now, key.as_bytes().into()));
+        while journal.entries.len() > JOURNAL_CAPACITY
+            || journal
+                .entries
+                .front()
+                .is_some_and(|(at, _)| now.duration_since(*at) > self.config.write_window)
+        {
+            journal.entries.pop_front();
+        }
+    }
+
+    /// Makes `filter` receive every insert from now on, plus the journal.
+    pub(crate) fn register(&self, filter: &Arc<Filter>) {
+        let mut building = self
+            .building
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let journal = lock(&self.journal);
+        let now = Instant::now();
+        for (at, key) in journal.entries.iter().rev() {
+            if now.duration_since(*at) > self.config.write_window {
+                break;
+            }
+            filter.insert(&Key::from(&key[..]));
+        }
+        building.push(Arc::clone(filter));
+    }
+
+    pub(crate) fn unregister(&self, filter: &Arc<Filter>) {
+        let mut building = self
+            .building
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        building.retain(|f| !Arc::ptr_eq(f, filter));
+    }
+
+    /// Puts a registered filter in use and returns its generation. Swapping
+    /// and unregistering happen under the write lock so no insert can fall
+    /// between the two.
+    pub(crate) fn promote(&self, filter: &Arc<Filter>) -> u64 {
+        let mut building = self
+            .building
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.current.store(Some(Arc::clone(filter)));
+        building.retain(|f| !Arc::ptr_eq(f, filter));
+        drop(building);
+        self.set_state(State::Ready);
+        *lock(&self.last_error) = None;
+        *lock(&self.last_build) = Some(tokio::time::Instant::now());
+        self.generation.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    pub(crate) fn record_failure(&self, error: String) {
+        if !self.has_filter() {
+            self.set_state(State::Degraded);
+        }
+        *lock(&self.last_error) = Some(error);
+    }
+
+    pub(crate) fn last_build(&self) -> Option<tokio::time::Instant> {
+        *lock(&self.last_build)
+    }
+
+    fn set_state(&self, state: State) {
+        self.state.store(state.as_u8(), Ordering::Release);
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        let current = self.current.load();
+        let filter = current.as_deref();
+        let fill = filter.map_or(0.0, Filter::fill);
+        let hashes = filter.map_or(0, Filter::hashes);
+        let mut state = State::from_u8(self.state.load(Ordering::Acquire));
+        if state == State::Ready && self.held_open.load(Ordering::Acquire) > 0 {
+            state = State::Degraded;
+        }
+        let rejected = self.rejected.load(Ordering::Relaxed);
+        let false_positives = self.false_positives.load(Ordering::Relaxed);
+        let absent = rejected + false_positives;
+        Stats {
+            state,
+            generation: self.generation.load(Ordering::Acquire),
+            keys: filter.map_or(0, Filter::keys),
+            capacity: filter.map_or(0, Filter::capacity),
+            bits: filter.map_or(0, Filter::bits),
+            hashes,
+            fill,
+            target_fpp: self.config.target_fpp,
+            estimated_fpp: fill.powi(hashes as i32),
+            observed_fpp: if absent == 0 {
+                0.0
+            } else {
+                false_positives as f64 / absent as f64
+            },
+            passed: self.passed.load(Ordering::Relaxed),
+            rejected,
+            false_positives,
+            bad_keys: self.bad_keys.load(Ordering::Relaxed),
+            last_error: lock(&self.last_error).clone(),
+        }
+    }
+}
