@@ -128,34 +128,65 @@ impl<K> BloomGuard<K> {
     /// # Ok(()) }
     /// ```
     pub async fn rebuild<S: KeySource>(&self, source: &S) -> Result<Stats, BuildError> {
-        let (leader, mut result) = {
-            let mut slot = lock(&self.shared.rebuild_in_flight);
-            match &*slot {
-                Some(in_flight) => (None, in_flight.clone()),
-                None => {
-                    let (tx, rx) = watch::channel(None);
-                    *slot = Some(rx.clone());
-                    (
-                        Some(InFlight {
-                            shared: &self.shared,
-                            tx,
-                        }),
-                        rx,
-                    )
-                }
-            }
-        };
-        if let Some(leader) = leader {
-            let outcome = self.build(source, 0).await.map(|_| self.stats());
-            leader.finish(outcome.clone());
-            return outcome;
-        }
+        self.rebuild_joining(source, |_| true).await
+    }
+
+    /// Like [`rebuild`](Self::rebuild), but joins a rebuild in flight only
+    /// if it started at or after `since`; an older one is waited for and
+    /// then another one runs. For callers that need a scan whose snapshot
+    /// is later than some event, such as a listener that just reconnected.
+    ///
+    /// # Errors
+    ///
+    /// As [`rebuild`](Self::rebuild).
+    pub async fn rebuild_newer_than<S: KeySource>(
+        &self,
+        source: &S,
+        since: tokio::time::Instant,
+    ) -> Result<Stats, BuildError> {
+        self.rebuild_joining(source, |started| started >= since)
+            .await
+    }
+
+    async fn rebuild_joining<S: KeySource>(
+        &self,
+        source: &S,
+        fresh_enough: impl Fn(tokio::time::Instant) -> bool,
+    ) -> Result<Stats, BuildError> {
         loop {
-            if let Some(outcome) = result.borrow_and_update().clone() {
+            let (leader, mut result, joinable) = {
+                let mut slot = lock(&self.shared.rebuild_in_flight);
+                match &*slot {
+                    Some((started, in_flight)) => (None, in_flight.clone(), fresh_enough(*started)),
+                    None => {
+                        let (tx, rx) = watch::channel(None);
+                        *slot = Some((tokio::time::Instant::now(), rx.clone()));
+                        (
+                            Some(InFlight {
+                                shared: &self.shared,
+                                tx,
+                            }),
+                            rx,
+                            true,
+                        )
+                    }
+                }
+            };
+            if let Some(leader) = leader {
+                let outcome = self.build(source, 0).await.map(|_| self.stats());
+                leader.finish(outcome.clone());
                 return outcome;
             }
-            if result.changed().await.is_err() {
-                return Err(BuildError::Cancelled);
+            let outcome = loop {
+                if let Some(outcome) = result.borrow_and_update().clone() {
+                    break outcome;
+                }
+                if result.changed().await.is_err() {
+                    break Err(BuildError::Cancelled);
+                }
+            };
+            if joinable {
+                return outcome;
             }
         }
     }
@@ -247,7 +278,7 @@ impl Drop for InFlight<'_> {
         let mut slot = lock(&self.shared.rebuild_in_flight);
         if slot
             .as_ref()
-            .is_some_and(|rx| rx.same_channel(&self.tx.subscribe()))
+            .is_some_and(|(_, rx)| rx.same_channel(&self.tx.subscribe()))
         {
             *slot = None;
         }

@@ -27,6 +27,9 @@ const JOURNAL_CAPACITY: usize = 100_000;
 /// The result of the rebuild in flight, for the callers that joined it.
 pub(crate) type RebuildResult = Option<Result<Stats, BuildError>>;
 
+/// The rebuild in flight: when it started, and where its result appears.
+pub(crate) type RebuildSlot = Option<(tokio::time::Instant, watch::Receiver<RebuildResult>)>;
+
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) config: Config,
@@ -52,7 +55,7 @@ pub(crate) struct Shared {
     /// One build at a time.
     pub(crate) build_lock: tokio::sync::Mutex<()>,
     /// The rebuild in flight, which later callers join.
-    pub(crate) rebuild_in_flight: Mutex<Option<watch::Receiver<RebuildResult>>>,
+    pub(crate) rebuild_in_flight: Mutex<RebuildSlot>,
 }
 
 /// Locks a mutex whose data stays valid even if a holder panicked.
