@@ -24,11 +24,21 @@ use crate::error::SourceError;
 /// guard.clone().warm(QuerySource::new(pool, "select key from items")).await;
 /// # }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct QuerySource<DB: Database> {
     pool: Pool<DB>,
     query: String,
     count_query: String,
+}
+
+impl<DB: Database> Clone for QuerySource<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            query: self.query.clone(),
+            count_query: self.count_query.clone(),
+        }
+    }
 }
 
 impl<DB: Database> QuerySource<DB> {

@@ -116,7 +116,8 @@ impl<K> BloomGuard<K> {
     /// with the rejections, next to the estimate.
     ///
     /// Call it where the database answers "not found" for a key that went
-    /// through the guard (a cache's load, not a cache hit).
+    /// through the guard (a cache's load, not a cache hit). Reports made
+    /// while the guard lets every request through are not counted.
     pub fn record_false_positive(&self) {
         self.shared.count_false_positive();
     }

@@ -123,8 +123,12 @@ impl Shared {
         self.bad_keys.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a false positive, unless every request passes anyway (no
+    /// filter yet, or held open): then a miss says nothing of the filter.
     pub(crate) fn count_false_positive(&self) {
-        self.false_positives.fetch_add(1, Ordering::Relaxed);
+        if self.has_filter() && self.held_open.load(Ordering::Acquire) == 0 {
+            self.false_positives.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn hold_open(&self) {

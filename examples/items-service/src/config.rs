@@ -22,6 +22,8 @@ pub struct Config {
     pub bloom_expected_items: u64,
     /// `BLOOM_GUARD`: `off` serves the same API without the guard.
     pub guard_enabled: bool,
+    /// `BLOOM_REBUILD_SECS`: seconds between scheduled rebuilds (0: none).
+    pub rebuild_every_secs: u64,
 }
 
 /// A setting that could not be read.
@@ -81,6 +83,7 @@ impl Config {
             bloom_fpp,
             bloom_expected_items: parse("BLOOM_EXPECTED_ITEMS", "1000", "a whole number of keys")?,
             guard_enabled,
+            rebuild_every_secs: parse("BLOOM_REBUILD_SECS", "3600", "a whole number of seconds")?,
         })
     }
 }

@@ -16,7 +16,7 @@ pub use routes::{admin_app, app, AppState, MAX_KEY_LEN};
 use std::time::Duration;
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{PgCopySource, QuerySource};
+use bloom_guard_sqlx::{PgFollower, QuerySource};
 
 /// The query whose rows are every key the guard must hold.
 pub const KEY_QUERY: &str = "select key from items";
@@ -32,28 +32,50 @@ pub const KEY_QUERY: &str = "select key from items";
 /// # Ok::<(), items_service::config::ConfigError>(())
 /// ```
 pub fn guard(config: &Config) -> BloomGuard {
-    BloomGuard::builder()
+    let mut builder = BloomGuard::builder()
+        .name("items")
         .expected_items(config.bloom_expected_items)
         .false_positive_rate(config.bloom_fpp)
-        .max_key_len(MAX_KEY_LEN)
-        .build()
+        .max_key_len(MAX_KEY_LEN);
+    if config.rebuild_every_secs > 0 {
+        builder = builder.rebuild_interval(Duration::from_secs(config.rebuild_every_secs));
+    }
+    builder.build()
 }
 
-/// Brings the database up and the guard warm, in the background: applies
-/// the migrations (retrying while the database is unreachable), then loads
-/// every key. The service fails open until this completes.
-pub async fn prepare(db: Database, guard: Option<BloomGuard>) {
+/// Brings the database up and the guard warm: applies the migrations
+/// (retrying while the database is unreachable), starts what keeps the
+/// filter true (on Postgres a [`PgFollower`]: warm-up, NOTIFY from every
+/// instance and SQL client, catch-up, scheduled rebuilds; on SQLite a
+/// warm-up and scheduled rebuilds), and returns once the guard is ready.
+/// The service fails open until then.
+pub async fn prepare(state: AppState) {
     let mut delay = Duration::from_millis(200);
-    while let Err(error) = db.migrate().await {
+    while let Err(error) = state.db.migrate().await {
         tracing::warn!(error = %error, retry_in = ?delay, "database migration failed; retrying");
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(10));
     }
-    let Some(guard) = guard else {
+    let Some(guard) = state.guard.clone() else {
         return;
     };
-    match db.pool().clone() {
-        Pool::Postgres(pool) => guard.warm(PgCopySource::new(pool, KEY_QUERY)).await,
-        Pool::Sqlite(pool) => guard.warm(QuerySource::new(pool, KEY_QUERY)).await,
+    match state.db.pool().clone() {
+        Pool::Postgres(pool) => {
+            let cache = state.cache.clone();
+            let follower = PgFollower::new(guard.clone(), pool, KEY_QUERY).on_key(move |key| {
+                // A key created elsewhere: its negative entry would hide it.
+                let (cache, key) = (cache.clone(), key.to_owned());
+                tokio::spawn(async move { cache.invalidate(&key).await });
+            });
+            tokio::spawn(follower.run());
+            while !guard.is_ready() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        Pool::Sqlite(pool) => {
+            let source = QuerySource::new(pool, KEY_QUERY);
+            guard.clone().warm(source.clone()).await;
+            tokio::spawn(guard.maintain(source));
+        }
     }
 }

@@ -15,11 +15,14 @@
 //!      -d '{"key":"kiwi","value":"green"}'     # 201
 //! curl -i localhost:3000/items/kiwi             # 200 at once
 //! curl -s -H 'authorization: Bearer secret' localhost:3001/admin/bloom
+//! curl -s -X POST -H 'authorization: Bearer secret' localhost:3001/admin/bloom/rebuild
+//! curl -s -H 'authorization: Bearer secret' localhost:3001/metrics
 //! ```
 
 use std::process::ExitCode;
 
 use items_service::{admin_app, app, guard, prepare, AppState, Config, Database};
+use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
@@ -53,8 +56,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if guard.is_none() {
         tracing::warn!("BLOOM_GUARD=off: every request reaches the cache and the database");
     }
-    let state = AppState::new(db.clone(), guard.clone());
-    tokio::spawn(prepare(db, guard));
+    let state = AppState::new(db, guard);
+    tokio::spawn(prepare(state.clone()));
 
     let (stop, stopped) = watch::channel(());
     let public = TcpListener::bind(config.bind_addr).await?;
@@ -68,11 +71,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some(token) => {
             let admin = TcpListener::bind(config.admin_addr).await?;
             tracing::info!(addr = %config.admin_addr, "serving the admin API");
-            servers.push(tokio::spawn(serve(
-                admin,
-                admin_app(&state, token),
-                stopped,
-            )));
+            let prometheus = PrometheusBuilder::new().install_recorder()?;
+            let admin_app = admin_app(&state, token, Some(prometheus));
+            servers.push(tokio::spawn(serve(admin, admin_app, stopped)));
         }
         None => tracing::info!("ADMIN_TOKEN is unset: the admin API is off"),
     }

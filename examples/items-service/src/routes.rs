@@ -6,12 +6,16 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use bloom_guard::admin::Admin;
 use bloom_guard::{BloomGuard, ReadThroughCache};
+use bloom_guard_sqlx::{PgCopySource, QuerySource};
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::db::{Database, Item};
+use crate::db::{Database, Item, Pool};
 use crate::error::{not_found, ApiError};
+use crate::KEY_QUERY;
 
 /// The longest key, in bytes; the guard refuses longer ones before hashing.
 pub const MAX_KEY_LEN: usize = 512;
@@ -55,13 +59,22 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The admin API (`GET /admin/bloom`), behind `token`. Serve it on its own
-/// address.
-pub fn admin_app(state: &AppState, token: &str) -> Router {
-    match &state.guard {
-        Some(guard) => bloom_guard::admin::router(guard.clone(), token),
-        None => Router::new(),
+/// The admin API behind `token`: `GET /admin/bloom`, `POST
+/// /admin/bloom/rebuild` and, given a Prometheus handle, `GET /metrics`.
+/// Serve it on its own address.
+pub fn admin_app(state: &AppState, token: &str, prometheus: Option<PrometheusHandle>) -> Router {
+    let Some(guard) = &state.guard else {
+        return Router::new();
+    };
+    let mut admin = Admin::new(guard.clone(), token);
+    admin = match state.db.pool().clone() {
+        Pool::Postgres(pool) => admin.rebuild_from(PgCopySource::new(pool, KEY_QUERY)),
+        Pool::Sqlite(pool) => admin.rebuild_from(QuerySource::new(pool, KEY_QUERY)),
+    };
+    if let Some(handle) = prometheus {
+        admin = admin.prometheus(handle);
     }
+    admin.into_router()
 }
 
 fn check_key(key: &str) -> Result<(), ApiError> {
@@ -83,11 +96,17 @@ async fn get_item(
 ) -> Result<Response, ApiError> {
     let Path(key) = key?;
     check_key(&key)?;
-    let db = state.db.clone();
-    let lookup = key.clone();
+    let (db, guard, lookup) = (state.db.clone(), state.guard.clone(), key.clone());
     let item = state
         .cache
-        .get_or_load(key, || async move { db.get(&lookup).await })
+        .get_or_load(key, || async move {
+            let item = db.get(&lookup).await?;
+            if let (None, Some(guard)) = (&item, guard) {
+                // The guard let an absent key through.
+                guard.record_false_positive();
+            }
+            Ok::<_, sqlx::Error>(item)
+        })
         .await?;
     Ok(match item {
         Some(item) => Json(item).into_response(),

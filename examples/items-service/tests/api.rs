@@ -79,8 +79,8 @@ async fn postgres(pool: PgPool) -> Database {
 /// The app, with its guard warm.
 async fn ready_app(db: Database) -> (Router, AppState) {
     let guard = items_service::guard(&test_config());
-    let state = AppState::new(db.clone(), Some(guard.clone()));
-    prepare(db, Some(guard)).await;
+    let state = AppState::new(db, Some(guard));
+    prepare(state.clone()).await;
     (app(state.clone()), state)
 }
 
@@ -152,6 +152,12 @@ async fn false_positives_are_negative_cached(db: Database) {
     }
     assert_eq!(state.db.lookups() - before, 1);
     assert_eq!(state.cache.stats().negative_hits, 9);
+    let stats = state.guard.as_ref().expect("guarded").stats();
+    assert_eq!(
+        stats.false_positives, 1,
+        "the false positive was not reported"
+    );
+    assert!(stats.observed_fpp > 0.0);
 }
 
 #[tokio::test]
@@ -274,7 +280,8 @@ async fn delete_removes_the_item_and_its_cache_entry() {
 async fn readyz_is_503_until_the_guard_is_warm() {
     let db = sqlite().await;
     let guard = items_service::guard(&test_config());
-    let app = app(AppState::new(db.clone(), Some(guard.clone())));
+    let state = AppState::new(db, Some(guard));
+    let app = app(state.clone());
     let warming = get(&app, "/readyz").await;
     assert_eq!(
         (warming.status, warming.body.as_str()),
@@ -286,15 +293,15 @@ async fn readyz_is_503_until_the_guard_is_warm() {
         get(&app, "/items/absent").await.status,
         StatusCode::NOT_FOUND
     );
-    prepare(db, Some(guard)).await;
+    prepare(state).await;
     assert_eq!(get(&app, "/readyz").await.status, StatusCode::OK);
 }
 
 #[tokio::test]
 async fn without_the_guard_every_miss_reaches_the_database() {
     let db = sqlite().await;
-    let state = AppState::new(db.clone(), None);
-    prepare(db, None).await;
+    let state = AppState::new(db, None);
+    prepare(state.clone()).await;
     let app = app(state.clone());
     assert_eq!(get(&app, "/readyz").await.status, StatusCode::OK);
     assert_eq!(get(&app, "/items/apple").await.status, StatusCode::OK);
@@ -305,4 +312,48 @@ async fn without_the_guard_every_miss_reaches_the_database() {
         );
     }
     assert_eq!(state.db.lookups(), 6);
+}
+
+#[tokio::test]
+async fn the_admin_api_is_only_on_the_admin_router() {
+    let (app, state) = ready_app(sqlite().await).await;
+    let authorized = |uri: &str, method: &str| {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::AUTHORIZATION, "Bearer secret")
+            .body(Body::empty())
+            .expect("valid request")
+    };
+    for (method, uri) in [
+        ("GET", "/admin/bloom"),
+        ("POST", "/admin/bloom/rebuild"),
+        ("GET", "/metrics"),
+    ] {
+        assert_eq!(
+            send(&app, authorized(uri, method)).await.status,
+            StatusCode::NOT_FOUND,
+            "{uri} on the public port"
+        );
+    }
+    let admin = items_service::admin_app(&state, "secret", None);
+    let stats = send(&admin, authorized("/admin/bloom", "GET")).await;
+    assert_eq!(stats.status, StatusCode::OK);
+    assert!(stats.body.contains(r#""state":"ready""#), "{}", stats.body);
+    let rebuilt = send(&admin, authorized("/admin/bloom/rebuild", "POST")).await;
+    assert_eq!(rebuilt.status, StatusCode::OK, "{}", rebuilt.body);
+    assert!(
+        rebuilt.body.contains(r#""generation":2"#),
+        "{}",
+        rebuilt.body
+    );
+    let unauthorized = send(
+        &admin,
+        Request::get("/admin/bloom")
+            .body(Body::empty())
+            .expect("valid request"),
+    )
+    .await;
+    assert_eq!(unauthorized.status, StatusCode::UNAUTHORIZED);
+    assert!(!unauthorized.body.contains("secret"));
 }
