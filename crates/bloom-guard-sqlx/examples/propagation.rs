@@ -6,6 +6,8 @@
 //! `DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run --release -p bloom-guard-sqlx --example propagation`.
 //! It creates (and afterwards drops) the database `bloom_guard_propagation`.
 
+#![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
+
 use std::time::{Duration, Instant};
 
 use bloom_guard::{BloomGuard, State};
