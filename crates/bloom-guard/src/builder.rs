@@ -74,7 +74,7 @@ impl Default for Builder<PathParam> {
 impl<K> Builder<K> {
     /// Where to find each request's key: a [`PathParam`], a
     /// [`PathSegment`](crate::PathSegment), a [`QueryParam`](crate::QueryParam),
-    /// a [`Header`](crate::Header), or a closure. See [`KeyExtractor`].
+    /// a [`Header`](crate::Header), or a closure. See [`KeyExtractor`](crate::KeyExtractor).
     #[must_use]
     pub fn key<K2>(self, extractor: K2) -> Builder<K2> {
         Builder {
