@@ -88,6 +88,12 @@ impl<B> KeyExtractor<B> for PathParam {
 /// Segments are counted from the end, because a nested router sees its own
 /// part of the path while `MatchedPath` holds the whole route.
 fn path_param<'p>(template: &str, path: &'p str, name: &str) -> Option<&'p str> {
+    // The common route, `/.../{name}`: the last segment, found from the end.
+    if let Some(last) = template.strip_suffix('}') {
+        if last.ends_with(name) && last[..last.len() - name.len()].ends_with("/{") {
+            return path.rsplit_once('/').map(|(_, value)| value);
+        }
+    }
     let is_param = |segment: &str, wildcard: bool| {
         let inner = segment.strip_prefix('{')?.strip_suffix('}')?;
         let inner = if wildcard {

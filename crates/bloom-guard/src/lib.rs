@@ -2,6 +2,7 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 mod builder;
+mod counter;
 mod extract;
 mod filter;
 mod future;

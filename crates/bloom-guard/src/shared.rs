@@ -10,6 +10,7 @@ use arc_swap::ArcSwapOption;
 use tokio::sync::watch;
 
 use crate::builder::Config;
+use crate::counter::Counter;
 use crate::filter::Filter;
 use crate::key::Key;
 use crate::rebuild::BuildError;
@@ -44,10 +45,10 @@ pub(crate) struct Shared {
     held_open: AtomicUsize,
     generation: AtomicU64,
     state: AtomicU8,
-    passed: AtomicU64,
-    rejected: AtomicU64,
-    bad_keys: AtomicU64,
-    false_positives: AtomicU64,
+    passed: Counter,
+    rejected: Counter,
+    bad_keys: Counter,
+    false_positives: Counter,
     last_error: Mutex<Option<String>>,
     /// When the filter in use was put in place (tokio's clock, which tests
     /// can pause).
@@ -73,10 +74,10 @@ impl Shared {
             held_open: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
             state: AtomicU8::new(State::Warming.as_u8()),
-            passed: AtomicU64::new(0),
-            rejected: AtomicU64::new(0),
-            bad_keys: AtomicU64::new(0),
-            false_positives: AtomicU64::new(0),
+            passed: Counter::default(),
+            rejected: Counter::default(),
+            bad_keys: Counter::default(),
+            false_positives: Counter::default(),
             last_error: Mutex::new(None),
             last_build: Mutex::new(None),
             build_lock: tokio::sync::Mutex::new(()),
@@ -112,22 +113,22 @@ impl Shared {
     }
 
     pub(crate) fn count_passed(&self) {
-        self.passed.fetch_add(1, Ordering::Relaxed);
+        self.passed.increment();
     }
 
     pub(crate) fn count_rejected(&self) {
-        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.rejected.increment();
     }
 
     pub(crate) fn count_bad_key(&self) {
-        self.bad_keys.fetch_add(1, Ordering::Relaxed);
+        self.bad_keys.increment();
     }
 
     /// Counts a false positive, unless every request passes anyway (no
     /// filter yet, or held open): then a miss says nothing of the filter.
     pub(crate) fn count_false_positive(&self) {
         if self.has_filter() && self.held_open.load(Ordering::Acquire) == 0 {
-            self.false_positives.fetch_add(1, Ordering::Relaxed);
+            self.false_positives.increment();
         }
     }
 
@@ -226,8 +227,8 @@ impl Shared {
         if state == State::Ready && self.held_open.load(Ordering::Acquire) > 0 {
             state = State::Degraded;
         }
-        let rejected = self.rejected.load(Ordering::Relaxed);
-        let false_positives = self.false_positives.load(Ordering::Relaxed);
+        let rejected = self.rejected.get();
+        let false_positives = self.false_positives.get();
         let absent = rejected + false_positives;
         Stats {
             state,
@@ -244,10 +245,10 @@ impl Shared {
             } else {
                 false_positives as f64 / absent as f64
             },
-            passed: self.passed.load(Ordering::Relaxed),
+            passed: self.passed.get(),
             rejected,
             false_positives,
-            bad_keys: self.bad_keys.load(Ordering::Relaxed),
+            bad_keys: self.bad_keys.get(),
             last_error: lock(&self.last_error).clone(),
         }
     }

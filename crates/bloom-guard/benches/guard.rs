@@ -1,0 +1,200 @@
+//! The guard's cost per request, against the same inner service without it;
+//! key extraction; filter lookups at 1M and 10M keys.
+//!
+//! Run with `cargo bench -p bloom-guard --bench guard`.
+
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::hint::black_box;
+
+use axum::extract::MatchedPath;
+use bloom_guard::{
+    BloomGuard, Header, KeyBatch, KeyExtractor, KeySource, PathParam, PathSegment, QueryParam,
+};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use futures_util::stream::{self, BoxStream, StreamExt};
+use futures_util::FutureExt;
+use http::{HeaderName, Request, Response};
+use tower::{Layer, Service};
+
+/// `count` keys, generated batch by batch without holding them all.
+struct Generated {
+    count: u64,
+}
+
+impl KeySource for Generated {
+    type Error = Infallible;
+
+    async fn count_hint(&self) -> Result<Option<u64>, Infallible> {
+        Ok(Some(self.count))
+    }
+
+    fn keys(&self) -> BoxStream<'static, Result<KeyBatch, Infallible>> {
+        let count = self.count;
+        stream::iter((0..count).step_by(10_000))
+            .map(move |start| {
+                Ok((start..(start + 10_000).min(count))
+                    .map(|i| format!("item-{i:08}"))
+                    .collect())
+            })
+            .boxed()
+    }
+}
+
+fn warm_guard<K>(guard: BloomGuard<K>, keys: u64) -> BloomGuard<K> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    runtime
+        .block_on(guard.rebuild(&Generated { count: keys }))
+        .expect("build");
+    guard
+}
+
+/// The cheapest inner service: answers at once.
+#[derive(Clone)]
+struct Inner;
+
+impl<B> Service<Request<B>> for Inner {
+    type Response = Response<bytes::Bytes>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<B>) -> Self::Future {
+        ready(Ok(Response::new(bytes::Bytes::new())))
+    }
+}
+
+fn request(key: &str, matched: &MatchedPath) -> Request<()> {
+    let mut request = Request::get(format!("/items/{key}"))
+        .body(())
+        .expect("valid request");
+    request.extensions_mut().insert(matched.clone());
+    request
+}
+
+trait MatchedPathExt {
+    fn from_static(path: &'static str) -> MatchedPath;
+}
+
+impl MatchedPathExt for MatchedPath {
+    /// `MatchedPath` has no public constructor: route one request to get it.
+    fn from_static(path: &'static str) -> MatchedPath {
+        use tower::ServiceExt;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let app: axum::Router = axum::Router::new().route(
+            path,
+            axum::routing::get(move |matched: MatchedPath| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(matched);
+                }
+            }),
+        );
+        let uri = path.replace("{key}", "x");
+        runtime
+            .block_on(
+                app.oneshot(
+                    Request::get(uri)
+                        .body(axum::body::Body::empty())
+                        .expect("valid request"),
+                ),
+            )
+            .expect("infallible");
+        rx.recv().expect("matched path")
+    }
+}
+
+fn service(c: &mut Criterion) {
+    let guard = warm_guard(
+        BloomGuard::builder().expected_items(1_000_000).build(),
+        1_000_000,
+    );
+    let matched = MatchedPath::from_static("/items/{key}");
+    let mut group = c.benchmark_group("service");
+    let mut inner = Inner;
+    let mut guarded = guard.layer(Inner);
+    for (name, key) in [("present", "item-00000042"), ("absent", "absent-00000042")] {
+        group.bench_function(format!("inner_alone/{name}"), |b| {
+            b.iter_batched(
+                || request(key, &matched),
+                |req| inner.call(req).now_or_never(),
+                BatchSize::NumIterations(64),
+            )
+        });
+        group.bench_function(format!("guarded/{name}"), |b| {
+            b.iter_batched(
+                || request(key, &matched),
+                |req| guarded.call(req).now_or_never(),
+                BatchSize::NumIterations(64),
+            )
+        });
+    }
+    group.finish();
+}
+
+fn extraction(c: &mut Criterion) {
+    let mut group = c.benchmark_group("extract");
+    let plain = request("item-00000042", &MatchedPath::from_static("/items/{key}"));
+    group.bench_function("path_param_plain", |b| {
+        b.iter(|| black_box(PathParam("key").extract(black_box(&plain)).is_ok()))
+    });
+    let path = request("a%2Fb%20c", &MatchedPath::from_static("/items/{key}"));
+    group.bench_function("path_param", |b| {
+        b.iter(|| black_box(PathParam("key").extract(black_box(&path)).is_ok()))
+    });
+    group.bench_function("path_segment", |b| {
+        b.iter(|| black_box(PathSegment(1).extract(black_box(&path)).is_ok()))
+    });
+    let query = Request::get("/lookup?x=1&id=a+b%2Bc")
+        .body(())
+        .expect("valid request");
+    group.bench_function("query_param", |b| {
+        b.iter(|| black_box(QueryParam("id").extract(black_box(&query)).is_ok()))
+    });
+    let header = Request::get("/")
+        .header("x-api-key", "key-123")
+        .body(())
+        .expect("valid request");
+    let extractor = Header(HeaderName::from_static("x-api-key"));
+    group.bench_function("header", |b| {
+        b.iter(|| black_box(extractor.extract(black_box(&header)).is_ok()))
+    });
+    group.finish();
+}
+
+fn contains(c: &mut Criterion) {
+    let mut group = c.benchmark_group("contains");
+    for keys in [1_000_000_u64, 10_000_000] {
+        let guard = warm_guard(BloomGuard::builder().expected_items(keys).build(), keys);
+        // Keys spread over the whole filter, so lookups miss the CPU caches
+        // as they would in production.
+        let present: Vec<String> = (0..4096)
+            .map(|i| format!("item-{:08}", (i * 7919) % keys))
+            .collect();
+        let absent: Vec<String> = (0..4096).map(|i| format!("absent-{i:08}")).collect();
+        group.bench_function(format!("{keys}/one_hot_key"), |b| {
+            b.iter(|| black_box(guard.may_contain(black_box("item-00000042"))))
+        });
+        for (name, sample) in [("present", &present), ("absent", &absent)] {
+            let mut next = sample.iter().cycle();
+            group.bench_function(format!("{keys}/{name}"), |b| {
+                b.iter(|| black_box(guard.may_contain(next.next().map_or("", String::as_str))))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, service, extraction, contains);
+criterion_main!(benches);
