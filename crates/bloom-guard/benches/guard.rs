@@ -130,14 +130,14 @@ fn service(c: &mut Criterion) {
                 || request(key, &matched),
                 |req| inner.call(req).now_or_never(),
                 BatchSize::NumIterations(64),
-            )
+            );
         });
         group.bench_function(format!("guarded/{name}"), |b| {
             b.iter_batched(
                 || request(key, &matched),
                 |req| guarded.call(req).now_or_never(),
                 BatchSize::NumIterations(64),
-            )
+            );
         });
     }
     group.finish();
@@ -147,20 +147,20 @@ fn extraction(c: &mut Criterion) {
     let mut group = c.benchmark_group("extract");
     let plain = request("item-00000042", &MatchedPath::from_static("/items/{key}"));
     group.bench_function("path_param_plain", |b| {
-        b.iter(|| black_box(PathParam("key").extract(black_box(&plain)).is_ok()))
+        b.iter(|| black_box(PathParam("key").extract(black_box(&plain)).is_ok()));
     });
     let path = request("a%2Fb%20c", &MatchedPath::from_static("/items/{key}"));
     group.bench_function("path_param", |b| {
-        b.iter(|| black_box(PathParam("key").extract(black_box(&path)).is_ok()))
+        b.iter(|| black_box(PathParam("key").extract(black_box(&path)).is_ok()));
     });
     group.bench_function("path_segment", |b| {
-        b.iter(|| black_box(PathSegment(1).extract(black_box(&path)).is_ok()))
+        b.iter(|| black_box(PathSegment(1).extract(black_box(&path)).is_ok()));
     });
     let query = Request::get("/lookup?x=1&id=a+b%2Bc")
         .body(())
         .expect("valid request");
     group.bench_function("query_param", |b| {
-        b.iter(|| black_box(QueryParam("id").extract(black_box(&query)).is_ok()))
+        b.iter(|| black_box(QueryParam("id").extract(black_box(&query)).is_ok()));
     });
     let header = Request::get("/")
         .header("x-api-key", "key-123")
@@ -168,7 +168,7 @@ fn extraction(c: &mut Criterion) {
         .expect("valid request");
     let extractor = Header(HeaderName::from_static("x-api-key"));
     group.bench_function("header", |b| {
-        b.iter(|| black_box(extractor.extract(black_box(&header)).is_ok()))
+        b.iter(|| black_box(extractor.extract(black_box(&header)).is_ok()));
     });
     group.finish();
 }
@@ -184,12 +184,12 @@ fn contains(c: &mut Criterion) {
             .collect();
         let absent: Vec<String> = (0..4096).map(|i| format!("absent-{i:08}")).collect();
         group.bench_function(format!("{keys}/one_hot_key"), |b| {
-            b.iter(|| black_box(guard.may_contain(black_box("item-00000042"))))
+            b.iter(|| black_box(guard.may_contain(black_box("item-00000042"))));
         });
         for (name, sample) in [("present", &present), ("absent", &absent)] {
             let mut next = sample.iter().cycle();
             group.bench_function(format!("{keys}/{name}"), |b| {
-                b.iter(|| black_box(guard.may_contain(next.next().map_or("", String::as_str))))
+                b.iter(|| black_box(guard.may_contain(next.next().map_or("", String::as_str))));
             });
         }
     }
