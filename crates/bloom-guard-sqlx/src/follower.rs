@@ -1,6 +1,7 @@
 //! Keeping a guard true while the database changes: LISTEN/NOTIFY, catch-up
 //! after lost notifications, and scheduled rebuilds.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -146,6 +147,14 @@ where
 
     /// Warms the guard up and keeps it true; runs until dropped. Spawn it.
     pub async fn run(self) {
+        self.run_until(std::future::pending()).await;
+    }
+
+    /// As [`run`](Self::run), until `shutdown` completes; then closes the
+    /// listener's connection cleanly (a Terminate message, no error in
+    /// the server's log) and returns.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
         let maintenance = tokio::spawn(self.guard.clone().maintain(self.source.clone()));
         let _stop_maintenance = AbortOnDrop(maintenance);
         // Nothing is lost before the first warm-up: its scan covers it.
@@ -155,11 +164,21 @@ where
         loop {
             // A fresh pool each time: a half-open connection is dropped with
             // its pool, never handed out again.
-            let listener = match self.listen(&self.listener_pool()).await {
-                Ok(listener) => listener,
-                Err(error) => {
+            let pool = self.listener_pool();
+            let listener = tokio::select! {
+                () = &mut shutdown => None,
+                listener = self.listen(&pool) => Some(listener),
+            };
+            let listener = match listener {
+                None => return close(pool).await,
+                Some(Ok(listener)) => listener,
+                Some(Err(error)) => {
                     tracing::warn!(%error, retry_in = ?delay, "cannot LISTEN; the guard lets every request through");
-                    sleep(delay).await;
+                    pool.close().await;
+                    tokio::select! {
+                        () = &mut shutdown => return,
+                        () = sleep(delay) => {}
+                    }
                     delay = (delay * 2).min(Duration::from_secs(10));
                     continue;
                 }
@@ -173,9 +192,18 @@ where
                 tracing::info!("listening again; catching up on lost notifications");
                 self.spawn_catch_up(listening_since, hold);
             }
-            let lost = self.follow(listener).await;
+            // The listener lives in `follow`: dropped with it, before the
+            // pool closes.
+            let lost = tokio::select! {
+                () = &mut shutdown => None,
+                lost = self.follow(listener) => Some(lost),
+            };
+            let Some(lost) = lost else {
+                return close(pool).await;
+            };
             tracing::warn!(reason = %lost, "notifications may have been lost; the guard lets every request through until it has caught up");
             hold = Some(self.guard.hold_open());
+            pool.close().await;
         }
     }
 
@@ -301,6 +329,12 @@ where
     fn catch_up_now(&self) {
         self.spawn_catch_up(Instant::now(), self.guard.hold_open());
     }
+}
+
+/// Closes the listener's pool, its connection with it.
+async fn close(pool: PgPool) {
+    pool.close().await;
+    tracing::info!("stopped following notifications");
 }
 
 /// Aborts a task when dropped, so a dropped follower leaves nothing running.

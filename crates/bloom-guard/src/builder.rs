@@ -47,6 +47,7 @@ pub(crate) struct Config {
     pub(crate) rebuild_interval: Option<Duration>,
     pub(crate) rebuild_above: f64,
     pub(crate) name: &'static str,
+    pub(crate) debug_header: bool,
 }
 
 impl Default for Builder<PathParam> {
@@ -66,6 +67,7 @@ impl Default for Builder<PathParam> {
                 rebuild_interval: None,
                 rebuild_above: 2.0,
                 name: "default",
+                debug_header: false,
             },
         }
     }
@@ -141,6 +143,15 @@ impl<K> Builder<K> {
         self
     }
 
+    /// Marks the guard's own "absent" answers with `x-bloom-guard: absent`
+    /// (default off). For operators only: it tells an attacker which keys
+    /// are false positives, the oracle that identical answers deny them.
+    #[must_use]
+    pub fn debug_header(mut self, enabled: bool) -> Self {
+        self.config.debug_header = enabled;
+        self
+    }
+
     /// How long a write may take between [`BloomGuard::insert`] and its
     /// commit (default 60 s). A filter build replays the keys inserted this
     /// long before it started, so a row that commits after the build's scan
@@ -209,7 +220,10 @@ impl<K> Builder<K> {
 
     /// Builds the guard. It fails open until [`BloomGuard::warm`] (or
     /// [`BloomGuard::rebuild`]) puts a first filter in place.
-    pub fn build(self) -> BloomGuard<K> {
+    pub fn build(mut self) -> BloomGuard<K> {
+        if self.config.debug_header {
+            self.config.absent = self.config.absent.with_debug_header();
+        }
         BloomGuard {
             shared: Arc::new(Shared::new(self.config)),
             extractor: self.extractor,

@@ -52,6 +52,9 @@ where
 
 /// The value of a named axum path parameter, such as `key` in `/items/{key}`.
 ///
+/// Decoded with [`Key::from_path_segment`]: malformed escapes and dot
+/// segments get a 400.
+///
 /// Reads axum's [`MatchedPath`](axum::extract::MatchedPath), so the guard
 /// must sit inside the router: use `Router::route_layer` (recommended: unknown
 /// routes keep their normal 404) or `Router::layer`. The value is
@@ -78,7 +81,9 @@ impl<B> KeyExtractor<B> for PathParam {
         let Some(matched) = req.extensions().get::<axum::extract::MatchedPath>() else {
             return Ok(None);
         };
-        Ok(path_param(matched.as_str(), req.uri().path(), self.0).map(Key::from_percent_encoded))
+        path_param(matched.as_str(), req.uri().path(), self.0)
+            .map(Key::from_path_segment)
+            .transpose()
     }
 }
 

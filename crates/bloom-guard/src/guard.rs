@@ -171,6 +171,10 @@ impl<K> BloomGuard<K> {
                 return Verdict::BadKey(error);
             }
         };
+        if key.is_empty() {
+            shared.count_bad_key();
+            return Verdict::BadKey(KeyError::Malformed("empty key"));
+        }
         let max = shared.config.max_key_len;
         if key.len() > max {
             shared.count_bad_key();

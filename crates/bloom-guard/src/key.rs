@@ -36,6 +36,36 @@ impl<'a> Key<'a> {
         Key(percent_decode_str(encoded).into())
     }
 
+    /// Decodes a path segment strictly: as
+    /// [`from_percent_encoded`](Self::from_percent_encoded), but a `%` must
+    /// start a `%XX` escape, and the dot segments `.` and `..` (which
+    /// clients and proxies rewrite) are refused. This is what the path
+    /// extractors use.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError::Malformed`] for a bad escape or a dot segment.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use bloom_guard::{Key, KeyError};
+    ///
+    /// assert_eq!(Key::from_path_segment("a%2Fb"), Ok(Key::from("a/b")));
+    /// assert!(matches!(Key::from_path_segment("100%"), Err(KeyError::Malformed(_))));
+    /// assert!(matches!(Key::from_path_segment("%2E%2E"), Err(KeyError::Malformed(_))));
+    /// ```
+    pub fn from_path_segment(encoded: &'a str) -> Result<Self, KeyError> {
+        if !valid_escapes(encoded.as_bytes()) {
+            return Err(KeyError::Malformed("invalid percent-encoding"));
+        }
+        let key = Self::from_percent_encoded(encoded);
+        if key.as_bytes() == b"." || key.as_bytes() == b".." {
+            return Err(KeyError::Malformed("dot segment"));
+        }
+        Ok(key)
+    }
+
     /// The key's canonical bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
@@ -55,6 +85,20 @@ impl<'a> Key<'a> {
     pub fn into_owned(self) -> Key<'static> {
         Key(Cow::Owned(self.0.into_owned()))
     }
+}
+
+/// Whether every `%` starts a `%XX` escape.
+fn valid_escapes(bytes: &[u8]) -> bool {
+    let mut rest = bytes;
+    while let Some(at) = rest.iter().position(|&b| b == b'%') {
+        match rest.get(at + 1..at + 3) {
+            Some([hi, lo]) if hi.is_ascii_hexdigit() && lo.is_ascii_hexdigit() => {
+                rest = &rest[at + 3..];
+            }
+            _ => return false,
+        }
+    }
+    true
 }
 
 impl fmt::Debug for Key<'_> {
@@ -148,12 +192,34 @@ mod tests {
             ("a+b", "a+b"),
             ("bad%zz", "bad%zz"),
             ("trailing%", "trailing%"),
+            ("..", ".."),
         ];
         for (encoded, stored) in cases {
             assert_eq!(
                 Key::from_percent_encoded(encoded),
                 Key::from(stored),
                 "{encoded}"
+            );
+        }
+    }
+
+    #[test]
+    fn path_segments_are_decoded_strictly() {
+        assert_eq!(Key::from_path_segment("a%20b"), Ok(Key::from("a b")));
+        assert_eq!(Key::from_path_segment("..."), Ok(Key::from("...")));
+        assert_eq!(
+            Key::from_path_segment("%2e"),
+            Err(KeyError::Malformed("dot segment"))
+        );
+        assert_eq!(
+            Key::from_path_segment(".."),
+            Err(KeyError::Malformed("dot segment"))
+        );
+        for bad in ["%", "%2", "%zz", "a%g1", "ok%2Fthen%"] {
+            assert_eq!(
+                Key::from_path_segment(bad),
+                Err(KeyError::Malformed("invalid percent-encoding")),
+                "{bad}"
             );
         }
     }

@@ -326,6 +326,9 @@ async fn scan<S: KeySource>(shared: &Shared, source: &S, floor: u64) -> Result<B
             );
         }
         scanned += batch.len() as u64;
+        // A batch is a fraction of a millisecond of work: give the requests
+        // queued on this worker their turn before the next one.
+        tokio::task::yield_now().await;
         let since = last_report.0.elapsed();
         if since >= config.progress_interval {
             let rate = (scanned - last_report.1) as f64 / since.as_secs_f64();

@@ -46,10 +46,29 @@ impl CannedResponse {
             KeyError::TooLong { .. } => {
                 Self::json(StatusCode::BAD_REQUEST, r#"{"error":"key too long"}"#)
             }
+            KeyError::Malformed("invalid percent-encoding") => Self::json(
+                StatusCode::BAD_REQUEST,
+                r#"{"error":"malformed key: invalid percent-encoding"}"#,
+            ),
+            KeyError::Malformed("dot segment") => Self::json(
+                StatusCode::BAD_REQUEST,
+                r#"{"error":"malformed key: dot segment"}"#,
+            ),
+            KeyError::Malformed("empty key") => Self::json(
+                StatusCode::BAD_REQUEST,
+                r#"{"error":"key must not be empty"}"#,
+            ),
             KeyError::Malformed(_) => {
                 Self::json(StatusCode::BAD_REQUEST, r#"{"error":"malformed key"}"#)
             }
         }
+    }
+
+    /// Marks the response as the guard's own, for operators.
+    pub(crate) fn with_debug_header(mut self) -> Self {
+        self.headers
+            .insert("x-bloom-guard", HeaderValue::from_static("absent"));
+        self
     }
 
     pub(crate) fn to_response<B: From<Bytes>>(&self) -> Response<B> {

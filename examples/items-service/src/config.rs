@@ -24,6 +24,9 @@ pub struct Config {
     pub guard_enabled: bool,
     /// `BLOOM_REBUILD_SECS`: seconds between scheduled rebuilds (0: none).
     pub rebuild_every_secs: u64,
+    /// `BLOOM_DEBUG_HEADER`: `on` marks the guard's answers with
+    /// `x-bloom-guard: absent` (for operators; off by default).
+    pub debug_header: bool,
 }
 
 /// A setting that could not be read.
@@ -54,18 +57,8 @@ impl Config {
                 expected: "a rate strictly between 0 and 1, such as 0.001",
             });
         }
-        let guard = var("BLOOM_GUARD").unwrap_or_else(|| "on".to_owned());
-        let guard_enabled = match guard.to_ascii_lowercase().as_str() {
-            "on" | "true" | "1" => true,
-            "off" | "false" | "0" => false,
-            _ => {
-                return Err(ConfigError {
-                    name: "BLOOM_GUARD",
-                    value: guard,
-                    expected: "on or off",
-                })
-            }
-        };
+        let guard_enabled = switch("BLOOM_GUARD", true)?;
+        let debug_header = switch("BLOOM_DEBUG_HEADER", false)?;
         Ok(Self {
             bind_addr: parse(
                 "BIND_ADDR",
@@ -84,7 +77,24 @@ impl Config {
             bloom_expected_items: parse("BLOOM_EXPECTED_ITEMS", "1000", "a whole number of keys")?,
             guard_enabled,
             rebuild_every_secs: parse("BLOOM_REBUILD_SECS", "3600", "a whole number of seconds")?,
+            debug_header,
         })
+    }
+}
+
+/// An on/off variable.
+fn switch(name: &'static str, default: bool) -> Result<bool, ConfigError> {
+    let Some(value) = var(name) else {
+        return Ok(default);
+    };
+    match value.to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        _ => Err(ConfigError {
+            name,
+            value,
+            expected: "on or off",
+        }),
     }
 }
 

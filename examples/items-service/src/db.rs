@@ -205,6 +205,15 @@ impl Database {
         Ok(deleted > 0)
     }
 
+    /// Closes the pool: waits for the connections in use, then closes every
+    /// connection cleanly.
+    pub async fn close(&self) {
+        match &self.pool {
+            Pool::Postgres(pool) => pool.close().await,
+            Pool::Sqlite(pool) => pool.close().await,
+        }
+    }
+
     /// How many item lookups reached the database.
     pub fn lookups(&self) -> u64 {
         self.lookups.load(Ordering::Relaxed)

@@ -36,7 +36,10 @@ pub fn guard(config: &Config) -> BloomGuard {
         .name("items")
         .expected_items(config.bloom_expected_items)
         .false_positive_rate(config.bloom_fpp)
-        .max_key_len(MAX_KEY_LEN);
+        .max_key_len(MAX_KEY_LEN)
+        .debug_header(config.debug_header)
+        // Back within seconds of the database.
+        .max_retry_delay(Duration::from_secs(5));
     if config.rebuild_every_secs > 0 {
         builder = builder.rebuild_interval(Duration::from_secs(config.rebuild_every_secs));
     }
@@ -67,7 +70,8 @@ pub async fn prepare(state: AppState) {
                 let (cache, key) = (cache.clone(), key.to_owned());
                 tokio::spawn(async move { cache.invalidate(&key).await });
             });
-            tokio::spawn(follower.run());
+            let keeper = tokio::spawn(follower.run_until(state.stopping()));
+            state.keep(keeper);
             while !guard.is_ready() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -75,7 +79,30 @@ pub async fn prepare(state: AppState) {
         Pool::Sqlite(pool) => {
             let source = QuerySource::new(pool, KEY_QUERY);
             guard.clone().warm(source.clone()).await;
-            tokio::spawn(guard.maintain(source));
+            let stopping = state.stopping();
+            let keeper = tokio::spawn(async move {
+                tokio::select! {
+                    () = guard.maintain(source) => {}
+                    () = stopping => {}
+                }
+            });
+            state.keep(keeper);
         }
     }
+}
+
+/// Serves `app` on `listener` until `shutdown` completes, then stops
+/// accepting and lets the requests in flight finish.
+///
+/// # Errors
+///
+/// If accepting connections fails.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
 }

@@ -21,7 +21,7 @@
 
 use std::process::ExitCode;
 
-use items_service::{admin_app, app, guard, prepare, AppState, Config, Database};
+use items_service::{admin_app, app, guard, prepare, serve, AppState, Config, Database};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -65,7 +65,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut servers = vec![tokio::spawn(serve(
         public,
         app(state.clone()),
-        stopped.clone(),
+        stopped_signal(&stopped),
     ))];
     match &config.admin_token {
         Some(token) => {
@@ -73,7 +73,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             tracing::info!(addr = %config.admin_addr, "serving the admin API");
             let prometheus = PrometheusBuilder::new().install_recorder()?;
             let admin_app = admin_app(&state, token, Some(prometheus));
-            servers.push(tokio::spawn(serve(admin, admin_app, stopped)));
+            servers.push(tokio::spawn(serve(
+                admin,
+                admin_app,
+                stopped_signal(&stopped),
+            )));
         }
         None => tracing::info!("ADMIN_TOKEN is unset: the admin API is off"),
     }
@@ -84,19 +88,19 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     for server in servers {
         server.await??;
     }
+    state.shut_down().await;
+    tracing::info!("stopped");
     Ok(())
 }
 
-async fn serve(
-    listener: TcpListener,
-    app: axum::Router,
-    mut stopped: watch::Receiver<()>,
-) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = stopped.changed().await;
-        })
-        .await
+/// Completes when the sender of `stopped` is dropped.
+fn stopped_signal(
+    stopped: &watch::Receiver<()>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut stopped = stopped.clone();
+    async move {
+        let _ = stopped.changed().await;
+    }
 }
 
 /// Ctrl-C, or SIGTERM on Unix.

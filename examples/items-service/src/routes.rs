@@ -1,5 +1,7 @@
 //! The public API and the admin API.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
@@ -12,6 +14,8 @@ use bloom_guard_sqlx::{PgCopySource, QuerySource};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use crate::db::{Database, Item, Pool};
 use crate::error::{not_found, ApiError};
@@ -32,6 +36,10 @@ pub struct AppState {
     pub cache: ReadThroughCache<String, Item>,
     /// The guard, or `None` when run with `BLOOM_GUARD=off`.
     pub guard: Option<BloomGuard>,
+    /// Set on shutdown, for the background tasks.
+    stop: Arc<watch::Sender<bool>>,
+    /// The task keeping the filter true, awaited on shutdown.
+    keeper: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
 
 impl AppState {
@@ -41,7 +49,36 @@ impl AppState {
             db,
             cache: ReadThroughCache::builder().max_capacity(100_000).build(),
             guard,
+            stop: Arc::new(watch::channel(false).0),
+            keeper: Arc::default(),
         }
+    }
+
+    /// Completes once [`shut_down`](Self::shut_down) is called.
+    pub fn stopping(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut stop = self.stop.subscribe();
+        async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        }
+    }
+
+    pub(crate) fn keep(&self, task: JoinHandle<()>) {
+        *self.keeper.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+    }
+
+    /// Stops the background tasks (the follower closes its connection) and
+    /// closes the database pool.
+    pub async fn shut_down(&self) {
+        self.stop.send_replace(true);
+        let keeper = self
+            .keeper
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(keeper) = keeper {
+            let _ = keeper.await;
+        }
+        self.db.close().await;
     }
 }
 
@@ -86,6 +123,11 @@ fn check_key(key: &str) -> Result<(), ApiError> {
     }
     if key.contains('\0') {
         return Err(ApiError::bad_request("key must not contain NUL"));
+    }
+    // Clients and proxies rewrite `.` and `..` in paths: such keys could
+    // never be requested.
+    if key == "." || key == ".." {
+        return Err(ApiError::bad_request("malformed key: dot segment"));
     }
     Ok(())
 }
