@@ -268,6 +268,64 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_debug_header_marks_only_the_guards_answers() {
+        let quiet = warm_guard(&["a"]).await;
+        let request = http::Request::get("/items/absent")
+            .body(Body::empty())
+            .expect("valid request");
+        let response = counting_app(quiet)
+            .0
+            .oneshot(request)
+            .await
+            .expect("infallible");
+        assert!(
+            !response.headers().contains_key("x-bloom-guard"),
+            "on by default"
+        );
+
+        let guard = BloomGuard::builder().debug_header(true).build();
+        guard.rebuild(&KeyList::new(["a"])).await.expect("build");
+        let request = http::Request::get("/items/absent")
+            .body(Body::empty())
+            .expect("valid request");
+        let response = counting_app(guard)
+            .0
+            .oneshot(request)
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+        assert_eq!(response.headers()["x-bloom-guard"], "absent");
+    }
+
+    #[tokio::test]
+    async fn malformed_and_empty_keys_are_refused() {
+        let guard = warm_guard(&["a"]).await;
+        let (app, calls) = counting_app(guard.clone());
+        for path in ["/items/%zz", "/items/..", "/items/%2e"] {
+            let (status, body) = get_uri(&app, path).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
+            assert!(
+                body.starts_with(r#"{"error":"malformed key"#),
+                "{path}: {body}"
+            );
+        }
+        let svc = ServiceBuilder::new()
+            .layer(BloomGuard::builder().key(crate::QueryParam("id")).build())
+            .service(service_fn(|_req: http::Request<()>| async {
+                Ok::<_, Infallible>(http::Response::new(Body::from("inner")))
+            }));
+        let empty = http::Request::get("/lookup?id=")
+            .body(())
+            .expect("valid request");
+        assert_eq!(
+            svc.oneshot(empty).await.map(|r| r.status()),
+            Ok(StatusCode::BAD_REQUEST)
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        assert_eq!(guard.stats().bad_keys, 3);
+    }
+
+    #[tokio::test]
     async fn inserted_keys_pass_at_once() {
         let guard = warm_guard(&["a"]).await;
         let (app, _) = counting_app(guard.clone());

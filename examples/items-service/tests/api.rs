@@ -263,6 +263,54 @@ async fn bad_input_gets_a_json_4xx() {
 }
 
 #[tokio::test]
+async fn bad_keys_get_a_json_4xx_on_every_item_route() {
+    for guarded in [true, false] {
+        let db = sqlite().await;
+        let guard = guarded.then(|| items_service::guard(&test_config()));
+        let state = AppState::new(db, guard);
+        prepare(state.clone()).await;
+        let app = app(state.clone());
+        let long_key = "k".repeat(513);
+        let bad_paths = [
+            format!("/items/{long_key}"),
+            "/items/%zz".to_owned(),
+            "/items/100%".to_owned(),
+            "/items/%FF%FE".to_owned(),
+            "/items/nul%00byte".to_owned(),
+            "/items/..".to_owned(),
+            "/items/%2E%2E".to_owned(),
+            "/items/.".to_owned(),
+        ];
+        for path in &bad_paths {
+            for method in ["GET", "DELETE"] {
+                let request = Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .body(Body::empty())
+                    .expect("valid request");
+                let response = send(&app, request).await;
+                let what = format!("{method} {path} (guarded: {guarded})");
+                assert!(
+                    response.status.is_client_error(),
+                    "{what}: {}",
+                    response.status
+                );
+                let json: serde_json::Value = serde_json::from_str(&response.body)
+                    .unwrap_or_else(|_| panic!("{what}: not JSON: {}", response.body));
+                assert!(json["error"].is_string(), "{what}: {}", response.body);
+            }
+        }
+        for key in [".", ".."] {
+            let response = post_json(&app, &format!(r#"{{"key": "{key}"}}"#)).await;
+            assert_eq!(response.status, StatusCode::BAD_REQUEST, "POST key {key:?}");
+        }
+        // Still healthy, nothing written.
+        assert_eq!(get(&app, "/readyz").await.status, StatusCode::OK);
+        assert_eq!(get(&app, "/items/apple").await.status, StatusCode::OK);
+    }
+}
+
+#[tokio::test]
 async fn delete_removes_the_item_and_its_cache_entry() {
     let (app, _) = ready_app(sqlite().await).await;
     assert_eq!(get(&app, "/items/cherry").await.status, StatusCode::OK);
