@@ -8,37 +8,32 @@ use crate::Row;
 
 /// Draws one bar per run: its requests per second.
 pub(crate) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::new(path, (1100, 520)).into_drawing_area();
+    let height = 90 + 46 * rows.len() as u32;
+    let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
     root.fill(&WHITE)?;
     let max = rows
         .iter()
         .map(|r| r.measured.requests_per_sec)
         .fold(1.0, f64::max)
-        * 1.15;
+        * 1.1;
     let labels: Vec<String> = rows
         .iter()
         .map(|r| format!("{} / {:?}", r.target, r.workload).to_lowercase())
         .collect();
     let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "items-service: requests per second by target and workload",
-            ("sans-serif", 20),
-        )
+        .caption("items-service: requests per second", ("sans-serif", 20))
         .margin(16)
-        .x_label_area_size(150)
-        .y_label_area_size(80)
-        .build_cartesian_2d((0..rows.len() - 1).into_segmented(), 0.0..max)?;
+        .x_label_area_size(40)
+        .y_label_area_size(260)
+        .build_cartesian_2d(0.0..max, (0..rows.len() - 1).into_segmented())?;
     chart
         .configure_mesh()
-        .disable_x_mesh()
-        .y_desc("req/s")
-        .x_labels(rows.len())
-        .x_label_style(
-            ("sans-serif", 13)
-                .into_font()
-                .transform(FontTransform::Rotate90),
-        )
-        .x_label_formatter(&|segment| match segment {
+        .disable_y_mesh()
+        .x_desc("requests per second")
+        .x_label_formatter(&|v| format!("{:.0}k", v / 1000.0))
+        .y_labels(rows.len())
+        .y_label_style(("sans-serif", 14))
+        .y_label_formatter(&|segment| match segment {
             SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => {
                 labels.get(*i).cloned().unwrap_or_default()
             }
@@ -46,21 +41,70 @@ pub(crate) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::
         })
         .draw()?;
     chart.draw_series(rows.iter().enumerate().map(|(i, row)| {
-        let color = match row.target {
+        let color = match row.target.as_str() {
             "guarded" | "guarded, rebuilding" => RGBColor(46, 125, 50),
             "unguarded" => RGBColor(198, 40, 40),
             _ => RGBColor(96, 96, 96),
         };
         let mut bar = Rectangle::new(
             [
-                (SegmentValue::Exact(i), 0.0),
-                (SegmentValue::Exact(i + 1), row.measured.requests_per_sec),
+                (0.0, SegmentValue::Exact(i)),
+                (row.measured.requests_per_sec, SegmentValue::Exact(i + 1)),
             ],
             color.filled(),
         );
-        bar.set_margin(0, 0, 8, 8);
+        bar.set_margin(6, 6, 0, 0);
         bar
+    }))?;
+    chart.draw_series(rows.iter().enumerate().map(|(i, row)| {
+        Text::new(
+            format!("{:.0}", row.measured.requests_per_sec),
+            (
+                row.measured.requests_per_sec + max * 0.01,
+                SegmentValue::CenterOf(i),
+            ),
+            ("sans-serif", 13).into_font(),
+        )
     }))?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::{Measured, Workload};
+
+    #[test]
+    fn draws_one_bar_per_run() {
+        let row = |target: &str, rps| Row {
+            target: target.to_owned(),
+            workload: Workload::Attack,
+            measured: Measured {
+                requests: 1,
+                all_requests: 1,
+                errors: 0,
+                seconds: 1.0,
+                requests_per_sec: rps,
+                p50_us: 1,
+                p99_us: 1,
+                p999_us: 1,
+                statuses: vec![(404, 1)],
+            },
+            db_lookups_per_1000: None,
+        };
+        let path =
+            std::env::temp_dir().join(format!("bloom-load-chart-{}.svg", std::process::id()));
+        draw(
+            &path,
+            &[row("guarded", 80_000.0), row("unguarded", 10_000.0)],
+        )
+        .expect("chart");
+        let svg = std::fs::read_to_string(&path).expect("svg");
+        assert!(
+            svg.contains("guarded / attack") && svg.contains("80000"),
+            "{svg}"
+        );
+        let _ = std::fs::remove_file(&path);
+    }
 }

@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio::net::TcpStream;
 
 /// Which paths a workload requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Workload {
     /// Random keys that do not exist: the attack.
@@ -45,10 +45,11 @@ impl Workload {
 }
 
 /// What one run measured.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub(crate) struct Measured {
     pub(crate) requests: u64,
     /// Requests answered, the warm-up's included.
+    #[serde(default)]
     pub(crate) all_requests: u64,
     pub(crate) errors: u64,
     pub(crate) seconds: f64,

@@ -79,6 +79,12 @@ enum Command {
         #[arg(long, default_value_t = 10_000_000)]
         keys: u64,
     },
+    /// Draws chart.svg again from a results.json.
+    Chart {
+        /// The results file.
+        #[arg(long)]
+        from: PathBuf,
+    },
     /// One warm-up in this process, reporting JSON (used by `warmup`).
     #[command(hide = true)]
     WarmupOne {
@@ -90,9 +96,9 @@ enum Command {
 }
 
 /// One measured run.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 struct Row {
-    target: &'static str,
+    target: String,
     workload: Workload,
     #[serde(flatten)]
     measured: Measured,
@@ -125,6 +131,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Command::Warmup { keys } => warmup::compare(&cli.database_url, keys, &cli.out).await,
         Command::WarmupOne { source, url } => warmup::one(source, &url).await,
+        Command::Chart { from } => {
+            let rows: Vec<Row> = serde_json::from_slice(&std::fs::read(&from)?)?;
+            chart::draw(&cli.out.join("chart.svg"), &rows)?;
+            Ok(())
+        }
     }
 }
 
@@ -228,7 +239,7 @@ async fn run_round(
             None => None,
         };
         rows.push(Row {
-            target,
+            target: target.to_owned(),
             workload,
             measured,
             db_lookups_per_1000,
@@ -257,7 +268,7 @@ async fn run_round(
     let rebuild_status = rebuild.await?;
     println!("rebuild during the attack answered {rebuild_status:?}");
     rows.push(Row {
-        target: "guarded, rebuilding",
+        target: "guarded, rebuilding".to_owned(),
         workload: Workload::Attack,
         measured,
         db_lookups_per_1000: None,
