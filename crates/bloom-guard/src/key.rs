@@ -56,10 +56,14 @@ impl<'a> Key<'a> {
     /// assert!(matches!(Key::from_path_segment("%2E%2E"), Err(KeyError::Malformed(_))));
     /// ```
     pub fn from_path_segment(encoded: &'a str) -> Result<Self, KeyError> {
-        if !valid_escapes(encoded.as_bytes()) {
+        let key = if !encoded.as_bytes().contains(&b'%') {
+            // Most keys: nothing to check or decode.
+            Key::from(encoded)
+        } else if valid_escapes(encoded.as_bytes()) {
+            Self::from_percent_encoded(encoded)
+        } else {
             return Err(KeyError::Malformed("invalid percent-encoding"));
-        }
-        let key = Self::from_percent_encoded(encoded);
+        };
         if key.as_bytes() == b"." || key.as_bytes() == b".." {
             return Err(KeyError::Malformed("dot segment"));
         }
