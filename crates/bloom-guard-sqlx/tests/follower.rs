@@ -113,7 +113,7 @@ async fn rebuilds_racing_writers_lose_no_committed_key(pool: PgPool) {
     }
     let committed = committed.lock().expect("keys").clone();
     assert!(
-        committed.len() > 100,
+        committed.len() > 50,
         "the writers barely ran: {}",
         committed.len()
     );
