@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio::net::TcpStream;
 
 /// Which paths a workload requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Workload {
     /// Random keys that do not exist: the attack.

@@ -8,6 +8,9 @@
 //! errors and database lookups per 1000 requests (from
 //! `pg_stat_user_tables`), and writes `results.json` and `chart.svg`.
 //!
+//! `bloom-load drive --addr 127.0.0.1:3000 --workload attack` drives a
+//! service that is already running with one workload.
+//!
 //! `bloom-load warmup` loads 10M keys with `PgCopySource` and `QuerySource`
 //! and compares keys/s and peak RSS with `psql`'s `\copy` of the same query.
 //!
@@ -73,6 +76,24 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// One workload against a service that is already running.
+    Drive {
+        /// The service's address.
+        #[arg(long, default_value = "127.0.0.1:3000")]
+        addr: String,
+        /// attack, hot, mix or unrouted.
+        #[arg(long, value_enum, default_value = "attack")]
+        workload: Workload,
+        /// Seconds measured (after one second of warm-up).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Concurrent connections.
+        #[arg(long, default_value_t = 32)]
+        connections: usize,
+        /// Hot keys are `key-1` to `key-N`.
+        #[arg(long, default_value_t = 1000)]
+        hot_keys: u64,
+    },
     /// The warm-up comparison: COPY source, query source, psql \copy.
     Warmup {
         /// Rows in the items table.
@@ -128,6 +149,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 rounds: rounds.max(1),
             };
             run(&cli.database_url, &binary, &cli.out, &settings).await
+        }
+        Command::Drive {
+            addr,
+            workload,
+            seconds,
+            connections,
+            hot_keys,
+        } => {
+            let addr = addr
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_owned();
+            let label = format!("{addr} / {workload:?}");
+            let measured = load::run(
+                &addr,
+                workload,
+                hot_keys.max(1),
+                connections,
+                Duration::from_secs(1),
+                Duration::from_secs(seconds),
+                &label,
+            )
+            .await;
+            println!("{}", serde_json::to_string_pretty(&measured)?);
+            Ok(())
         }
         Command::Warmup { keys } => warmup::compare(&cli.database_url, keys, &cli.out).await,
         Command::WarmupOne { source, url } => warmup::one(source, &url).await,
