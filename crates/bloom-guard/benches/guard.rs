@@ -80,39 +80,34 @@ fn request(key: &str, matched: &MatchedPath) -> Request<()> {
     request
 }
 
-trait MatchedPathExt {
-    fn from_static(path: &'static str) -> MatchedPath;
-}
-
-impl MatchedPathExt for MatchedPath {
-    /// `MatchedPath` has no public constructor: route one request to get it.
-    fn from_static(path: &'static str) -> MatchedPath {
-        use tower::ServiceExt;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("runtime");
-        let (tx, rx) = std::sync::mpsc::channel();
-        let app: axum::Router = axum::Router::new().route(
-            path,
-            axum::routing::get(move |matched: MatchedPath| {
-                let tx = tx.clone();
-                async move {
-                    let _ = tx.send(matched);
-                }
-            }),
-        );
-        let uri = path.replace("{key}", "x");
-        runtime
-            .block_on(
-                app.oneshot(
-                    Request::get(uri)
-                        .body(axum::body::Body::empty())
-                        .expect("valid request"),
-                ),
-            )
-            .expect("infallible");
-        rx.recv().expect("matched path")
-    }
+/// The `MatchedPath` axum gives requests of `path`. It has no public
+/// constructor: route one request to get it.
+fn matched_path(path: &'static str) -> MatchedPath {
+    use tower::ServiceExt;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let app: axum::Router = axum::Router::new().route(
+        path,
+        axum::routing::get(move |matched: MatchedPath| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(matched);
+            }
+        }),
+    );
+    let uri = path.replace("{key}", "x");
+    runtime
+        .block_on(
+            app.oneshot(
+                Request::get(uri)
+                    .body(axum::body::Body::empty())
+                    .expect("valid request"),
+            ),
+        )
+        .expect("infallible");
+    rx.recv().expect("matched path")
 }
 
 fn service(c: &mut Criterion) {
@@ -120,7 +115,7 @@ fn service(c: &mut Criterion) {
         BloomGuard::builder().expected_items(1_000_000).build(),
         1_000_000,
     );
-    let matched = MatchedPath::from_static("/items/{key}");
+    let matched = matched_path("/items/{key}");
     let mut group = c.benchmark_group("service");
     let mut inner = Inner;
     let mut guarded = guard.layer(Inner);
@@ -145,11 +140,11 @@ fn service(c: &mut Criterion) {
 
 fn extraction(c: &mut Criterion) {
     let mut group = c.benchmark_group("extract");
-    let plain = request("item-00000042", &MatchedPath::from_static("/items/{key}"));
+    let plain = request("item-00000042", &matched_path("/items/{key}"));
     group.bench_function("path_param_plain", |b| {
         b.iter(|| black_box(PathParam("key").extract(black_box(&plain)).is_ok()));
     });
-    let path = request("a%2Fb%20c", &MatchedPath::from_static("/items/{key}"));
+    let path = request("a%2Fb%20c", &matched_path("/items/{key}"));
     group.bench_function("path_param", |b| {
         b.iter(|| black_box(PathParam("key").extract(black_box(&path)).is_ok()));
     });
