@@ -122,6 +122,16 @@ impl<K> BloomGuard<K> {
         self.shared.count_false_positive();
     }
 
+    /// Reports a failure that keeps the first filter from being built, such
+    /// as a database that refuses connections before warm-up can start: the
+    /// state turns `degraded` (while no filter is in use) and
+    /// [`Stats::last_error`] shows `error`. Log it yourself; the guard does
+    /// not.
+    pub fn report_unavailable(&self, error: &dyn std::error::Error) {
+        self.shared
+            .record_failure(crate::rebuild::error_chain(error));
+    }
+
     /// Lets every request through until the returned value is dropped,
     /// while a filter stays in use and keeps taking inserts.
     ///

@@ -395,7 +395,7 @@ impl Drop for Registration<'_> {
 }
 
 /// `error: cause: cause`, for a log line or the stats.
-fn error_chain(error: &dyn StdError) -> String {
+pub(crate) fn error_chain(error: &dyn StdError) -> String {
     let mut message = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

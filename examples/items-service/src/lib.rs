@@ -56,6 +56,9 @@ pub async fn prepare(state: AppState) {
     let mut delay = Duration::from_millis(200);
     while let Err(error) = state.db.migrate().await {
         tracing::warn!(error = %error, retry_in = ?delay, "database migration failed; retrying");
+        if let Some(guard) = &state.guard {
+            guard.report_unavailable(&error);
+        }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(10));
     }

@@ -138,7 +138,9 @@ async fn starts_with_the_database_down_and_gets_ready_when_it_returns(pool: PgPo
         StatusCode::SERVICE_UNAVAILABLE
     );
     let guard = state.guard.clone().expect("guarded");
-    assert_ne!(guard.stats().state, State::Ready);
+    let stats = guard.stats();
+    assert_eq!(stats.state, State::Degraded);
+    assert!(stats.last_error.is_some());
     // Fail open: an existing key is never a 404, and the outage is a 503.
     assert_eq!(
         status(&app, "/items/apple").await,
