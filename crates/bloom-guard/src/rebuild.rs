@@ -310,12 +310,11 @@ async fn scan<S: KeySource>(shared: &Shared, source: &S, floor: u64) -> Result<B
     let mut keys = source.keys();
     let mut scanned: u64 = 0;
     let mut sample: Vec<Vec<u8>> = Vec::with_capacity(SAMPLE_SIZE);
+    let mut hashes = Vec::new();
     let mut last_report = (Instant::now(), 0_u64);
     while let Some(batch) = keys.next().await {
         let batch = batch.map_err(BuildError::source)?;
-        for key in batch.iter() {
-            filter.insert(&key);
-        }
+        filter.insert_batch(&batch, &mut hashes);
         if sample.len() < SAMPLE_SIZE {
             sample.extend(
                 batch
