@@ -210,9 +210,17 @@ where
     /// A pool of one connection for the listener alone, named so operators
     /// can find it.
     fn listener_pool(&self) -> PgPool {
+        // TCP keepalive from the server's side: Postgres drops the backend
+        // of a listener whose host vanished. sqlx exposes no client-side
+        // socket keepalive; the heartbeat covers this side.
         let options = (*self.pool.connect_options())
             .clone()
-            .application_name(LISTENER_APPLICATION_NAME);
+            .application_name(LISTENER_APPLICATION_NAME)
+            .options([
+                ("tcp_keepalives_idle", "30"),
+                ("tcp_keepalives_interval", "10"),
+                ("tcp_keepalives_count", "3"),
+            ]);
         PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(Duration::from_secs(5))
