@@ -29,6 +29,10 @@ pub struct Config {
     pub debug_header: bool,
 }
 
+/// The most keys a filter is sized for from settings (about 7 GiB of bits
+/// at a 0.1% rate).
+const MAX_EXPECTED_ITEMS: u64 = 4_000_000_000;
+
 /// A setting that could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error("{name}={value:?} is not valid: {expected}")]
@@ -50,11 +54,21 @@ impl Config {
             "0.001",
             "a rate between 0 and 1, such as 0.001",
         )?;
-        if !(bloom_fpp > 0.0 && bloom_fpp < 1.0) {
+        // Outside these, the filter would be useless or would not fit in memory.
+        if !(1e-9..=0.5).contains(&bloom_fpp) {
             return Err(ConfigError {
                 name: "BLOOM_FPP",
                 value: bloom_fpp.to_string(),
-                expected: "a rate strictly between 0 and 1, such as 0.001",
+                expected: "a rate from 0.000000001 to 0.5, such as 0.001",
+            });
+        }
+        let bloom_expected_items: u64 =
+            parse("BLOOM_EXPECTED_ITEMS", "1000", "a whole number of keys")?;
+        if bloom_expected_items > MAX_EXPECTED_ITEMS {
+            return Err(ConfigError {
+                name: "BLOOM_EXPECTED_ITEMS",
+                value: bloom_expected_items.to_string(),
+                expected: "at most 4 000 000 000 keys",
             });
         }
         let guard_enabled = switch("BLOOM_GUARD", true)?;
@@ -74,7 +88,7 @@ impl Config {
             sqlite_path: var("SQLITE_PATH").unwrap_or_else(|| "items-service.db".to_owned()),
             admin_token: var("ADMIN_TOKEN"),
             bloom_fpp,
-            bloom_expected_items: parse("BLOOM_EXPECTED_ITEMS", "1000", "a whole number of keys")?,
+            bloom_expected_items,
             guard_enabled,
             rebuild_every_secs: parse("BLOOM_REBUILD_SECS", "3600", "a whole number of seconds")?,
             debug_header,
@@ -114,4 +128,39 @@ fn parse<T: std::str::FromStr>(
         value,
         expected,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Environment variables are process-wide: one test sets them all.
+    #[test]
+    fn settings_are_validated_with_a_clear_message() {
+        let cases = [
+            ("BLOOM_FPP", "0", "BLOOM_FPP=\"0\""),
+            ("BLOOM_FPP", "abc", "BLOOM_FPP=\"abc\""),
+            ("BLOOM_FPP", "0.9", "BLOOM_FPP"),
+            (
+                "BLOOM_EXPECTED_ITEMS",
+                "99999999999999",
+                "BLOOM_EXPECTED_ITEMS",
+            ),
+            ("BLOOM_EXPECTED_ITEMS", "-1", "BLOOM_EXPECTED_ITEMS"),
+            ("BLOOM_GUARD", "maybe", "BLOOM_GUARD"),
+            ("BIND_ADDR", "nowhere", "BIND_ADDR"),
+        ];
+        for (name, value, shown) in cases {
+            std::env::set_var(name, value);
+            let error = Config::from_env().expect_err(name).to_string();
+            std::env::remove_var(name);
+            assert!(error.starts_with(shown), "{name}={value}: {error}");
+        }
+        std::env::set_var("BLOOM_FPP", "0.01");
+        std::env::set_var("BLOOM_GUARD", "off");
+        let config = Config::from_env().expect("valid settings");
+        std::env::remove_var("BLOOM_FPP");
+        std::env::remove_var("BLOOM_GUARD");
+        assert_eq!((config.bloom_fpp, config.guard_enabled), (0.01, false));
+    }
 }
