@@ -4,7 +4,10 @@ use std::env;
 use std::net::SocketAddr;
 
 /// The service's settings. See the README's configuration table.
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` output never shows the admin token or the database URL
+/// (which may hold a password).
+#[derive(Clone)]
 pub struct Config {
     /// `BIND_ADDR`: the public API.
     pub bind_addr: SocketAddr,
@@ -32,6 +35,24 @@ pub struct Config {
 /// The most keys a filter is sized for from settings (about 7 GiB of bits
 /// at a 0.1% rate).
 const MAX_EXPECTED_ITEMS: u64 = 4_000_000_000;
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |set: bool| if set { "<redacted>" } else { "<unset>" };
+        f.debug_struct("Config")
+            .field("bind_addr", &self.bind_addr)
+            .field("admin_addr", &self.admin_addr)
+            .field("database_url", &redacted(self.database_url.is_some()))
+            .field("sqlite_path", &self.sqlite_path)
+            .field("admin_token", &redacted(self.admin_token.is_some()))
+            .field("bloom_fpp", &self.bloom_fpp)
+            .field("bloom_expected_items", &self.bloom_expected_items)
+            .field("guard_enabled", &self.guard_enabled)
+            .field("rebuild_every_secs", &self.rebuild_every_secs)
+            .field("debug_header", &self.debug_header)
+            .finish()
+    }
+}
 
 /// A setting that could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -158,9 +179,16 @@ mod tests {
         }
         std::env::set_var("BLOOM_FPP", "0.01");
         std::env::set_var("BLOOM_GUARD", "off");
+        std::env::set_var("ADMIN_TOKEN", "s3cret-token");
         let config = Config::from_env().expect("valid settings");
         std::env::remove_var("BLOOM_FPP");
         std::env::remove_var("BLOOM_GUARD");
+        std::env::remove_var("ADMIN_TOKEN");
         assert_eq!((config.bloom_fpp, config.guard_enabled), (0.01, false));
+        let shown = format!("{config:?}");
+        assert!(
+            !shown.contains("s3cret-token") && shown.contains("admin_token: \"<redacted>\""),
+            "{shown}"
+        );
     }
 }
