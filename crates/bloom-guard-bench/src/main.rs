@@ -60,15 +60,8 @@ enum Command {
         /// Rows in the items table.
         #[arg(long, default_value_t = 1_000_000)]
         keys: u64,
-        /// Seconds measured per run (after one second of warm-up).
-        #[arg(long, default_value_t = 10)]
-        seconds: u64,
-        /// Concurrent connections.
-        #[arg(long, default_value_t = 32)]
-        connections: usize,
-        /// Existing keys in the hot set.
-        #[arg(long, default_value_t = 1000)]
-        hot_keys: u64,
+        #[command(flatten)]
+        load: LoadArgs,
         /// The guard's target false-positive rate.
         #[arg(long, default_value_t = 0.001)]
         fpp: f64,
@@ -84,15 +77,8 @@ enum Command {
         /// attack, hot, mix or unrouted.
         #[arg(long, value_enum, default_value = "attack")]
         workload: Workload,
-        /// Seconds measured (after one second of warm-up).
-        #[arg(long, default_value_t = 10)]
-        seconds: u64,
-        /// Concurrent connections.
-        #[arg(long, default_value_t = 32)]
-        connections: usize,
-        /// Hot keys are `key-1` to `key-N`.
-        #[arg(long, default_value_t = 1000)]
-        hot_keys: u64,
+        #[command(flatten)]
+        load: LoadArgs,
     },
     /// The warm-up comparison: COPY source, query source, psql \copy.
     Warmup {
@@ -116,6 +102,20 @@ enum Command {
     },
 }
 
+/// How hard and how long to drive a service.
+#[derive(Debug, clap::Args)]
+struct LoadArgs {
+    /// Seconds measured per run (after one second of warm-up).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Concurrent connections.
+    #[arg(long, default_value_t = 32)]
+    connections: usize,
+    /// Existing keys in the hot set: `key-1` to `key-N`.
+    #[arg(long, default_value_t = 1000)]
+    hot_keys: u64,
+}
+
 /// One measured run.
 #[derive(Debug, Serialize, serde::Deserialize)]
 struct Row {
@@ -134,17 +134,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Command::Run {
             binary,
             keys,
-            seconds,
-            connections,
-            hot_keys,
+            load,
             fpp,
             rounds,
         } => {
             let settings = RunSettings {
                 keys,
-                duration: Duration::from_secs(seconds),
-                connections,
-                hot_keys: hot_keys.min(keys),
+                duration: Duration::from_secs(load.seconds),
+                connections: load.connections,
+                hot_keys: load.hot_keys.min(keys),
                 fpp,
                 rounds: rounds.max(1),
             };
@@ -153,9 +151,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Command::Drive {
             addr,
             workload,
-            seconds,
-            connections,
-            hot_keys,
+            load,
         } => {
             let addr = addr
                 .trim_start_matches("http://")
@@ -165,10 +161,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let measured = load::run(
                 &addr,
                 workload,
-                hot_keys.max(1),
-                connections,
+                load.hot_keys.max(1),
+                load.connections,
                 Duration::from_secs(1),
-                Duration::from_secs(seconds),
+                Duration::from_secs(load.seconds),
                 &label,
             )
             .await;

@@ -145,7 +145,8 @@ struct AdminState<K> {
     rebuild: Option<RebuildFn>,
     prometheus: Option<PrometheusHandle>,
     cooldown: Duration,
-    last_rebuild: Mutex<Option<(Instant, bool)>>,
+    /// When the last rebuild started here finished.
+    last_rebuild: Mutex<Option<Instant>>,
 }
 
 fn error(status: StatusCode, message: &str) -> Response {
@@ -170,7 +171,7 @@ where
         // A rebuild in flight is joined whatever the cool-down.
         let in_flight = lock(&state.guard.shared.rebuild_in_flight).is_some();
         let last = *lock(&state.last_rebuild);
-        if let Some((finished, _)) = last.filter(|_| !in_flight) {
+        if let Some(finished) = last.filter(|_| !in_flight) {
             let wait = state.cooldown.saturating_sub(finished.elapsed());
             if !wait.is_zero() {
                 let retry_after = wait.as_secs().max(1).to_string();
@@ -186,7 +187,7 @@ where
     // On a task of its own: a client hanging up does not cancel the rebuild
     // that others may have joined.
     let outcome = tokio::spawn(rebuild()).await;
-    *lock(&state.last_rebuild) = Some((Instant::now(), matches!(outcome, Ok(Ok(_)))));
+    *lock(&state.last_rebuild) = Some(Instant::now());
     match outcome {
         Ok(Ok(stats)) => Json(stats).into_response(),
         Ok(Err(_)) | Err(_) => error(

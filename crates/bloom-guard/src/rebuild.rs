@@ -237,8 +237,7 @@ impl<K> BloomGuard<K> {
         {
             return Some("the rebuild interval passed");
         }
-        let stats = self.stats();
-        if stats.estimated_fpp > config.rebuild_above * config.target_fpp {
+        if self.shared.estimated_fpp() > config.rebuild_above * config.target_fpp {
             return Some("the estimated false-positive rate passed its limit");
         }
         None

@@ -2,7 +2,7 @@
 //! being built, and the counters.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Instant;
 
@@ -44,7 +44,6 @@ pub(crate) struct Shared {
     /// (a follower catching up on lost notifications).
     held_open: AtomicUsize,
     generation: AtomicU64,
-    state: AtomicU8,
     passed: Counter,
     rejected: Counter,
     bad_keys: Counter,
@@ -73,7 +72,6 @@ impl Shared {
             journal: Mutex::default(),
             held_open: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
-            state: AtomicU8::new(State::Warming.as_u8()),
             passed: Counter::default(),
             rejected: Counter::default(),
             bad_keys: Counter::default(),
@@ -197,16 +195,12 @@ impl Shared {
         self.current.store(Some(Arc::clone(filter)));
         building.retain(|f| !Arc::ptr_eq(f, filter));
         drop(building);
-        self.set_state(State::Ready);
         *lock(&self.last_error) = None;
         *lock(&self.last_build) = Some(tokio::time::Instant::now());
         self.generation.fetch_add(1, Ordering::AcqRel) + 1
     }
 
     pub(crate) fn record_failure(&self, error: String) {
-        if !self.has_filter() {
-            self.set_state(State::Degraded);
-        }
         *lock(&self.last_error) = Some(error);
     }
 
@@ -214,8 +208,12 @@ impl Shared {
         *lock(&self.last_build)
     }
 
-    fn set_state(&self, state: State) {
-        self.state.store(state.as_u8(), Ordering::Release);
+    /// The estimated false-positive rate of the filter in use, 0 if none.
+    pub(crate) fn estimated_fpp(&self) -> f64 {
+        self.current
+            .load()
+            .as_deref()
+            .map_or(0.0, Filter::estimated_fpp)
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -223,13 +221,18 @@ impl Shared {
         let filter = current.as_deref();
         let fill = filter.map_or(0.0, Filter::fill);
         let hashes = filter.map_or(0, Filter::hashes);
-        let mut state = State::from_u8(self.state.load(Ordering::Acquire));
-        if state == State::Ready && self.held_open.load(Ordering::Acquire) > 0 {
-            state = State::Degraded;
-        }
         let rejected = self.rejected.get();
         let false_positives = self.false_positives.get();
         let absent = rejected + false_positives;
+        let last_error = lock(&self.last_error).clone();
+        // Without a filter, a recorded failure means the first build failed;
+        // with one, only a hold makes the guard let everything through.
+        let state = match filter {
+            None if last_error.is_some() => State::Degraded,
+            None => State::Warming,
+            Some(_) if self.held_open.load(Ordering::Acquire) > 0 => State::Degraded,
+            Some(_) => State::Ready,
+        };
         Stats {
             state,
             generation: self.generation.load(Ordering::Acquire),
@@ -249,7 +252,7 @@ impl Shared {
             rejected,
             false_positives,
             bad_keys: self.bad_keys.get(),
-            last_error: lock(&self.last_error).clone(),
+            last_error,
         }
     }
 }

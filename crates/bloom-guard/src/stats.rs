@@ -18,22 +18,6 @@ pub enum State {
 }
 
 impl State {
-    pub(crate) fn from_u8(value: u8) -> Self {
-        match value {
-            1 => State::Ready,
-            2 => State::Degraded,
-            _ => State::Warming,
-        }
-    }
-
-    pub(crate) fn as_u8(self) -> u8 {
-        match self {
-            State::Warming => 0,
-            State::Ready => 1,
-            State::Degraded => 2,
-        }
-    }
-
     /// The lowercase name: `warming`, `ready` or `degraded`.
     pub fn as_str(self) -> &'static str {
         match self {
