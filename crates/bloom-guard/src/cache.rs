@@ -17,6 +17,8 @@ use moka::Expiry;
 /// - **Negative entries.** A key the guard let through (a false positive)
 ///   that the loader does not find is remembered as missing for a short
 ///   time, so repeated requests for it stop reaching the database.
+/// - **Writes win.** A "not found" loaded while the key was inserted or
+///   invalidated is answered but not kept: it may predate the write.
 /// - **Coalescing.** Concurrent requests for one key share a single load;
 ///   a failed load is returned to all of them and cached for none.
 /// - **Jitter.** Each entry lives its TTL ± a fraction (10% by default), so
@@ -64,6 +66,9 @@ struct Counters {
     negative_hits: AtomicU64,
     loads: AtomicU64,
     load_errors: AtomicU64,
+    /// Inserts and invalidations so far: a load that spans one does not
+    /// keep a "not found".
+    writes: AtomicU64,
 }
 
 impl<K, V> std::fmt::Debug for ReadThroughCache<K, V> {
@@ -118,11 +123,11 @@ where
         E: Send + Sync + 'static,
     {
         let counters = &self.counters;
-        let mut loaded = false;
+        let writes_before = counters.writes.load(Ordering::Acquire);
         let entry = self
             .cache
-            .try_get_with(key, async {
-                loaded = true;
+            .entry(key)
+            .or_try_insert_with(async {
                 counters.loads.fetch_add(1, Ordering::Relaxed);
                 let value = load().await.inspect_err(|_| {
                     counters.load_errors.fetch_add(1, Ordering::Relaxed);
@@ -130,7 +135,16 @@ where
                 Ok(value.map_or(Entry::Missing, Entry::Found))
             })
             .await?;
-        match entry {
+        let loaded = entry.is_fresh();
+        if loaded
+            && matches!(entry.value(), Entry::Missing)
+            && counters.writes.load(Ordering::Acquire) != writes_before
+        {
+            // A write landed while this load read "not found": the answer
+            // may predate it, so it must not outlive this call.
+            self.cache.invalidate(entry.key()).await;
+        }
+        match entry.into_value() {
             Entry::Found(value) => {
                 if !loaded {
                     counters.hits.fetch_add(1, Ordering::Relaxed);
@@ -148,6 +162,7 @@ where
 
     /// Stores a value, for instance right after writing it.
     pub async fn insert(&self, key: K, value: V) {
+        self.counters.writes.fetch_add(1, Ordering::AcqRel);
         self.cache.insert(key, Entry::Found(value)).await;
     }
 
@@ -158,6 +173,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        self.counters.writes.fetch_add(1, Ordering::AcqRel);
         self.cache.invalidate(key).await;
     }
 
@@ -366,6 +382,39 @@ mod tests {
             .get_or_load("k".into(), || async { Ok::<_, ()>(Some(1)) })
             .await;
         assert_eq!(found, Ok(Some(1)));
+    }
+
+    #[tokio::test]
+    async fn a_miss_loaded_across_an_invalidation_is_not_kept() {
+        let cache = cache();
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+        // A load reads "not found"; the key is created and invalidated
+        // before that load stores its answer.
+        let load = {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                cache
+                    .get_or_load("k".into(), || async move {
+                        let _ = started_tx.send(());
+                        let _ = finish_rx.await;
+                        Ok::<_, ()>(None)
+                    })
+                    .await
+            })
+        };
+        started_rx.await.expect("load started");
+        cache.invalidate("k").await;
+        finish_tx.send(()).expect("finish");
+        assert_eq!(load.await.expect("load task"), Ok(None));
+        let after = cache
+            .get_or_load("k".into(), || async { Ok::<_, ()>(Some(1)) })
+            .await;
+        assert_eq!(
+            after,
+            Ok(Some(1)),
+            "a stale negative entry hides the created key"
+        );
     }
 
     #[test]
