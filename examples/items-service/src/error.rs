@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -52,15 +52,6 @@ impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> Self {
         Self::BadRequest {
             status: rejection.status(),
-            message: rejection.body_text(),
-        }
-    }
-}
-
-impl From<PathRejection> for ApiError {
-    fn from(rejection: PathRejection) -> Self {
-        Self::BadRequest {
-            status: StatusCode::BAD_REQUEST,
             message: rejection.body_text(),
         }
     }

@@ -2,14 +2,15 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bloom_guard::admin::Admin;
-use bloom_guard::{BloomGuard, ReadThroughCache};
+use bloom_guard::{BloomGuard, Key, ReadThroughCache};
 use bloom_guard_sqlx::{PgCopySource, QuerySource};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
@@ -132,12 +133,33 @@ fn check_key(key: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The `{key}` of `/items/{key}`, decoded by the guard's own canonical
+/// function, so the guard and the handlers read every path alike (and
+/// refuse the same ones), whether the guard is on or off.
+struct ItemKey(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for ItemKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let segment = parts
+            .uri
+            .path()
+            .rsplit_once('/')
+            .map_or("", |(_, segment)| segment);
+        let key = Key::from_path_segment(segment)
+            .map_err(|error| ApiError::bad_request(error.to_string()))?;
+        let key = String::from_utf8(key.as_bytes().to_vec())
+            .map_err(|_| ApiError::bad_request("key is not valid UTF-8"))?;
+        check_key(&key)?;
+        Ok(ItemKey(key))
+    }
+}
+
 async fn get_item(
     State(state): State<AppState>,
-    key: Result<Path<String>, PathRejection>,
+    ItemKey(key): ItemKey,
 ) -> Result<Response, ApiError> {
-    let Path(key) = key?;
-    check_key(&key)?;
     let (db, guard, lookup) = (state.db.clone(), state.guard.clone(), key.clone());
     let item = state
         .cache
@@ -187,10 +209,8 @@ async fn create_item(
 
 async fn delete_item(
     State(state): State<AppState>,
-    key: Result<Path<String>, PathRejection>,
+    ItemKey(key): ItemKey,
 ) -> Result<Response, ApiError> {
-    let Path(key) = key?;
-    check_key(&key)?;
     let deleted = state.db.delete(&key).await?;
     state.cache.invalidate(&key).await;
     Ok(if deleted {

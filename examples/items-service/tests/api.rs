@@ -405,3 +405,58 @@ async fn the_admin_api_is_only_on_the_admin_router() {
     assert_eq!(unauthorized.status, StatusCode::UNAUTHORIZED);
     assert!(!unauthorized.body.contains("secret"));
 }
+
+/// The guard never refuses what the same service serves without it: a path
+/// the unguarded service answers 200 gets the same answer through the
+/// guard, and any other path is a 4xx either way.
+#[tokio::test]
+async fn the_guard_answers_every_path_as_the_unguarded_service_does() {
+    let db = sqlite().await;
+    let unguarded = app(AppState::new(db.clone(), None));
+    let guarded = {
+        let state = AppState::new(db, Some(items_service::guard(&test_config())));
+        prepare(state.clone()).await;
+        app(state)
+    };
+    for key in ["100%", "%zz", "tab\there", "ü/🦀", "a+b", "..."] {
+        assert_eq!(
+            post_json(&guarded, &serde_json::json!({ "key": key }).to_string())
+                .await
+                .status,
+            StatusCode::CREATED
+        );
+    }
+    let long_key = "k".repeat(513);
+    let paths = [
+        "/items/apple",
+        "/items/hello%20world",
+        "/items/a%2Fb",
+        "/items/100%25",
+        "/items/%25zz",
+        "/items/tab%09here",
+        "/items/%C3%BC%2F%F0%9F%A6%80",
+        "/items/a+b",
+        "/items/...",
+        "/items/absent",
+        "/items/%zz",
+        "/items/100%",
+        "/items/%FF",
+        "/items/nul%00",
+        "/items/..",
+        "/items/%2e",
+        &format!("/items/{long_key}"),
+    ];
+    let mut served = 0;
+    for path in paths {
+        let (with, without) = (get(&guarded, path).await, get(&unguarded, path).await);
+        if without.status.is_success() {
+            let (with, without) = ((with.status, with.body), (without.status, without.body));
+            assert_eq!(with, without, "{path}");
+            served += 1;
+        } else {
+            let both_4xx = with.status.is_client_error() && without.status.is_client_error();
+            assert!(both_4xx, "{path}: {} vs {}", with.status, without.status);
+        }
+    }
+    assert_eq!(served, 9, "every stored key is served");
+}
