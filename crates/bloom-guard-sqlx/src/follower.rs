@@ -14,6 +14,7 @@ use tokio::time::{interval, sleep, Instant, MissedTickBehavior};
 use crate::pg_copy::PgCopySource;
 
 type KeyHook = Arc<dyn Fn(&str) + Send + Sync>;
+type CatchUpHook = Arc<dyn Fn() + Send + Sync>;
 
 /// The `application_name` of the listener's connection, to find it in
 /// `pg_stat_activity`.
@@ -28,7 +29,8 @@ pub const LISTENER_APPLICATION_NAME: &str = "bloom-guard-listener";
 ///    the pool's), then warms the guard up: a key committed during the
 ///    warm-up's scan arrives as a notification.
 /// 2. **Follow.** Each notification's key goes into the guard (and to
-///    [`on_key`](Self::on_key), to drop a negative cache entry). Keys over
+///    [`on_key`](Self::on_key), to drop a negative cache entry; after lost
+///    notifications, [`on_catch_up`](Self::on_catch_up) drops them all). Keys over
 ///    7900 bytes arrive as their row id and are fetched; a bulk load of
 ///    more than 10 000 rows in one statement arrives as one "catch up".
 /// 3. **Detect loss.** Notifications sent while the listener is
@@ -67,6 +69,7 @@ pub struct PgFollower<K> {
     key_by_id: String,
     heartbeat: Duration,
     on_key: Option<KeyHook>,
+    on_catch_up: Option<CatchUpHook>,
 }
 
 impl<K> std::fmt::Debug for PgFollower<K> {
@@ -110,6 +113,7 @@ where
             key_by_id: "select key from items where id = $1".to_owned(),
             heartbeat: Duration::from_secs(5),
             on_key: None,
+            on_catch_up: None,
         }
     }
 
@@ -142,6 +146,16 @@ where
     #[must_use]
     pub fn on_key(mut self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self {
         self.on_key = Some(Arc::new(hook));
+        self
+    }
+
+    /// Called when keys may have arrived unannounced (notifications were
+    /// lost, or a bulk load sent one "catch up"), as the catch-up starts:
+    /// drop every negative cache entry here, since no `on_key` will come
+    /// for those keys.
+    #[must_use]
+    pub fn on_catch_up(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_catch_up = Some(Arc::new(hook));
         self
     }
 
@@ -240,6 +254,9 @@ where
     /// Rebuilds from a scan newer than `since` until one succeeds, failing
     /// open meanwhile.
     fn spawn_catch_up(&self, since: Instant, hold: HoldOpen) {
+        if let Some(hook) = &self.on_catch_up {
+            hook();
+        }
         let (guard, source) = (self.guard.clone(), self.source.clone());
         tokio::spawn(async move {
             let mut delay = Duration::from_millis(100);

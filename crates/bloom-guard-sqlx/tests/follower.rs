@@ -163,7 +163,20 @@ async fn two_followers_survive_killed_listeners(pool: PgPool) {
 #[sqlx::test(migrations = "../../migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_row_that_commits_after_a_catch_up_is_not_missed(pool: PgPool) {
-    let (guard, _follower) = followed(&pool).await;
+    let guard = guard();
+    let catch_ups = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&catch_ups);
+    let follower = PgFollower::new(guard.clone(), pool.clone(), KEY_QUERY)
+        .heartbeat(Duration::from_millis(300))
+        .on_catch_up(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+    let _follower = tokio::spawn(follower.run());
+    wait_until("the first warm-up", Duration::from_secs(10), || {
+        guard.is_ready()
+    })
+    .await;
+    assert_eq!(catch_ups.load(Ordering::SeqCst), 0);
     // T1 takes the first id and stays open.
     let mut t1 = pool.begin().await.expect("begin");
     sqlx::query("insert into items (key) values ('late')")
@@ -181,6 +194,10 @@ async fn a_row_that_commits_after_a_catch_up_is_not_missed(pool: PgPool) {
     })
     .await;
     assert!(guard.may_contain("early"));
+    assert!(
+        catch_ups.load(Ordering::SeqCst) >= 1,
+        "no catch-up hook after a lost listener"
+    );
     t1.commit().await.expect("commit");
     wait_until("the late key", Duration::from_secs(5), || {
         holds_all(&guard, &["late".to_owned()])

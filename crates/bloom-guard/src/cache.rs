@@ -177,6 +177,13 @@ where
         self.cache.invalidate(key).await;
     }
 
+    /// Forgets every entry: for when keys may have been created without a
+    /// word to this cache (a follower catching up on lost notifications).
+    pub fn invalidate_all(&self) {
+        self.counters.writes.fetch_add(1, Ordering::AcqRel);
+        self.cache.invalidate_all();
+    }
+
     /// The cache's counters.
     pub fn stats(&self) -> CacheStats {
         let c = &self.counters;
@@ -415,6 +422,19 @@ mod tests {
             Ok(Some(1)),
             "a stale negative entry hides the created key"
         );
+    }
+
+    #[tokio::test]
+    async fn invalidate_all_drops_negative_entries() {
+        let cache = cache();
+        let _ = cache
+            .get_or_load("k".into(), || async { Ok::<_, ()>(None) })
+            .await;
+        cache.invalidate_all();
+        let found = cache
+            .get_or_load("k".into(), || async { Ok::<_, ()>(Some(1)) })
+            .await;
+        assert_eq!(found, Ok(Some(1)));
     }
 
     #[test]

@@ -67,12 +67,15 @@ pub async fn prepare(state: AppState) {
     };
     match state.db.pool().clone() {
         Pool::Postgres(pool) => {
-            let cache = state.cache.clone();
-            let follower = PgFollower::new(guard.clone(), pool, KEY_QUERY).on_key(move |key| {
-                // A key created elsewhere: its negative entry would hide it.
-                let (cache, key) = (cache.clone(), key.to_owned());
-                tokio::spawn(async move { cache.invalidate(&key).await });
-            });
+            let (cache, all) = (state.cache.clone(), state.cache.clone());
+            let follower = PgFollower::new(guard.clone(), pool, KEY_QUERY)
+                .on_key(move |key| {
+                    // A key created elsewhere: its negative entry would hide it.
+                    let (cache, key) = (cache.clone(), key.to_owned());
+                    tokio::spawn(async move { cache.invalidate(&key).await });
+                })
+                // Keys created unannounced: any negative entry may be stale.
+                .on_catch_up(move || all.invalidate_all());
             let keeper = tokio::spawn(follower.run_until(state.stopping()));
             state.keep(keeper);
             while !guard.is_ready() {
