@@ -122,7 +122,7 @@ fn decode_row(row: &[u8], out: &mut KeyBatch) -> Result<(), CopyTextError> {
         rest = &escaped[used..];
     }
     out.extend_current(rest);
-    out.finish_key();
+    out.finish_text_key();
     Ok(())
 }
 
@@ -184,6 +184,18 @@ mod tests {
     }
 
     #[test]
+    fn counts_keys_that_are_not_utf8_as_skipped() {
+        let mut decoder = CopyTextDecoder::default();
+        let mut batch = KeyBatch::default();
+        decoder
+            .decode(b"ok\nbad\\377\nfine\n", &mut batch)
+            .expect("decode");
+        let keys: Vec<_> = batch.iter().map(|k| k.as_bytes().to_vec()).collect();
+        assert_eq!(keys, [b"ok".to_vec(), b"fine".to_vec()]);
+        assert_eq!(batch.skipped(), 1);
+    }
+
+    #[test]
     fn skips_nulls_and_keeps_empty_keys() {
         assert_eq!(
             decode_all(&[b"\\N\n\na\n"]),
@@ -201,7 +213,13 @@ mod tests {
     proptest! {
         #[test]
         fn round_trips_any_keys_split_anywhere(
-            keys in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..40),
+            keys in proptest::collection::vec(
+                prop_oneof![
+                    proptest::collection::vec(any::<u8>(), 0..40),
+                    "\\PC{0,20}".prop_map(String::into_bytes),
+                ],
+                0..40,
+            ),
             cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..6),
         ) {
             let mut encoded = Vec::new();
@@ -218,7 +236,9 @@ mod tests {
                 start = p;
             }
             chunks.push(&encoded[start..]);
-            prop_assert_eq!(decode_all(&chunks), Ok(keys));
+            // Text keys: the ones that are not UTF-8 are skipped.
+            let text: Vec<Vec<u8>> = keys.into_iter().filter(|k| std::str::from_utf8(k).is_ok()).collect();
+            prop_assert_eq!(decode_all(&chunks), Ok(text));
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The error of the sqlx key sources.
+//! The errors of the sqlx key sources and change feeds.
 
 use crate::copy_text::CopyTextError;
 
@@ -16,4 +16,20 @@ pub enum SourceError {
     /// The scan task stopped without finishing (the runtime is shutting down).
     #[error("the scan task stopped before the end of the keys")]
     Interrupted,
+    /// The change feed was pruned past the scan's snapshot before it could
+    /// be replayed: the scan took longer than the feed's retention. Raise
+    /// the retention (see `PgFollower::retention`).
+    #[error("the change feed was pruned past the scan's snapshot; raise the retention")]
+    FeedPruned,
+}
+
+/// Why installing, watching or reading a change feed failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FeedError {
+    /// The database refused or failed a statement: check the connection,
+    /// that [`install`](crate::install) ran, and the role's rights (watching
+    /// a table needs its ownership).
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
 }

@@ -1,17 +1,21 @@
-//! Keeping a guard true while the database changes: LISTEN/NOTIFY, catch-up
-//! after lost notifications, and scheduled rebuilds.
+//! Keeping a guard complete while the database changes: the Postgres change
+//! feed, read on every wake-up and interval, and the maintenance around it.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, HoldOpen};
-use sqlx::postgres::{PgListener, PgNotification, PgPoolOptions};
+use bloom_guard::{BloomGuard, FeedStatus, HoldOpen};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::PgPool;
-use tokio::task::JoinHandle;
-use tokio::time::{interval, sleep, Instant, MissedTickBehavior};
+use tokio::sync::Notify;
+use tokio::time::{sleep, Instant};
 
+use crate::abort::AbortOnDrop;
+use crate::backoff::Backoff;
 use crate::pg_copy::PgCopySource;
+use crate::pg_feed::{self, Changes, Read};
+use crate::watch::Watch;
 
 type KeyHook = Arc<dyn Fn(&str) + Send + Sync>;
 type CatchUpHook = Arc<dyn Fn() + Send + Sync>;
@@ -20,54 +24,69 @@ type CatchUpHook = Arc<dyn Fn() + Send + Sync>;
 /// `pg_stat_activity`.
 pub const LISTENER_APPLICATION_NAME: &str = "bloom-guard-listener";
 
-/// Keeps a guard's filter true while the database changes, from every
-/// instance and every SQL client.
+/// The channel the feed's triggers NOTIFY, with the feed's name as payload.
+const CHANNEL: &str = "bloom_guard";
+
+/// Removed keys handed to `on_key` one by one; more go to `on_catch_up`.
+const MAX_KEY_HOOKS: usize = 10_000;
+
+/// Keeps a guard's filter complete while the database changes, whatever
+/// writes to it: every instance, `psql`, COPY, upserts, replication.
 ///
-/// [`run`](Self::run) does it all, for as long as it runs:
+/// It reads the change feed that [`install`](crate::install) and
+/// [`Watch::install`] put in the database: triggers record every new key in
+/// `bloom_guard.changes` in the writing transaction, and
+/// [`run`](Self::run) does the rest, for as long as it runs:
 ///
-/// 1. **Listen first.** It LISTENs on a connection of its own (never one of
-///    the pool's), then warms the guard up: a key committed during the
-///    warm-up's scan arrives as a notification.
-/// 2. **Follow.** Each notification's key goes into the guard (and to
-///    [`on_key`](Self::on_key), to drop a negative cache entry; after lost
-///    notifications, [`on_catch_up`](Self::on_catch_up) drops them all). Keys over
-///    7900 bytes arrive as their row id and are fetched; a bulk load of
-///    more than 10 000 rows in one statement arrives as one "catch up".
-/// 3. **Detect loss.** Notifications sent while the listener is
-///    disconnected are gone, and a half-open connection shows no error at
-///    all. Besides errors, a heartbeat (a NOTIFY sent through the pool every
-///    [`heartbeat`](Self::heartbeat) that must come back on the listener)
-///    catches both.
-/// 4. **Catch up.** After any loss the guard fails open (see
-///    [`BloomGuard::hold_open`]) until the listener is back and a rebuild
-///    whose scan started after it was back has finished. That rebuild's
-///    snapshot holds every row committed before it, including rows that
-///    took an earlier id but committed late; later commits arrive as
-///    notifications. No committed key is missed.
-/// 5. **Maintain.** Runs [`BloomGuard::maintain`]: rebuilds on the guard's
-///    schedule and when inserts outgrow the filter.
+/// 1. **Position first.** It takes the feed's position (a snapshot), then
+///    warms the guard up: the warm-up's scan sees every key committed
+///    before it, the feed every key committed after the position.
+/// 2. **Read.** Each read takes the changes committed since the last one,
+///    by snapshot visibility (never by id, so a transaction that commits
+///    late is not skipped), and inserts the new keys into the filter in use
+///    and into any filter being built. Reads happen on every NOTIFY
+///    wake-up (on a connection of its own) and every
+///    [`poll_interval`](Self::poll_interval); wake-ups are coalesced and
+///    at most one read runs per [`min_read_gap`](Self::min_read_gap), so a
+///    NOTIFY flood from any role costs next to nothing. NOTIFY carries no
+///    key: nothing can be injected, nothing is lost with the listener.
+/// 3. **Check.** Every [`check_interval`](Self::check_interval)
+///    it verifies that every table the key query reads (children and
+///    partitions included) has the feed's triggers, ENABLE ALWAYS. A gap
+///    fails the guard open, names the table in the log and
+///    [`Stats::last_error`](bloom_guard::Stats::last_error); once it is
+///    repaired, a full rebuild picks up what was written meanwhile.
+/// 4. **Maintain.** Rebuilds on the guard's schedule and when inserts
+///    outgrow the filter, and prunes the feed past its
+///    [`retention`](Self::retention) (one instance at a time). A reader
+///    whose position fell behind the pruned horizon fails open and rebuilds.
 ///
-/// The table needs the triggers of `migrations/0002_items_notify.sql`
-/// (adapt the table and column names for your own tables).
+/// Deleted and changed-away keys go to [`on_key`](Self::on_key) too (for
+/// cache invalidation); the filter keeps them until a rebuild.
 ///
 /// # Example
 ///
 /// ```no_run
 /// use bloom_guard::BloomGuard;
-/// use bloom_guard_sqlx::PgFollower;
+/// use bloom_guard_sqlx::{PgFollower, Watch};
 ///
-/// # async fn run(pool: sqlx::PgPool) {
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+/// let items = Watch::table("items").key("key");
+/// bloom_guard_sqlx::install(&pool).await?; // at migration time
+/// items.install(&pool).await?;
+///
 /// let guard = BloomGuard::builder().expected_items(1_000_000).build();
-/// tokio::spawn(PgFollower::new(guard.clone(), pool, "select key from items").run());
-/// # }
+/// tokio::spawn(PgFollower::new(guard.clone(), pool, items).run());
+/// # Ok(()) }
 /// ```
 pub struct PgFollower<K> {
     guard: BloomGuard<K>,
     pool: PgPool,
-    source: PgCopySource,
-    channel: String,
-    key_by_id: String,
-    heartbeat: Duration,
+    watch: Watch,
+    poll_interval: Duration,
+    min_read_gap: Duration,
+    check_interval: Duration,
+    retention: Duration,
     on_key: Option<KeyHook>,
     on_catch_up: Option<CatchUpHook>,
 }
@@ -75,26 +94,11 @@ pub struct PgFollower<K> {
 impl<K> std::fmt::Debug for PgFollower<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgFollower")
-            .field("channel", &self.channel)
-            .field("heartbeat", &self.heartbeat)
+            .field("watch", &self.watch)
+            .field("poll_interval", &self.poll_interval)
+            .field("min_read_gap", &self.min_read_gap)
+            .field("retention", &self.retention)
             .finish_non_exhaustive()
-    }
-}
-
-/// Why the listener stopped hearing reliably.
-enum Lost {
-    Connection(sqlx::Error),
-    Closed,
-    Heartbeat,
-}
-
-impl std::fmt::Display for Lost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Lost::Connection(error) => write!(f, "listener connection failed: {error}"),
-            Lost::Closed => f.write_str("listener connection closed"),
-            Lost::Heartbeat => f.write_str("a heartbeat did not come back in time"),
-        }
     }
 }
 
@@ -102,271 +106,412 @@ impl<K> PgFollower<K>
 where
     K: Clone + Send + Sync + 'static,
 {
-    /// A follower for `guard`, reading keys with `key_query` (one text
-    /// column, as for [`PgCopySource`]) through `pool`.
-    pub fn new(guard: BloomGuard<K>, pool: PgPool, key_query: impl Into<String>) -> Self {
+    /// A follower for `guard`, holding the keys of `watch`'s table, reading
+    /// through `pool`.
+    pub fn new(guard: BloomGuard<K>, pool: PgPool, watch: Watch) -> Self {
         Self {
-            source: PgCopySource::new(pool.clone(), key_query),
             guard,
             pool,
-            channel: "bloom_guard".to_owned(),
-            key_by_id: "select key from items where id = $1".to_owned(),
-            heartbeat: Duration::from_secs(5),
+            watch,
+            poll_interval: Duration::from_secs(1),
+            min_read_gap: Duration::from_millis(50),
+            check_interval: Duration::from_secs(10),
+            retention: Duration::from_secs(3600),
             on_key: None,
             on_catch_up: None,
         }
     }
 
-    /// The NOTIFY channel (default `bloom_guard`, the migration's).
+    /// How often the feed is read without a wake-up (default 1 s): the
+    /// longest a committed key takes to arrive while the listener is down.
     #[must_use]
-    pub fn channel(mut self, channel: impl Into<String>) -> Self {
-        self.channel = channel.into();
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every;
         self
     }
 
-    /// The query fetching a long key by its `bigint` id (default
-    /// `select key from items where id = $1`).
+    /// The shortest time between two reads (default 50 ms): wake-ups that
+    /// arrive meanwhile are served by one read.
     #[must_use]
-    pub fn key_by_id(mut self, query: impl Into<String>) -> Self {
-        self.key_by_id = query.into();
+    pub fn min_read_gap(mut self, gap: Duration) -> Self {
+        self.min_read_gap = gap;
         self
     }
 
-    /// How often the listener's health is checked (default 5 s). A lost
-    /// connection is noticed within about twice this, and the guard fails
-    /// open from then until it has caught up.
+    /// How often the feed's triggers are checked, the feed pruned and the
+    /// guard's rebuild schedule looked at (default 10 s).
     #[must_use]
-    pub fn heartbeat(mut self, every: Duration) -> Self {
-        self.heartbeat = every;
+    pub fn check_interval(mut self, every: Duration) -> Self {
+        self.check_interval = every;
         self
     }
 
-    /// Called with each key that arrives, after it is in the guard: drop
-    /// the key's negative cache entry here.
+    /// How long the feed keeps its rows (default 1 h): an instance that
+    /// cannot read for longer rebuilds (failing open meanwhile) instead of
+    /// catching up from the feed. Scans must also take less than this.
+    #[must_use]
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Called with each key the feed reports added, deleted or changed
+    /// away, after new keys are in the guard: drop the key's cache entry
+    /// here.
     #[must_use]
     pub fn on_key(mut self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self {
         self.on_key = Some(Arc::new(hook));
         self
     }
 
-    /// Called when keys may have arrived unannounced (notifications were
-    /// lost, or a bulk load sent one "catch up"), as the catch-up starts:
-    /// drop every negative cache entry here, since no `on_key` will come
-    /// for those keys.
+    /// Called when changes arrive that name no key one by one (a table was
+    /// truncated, a bulk delete, a rebuild after the feed's retention):
+    /// drop every cache entry here.
     #[must_use]
     pub fn on_catch_up(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
         self.on_catch_up = Some(Arc::new(hook));
         self
     }
 
-    /// Warms the guard up and keeps it true; runs until dropped. Spawn it.
+    /// Warms the guard up and keeps it complete; runs until dropped. Spawn it.
     pub async fn run(self) {
         self.run_until(std::future::pending()).await;
     }
 
     /// As [`run`](Self::run), until `shutdown` completes; then closes the
-    /// listener's connection cleanly (a Terminate message, no error in
-    /// the server's log) and returns.
+    /// listener's connection cleanly and returns.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
-        let maintenance = tokio::spawn(self.guard.clone().maintain(self.source.clone()));
-        let _stop_maintenance = AbortOnDrop(maintenance);
-        // Nothing is lost before the first warm-up: its scan covers it.
-        let mut hold: Option<HoldOpen> = None;
-        let mut delay = Duration::from_millis(100);
-        let mut first = true;
-        loop {
-            // A fresh pool each time: a half-open connection is dropped with
-            // its pool, never handed out again.
-            let pool = self.listener_pool();
-            let listener = tokio::select! {
-                () = &mut shutdown => None,
-                listener = self.listen(&pool) => Some(listener),
+        let this = Arc::new(self);
+        let wake = Arc::new(Notify::new());
+        let resync = Arc::new(Notify::new());
+        let (stop_listener, listener_stopped) = tokio::sync::watch::channel(false);
+        let listener = tokio::spawn(listen(
+            this.listener_options(),
+            Arc::clone(&wake),
+            listener_stopped,
+        ));
+        let started = tokio::select! {
+            () = &mut shutdown => None,
+            started = this.start() => Some(started),
+        };
+        if let Some((source, position)) = started {
+            let _maintenance = AbortOnDrop(tokio::spawn(
+                Arc::clone(&this).maintain(source.clone(), Arc::clone(&resync)),
+            ));
+            tokio::select! {
+                () = &mut shutdown => {}
+                () = this.follow(&source, position, &wake, &resync) => {}
+            }
+        }
+        let _ = stop_listener.send(true);
+        let _ = listener.await;
+        tracing::info!(
+            feed = this.watch.feed_name(),
+            "stopped following the change feed"
+        );
+    }
+
+    /// The key source and the feed's position, with the warm-up started:
+    /// the position is taken before the warm-up's scan, so between them
+    /// they miss no committed key.
+    async fn start(&self) -> (PgCopySource, String) {
+        let mut backoff = Backoff::default();
+        let (query, position) = loop {
+            let attempt = async {
+                let query = self.watch.key_query(&self.pool).await?;
+                let position = pg_feed::position(&self.pool).await?;
+                Ok::<_, crate::FeedError>((query, position))
             };
-            let listener = match listener {
-                None => return close(pool).await,
-                Some(Ok(listener)) => listener,
-                Some(Err(error)) => {
-                    tracing::warn!(%error, retry_in = ?delay, "cannot LISTEN; the guard lets every request through");
-                    pool.close().await;
-                    tokio::select! {
-                        () = &mut shutdown => return,
-                        () = sleep(delay) => {}
+            match attempt.await {
+                Ok(started) => break started,
+                Err(error) => {
+                    let pause = backoff.next_pause();
+                    tracing::warn!(error = %error_chain(&error), retry_in = ?pause, "cannot start following the change feed; the guard lets every request through");
+                    self.guard.report_unavailable(&error);
+                    sleep(pause).await;
+                }
+            }
+        };
+        let source = PgCopySource::new(self.pool.clone(), query);
+        tokio::spawn(self.guard.clone().warm(source.clone()));
+        (source, position)
+    }
+
+    /// Reads the feed on every wake-up and interval, forever.
+    async fn follow(
+        &self,
+        source: &PgCopySource,
+        mut position: String,
+        wake: &Notify,
+        resync: &Notify,
+    ) {
+        let name = self.watch.feed_name();
+        let mut total = 0;
+        let mut failing = false;
+        let mut backoff = Backoff::default();
+        loop {
+            match pg_feed::read_since(&self.pool, name, &position).await {
+                Ok(Read::Changes(changes)) => {
+                    if failing {
+                        tracing::info!(feed = name, "reading the change feed again");
+                        failing = false;
                     }
-                    delay = (delay * 2).min(Duration::from_secs(10));
+                    backoff = Backoff::default();
+                    total += changes.rows;
+                    position.clone_from(&changes.position);
+                    self.apply(&changes, resync);
+                    self.guard
+                        .record_feed_read(FeedStatus::new(&position, total));
+                }
+                Ok(Read::Pruned) => {
+                    position = self.catch_up_after_pruning(source).await;
                     continue;
                 }
-            };
-            delay = Duration::from_millis(100);
-            let listening_since = Instant::now();
-            if first {
-                first = false;
-                tokio::spawn(self.guard.clone().warm(self.source.clone()));
-            } else if let Some(hold) = hold.take() {
-                tracing::info!("listening again; catching up on lost notifications");
-                self.spawn_catch_up(listening_since, hold);
+                Err(error) => {
+                    if !failing {
+                        tracing::warn!(feed = name, %error, "cannot read the change feed; retrying (keys committed meanwhile arrive once it is back)");
+                        failing = true;
+                    }
+                    // Never longer than the interval: the feed holds what
+                    // committed meanwhile, and the sooner it is read the
+                    // sooner other instances' keys arrive.
+                    sleep(backoff.next_pause().min(self.poll_interval)).await;
+                    continue;
+                }
             }
-            // The listener lives in `follow`: dropped with it, before the
-            // pool closes.
-            let lost = tokio::select! {
-                () = &mut shutdown => None,
-                lost = self.follow(listener) => Some(lost),
-            };
-            let Some(lost) = lost else {
-                return close(pool).await;
-            };
-            tracing::warn!(reason = %lost, "notifications may have been lost; the guard lets every request through until it has caught up");
-            hold = Some(self.guard.hold_open());
-            pool.close().await;
+            sleep(self.min_read_gap).await;
+            tokio::select! {
+                () = wake.notified() => {}
+                () = sleep(self.poll_interval) => {}
+            }
         }
     }
 
-    /// A pool of one connection for the listener alone, named so operators
-    /// can find it.
-    fn listener_pool(&self) -> PgPool {
-        // TCP keepalive from the server's side: Postgres drops the backend
-        // of a listener whose host vanished. sqlx exposes no client-side
-        // socket keepalive; the heartbeat covers this side.
-        let options = (*self.pool.connect_options())
+    fn apply(&self, changes: &Changes, resync: &Notify) {
+        if !changes.added.is_empty() || changes.added.skipped() > 0 {
+            if changes.added.skipped() > 0 {
+                tracing::warn!(
+                    feed = self.watch.feed_name(),
+                    skipped = changes.added.skipped(),
+                    "keys that are not UTF-8 were left out: no request can name them"
+                );
+            }
+            self.guard.insert_batch(&changes.added);
+        }
+        if let Some(hook) = &self.on_key {
+            for key in changes.added.iter() {
+                if let Ok(key) = std::str::from_utf8(key.as_bytes()) {
+                    hook(key);
+                }
+            }
+            if changes.removed.len() <= MAX_KEY_HOOKS {
+                for key in &changes.removed {
+                    hook(key);
+                }
+            }
+        }
+        if changes.truncated || changes.removed.len() > MAX_KEY_HOOKS {
+            self.catch_up_hook();
+        }
+        if changes.resync {
+            tracing::info!(feed = self.watch.feed_name(), "the feed's triggers were (re)installed; rebuilding to include keys written without them");
+            resync.notify_one();
+        }
+    }
+
+    /// The feed no longer holds every change since `position`: fails open,
+    /// rebuilds from a scan newer than a new position, and resumes there.
+    async fn catch_up_after_pruning(&self, source: &PgCopySource) -> String {
+        tracing::warn!(feed = self.watch.feed_name(), "the change feed was pruned past this reader's position; rebuilding, the guard lets every request through meanwhile");
+        let _hold = self.guard.hold_open();
+        self.catch_up_hook();
+        let mut backoff = Backoff::default();
+        loop {
+            let since = Instant::now();
+            let position = match pg_feed::position(&self.pool).await {
+                Ok(position) => position,
+                Err(_) => {
+                    sleep(backoff.next_pause()).await;
+                    continue;
+                }
+            };
+            if self.guard.rebuild_newer_than(source, since).await.is_ok() {
+                return position;
+            }
+            sleep(backoff.next_pause()).await;
+        }
+    }
+
+    fn catch_up_hook(&self) {
+        if let Some(hook) = &self.on_catch_up {
+            hook();
+        }
+    }
+
+    /// Checks the triggers, prunes the feed, and rebuilds when due.
+    async fn maintain(self: Arc<Self>, source: PgCopySource, resync: Arc<Notify>) {
+        let name = self.watch.feed_name();
+        let mut ticks = tokio::time::interval(self.check_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut gap: Option<HoldOpen> = None;
+        let mut last_prune: Option<Instant> = None;
+        loop {
+            let resync_requested = tokio::select! {
+                _ = ticks.tick() => false,
+                () = resync.notified() => true,
+            };
+            self.check(&source, &mut gap).await;
+            if resync_requested && gap.is_none() {
+                let _ = self.guard.rebuild_newer_than(&source, Instant::now()).await;
+            }
+            if last_prune.is_none_or(|at| at.elapsed() >= self.retention.min(PRUNE_EVERY)) {
+                match pg_feed::prune(&self.pool, self.retention).await {
+                    Ok(0) => {}
+                    Ok(pruned) => tracing::debug!(feed = name, pruned, "pruned the change feed"),
+                    Err(error) => tracing::debug!(%error, "cannot prune the change feed"),
+                }
+                last_prune = Some(Instant::now());
+            }
+            if let Some(reason) = self.guard.rebuild_due() {
+                tracing::info!(feed = name, reason, "rebuilding the bloom filter");
+                let _ = self.guard.rebuild(&source).await;
+            }
+        }
+    }
+
+    /// Fails the guard open while a watched table can take writes the
+    /// feed does not see; after the repair, rebuilds before closing again.
+    async fn check(&self, source: &PgCopySource, gap: &mut Option<HoldOpen>) {
+        let name = self.watch.feed_name();
+        let gaps = match pg_feed::gaps(&self.pool, name).await {
+            Ok(gaps) => gaps,
+            Err(sqlx::Error::Database(error))
+                if error
+                    .code()
+                    .is_some_and(|code| code == "42P01" || code == "42883" || code == "3F000") =>
+            {
+                vec![format!("the change feed is not installed ({error}): call bloom_guard_sqlx::install and Watch::install")]
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot check the change feed's triggers");
+                return;
+            }
+        };
+        if gaps.is_empty() {
+            if gap.is_some() {
+                tracing::info!(feed = name, "the change feed's triggers are back; rebuilding before answering absent keys again");
+                if self
+                    .guard
+                    .rebuild_newer_than(source, Instant::now())
+                    .await
+                    .is_ok()
+                {
+                    *gap = None;
+                    tracing::info!(
+                        feed = name,
+                        "rebuilt after the repair; the guard answers absent keys again"
+                    );
+                }
+            }
+            return;
+        }
+        let problem = GapError(gaps.join("; "));
+        if gap.is_none() {
+            tracing::error!(feed = name, gaps = %problem.0, "writes to a watched table can bypass the change feed; the guard lets every request through until this is repaired (run Watch::install or select bloom_guard.watch(...) again)");
+            *gap = Some(self.guard.hold_open());
+        }
+        self.guard.report_unavailable(&problem);
+    }
+
+    /// The listener's connection: named so operators can find it, with TCP
+    /// keepalives from the server's side (Postgres drops the backend of a
+    /// listener whose host vanished). A listener that is silently gone
+    /// costs only latency: the feed is also read on an interval.
+    fn listener_options(&self) -> PgConnectOptions {
+        (*self.pool.connect_options())
             .clone()
             .application_name(LISTENER_APPLICATION_NAME)
             .options([
                 ("tcp_keepalives_idle", "30"),
                 ("tcp_keepalives_interval", "10"),
                 ("tcp_keepalives_count", "3"),
-            ]);
-        PgPoolOptions::new()
+            ])
+    }
+}
+
+/// How often the feed is pruned at most.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// Watched tables whose writes can bypass the feed.
+#[derive(Debug, thiserror::Error)]
+#[error("writes can bypass the change feed: {0}")]
+struct GapError(String);
+
+/// `error: cause: cause`, for a log line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// LISTENs for wake-ups until `stopped`, reconnecting with backoff. A wake-up
+/// carries nothing but "read now"; after a reconnect one read catches up.
+async fn listen(
+    options: PgConnectOptions,
+    wake: Arc<Notify>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut backoff = Backoff::default();
+    let mut lost = false;
+    loop {
+        // A pool of one connection, fresh each time: a half-open connection
+        // is dropped with its pool, never handed out again.
+        let pool = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(Duration::from_secs(5))
             .idle_timeout(None)
             .max_lifetime(None)
-            .connect_lazy_with(options)
-    }
-
-    async fn listen(&self, pool: &PgPool) -> Result<PgListener, sqlx::Error> {
-        let mut listener = PgListener::connect_with(pool).await?;
-        listener.ignore_pool_close_event(true);
-        listener.eager_reconnect(false);
-        listener.listen(&self.channel).await?;
-        Ok(listener)
-    }
-
-    /// Rebuilds from a scan newer than `since` until one succeeds, failing
-    /// open meanwhile.
-    fn spawn_catch_up(&self, since: Instant, hold: HoldOpen) {
-        if let Some(hook) = &self.on_catch_up {
-            hook();
-        }
-        let (guard, source) = (self.guard.clone(), self.source.clone());
-        tokio::spawn(async move {
-            let mut delay = Duration::from_millis(100);
-            while guard.rebuild_newer_than(&source, since).await.is_err() {
-                sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
+            .connect_lazy_with(options.clone());
+        let session = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.ignore_pool_close_event(true);
+            listener.eager_reconnect(false);
+            listener.listen(CHANNEL).await?;
+            if lost {
+                tracing::info!("listening for change feed wake-ups again");
             }
-            tracing::info!("caught up; the guard answers absent keys again");
-            drop(hold);
-        });
-    }
-
-    /// Applies notifications until the listener can no longer be trusted.
-    async fn follow(&self, mut listener: PgListener) -> Lost {
-        let nonce = format!("h{:016x}", fastrand::u64(..));
-        let mut ticks = interval(self.heartbeat);
-        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        ticks.tick().await;
-        let mut awaiting_heartbeat = false;
-        loop {
-            tokio::select! {
-                notification = listener.try_recv() => {
-                    let notification = match notification {
-                        Ok(Some(notification)) => notification,
-                        Ok(None) => return Lost::Closed,
-                        Err(error) => return Lost::Connection(error),
-                    };
-                    if notification.payload() == nonce {
-                        awaiting_heartbeat = false;
-                    } else {
-                        self.apply(&notification).await;
-                    }
-                }
-                _ = ticks.tick() => {
-                    if awaiting_heartbeat {
-                        return Lost::Heartbeat;
-                    }
-                    // Through the pool, not the listener: only a round trip
-                    // proves the listener still hears.
-                    match sqlx::query("select pg_notify($1, $2)")
-                        .bind(&self.channel)
-                        .bind(&nonce)
-                        .execute(&self.pool)
-                        .await
-                    {
-                        Ok(_) => awaiting_heartbeat = true,
-                        Err(error) => tracing::debug!(%error, "heartbeat not sent"),
-                    }
+            wake.notify_one();
+            loop {
+                match listener.try_recv().await? {
+                    Some(_) => wake.notify_one(),
+                    None => return Ok::<(), sqlx::Error>(()),
                 }
             }
-        }
-    }
-
-    async fn apply(&self, notification: &PgNotification) {
-        let payload = notification.payload();
-        match payload.split_at_checked(1) {
-            Some(("k", key)) => self.add(key),
-            Some(("i", id)) => match self.fetch(id).await {
-                Ok(Some(key)) => self.add(&key),
-                Ok(None) => {} // deleted since
-                Err(error) => {
-                    tracing::warn!(%error, id, "cannot fetch a long key; catching up");
-                    self.catch_up_now();
-                }
-            },
-            Some(("c", "")) => {
-                tracing::info!("a bulk change was announced; catching up");
-                self.catch_up_now();
-            }
-            // Other instances' heartbeats.
-            Some(("h", _)) => {}
-            _ => tracing::debug!(payload, "ignored an unknown notification"),
-        }
-    }
-
-    fn add(&self, key: &str) {
-        self.guard.insert(key);
-        if let Some(hook) = &self.on_key {
-            hook(key);
-        }
-    }
-
-    async fn fetch(&self, id: &str) -> Result<Option<String>, sqlx::Error> {
-        let Ok(id) = id.parse::<i64>() else {
-            return Ok(None);
         };
-        sqlx::query_scalar(&self.key_by_id)
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await
-    }
-
-    /// Fails open and rebuilds now: rows committed before this point may be
-    /// missing from the filter.
-    fn catch_up_now(&self) {
-        self.spawn_catch_up(Instant::now(), self.guard.hold_open());
-    }
-}
-
-/// Closes the listener's pool, its connection with it.
-async fn close(pool: PgPool) {
-    pool.close().await;
-    tracing::info!("stopped following notifications");
-}
-
-/// Aborts a task when dropped, so a dropped follower leaves nothing running.
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+        let outcome = tokio::select! {
+            _ = stopped.wait_for(|stopped| *stopped) => None,
+            outcome = session => Some(outcome),
+        };
+        pool.close().await;
+        let Some(outcome) = outcome else {
+            return;
+        };
+        if !lost {
+            match outcome {
+                Ok(()) => tracing::warn!("the listener's connection closed; reading the change feed on its interval until it is back"),
+                Err(error) => tracing::warn!(%error, "the listener failed; reading the change feed on its interval until it is back"),
+            }
+            lost = true;
+        }
+        tokio::select! {
+            _ = stopped.wait_for(|stopped| *stopped) => return,
+            () = sleep(backoff.next_pause()) => {}
+        }
     }
 }

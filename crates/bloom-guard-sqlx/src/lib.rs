@@ -1,21 +1,37 @@
 #![doc = include_str!("../README.md")]
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod abort;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod backoff;
 mod batches;
 mod copy_text;
 mod error;
 #[cfg(feature = "postgres")]
 mod follower;
 #[cfg(feature = "postgres")]
+mod install;
+#[cfg(feature = "postgres")]
 mod pg_copy;
+#[cfg(feature = "postgres")]
+mod pg_feed;
 mod query;
+#[cfg(feature = "sqlite")]
+mod sqlite_feed;
+mod watch;
 
 pub use copy_text::{CopyTextDecoder, CopyTextError};
-pub use error::SourceError;
+pub use error::{FeedError, SourceError};
 #[cfg(feature = "postgres")]
 pub use follower::{PgFollower, LISTENER_APPLICATION_NAME};
 #[cfg(feature = "postgres")]
+pub use install::{install, POSTGRES_SQL, SCHEMA_VERSION};
+#[cfg(feature = "postgres")]
 pub use pg_copy::PgCopySource;
 pub use query::QuerySource;
+#[cfg(feature = "sqlite")]
+pub use sqlite_feed::SqliteFollower;
+pub use watch::Watch;
 
 /// The repository README's library example, compiled as a doctest.
 #[cfg(doctest)]

@@ -78,6 +78,18 @@ impl KeySource for PgCopySource {
         let statement = format!("copy ({}) to stdout", self.query);
         spawn_scan(move |batches| async move {
             let mut conn = pool.acquire().await?;
+            // A SQL_ASCII database stores any bytes, and Postgres refuses
+            // to send the invalid ones to a UTF-8 client: take the bytes as
+            // they are, and leave out those no request can name.
+            let raw: bool =
+                sqlx::query_scalar("select current_setting('server_encoding') = 'SQL_ASCII'")
+                    .fetch_one(&mut *conn)
+                    .await?;
+            if raw {
+                sqlx::query("set client_encoding = 'SQL_ASCII'")
+                    .execute(&mut *conn)
+                    .await?;
+            }
             let mut chunks = conn.copy_out_raw(&statement).await?;
             let mut decoder = CopyTextDecoder::default();
             let mut batch = BatchSender::new_batch();
@@ -97,6 +109,11 @@ impl KeySource for PgCopySource {
                 return Ok(());
             }
             decoder.finish()?;
+            if raw {
+                sqlx::query("reset client_encoding")
+                    .execute(&mut *conn)
+                    .await?;
+            }
             batches.finish(batch).await;
             Ok(())
         })

@@ -67,7 +67,7 @@ where
     DB: Database,
     for<'c> &'c Pool<DB>: Executor<'c, Database = DB>,
     for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
 {
@@ -84,10 +84,12 @@ where
         let pool = self.pool.clone();
         let query = self.query.clone();
         spawn_scan(move |batches| async move {
-            let mut rows = sqlx::query_scalar::<DB, String>(&query).fetch(&pool);
+            let mut rows = sqlx::query_scalar::<DB, Option<String>>(&query).fetch(&pool);
             let mut batch = BatchSender::new_batch();
             while let Some(key) = rows.next().await {
-                batch.push(key?.as_bytes());
+                // A NULL key names no row a request can find.
+                let Some(key) = key? else { continue };
+                batch.push(key.as_bytes());
                 if !batches.send_if_full(&mut batch).await {
                     return Ok(());
                 }

@@ -15,8 +15,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use crate::error::BuildError;
 use crate::guard::BloomGuard;
-use crate::rebuild::BuildError;
 use crate::shared::lock;
 use crate::source::KeySource;
 use crate::stats::Stats;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 
+use crate::config::Config;
 use crate::extract::PathParam;
 use crate::guard::BloomGuard;
 use crate::response::CannedResponse;
@@ -32,43 +33,11 @@ pub struct Builder<K> {
     config: Config,
 }
 
-/// The settings a guard's clones share.
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub(crate) expected_items: u64,
-    pub(crate) target_fpp: f64,
-    pub(crate) headroom: f64,
-    pub(crate) max_key_len: usize,
-    pub(crate) absent: CannedResponse,
-    pub(crate) write_window: Duration,
-    pub(crate) progress_interval: Duration,
-    pub(crate) max_retry_delay: Duration,
-    pub(crate) check_interval: Duration,
-    pub(crate) rebuild_interval: Option<Duration>,
-    pub(crate) rebuild_above: f64,
-    pub(crate) name: &'static str,
-    pub(crate) debug_header: bool,
-}
-
 impl Default for Builder<PathParam> {
     fn default() -> Self {
         Self {
             extractor: PathParam("key"),
-            config: Config {
-                expected_items: 1000,
-                target_fpp: 0.001,
-                headroom: 0.25,
-                max_key_len: 512,
-                absent: CannedResponse::not_found(),
-                write_window: Duration::from_secs(60),
-                progress_interval: Duration::from_secs(5),
-                max_retry_delay: Duration::from_secs(30),
-                check_interval: Duration::from_secs(10),
-                rebuild_interval: None,
-                rebuild_above: 2.0,
-                name: "default",
-                debug_header: false,
-            },
+            config: Config::default(),
         }
     }
 }
@@ -149,16 +118,6 @@ impl<K> Builder<K> {
     #[must_use]
     pub fn debug_header(mut self, enabled: bool) -> Self {
         self.config.debug_header = enabled;
-        self
-    }
-
-    /// How long a write may take between [`BloomGuard::insert`] and its
-    /// commit (default 60 s). A filter build replays the keys inserted this
-    /// long before it started, so a row that commits after the build's scan
-    /// began is not lost.
-    #[must_use]
-    pub fn write_window(mut self, window: Duration) -> Self {
-        self.config.write_window = window;
         self
     }
 

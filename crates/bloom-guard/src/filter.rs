@@ -20,6 +20,8 @@ pub(crate) struct Filter {
     /// Keys whose insertion set at least one new bit: a close, slightly low,
     /// count of distinct keys.
     keys: AtomicU64,
+    /// Stored keys left out because no request can name them.
+    skipped: AtomicU64,
 }
 
 impl Filter {
@@ -31,6 +33,7 @@ impl Filter {
             bloom: AtomicBloomFilter::with_false_pos(target_fpp).expected_items(items),
             capacity,
             keys: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
         }
     }
 
@@ -56,6 +59,9 @@ impl Filter {
             .filter(|&&hash| !self.bloom.insert_hash(hash))
             .count();
         self.keys.fetch_add(new as u64, Ordering::Relaxed);
+        if batch.skipped() > 0 {
+            self.skipped.fetch_add(batch.skipped(), Ordering::Relaxed);
+        }
     }
 
     #[inline]
@@ -65,6 +71,11 @@ impl Filter {
 
     pub(crate) fn keys(&self) -> u64 {
         self.keys.load(Ordering::Relaxed)
+    }
+
+    /// Keys left out because no request can name them.
+    pub(crate) fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
     }
 
     pub(crate) fn capacity(&self) -> u64 {
@@ -152,6 +163,7 @@ mod tests {
             bloom: one_by_one.bloom.clone(),
             capacity: 1000,
             keys: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
         };
         let keys: Vec<String> = (0..500).map(|i| format!("k{i}")).collect();
         for key in &keys {

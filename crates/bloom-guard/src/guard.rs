@@ -9,7 +9,8 @@ use crate::extract::{KeyExtractor, PathParam};
 use crate::key::{Key, KeyError};
 use crate::response::CannedResponse;
 use crate::shared::Shared;
-use crate::stats::Stats;
+use crate::source::KeyBatch;
+use crate::stats::{FeedStatus, Stats};
 
 /// A Bloom filter of every key in a database, and the tower [`Layer`] that
 /// answers requests for keys it does not hold.
@@ -79,10 +80,9 @@ impl<K> BloomGuard<K> {
     ///
     /// Inserting first means a failed write leaves only a harmless false
     /// positive, while inserting after the commit would leave a window in
-    /// which the new key is rejected. The key also goes into any filter being
-    /// built, and is remembered for a while (see
-    /// [`Builder::write_window`]) so a build whose scan started before the
-    /// row committed still gets it.
+    /// which this instance rejects its own new key. The key also goes into
+    /// any filter being built. Other instances learn the key from the
+    /// change feed once the row commits.
     ///
     /// # Example
     ///
@@ -98,6 +98,18 @@ impl<K> BloomGuard<K> {
     /// ```
     pub fn insert(&self, key: impl AsRef<[u8]>) {
         self.shared.insert(&Key::from(key.as_ref()));
+    }
+
+    /// Adds a batch of keys (and its count of [skipped](KeyBatch::skip)
+    /// keys), as a change feed reader does with what it read.
+    pub fn insert_batch(&self, batch: &KeyBatch) {
+        self.shared.insert_batch(batch);
+    }
+
+    /// Reports where the change feed that keeps this guard complete stands,
+    /// for [`Stats::feed`]. Called by the follower after each read.
+    pub fn record_feed_read(&self, status: FeedStatus) {
+        self.shared.record_feed(status);
     }
 
     /// Whether the key may exist: `false` means it certainly does not.
@@ -128,8 +140,7 @@ impl<K> BloomGuard<K> {
     /// [`Stats::last_error`] shows `error`. Log it yourself; the guard does
     /// not.
     pub fn report_unavailable(&self, error: &dyn std::error::Error) {
-        self.shared
-            .record_failure(crate::rebuild::error_chain(error));
+        self.shared.record_failure(crate::error::error_chain(error));
     }
 
     /// Lets every request through until the returned value is dropped,
@@ -192,6 +203,13 @@ impl<K> BloomGuard<K> {
                 len: key.len(),
                 max,
             });
+        }
+        // Requests carry text: a key that is not UTF-8 names no stored key
+        // the filter holds (see `KeyBatch::push_text`), so the handler
+        // answers it as it would unguarded.
+        if std::str::from_utf8(key.as_bytes()).is_err() {
+            shared.count_passed();
+            return Verdict::Pass;
         }
         if shared.may_contain(&key) {
             shared.count_passed();

@@ -1,8 +1,11 @@
 #![doc = include_str!("../README.md")]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod backoff;
 mod builder;
+mod config;
 mod counter;
+mod error;
 mod extract;
 mod filter;
 mod future;
@@ -12,8 +15,10 @@ mod layer;
 mod metrics;
 mod rebuild;
 mod response;
+mod scan;
 mod service;
 mod shared;
+mod single_flight;
 mod source;
 mod stats;
 
@@ -23,15 +28,15 @@ pub mod admin;
 mod cache;
 
 pub use builder::Builder;
+pub use error::BuildError;
 pub use extract::{Header, KeyExtractor, PathParam, PathSegment, QueryParam};
 pub use future::ResponseFuture;
 pub use guard::{BloomGuard, HoldOpen};
 pub use key::{Key, KeyError};
-pub use rebuild::BuildError;
 pub use response::not_found_response;
 pub use service::BloomGuardService;
 pub use source::{KeyBatch, KeyList, KeySource};
-pub use stats::{State, Stats};
+pub use stats::{FeedStatus, State, Stats};
 
 #[cfg(feature = "cache")]
 pub use cache::{CacheBuilder, CacheStats, ReadThroughCache};

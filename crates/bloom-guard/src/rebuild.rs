@@ -1,52 +1,18 @@
 //! Building filters from a `KeySource`: warm-up, rebuilds, and the
 //! maintenance that triggers them.
 
-use std::error::Error as StdError;
-use std::fmt::Write as _;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use tokio::sync::watch;
 
-use crate::filter::Filter;
+use crate::backoff::Backoff;
+use crate::error::{error_chain, BuildError};
 use crate::guard::BloomGuard;
-use crate::key::Key;
-use crate::shared::{lock, RebuildResult, Shared};
+use crate::scan::{scan, Built};
+use crate::shared::lock;
+use crate::single_flight::InFlight;
 use crate::source::KeySource;
 use crate::stats::Stats;
-
-/// Why a filter build failed. The guard keeps the filter it had.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum BuildError {
-    /// The key source failed to count or to scan; check that the database
-    /// is reachable and the key query is valid.
-    #[error("the key source failed")]
-    Source(#[source] Arc<dyn StdError + Send + Sync>),
-    /// Keys read by the scan were not found in the new filter: a defect,
-    /// never expected. The filter was not put in use.
-    #[error("{missing} of {checked} sampled keys are missing from the new filter")]
-    Verification {
-        /// Sampled keys the new filter does not hold.
-        missing: usize,
-        /// Keys sampled.
-        checked: usize,
-    },
-    /// The rebuild this call joined was cancelled before it finished;
-    /// call again.
-    #[error("the rebuild in flight was cancelled")]
-    Cancelled,
-}
-
-impl BuildError {
-    fn source(error: impl StdError + Send + Sync + 'static) -> Self {
-        BuildError::Source(Arc::new(error))
-    }
-}
-
-/// Keys checked against a new filter before it is put in use.
-const SAMPLE_SIZE: usize = 256;
 
 impl<K> BloomGuard<K> {
     /// Loads every key of `source` into a first filter, retrying until it
@@ -73,7 +39,10 @@ impl<K> BloomGuard<K> {
     /// # }
     /// ```
     pub async fn warm<S: KeySource>(self, source: S) {
-        let mut delay = Duration::from_millis(100);
+        let mut backoff = Backoff::new(
+            Duration::from_millis(100),
+            self.shared.config.max_retry_delay,
+        );
         loop {
             match self.build(&source, 0).await {
                 Ok(built) => {
@@ -88,10 +57,9 @@ impl<K> BloomGuard<K> {
                     return;
                 }
                 Err(_) => {
-                    let pause = delay.mul_f64(0.5 + fastrand::f64());
+                    let pause = backoff.next_pause();
                     tracing::info!(retry_in = ?pause, "bloom filter warm-up will retry");
                     tokio::time::sleep(pause).await;
-                    delay = (delay * 2).min(self.shared.config.max_retry_delay);
                 }
             }
         }
@@ -101,11 +69,11 @@ impl<K> BloomGuard<K> {
     ///
     /// The new filter is sized from the source's count hint with headroom and
     /// gets a fresh random hasher key. It is registered for every
-    /// [`insert`](Self::insert) before its scan starts (and gets the keys
-    /// inserted within the [write window](crate::Builder::write_window)
-    /// before that), a sample of the scanned keys is checked in it, then it
-    /// replaces the filter in use atomically and the generation goes up. If
-    /// anything fails, the filter in use stays.
+    /// [`insert`](Self::insert) before its scan starts, so a key inserted
+    /// while the scan runs is in it whether or not the scan sees its row;
+    /// a sample of the scanned keys is checked in it, then it replaces the
+    /// filter in use atomically and the generation goes up. If anything
+    /// fails, the filter in use stays.
     ///
     /// One rebuild at a time: a call made while one is in flight joins it
     /// and gets its result, so concurrent callers cause one scan.
@@ -256,151 +224,6 @@ impl<K> BloomGuard<K> {
         }
         result
     }
-}
-
-/// The leader of a rebuild: publishes its result to the callers that
-/// joined, and clears the slot even if it is cancelled.
-struct InFlight<'a> {
-    shared: &'a Shared,
-    tx: watch::Sender<RebuildResult>,
-}
-
-impl InFlight<'_> {
-    fn finish(self, outcome: Result<Stats, BuildError>) {
-        *lock(&self.shared.rebuild_in_flight) = None;
-        let _ = self.tx.send(Some(outcome));
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        let mut slot = lock(&self.shared.rebuild_in_flight);
-        if slot
-            .as_ref()
-            .is_some_and(|(_, rx)| rx.same_channel(&self.tx.subscribe()))
-        {
-            *slot = None;
-        }
-    }
-}
-
-/// A filter put in use, and how many keys its scan read.
-struct Built {
-    filter: Arc<Filter>,
-    scanned: u64,
-}
-
-async fn scan<S: KeySource>(shared: &Shared, source: &S, floor: u64) -> Result<Built, BuildError> {
-    let started = Instant::now();
-    let hint = source.count_hint().await.map_err(BuildError::source)?;
-    let config = &shared.config;
-    // Never smaller than the filter in use: a low count hint (stale planner
-    // statistics) must not shrink a filter that live inserts have grown.
-    let wanted = hint
-        .unwrap_or(0)
-        .max(config.expected_items)
-        .max(floor)
-        .max(shared.keys_to_carry());
-    let capacity = (wanted as f64 * (1.0 + config.headroom)).ceil() as u64;
-    let filter = Arc::new(Filter::new(capacity, config.target_fpp));
-    tracing::info!(count_hint = ?hint, capacity, bits = filter.bits(), "bloom filter build started");
-
-    let registration = Registration::new(shared, Arc::clone(&filter));
-    let mut keys = source.keys();
-    let mut scanned: u64 = 0;
-    let mut sample: Vec<Vec<u8>> = Vec::with_capacity(SAMPLE_SIZE);
-    let mut hashes = Vec::new();
-    let mut last_report = (Instant::now(), 0_u64);
-    while let Some(batch) = keys.next().await {
-        let batch = batch.map_err(BuildError::source)?;
-        filter.insert_batch(&batch, &mut hashes);
-        if sample.len() < SAMPLE_SIZE {
-            sample.extend(
-                batch
-                    .iter()
-                    .step_by(97)
-                    .take(SAMPLE_SIZE - sample.len())
-                    .map(|k| k.as_bytes().to_vec()),
-            );
-        }
-        scanned += batch.len() as u64;
-        // A batch is a fraction of a millisecond of work: give the requests
-        // queued on this worker their turn before the next one.
-        tokio::task::yield_now().await;
-        let since = last_report.0.elapsed();
-        if since >= config.progress_interval {
-            let rate = (scanned - last_report.1) as f64 / since.as_secs_f64();
-            tracing::info!(
-                keys = scanned,
-                keys_per_sec = rate as u64,
-                "bloom filter build in progress"
-            );
-            last_report = (Instant::now(), scanned);
-        }
-    }
-    drop(keys);
-    let missing = sample
-        .iter()
-        .filter(|key| !filter.contains(&Key::from(&key[..])))
-        .count();
-    if missing > 0 {
-        return Err(BuildError::Verification {
-            missing,
-            checked: sample.len(),
-        });
-    }
-    let generation = registration.promote();
-    let elapsed = started.elapsed();
-    tracing::info!(
-        generation,
-        keys = scanned,
-        elapsed_ms = elapsed.as_millis() as u64,
-        keys_per_sec = (scanned as f64 / elapsed.as_secs_f64().max(1e-9)) as u64,
-        estimated_fpp = filter.estimated_fpp(),
-        "bloom filter ready"
-    );
-    Ok(Built { filter, scanned })
-}
-
-/// A filter registered for write-through inserts; unregistered on drop
-/// unless promoted, so a failed or cancelled build leaves nothing behind.
-struct Registration<'a> {
-    shared: &'a Shared,
-    filter: Option<Arc<Filter>>,
-}
-
-impl<'a> Registration<'a> {
-    fn new(shared: &'a Shared, filter: Arc<Filter>) -> Self {
-        shared.register(&filter);
-        Self {
-            shared,
-            filter: Some(filter),
-        }
-    }
-
-    fn promote(mut self) -> u64 {
-        let filter = self.filter.take().expect("a registration is promoted once");
-        self.shared.promote(&filter)
-    }
-}
-
-impl Drop for Registration<'_> {
-    fn drop(&mut self) {
-        if let Some(filter) = self.filter.take() {
-            self.shared.unregister(&filter);
-        }
-    }
-}
-
-/// `error: cause: cause`, for a log line or the stats.
-pub(crate) fn error_chain(error: &dyn StdError) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let _ = write!(message, ": {cause}");
-        source = cause.source();
-    }
-    message
 }
 
 #[cfg(test)]
@@ -615,7 +438,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn writes_during_a_scan_reach_the_new_filter() {
-        let guard = BloomGuard::builder().write_window(Duration::ZERO).build();
+        let guard = BloomGuard::builder().build();
         guard
             .rebuild(&KeyList::new(["old"]))
             .await
@@ -632,44 +455,12 @@ pub(crate) mod tests {
         };
         scanning_rx.await.expect("scan started");
         // The row commits after the scan's snapshot: only the double write
-        // brings it into the new filter.
+        // (or the feed, on other instances) brings it into the new filter.
         guard.insert("written-during-scan");
         resume_tx.send(()).expect("resume");
         assert_eq!(rebuild.await.expect("rebuild task").expect("rebuild"), 2);
         assert!(guard.may_contain("written-during-scan"));
         assert!(guard.may_contain("also-old"));
-    }
-
-    #[tokio::test]
-    async fn writes_shortly_before_a_build_are_replayed_into_it() {
-        let guard = BloomGuard::builder().build();
-        guard
-            .rebuild(&KeyList::new(["a"]))
-            .await
-            .expect("first build");
-        // Inserted, but its row is not in the source yet (still committing).
-        guard.insert("committing");
-        guard
-            .rebuild(&KeyList::new(["a"]))
-            .await
-            .expect("second build");
-        assert!(guard.may_contain("committing"));
-
-        let forgetful = BloomGuard::builder().write_window(Duration::ZERO).build();
-        forgetful
-            .rebuild(&KeyList::new(["a"]))
-            .await
-            .expect("first build");
-        forgetful.insert("committing");
-        std::thread::sleep(Duration::from_millis(2));
-        forgetful
-            .rebuild(&KeyList::new(["a"]))
-            .await
-            .expect("second build");
-        assert!(
-            !forgetful.may_contain("committing"),
-            "the window bounds the replay"
-        );
     }
 
     #[tokio::test]

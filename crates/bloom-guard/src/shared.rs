@@ -1,29 +1,19 @@
 //! The state every clone of a guard shares: the filter in use, the filters
 //! being built, and the counters.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
-use std::time::Instant;
 
 use arc_swap::ArcSwapOption;
 use tokio::sync::watch;
 
-use crate::builder::Config;
+use crate::config::Config;
 use crate::counter::Counter;
+use crate::error::BuildError;
 use crate::filter::Filter;
 use crate::key::Key;
-use crate::rebuild::BuildError;
-use crate::stats::{State, Stats};
-
-/// Keys written recently, replayed into a filter whose build starts.
-#[derive(Debug, Default)]
-struct Journal {
-    entries: VecDeque<(Instant, Box<[u8]>)>,
-}
-
-/// The longest the journal gets, whatever the write rate.
-const JOURNAL_CAPACITY: usize = 100_000;
+use crate::source::KeyBatch;
+use crate::stats::{FeedStatus, State, Stats};
 
 /// The result of the rebuild in flight, for the callers that joined it.
 pub(crate) type RebuildResult = Option<Result<Stats, BuildError>>;
@@ -35,11 +25,10 @@ pub(crate) type RebuildSlot = Option<(tokio::time::Instant, watch::Receiver<Rebu
 pub(crate) struct Shared {
     pub(crate) config: Config,
     current: ArcSwapOption<Filter>,
-    /// Filters being built. Inserts take the read lock, registration the
-    /// write lock: once a filter is registered, every insert that started
-    /// earlier has finished and is in the journal.
+    /// Filters being built. Inserts take the read lock, registration and
+    /// promotion the write lock: no insert falls between a filter's
+    /// registration and its promotion.
     building: RwLock<Vec<Arc<Filter>>>,
-    journal: Mutex<Journal>,
     /// Reasons to let every request through although a filter is in use
     /// (a follower catching up on lost notifications).
     held_open: AtomicUsize,
@@ -49,6 +38,8 @@ pub(crate) struct Shared {
     bad_keys: Counter,
     false_positives: Counter,
     last_error: Mutex<Option<String>>,
+    /// What the change feed reported last.
+    feed: Mutex<Option<(FeedStatus, tokio::time::Instant)>>,
     /// When the filter in use was put in place (tokio's clock, which tests
     /// can pause).
     last_build: Mutex<Option<tokio::time::Instant>>,
@@ -69,7 +60,6 @@ impl Shared {
             config,
             current: ArcSwapOption::empty(),
             building: RwLock::new(Vec::new()),
-            journal: Mutex::default(),
             held_open: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
             passed: Counter::default(),
@@ -77,6 +67,7 @@ impl Shared {
             bad_keys: Counter::default(),
             false_positives: Counter::default(),
             last_error: Mutex::new(None),
+            feed: Mutex::new(None),
             last_build: Mutex::new(None),
             build_lock: tokio::sync::Mutex::new(()),
             rebuild_in_flight: Mutex::new(None),
@@ -94,16 +85,13 @@ impl Shared {
         }
     }
 
-    /// About how many keys the next filter must hold besides its source's:
-    /// the distinct keys of the filter in use (estimated from its fill) and
-    /// the journal that will be replayed into it.
+    /// About how many distinct keys the filter in use holds (estimated
+    /// from its fill, so inserts of keys a scan will see again count once).
     pub(crate) fn keys_to_carry(&self) -> u64 {
-        let in_use = self
-            .current
+        self.current
             .load()
             .as_deref()
-            .map_or(0, Filter::estimated_keys);
-        in_use.max(lock(&self.journal).entries.len() as u64)
+            .map_or(0, Filter::estimated_keys)
     }
 
     pub(crate) fn has_filter(&self) -> bool {
@@ -138,6 +126,7 @@ impl Shared {
         self.held_open.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// Inserts into the filter in use and every filter being built.
     pub(crate) fn insert(&self, key: &Key<'_>) {
         let building = self.building.read().unwrap_or_else(PoisonError::into_inner);
         if let Some(filter) = &*self.current.load() {
@@ -146,33 +135,26 @@ impl Shared {
         for filter in building.iter() {
             filter.insert(key);
         }
-        let now = Instant::now();
-        let mut journal = lock(&self.journal);
-        journal.entries.push_back((now, key.as_bytes().into()));
-        while journal.entries.len() > JOURNAL_CAPACITY
-            || journal
-                .entries
-                .front()
-                .is_some_and(|(at, _)| now.duration_since(*at) > self.config.write_window)
-        {
-            journal.entries.pop_front();
+    }
+
+    /// As [`insert`](Self::insert), for a batch.
+    pub(crate) fn insert_batch(&self, batch: &KeyBatch) {
+        let building = self.building.read().unwrap_or_else(PoisonError::into_inner);
+        let mut hashes = Vec::new();
+        if let Some(filter) = &*self.current.load() {
+            filter.insert_batch(batch, &mut hashes);
+        }
+        for filter in building.iter() {
+            filter.insert_batch(batch, &mut hashes);
         }
     }
 
-    /// Makes `filter` receive every insert from now on, plus the journal.
+    /// Makes `filter` receive every insert from now on.
     pub(crate) fn register(&self, filter: &Arc<Filter>) {
         let mut building = self
             .building
             .write()
             .unwrap_or_else(PoisonError::into_inner);
-        let journal = lock(&self.journal);
-        let now = Instant::now();
-        for (at, key) in journal.entries.iter().rev() {
-            if now.duration_since(*at) > self.config.write_window {
-                break;
-            }
-            filter.insert(&Key::from(&key[..]));
-        }
         building.push(Arc::clone(filter));
     }
 
@@ -202,6 +184,10 @@ impl Shared {
 
     pub(crate) fn record_failure(&self, error: String) {
         *lock(&self.last_error) = Some(error);
+    }
+
+    pub(crate) fn record_feed(&self, status: FeedStatus) {
+        *lock(&self.feed) = Some((status, tokio::time::Instant::now()));
     }
 
     pub(crate) fn last_build(&self) -> Option<tokio::time::Instant> {
@@ -252,7 +238,13 @@ impl Shared {
             rejected,
             false_positives,
             bad_keys: self.bad_keys.get(),
+            skipped_keys: filter.map_or(0, Filter::skipped),
             last_error,
+            feed: lock(&self.feed).as_ref().map(|(status, at)| {
+                let mut status = status.clone();
+                status.read_ago_ms = at.elapsed().as_millis() as u64;
+                status
+            }),
         }
     }
 }

@@ -73,6 +73,7 @@ pub trait KeySource: Send + Sync + 'static {
 pub struct KeyBatch {
     bytes: Vec<u8>,
     ends: Vec<usize>,
+    skipped: u64,
 }
 
 impl KeyBatch {
@@ -81,6 +82,7 @@ impl KeyBatch {
         Self {
             bytes: Vec::with_capacity(bytes),
             ends: Vec::with_capacity(keys),
+            skipped: 0,
         }
     }
 
@@ -90,10 +92,44 @@ impl KeyBatch {
         self.ends.push(self.bytes.len());
     }
 
+    /// Adds a stored text key, or counts it as skipped if it is not valid
+    /// UTF-8: requests carry text, so no request can name such a key, and
+    /// the guard passes a request whose key does not decode to UTF-8.
+    pub fn push_text(&mut self, key: &[u8]) {
+        if std::str::from_utf8(key).is_ok() {
+            self.push(key);
+        } else {
+            self.skip();
+        }
+    }
+
+    /// Counts a stored key that no request can name (see
+    /// [`Stats::skipped_keys`](crate::Stats::skipped_keys)).
+    pub fn skip(&mut self) {
+        self.skipped += 1;
+    }
+
+    /// Keys counted by [`skip`](Self::skip).
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
     /// Appends a key whose bytes were already written with
     /// [`extend_current`](Self::extend_current).
     pub fn finish_key(&mut self) {
         self.ends.push(self.bytes.len());
+    }
+
+    /// As [`finish_key`](Self::finish_key) for a text key: one that is not
+    /// valid UTF-8 is dropped and counted as [skipped](Self::skip).
+    pub fn finish_text_key(&mut self) {
+        let start = self.ends.last().copied().unwrap_or(0);
+        if std::str::from_utf8(&self.bytes[start..]).is_ok() {
+            self.finish_key();
+        } else {
+            self.discard_current();
+            self.skip();
+        }
     }
 
     /// Appends bytes to the key being built; [`finish_key`](Self::finish_key)

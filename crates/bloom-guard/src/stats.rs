@@ -73,6 +73,40 @@ pub struct Stats {
     pub false_positives: u64,
     /// Requests refused because their key was malformed or too long.
     pub bad_keys: u64,
-    /// Why the last filter build failed, if it did and none succeeded since.
+    /// Stored keys no request can name (not valid UTF-8), left out of the
+    /// filter in use.
+    pub skipped_keys: u64,
+    /// Why the guard is not answering absent keys, or why the last filter
+    /// build failed, if it did and none succeeded since.
     pub last_error: Option<String>,
+    /// Where the change feed that keeps the filter complete stands, once
+    /// a follower has read it.
+    pub feed: Option<FeedStatus>,
+}
+
+/// Where a guard's change feed stands: reported by the follower that reads
+/// it, through [`BloomGuard::record_feed_read`](crate::BloomGuard::record_feed_read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct FeedStatus {
+    /// The feed's own name for the position read up to (a Postgres
+    /// snapshot such as `1057:1060:1057`, a SQLite row id).
+    pub position: String,
+    /// Changes read since the follower started.
+    pub changes: u64,
+    /// Milliseconds since the last successful read: every key committed
+    /// before then is in the filter.
+    pub read_ago_ms: u64,
+}
+
+impl FeedStatus {
+    /// The status after a read up to `position`, with `changes` read in all.
+    pub fn new(position: impl Into<String>, changes: u64) -> Self {
+        Self {
+            position: position.into(),
+            changes,
+            read_ago_ms: 0,
+        }
+    }
 }

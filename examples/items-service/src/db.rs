@@ -36,6 +36,20 @@ pub struct Database {
     lookups: Arc<AtomicU64>,
 }
 
+/// Why the schema could not be brought up to date.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    /// The database could not be opened or queried.
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    /// A migration failed.
+    #[error("migration failed")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The change feed could not be installed.
+    #[error("cannot install the change feed")]
+    Feed(#[from] bloom_guard_sqlx::FeedError),
+}
+
 /// The pool of either kind of database.
 #[derive(Debug, Clone)]
 pub enum Pool {
@@ -66,7 +80,7 @@ impl Database {
     /// # Errors
     ///
     /// If the file cannot be opened or migrated.
-    pub async fn sqlite(path: &str) -> Result<Self, sqlx::Error> {
+    pub async fn sqlite(path: &str) -> Result<Self, MigrateError> {
         let options = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal);
@@ -98,10 +112,18 @@ impl Database {
     /// # Errors
     ///
     /// If the database is unreachable or a migration fails.
-    pub async fn migrate(&self) -> Result<(), sqlx::Error> {
-        match &self.pool {
-            Pool::Postgres(pool) => sqlx::migrate!("../../migrations").run(pool).await?,
-            Pool::Sqlite(pool) => sqlx::migrate!("./sqlite").run(pool).await?,
+    pub async fn migrate(&self) -> Result<(), MigrateError> {
+        let feed = crate::items_feed();
+        match self.pool.clone() {
+            Pool::Postgres(pool) => {
+                sqlx::migrate!("../../migrations").run(&pool).await?;
+                bloom_guard_sqlx::install(&pool).await?;
+                feed.install(&pool).await?;
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::migrate!("./sqlite").run(&pool).await?;
+                feed.install_sqlite(&pool).await?;
+            }
         }
         Ok(())
     }

@@ -10,16 +10,24 @@ pub mod error;
 pub mod routes;
 
 pub use config::Config;
-pub use db::{Database, Item, Pool};
+pub use db::{Database, Item, MigrateError, Pool};
 pub use routes::{admin_app, app, AppState, MAX_KEY_LEN};
 
 use std::time::Duration;
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{PgFollower, QuerySource};
+use bloom_guard_sqlx::{PgFollower, SqliteFollower, Watch};
 
-/// The query whose rows are every key the guard must hold.
+/// The query whose rows are every key the guard must hold, for the admin
+/// API's rebuilds (the same keys as [`items_feed`]'s).
 pub const KEY_QUERY: &str = "select key from items";
+
+/// The table and column whose values are every key the guard must hold:
+/// its change feed is installed with the migrations and read by every
+/// instance.
+pub fn items_feed() -> Watch {
+    Watch::table("items").key("key")
+}
 
 /// The guard as the service configures it.
 ///
@@ -46,12 +54,12 @@ pub fn guard(config: &Config) -> BloomGuard {
     builder.build()
 }
 
-/// Brings the database up and the guard warm: applies the migrations
-/// (retrying while the database is unreachable), starts what keeps the
-/// filter true (on Postgres a [`PgFollower`]: warm-up, NOTIFY from every
-/// instance and SQL client, catch-up, scheduled rebuilds; on SQLite a
-/// warm-up and scheduled rebuilds), and returns once the guard is ready.
-/// The service fails open until then.
+/// Brings the database up and the guard warm: applies the migrations and
+/// installs the change feed (retrying while the database is unreachable),
+/// starts the follower that keeps the filter complete ([`PgFollower`] or
+/// [`SqliteFollower`]: warm-up, every key written by any instance or SQL
+/// client, scheduled rebuilds), and returns once the guard is ready. The
+/// service fails open until then.
 pub async fn prepare(state: AppState) {
     let mut delay = Duration::from_millis(200);
     while let Err(error) = state.db.migrate().await {
@@ -65,35 +73,31 @@ pub async fn prepare(state: AppState) {
     let Some(guard) = state.guard.clone() else {
         return;
     };
-    match state.db.pool().clone() {
+    // A key created or deleted elsewhere: its cache entry (a negative one
+    // would hide a new item) is stale.
+    let cache = state.cache.clone();
+    let invalidate = move |key: &str| {
+        let (cache, key) = (cache.clone(), key.to_owned());
+        tokio::spawn(async move { cache.invalidate(&key).await });
+    };
+    let keeper = match state.db.pool().clone() {
         Pool::Postgres(pool) => {
-            let (cache, all) = (state.cache.clone(), state.cache.clone());
-            let follower = PgFollower::new(guard.clone(), pool, KEY_QUERY)
-                .on_key(move |key| {
-                    // A key created elsewhere: its negative entry would hide it.
-                    let (cache, key) = (cache.clone(), key.to_owned());
-                    tokio::spawn(async move { cache.invalidate(&key).await });
-                })
-                // Keys created unannounced: any negative entry may be stale.
+            let all = state.cache.clone();
+            let follower = PgFollower::new(guard.clone(), pool, items_feed())
+                .on_key(invalidate)
+                // Changes that name no key one by one (a truncate).
                 .on_catch_up(move || all.invalidate_all());
-            let keeper = tokio::spawn(follower.run_until(state.stopping()));
-            state.keep(keeper);
-            while !guard.is_ready() {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            tokio::spawn(follower.run_until(state.stopping()))
         }
         Pool::Sqlite(pool) => {
-            let source = QuerySource::new(pool, KEY_QUERY);
-            guard.clone().warm(source.clone()).await;
-            let stopping = state.stopping();
-            let keeper = tokio::spawn(async move {
-                tokio::select! {
-                    () = guard.maintain(source) => {}
-                    () = stopping => {}
-                }
-            });
-            state.keep(keeper);
+            let follower =
+                SqliteFollower::new(guard.clone(), pool, items_feed()).on_key(invalidate);
+            tokio::spawn(follower.run_until(state.stopping()))
         }
+    };
+    state.keep(keeper);
+    while !guard.is_ready() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

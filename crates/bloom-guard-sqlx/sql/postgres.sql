@@ -1,0 +1,304 @@
+-- bloom-guard's change feed for Postgres, schema version 1.
+--
+-- Idempotent: installing twice is a no-op, and every statement can run over
+-- an earlier install of this version. `bloom_guard_sqlx::install` runs it in
+-- one transaction under an advisory lock, so instances starting together
+-- install it once.
+--
+-- Every reference is schema-qualified and every function pins its
+-- search_path: a writer's search_path (empty during a pg_dump restore)
+-- never changes what runs.
+
+create schema if not exists bloom_guard;
+
+comment on schema bloom_guard is
+    'bloom-guard: the change feed that keeps every instance''s Bloom filter complete';
+
+-- One row per new key ('i'), key gone ('d') or table truncated ('t'), written
+-- in the writer's transaction. Readers select the rows of the transactions
+-- that committed between two snapshots of theirs, by `xid`.
+create table if not exists bloom_guard.changes (
+    xid xid8 not null default pg_catalog.pg_current_xact_id(),
+    guard text not null,
+    kind "char" not null,
+    key text not null
+);
+
+create index if not exists changes_xid on bloom_guard.changes (xid);
+
+-- Rows below `below` are pruned: a reader whose snapshot's xmin is lower may
+-- have missed some and must rebuild.
+create table if not exists bloom_guard.horizon (
+    singleton boolean primary key default true check (singleton),
+    below xid8 not null default '0'
+);
+
+insert into bloom_guard.horizon default values on conflict do nothing;
+
+-- The xmin of a snapshot taken at `at`: every transaction below it had
+-- ended by then. Pruning cuts at the newest mark older than the retention.
+create table if not exists bloom_guard.marks (
+    at timestamptz not null,
+    oldest xid8 not null
+);
+
+-- The tables each guard watches, and their key columns.
+create table if not exists bloom_guard.watched (
+    guard text not null,
+    rel regclass not null,
+    key_columns text[] not null,
+    primary key (guard, rel)
+);
+
+create table if not exists bloom_guard.schema_version (
+    singleton boolean primary key default true check (singleton),
+    version integer not null
+);
+
+-- The canonical text of a key: the column's text form, or for several
+-- columns each part's text prefixed by its length in bytes and a colon
+-- (`3:abc2:42`), which no two different keys share. NULL if any part is.
+create or replace function bloom_guard.key_expression(key_columns text[], alias text)
+returns text
+language sql immutable strict
+set search_path = pg_catalog, pg_temp
+as $$
+    select case
+        when pg_catalog.cardinality(key_columns) = 1 then
+            pg_catalog.format('(%I.%I)::text', alias, key_columns[1])
+        else
+            pg_catalog.format('case when %s then null else pg_catalog.concat(%s) end',
+                pg_catalog.string_agg(pg_catalog.format('%I.%I is null', alias, c), ' or ' order by n),
+                pg_catalog.string_agg(
+                    pg_catalog.format('pg_catalog.octet_length((%1$I.%2$I)::text), '':'', (%1$I.%2$I)::text', alias, c),
+                    ', ' order by n))
+    end
+    from pg_catalog.unnest(key_columns) with ordinality as u(c, n)
+$$;
+
+-- Trigger arguments: the guard's name, then the key columns.
+create or replace function bloom_guard.record_inserted() returns trigger
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    key_columns text[] := tg_argv[1:];
+begin
+    execute pg_catalog.format(
+        'insert into bloom_guard.changes (guard, kind, key)
+         select distinct $1, ''i'', k from (select %s as k from new_rows n) s where k is not null',
+        bloom_guard.key_expression(key_columns, 'n'))
+    using tg_argv[0];
+    perform pg_catalog.pg_notify('bloom_guard', tg_argv[0]);
+    return null;
+end
+$$;
+
+-- Keys of the new rows that no old row had, whatever the rows' ids (an
+-- update may change both), and keys that went away.
+create or replace function bloom_guard.record_updated() returns trigger
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    key_columns text[] := tg_argv[1:];
+    new_key text := bloom_guard.key_expression(key_columns, 'n');
+    old_key text := bloom_guard.key_expression(key_columns, 'o');
+begin
+    execute pg_catalog.format(
+        'with n as (select %s as k from new_rows n), o as (select %s as k from old_rows o)
+         insert into bloom_guard.changes (guard, kind, key)
+         select $1, ''i'', k from (select k from n where k is not null except select k from o) added
+         union all
+         select $1, ''d'', k from (select k from o where k is not null except select k from n) removed',
+        new_key, old_key)
+    using tg_argv[0];
+    if found then
+        perform pg_catalog.pg_notify('bloom_guard', tg_argv[0]);
+    end if;
+    return null;
+end
+$$;
+
+create or replace function bloom_guard.record_deleted() returns trigger
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    key_columns text[] := tg_argv[1:];
+begin
+    execute pg_catalog.format(
+        'insert into bloom_guard.changes (guard, kind, key)
+         select distinct $1, ''d'', k from (select %s as k from old_rows o) s where k is not null',
+        bloom_guard.key_expression(key_columns, 'o'))
+    using tg_argv[0];
+    perform pg_catalog.pg_notify('bloom_guard', tg_argv[0]);
+    return null;
+end
+$$;
+
+create or replace function bloom_guard.record_truncated() returns trigger
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    insert into bloom_guard.changes (guard, kind, key) values (tg_argv[0], 't', '');
+    perform pg_catalog.pg_notify('bloom_guard', tg_argv[0]);
+    return null;
+end
+$$;
+
+-- The table and every inheritance child or partition below it: a key query
+-- on the table reads them all, and a write straight into one of them fires
+-- only its own statement triggers.
+create or replace function bloom_guard.family(root regclass)
+returns setof regclass
+language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    with recursive tree(rel) as (
+        select root
+        union
+        select i.inhrelid::regclass from pg_catalog.pg_inherits i join tree on i.inhparent = tree.rel
+    )
+    select rel from tree
+$$;
+
+-- The feed's triggers of `guard`: (name suffix, event, transition tables).
+create or replace function bloom_guard.trigger_name(guard text, event text)
+returns name
+language sql immutable strict
+set search_path = pg_catalog, pg_temp
+as $$ select pg_catalog.left('bloom_guard_' || guard || '_' || event, 63)::name $$;
+
+-- Records every key written to `target` (and its children and partitions)
+-- for `guard`, by any SQL: installs the feed's triggers, ENABLE ALWAYS so
+-- they fire for replication apply and `session_replication_role = replica`
+-- sessions too. Run it again after adding a partition or child table.
+-- The caller must own the tables.
+create or replace function bloom_guard.watch(target regclass, key_columns text[], guard text)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    rel regclass;
+    col text;
+    args text;
+begin
+    if guard is null or guard = '' or coalesce(pg_catalog.cardinality(key_columns), 0) = 0 then
+        raise exception 'bloom_guard.watch needs a guard name and at least one key column';
+    end if;
+    foreach col in array key_columns loop
+        if not exists (
+            select from pg_catalog.pg_attribute
+            where attrelid = target and attname = col and attnum > 0 and not attisdropped
+        ) then
+            raise exception 'table % has no column %', target, col;
+        end if;
+    end loop;
+    -- Watched already, with the same key and every trigger in place: nothing
+    -- to do (and no rebuild for the readers).
+    if exists (
+        select from bloom_guard.watched w
+        where w.guard = watch.guard and w.rel = target and w.key_columns = watch.key_columns
+    ) and not exists (select from bloom_guard.gaps(guard)) then
+        return;
+    end if;
+    insert into bloom_guard.watched (guard, rel, key_columns) values (guard, target, key_columns)
+    on conflict on constraint watched_pkey do update set key_columns = excluded.key_columns;
+    select pg_catalog.string_agg(pg_catalog.quote_literal(a), ', ')
+    into args from pg_catalog.unnest(guard || key_columns) a;
+    for rel in select bloom_guard.family(target) loop
+        execute pg_catalog.format('drop trigger if exists %I on %s', bloom_guard.trigger_name(guard, 'inserted'), rel);
+        execute pg_catalog.format('drop trigger if exists %I on %s', bloom_guard.trigger_name(guard, 'updated'), rel);
+        execute pg_catalog.format('drop trigger if exists %I on %s', bloom_guard.trigger_name(guard, 'deleted'), rel);
+        execute pg_catalog.format('drop trigger if exists %I on %s', bloom_guard.trigger_name(guard, 'truncated'), rel);
+        execute pg_catalog.format(
+            'create trigger %I after insert on %s referencing new table as new_rows
+             for each statement execute function bloom_guard.record_inserted(%s)',
+            bloom_guard.trigger_name(guard, 'inserted'), rel, args);
+        execute pg_catalog.format(
+            'create trigger %I after update on %s referencing old table as old_rows new table as new_rows
+             for each statement execute function bloom_guard.record_updated(%s)',
+            bloom_guard.trigger_name(guard, 'updated'), rel, args);
+        execute pg_catalog.format(
+            'create trigger %I after delete on %s referencing old table as old_rows
+             for each statement execute function bloom_guard.record_deleted(%s)',
+            bloom_guard.trigger_name(guard, 'deleted'), rel, args);
+        execute pg_catalog.format(
+            'create trigger %I after truncate on %s
+             for each statement execute function bloom_guard.record_truncated(%s)',
+            bloom_guard.trigger_name(guard, 'truncated'), rel, pg_catalog.quote_literal(guard));
+        execute pg_catalog.format(
+            'alter table %s enable always trigger %I, enable always trigger %I, enable always trigger %I, enable always trigger %I',
+            rel,
+            bloom_guard.trigger_name(guard, 'inserted'), bloom_guard.trigger_name(guard, 'updated'),
+            bloom_guard.trigger_name(guard, 'deleted'), bloom_guard.trigger_name(guard, 'truncated'));
+    end loop;
+    -- Keys written before the triggers existed are not in the feed: readers
+    -- rebuild on this.
+    insert into bloom_guard.changes (guard, kind, key) values (guard, 'r', '');
+    perform pg_catalog.pg_notify('bloom_guard', guard);
+end
+$$;
+
+-- Every table of `guard` whose feed triggers are missing or not ENABLE
+-- ALWAYS, with what is wrong. Empty when the feed is complete.
+create or replace function bloom_guard.gaps(guard text)
+returns table (rel regclass, problem text)
+language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select f.rel, case when t.oid is null then 'trigger ' || e.name || ' is missing'
+                       else 'trigger ' || e.name || ' is not ENABLE ALWAYS' end
+    from bloom_guard.watched w
+    cross join lateral bloom_guard.family(w.rel) f(rel)
+    cross join lateral (values
+        (bloom_guard.trigger_name(w.guard, 'inserted')),
+        (bloom_guard.trigger_name(w.guard, 'updated')),
+        (bloom_guard.trigger_name(w.guard, 'deleted'))) e(name)
+    left join pg_catalog.pg_trigger t on t.tgrelid = f.rel and t.tgname = e.name
+    where w.guard = gaps.guard and (t.oid is null or t.tgenabled <> 'A')
+    union all
+    select null, 'no table is watched for guard ' || guard
+    where not exists (select from bloom_guard.watched w where w.guard = gaps.guard)
+$$;
+
+-- Deletes the rows every reader has had for at least `retention`, once a
+-- mark that old exists. One caller at a time; others return at once.
+create or replace function bloom_guard.prune(retention interval)
+returns bigint
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    cut xid8;
+    pruned bigint := 0;
+begin
+    if not pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.prune')) then
+        return 0;
+    end if;
+    insert into bloom_guard.marks (at, oldest)
+    values (pg_catalog.now(), pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()));
+    select m.oldest into cut from bloom_guard.marks m
+    where m.at <= pg_catalog.now() - retention order by m.at desc limit 1;
+    if cut is not null then
+        delete from bloom_guard.changes c where c.xid < cut;
+        get diagnostics pruned = row_count;
+        update bloom_guard.horizon set below = greatest(below, cut);
+        delete from bloom_guard.marks m where m.oldest < cut;
+    end if;
+    return pruned;
+end
+$$;
+
+revoke all on function bloom_guard.record_inserted() from public;
+revoke all on function bloom_guard.record_updated() from public;
+revoke all on function bloom_guard.record_deleted() from public;
+revoke all on function bloom_guard.record_truncated() from public;
+revoke all on function bloom_guard.prune(interval) from public;
+revoke all on function bloom_guard.watch(regclass, text[], text) from public;
+
+insert into bloom_guard.schema_version (version) values (1)
+on conflict (singleton) do update set version = excluded.version;

@@ -1,0 +1,75 @@
+//! Installing the change feed's SQL into a Postgres database.
+
+use sqlx::PgPool;
+
+use crate::error::FeedError;
+
+/// The version of the feed's schema that this crate installs and reads.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// The feed's SQL: schema `bloom_guard`, its tables, trigger functions and
+/// `bloom_guard.watch(table, key_columns, name)`. Idempotent.
+pub const POSTGRES_SQL: &str = include_str!("../sql/postgres.sql");
+
+/// Installs (or upgrades) the change feed in the database: schema
+/// `bloom_guard` with the change table and the functions its triggers run.
+/// Then [`Watch::install`](crate::Watch::install) puts the triggers on a
+/// table.
+///
+/// Idempotent, and safe to call from every instance at start: it runs in one
+/// transaction under an advisory lock, and does nothing when this version
+/// (or a newer one, during a rolling upgrade) is installed. The role needs
+/// the right to create a schema in the database.
+///
+/// # Errors
+///
+/// [`FeedError::Database`] if the database is unreachable or refuses the
+/// DDL.
+///
+/// # Example
+///
+/// ```no_run
+/// use bloom_guard_sqlx::{install, Watch};
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+/// install(&pool).await?;
+/// Watch::table("items").key("key").install(&pool).await?;
+/// # Ok(()) }
+/// ```
+pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
+    let installed = installed_version(pool).await?;
+    if installed.is_some_and(|version| version >= SCHEMA_VERSION) {
+        tracing::debug!(?installed, "the change feed is installed");
+        return Ok(());
+    }
+    // One simple-query message: Postgres runs it as one transaction, so a
+    // failure leaves nothing half-installed, and the advisory lock makes
+    // instances starting together install it one after the other.
+    let script = format!(
+        "set local client_min_messages = warning;
+         select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'));
+         {POSTGRES_SQL}"
+    );
+    sqlx::raw_sql(&script).execute(pool).await?;
+    tracing::info!(
+        version = SCHEMA_VERSION,
+        from = ?installed,
+        "installed the bloom-guard change feed"
+    );
+    Ok(())
+}
+
+/// The feed's schema version in the database, if it is installed.
+async fn installed_version(pool: &PgPool) -> Result<Option<i32>, sqlx::Error> {
+    let present: bool = sqlx::query_scalar(
+        "select pg_catalog.to_regclass('bloom_guard.schema_version') is not null",
+    )
+    .fetch_one(pool)
+    .await?;
+    if !present {
+        return Ok(None);
+    }
+    sqlx::query_scalar("select version from bloom_guard.schema_version")
+        .fetch_optional(pool)
+        .await
+}

@@ -1,0 +1,119 @@
+//! Reading the Postgres change feed by snapshot visibility.
+//!
+//! A position is a snapshot (`pg_snapshot` as text). The changes after
+//! position `seen` are the rows of transactions that `seen` did not see
+//! and the reading statement does: exactly those that committed in
+//! between, whatever their commit order. Rows of transactions still running
+//! come in a later read.
+
+use std::time::Duration;
+
+use bloom_guard::KeyBatch;
+use futures_util::TryStreamExt;
+use sqlx::{PgPool, Row, ValueRef};
+
+/// The changes read and the feed's snapshot after them, in one statement:
+/// `pg_current_snapshot()` is the statement's own snapshot. Keys travel as
+/// UTF-8 bytes (`bytea`, which no client encoding refuses), or as stored in
+/// a SQL_ASCII database, which has no encoding to convert from.
+const READ: &str = "
+with now as (
+    select pg_catalog.pg_current_snapshot() as snapshot,
+           pg_catalog.pg_snapshot_xmin($2::pg_snapshot) < (select below from bloom_guard.horizon) as pruned,
+           case pg_catalog.current_setting('server_encoding') when 'SQL_ASCII' then 'SQL_ASCII' else 'UTF8' end as encoding
+)
+select now.snapshot::text, now.pruned, c.kind::text, pg_catalog.convert_to(c.key, now.encoding)
+from now left join bloom_guard.changes c
+  on c.guard = $1
+ and not now.pruned
+ and c.xid >= pg_catalog.pg_snapshot_xmin($2::pg_snapshot)
+ and not pg_catalog.pg_visible_in_snapshot(c.xid, $2::pg_snapshot)";
+
+/// What committed between two positions.
+#[derive(Debug, Default)]
+pub(crate) struct Changes {
+    /// The position the read reached.
+    pub(crate) position: String,
+    /// New keys (and a count of the ones no request can name).
+    pub(crate) added: KeyBatch,
+    /// Keys deleted or changed away.
+    pub(crate) removed: Vec<String>,
+    /// A table was truncated.
+    pub(crate) truncated: bool,
+    /// Keys may have been written without the feed (the triggers were just
+    /// installed): only a rebuild has them.
+    pub(crate) resync: bool,
+    /// Rows read.
+    pub(crate) rows: u64,
+}
+
+/// The outcome of a read.
+#[derive(Debug)]
+pub(crate) enum Read {
+    Changes(Changes),
+    /// Rows after the position were pruned: only a rebuild catches up.
+    Pruned,
+}
+
+/// Reads the changes of feed `name` committed after position `seen`.
+pub(crate) async fn read_since(pool: &PgPool, name: &str, seen: &str) -> Result<Read, sqlx::Error> {
+    let mut rows = sqlx::query(READ).bind(name).bind(seen).fetch(pool);
+    let mut changes = Changes::default();
+    while let Some(row) = rows.try_next().await? {
+        if changes.position.is_empty() {
+            changes.position = row.try_get(0)?;
+            if row.try_get::<bool, _>(1)? {
+                return Ok(Read::Pruned);
+            }
+        }
+        let Some(kind) = row.try_get::<Option<String>, _>(2)? else {
+            continue;
+        };
+        changes.rows += 1;
+        let raw = row.try_get_raw(3)?;
+        let key = if raw.is_null() {
+            &[][..]
+        } else {
+            raw.as_bytes().map_err(sqlx::Error::Decode)?
+        };
+        match kind.as_str() {
+            "i" => changes.added.push_text(key),
+            "d" => {
+                if let Ok(key) = std::str::from_utf8(key) {
+                    changes.removed.push(key.to_owned());
+                }
+            }
+            "t" => changes.truncated = true,
+            "r" => changes.resync = true,
+            other => tracing::debug!(kind = other, "ignored an unknown kind of change"),
+        }
+    }
+    Ok(Read::Changes(changes))
+}
+
+/// The feed's position now.
+pub(crate) async fn position(pool: &PgPool) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar("select pg_catalog.pg_current_snapshot()::text")
+        .fetch_one(pool)
+        .await
+}
+
+/// What keeps feed `name` from being complete: tables whose triggers are
+/// missing or disabled. Empty when all is well.
+pub(crate) async fn gaps(pool: &PgPool, name: &str) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "select coalesce(rel::text || ': ', '') || problem from bloom_guard.gaps($1) order by 1",
+    )
+    .bind(name)
+    .fetch_all(pool)
+    .await
+}
+
+/// Prunes the rows every reader has had for `retention`; one instance at a
+/// time does the work.
+pub(crate) async fn prune(pool: &PgPool, retention: Duration) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("select bloom_guard.prune(make_interval(secs => $1))")
+        .bind(retention.as_secs_f64())
+        .fetch_one(pool)
+        .await
+}

@@ -1,0 +1,446 @@
+//! The change feed on SQLite: row triggers into a feed table, read by row
+//! id. SQLite commits one writer at a time, so row ids follow commit order
+//! and a reader's position is the last id it read.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bloom_guard::{BloomGuard, FeedStatus, KeyBatch, KeySource};
+use futures_util::stream::BoxStream;
+use futures_util::TryStreamExt;
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{Connection, Row, SqlitePool, TypeInfo, ValueRef};
+use tokio::time::sleep;
+
+use crate::abort::AbortOnDrop;
+use crate::backoff::Backoff;
+use crate::batches::{spawn_scan, BatchSender};
+use crate::error::{FeedError, SourceError};
+use crate::watch::Watch;
+
+type KeyHook = Arc<dyn Fn(&str) + Send + Sync>;
+
+const FEED_TABLE: &str = "
+create table if not exists bloom_guard_changes (
+    id integer primary key autoincrement,
+    guard text not null,
+    kind text not null,
+    key,
+    at integer not null default (cast(strftime('%s', 'now') as integer))
+);
+create table if not exists bloom_guard_horizon (below integer not null);
+insert into bloom_guard_horizon (below) select 0 where not exists (select 1 from bloom_guard_horizon);
+";
+
+/// `"name"` with inner quotes doubled: an SQLite identifier.
+fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// `'text'` with inner quotes doubled: an SQLite string literal.
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+impl Watch {
+    /// The canonical key of row `alias` in SQLite: as for Postgres (see
+    /// [`Watch`]), a BLOB left as it is, for the reader to skip.
+    fn sqlite_key(&self, alias: &str) -> String {
+        let part = |column: &String| format!("{alias}.{}", ident(column));
+        match self.key_columns.as_slice() {
+            [one] => format!(
+                "case typeof({0}) when 'blob' then {0} else cast({0} as text) end",
+                part(one)
+            ),
+            columns => columns
+                .iter()
+                .map(|c| {
+                    format!(
+                        "cast(length(cast(cast({0} as text) as blob)) as text) || ':' || cast({0} as text)",
+                        part(c)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" || "),
+        }
+    }
+
+    /// Installs the feed's table and this table's triggers in a SQLite
+    /// database: every key written by any client (another instance, the
+    /// `sqlite3` shell) reaches [`SqliteFollower`]s. Idempotent.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Database`] if the table or a column does not exist.
+    pub async fn install_sqlite(&self, pool: &SqlitePool) -> Result<(), FeedError> {
+        let table = ident(&self.table);
+        let name = literal(self.feed_name());
+        let trigger = |event: &str| ident(&format!("bloom_guard_{}_{event}", self.feed_name()));
+        let (new_key, old_key) = (self.sqlite_key("new"), self.sqlite_key("old"));
+        let script = format!(
+            "{FEED_TABLE}
+            drop trigger if exists {inserted};
+            create trigger {inserted} after insert on {table} when ({new_key}) is not null begin
+                insert into bloom_guard_changes (guard, kind, key) values ({name}, 'i', {new_key});
+            end;
+            drop trigger if exists {updated};
+            create trigger {updated} after update on {table} when ({new_key}) is not ({old_key}) begin
+                insert into bloom_guard_changes (guard, kind, key)
+                select {name}, 'd', {old_key} where ({old_key}) is not null;
+                insert into bloom_guard_changes (guard, kind, key)
+                select {name}, 'i', {new_key} where ({new_key}) is not null;
+            end;
+            drop trigger if exists {deleted};
+            create trigger {deleted} after delete on {table} when ({old_key}) is not null begin
+                insert into bloom_guard_changes (guard, kind, key) values ({name}, 'd', {old_key});
+            end;",
+            inserted = trigger("inserted"),
+            updated = trigger("updated"),
+            deleted = trigger("deleted"),
+        );
+        // Idempotent: a failure half-way is repaired by the next call.
+        sqlx::raw_sql(&script).execute(pool).await?;
+        Ok(())
+    }
+
+    fn sqlite_key_query(&self) -> String {
+        format!(
+            "select {} from {} as t",
+            self.sqlite_key("t"),
+            ident(&self.table)
+        )
+    }
+}
+
+/// Adds a stored key to `batch`: text as it is, a BLOB counted as skipped
+/// (no request can name it), NULL left out.
+fn push_value(
+    batch: &mut KeyBatch,
+    value: sqlx::sqlite::SqliteValueRef<'_>,
+) -> Result<(), sqlx::Error> {
+    if value.is_null() {
+        return Ok(());
+    }
+    if value.type_info().name() == "BLOB" {
+        batch.skip();
+        return Ok(());
+    }
+    let key =
+        <&[u8] as sqlx::Decode<'_, sqlx::Sqlite>>::decode(value).map_err(sqlx::Error::Decode)?;
+    batch.push_text(key);
+    Ok(())
+}
+
+/// Every key of a watched SQLite table, BLOB keys counted as skipped.
+#[derive(Debug, Clone)]
+struct SqliteScan {
+    pool: SqlitePool,
+    query: String,
+    count_query: String,
+}
+
+impl KeySource for SqliteScan {
+    type Error = SourceError;
+
+    async fn count_hint(&self) -> Result<Option<u64>, SourceError> {
+        let count: i64 = sqlx::query_scalar(&self.count_query)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(Some(count.max(0) as u64))
+    }
+
+    fn keys(&self) -> BoxStream<'static, Result<KeyBatch, SourceError>> {
+        let (pool, query) = (self.pool.clone(), self.query.clone());
+        spawn_scan(move |batches| async move {
+            let mut rows = sqlx::query(&query).fetch(&pool);
+            let mut batch = BatchSender::new_batch();
+            while let Some(row) = rows.try_next().await? {
+                push_value(&mut batch, row.try_get_raw(0)?)?;
+                if !batches.send_if_full(&mut batch).await {
+                    return Ok(());
+                }
+            }
+            batches.finish(batch).await;
+            Ok(())
+        })
+    }
+}
+
+/// Keeps a guard complete on SQLite, whoever writes to the database file:
+/// this instance, another one on the same file, the `sqlite3` shell.
+///
+/// The SQLite twin of [`PgFollower`](crate::PgFollower): it takes the feed's
+/// position, warms the guard up, then reads the rows of
+/// `bloom_guard_changes` after its position whenever `PRAGMA data_version`
+/// (on a connection of its own) says another connection committed, and at
+/// least every [`poll_interval`](Self::poll_interval). Needs
+/// [`Watch::install_sqlite`] first.
+///
+/// # Example
+///
+/// ```no_run
+/// use bloom_guard::BloomGuard;
+/// use bloom_guard_sqlx::{SqliteFollower, Watch};
+///
+/// # async fn run(pool: sqlx::SqlitePool) -> Result<(), bloom_guard_sqlx::FeedError> {
+/// let items = Watch::table("items").key("key");
+/// items.install_sqlite(&pool).await?;
+/// let guard = BloomGuard::builder().build();
+/// tokio::spawn(SqliteFollower::new(guard.clone(), pool, items).run());
+/// # Ok(()) }
+/// ```
+pub struct SqliteFollower<K> {
+    guard: BloomGuard<K>,
+    pool: SqlitePool,
+    watch: Watch,
+    poll_interval: Duration,
+    check_every: Duration,
+    retention: Duration,
+    on_key: Option<KeyHook>,
+}
+
+impl<K> std::fmt::Debug for SqliteFollower<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteFollower")
+            .field("watch", &self.watch)
+            .field("poll_interval", &self.poll_interval)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> SqliteFollower<K>
+where
+    K: Clone + Send + Sync + 'static,
+{
+    /// A follower for `guard`, holding the keys of `watch`'s table.
+    pub fn new(guard: BloomGuard<K>, pool: SqlitePool, watch: Watch) -> Self {
+        Self {
+            guard,
+            pool,
+            watch,
+            poll_interval: Duration::from_secs(1),
+            check_every: Duration::from_millis(20),
+            retention: Duration::from_secs(3600),
+            on_key: None,
+        }
+    }
+
+    /// The longest time between two reads of the feed (default 1 s);
+    /// commits by other connections are noticed within 20 ms.
+    #[must_use]
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every;
+        self
+    }
+
+    /// How long the feed keeps its rows (default 1 h).
+    #[must_use]
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Called with each key the feed reports added, deleted or changed
+    /// away: drop the key's cache entry here.
+    #[must_use]
+    pub fn on_key(mut self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.on_key = Some(Arc::new(hook));
+        self
+    }
+
+    /// Warms the guard up and keeps it complete; runs until dropped.
+    pub async fn run(self) {
+        self.run_until(std::future::pending()).await;
+    }
+
+    /// As [`run`](Self::run), until `shutdown` completes.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) {
+        tokio::select! {
+            () = shutdown => {}
+            () = self.follow() => {}
+        }
+    }
+
+    async fn follow(&self) {
+        let name = self.watch.feed_name().to_owned();
+        let query = self.watch.sqlite_key_query();
+        let source = SqliteScan {
+            pool: self.pool.clone(),
+            count_query: format!("select count(*) from ({query})"),
+            query,
+        };
+        let mut backoff = Backoff::default();
+        // The position before the warm-up's scan: the scan has every key
+        // committed before it, the feed every key after.
+        let mut position: i64 = loop {
+            match sqlx::query_scalar("select coalesce(max(id), 0) from bloom_guard_changes")
+                .fetch_one(&self.pool)
+                .await
+            {
+                Ok(position) => break position,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the SQLite change feed; is it installed (Watch::install_sqlite)?");
+                    self.guard.report_unavailable(&error);
+                    sleep(backoff.next_pause()).await;
+                }
+            }
+        };
+        let warm_up = tokio::spawn(self.guard.clone().warm(source.clone()));
+        let _warm_up = AbortOnDrop(warm_up);
+        let mut watcher: Option<(SqliteConnection, i64)> = None;
+        let mut total = 0;
+        let mut last_read = tokio::time::Instant::now();
+        let mut last_prune: Option<tokio::time::Instant> = None;
+        loop {
+            match self.read(&name, position).await {
+                Ok(Some((reached, rows))) => {
+                    position = reached;
+                    total += rows;
+                    self.guard
+                        .record_feed_read(FeedStatus::new(position.to_string(), total));
+                    last_read = tokio::time::Instant::now();
+                }
+                Ok(None) => {
+                    tracing::warn!(feed = %name, "the SQLite change feed was pruned past this reader; rebuilding");
+                    let _hold = self.guard.hold_open();
+                    let since = tokio::time::Instant::now();
+                    if let Ok(reached) =
+                        sqlx::query_scalar("select coalesce(max(id), 0) from bloom_guard_changes")
+                            .fetch_one(&self.pool)
+                            .await
+                    {
+                        if self.guard.rebuild_newer_than(&source, since).await.is_ok() {
+                            position = reached;
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "cannot read the SQLite change feed; retrying");
+                    sleep(backoff.next_pause()).await;
+                    continue;
+                }
+            }
+            if last_prune.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                if let Err(error) = self.prune().await {
+                    tracing::debug!(%error, "cannot prune the SQLite change feed");
+                }
+                last_prune = Some(tokio::time::Instant::now());
+            }
+            if let Some(reason) = self.guard.rebuild_due() {
+                tracing::info!(reason, "rebuilding the bloom filter");
+                let _ = self.guard.rebuild(&source).await;
+            }
+            // Wait for another connection's commit, or the interval.
+            while last_read.elapsed() < self.poll_interval {
+                sleep(self.check_every).await;
+                if self.committed_elsewhere(&mut watcher).await {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Whether another connection committed since the last call, by
+    /// `PRAGMA data_version` on a connection of the watcher's own.
+    async fn committed_elsewhere(&self, watcher: &mut Option<(SqliteConnection, i64)>) -> bool {
+        if watcher.is_none() {
+            let Ok(mut conn) = SqliteConnection::connect_with(&self.pool.connect_options()).await
+            else {
+                return true;
+            };
+            let Ok(version) = sqlx::query_scalar::<_, i64>("pragma data_version")
+                .fetch_one(&mut conn)
+                .await
+            else {
+                return true;
+            };
+            *watcher = Some((conn, version));
+            return true;
+        }
+        let Some((conn, seen)) = watcher.as_mut() else {
+            return true;
+        };
+        match sqlx::query_scalar::<_, i64>("pragma data_version")
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(version) if version == *seen => false,
+            Ok(version) => {
+                *seen = version;
+                true
+            }
+            Err(_) => {
+                *watcher = None;
+                true
+            }
+        }
+    }
+
+    /// Reads the changes after `position`: `None` if some were pruned.
+    async fn read(&self, name: &str, position: i64) -> Result<Option<(i64, u64)>, sqlx::Error> {
+        let mut rows = sqlx::query(
+            "select id, kind, key from bloom_guard_changes where guard = ? and id > ? order by id",
+        )
+        .bind(name)
+        .bind(position)
+        .fetch(&self.pool);
+        let mut added = KeyBatch::default();
+        let mut changed = Vec::new();
+        let (mut reached, mut count) = (position, 0);
+        while let Some(row) = rows.try_next().await? {
+            reached = row.try_get(0)?;
+            count += 1;
+            let kind: String = row.try_get(1)?;
+            if kind == "i" {
+                push_value(&mut added, row.try_get_raw(2)?)?;
+            }
+            if self.on_key.is_some() {
+                if let Ok(Some(key)) = row.try_get::<Option<String>, _>(2) {
+                    changed.push(key);
+                }
+            }
+        }
+        drop(rows);
+        // After the rows: pruning moves the horizon before it deletes, so a
+        // read that lost rows to it sees the new horizon here.
+        let below: i64 = sqlx::query_scalar("select below from bloom_guard_horizon")
+            .fetch_one(&self.pool)
+            .await?;
+        if position + 1 < below {
+            return Ok(None);
+        }
+        if added.skipped() > 0 {
+            tracing::warn!(
+                feed = name,
+                skipped = added.skipped(),
+                "BLOB keys were left out: no request can name them"
+            );
+        }
+        self.guard.insert_batch(&added);
+        if let Some(hook) = &self.on_key {
+            for key in &changed {
+                hook(key);
+            }
+        }
+        Ok(Some((reached, count)))
+    }
+
+    /// Moves the horizon past the rows older than the retention, then
+    /// deletes them.
+    async fn prune(&self) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "update bloom_guard_horizon set below = max(below, coalesce(
+                (select max(id) + 1 from bloom_guard_changes where at < cast(strftime('%s', 'now') as integer) - ?), 0))",
+        )
+        .bind(self.retention.as_secs() as i64)
+        .execute(&self.pool)
+        .await?;
+        sqlx::query(
+            "delete from bloom_guard_changes where id < (select below from bloom_guard_horizon)",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}

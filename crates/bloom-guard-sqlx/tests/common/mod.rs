@@ -1,0 +1,108 @@
+//! Helpers shared by the database tests.
+
+#![allow(dead_code, reason = "each test file uses its own part")]
+
+use std::time::Duration;
+
+use bloom_guard::{BloomGuard, State};
+use bloom_guard_sqlx::{PgFollower, Watch, LISTENER_APPLICATION_NAME};
+use sqlx::PgPool;
+
+pub(crate) fn guard() -> BloomGuard {
+    BloomGuard::builder().expected_items(1000).build()
+}
+
+pub(crate) fn items() -> Watch {
+    Watch::table("items").key("key")
+}
+
+/// Installs the feed and watches `items`.
+pub(crate) async fn install(pool: &PgPool) {
+    bloom_guard_sqlx::install(pool)
+        .await
+        .expect("install the feed");
+    items().install(pool).await.expect("watch items");
+}
+
+/// A follower with fast checks, as a test wants it.
+pub(crate) fn follower(guard: &BloomGuard, pool: &PgPool) -> PgFollower<bloom_guard::PathParam> {
+    PgFollower::new(guard.clone(), pool.clone(), items())
+        .check_interval(Duration::from_millis(200))
+        .poll_interval(Duration::from_millis(500))
+        .min_read_gap(Duration::from_millis(5))
+}
+
+/// A guard kept complete by a follower, once warm.
+pub(crate) async fn followed(pool: &PgPool) -> (BloomGuard, tokio::task::JoinHandle<()>) {
+    let guard = guard();
+    let task = tokio::spawn(follower(&guard, pool).run());
+    wait_until("the first warm-up", Duration::from_secs(10), || {
+        guard.is_ready()
+    })
+    .await;
+    (guard, task)
+}
+
+pub(crate) async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether the guard answers from its filter (not failing open) and holds
+/// every key.
+pub(crate) fn holds_all(guard: &BloomGuard, keys: &[&str]) -> bool {
+    guard.stats().state == State::Ready && keys.iter().all(|key| guard.may_contain(key))
+}
+
+/// Waits until the guard holds `keys`, answering from its filter: within
+/// a second, the feed's promise.
+pub(crate) async fn arrives(guard: &BloomGuard, keys: &[&str]) {
+    wait_until(
+        &format!("{keys:?} to arrive"),
+        Duration::from_secs(1),
+        || holds_all(guard, keys),
+    )
+    .await;
+}
+
+pub(crate) async fn kill_listeners(pool: &PgPool) -> u64 {
+    sqlx::query(
+        "select pg_terminate_backend(pid) from pg_stat_activity
+         where application_name = $1 and datname = current_database()",
+    )
+    .bind(LISTENER_APPLICATION_NAME)
+    .execute(pool)
+    .await
+    .expect("terminate listeners")
+    .rows_affected()
+}
+
+pub(crate) async fn exec(pool: &PgPool, sql: &str) {
+    sqlx::raw_sql(sql)
+        .execute(pool)
+        .await
+        .unwrap_or_else(|error| panic!("{sql}: {error}"));
+}
+
+/// A `psql` command line for the test's database.
+pub(crate) async fn psql(pool: &PgPool) -> std::process::Command {
+    let database: String = sqlx::query_scalar("select current_database()")
+        .fetch_one(pool)
+        .await
+        .expect("database name");
+    let options = pool.connect_options();
+    let mut command = std::process::Command::new("psql");
+    command
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h"])
+        .arg(options.get_host())
+        .args(["-p", &options.get_port().to_string(), "-U"])
+        .arg(options.get_username())
+        .arg(database);
+    command
+}

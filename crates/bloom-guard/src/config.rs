@@ -1,0 +1,41 @@
+//! The settings a guard's clones share.
+
+use std::time::Duration;
+
+use crate::response::CannedResponse;
+
+/// What [`Builder`](crate::Builder) sets; read by every other part.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) expected_items: u64,
+    pub(crate) target_fpp: f64,
+    pub(crate) headroom: f64,
+    pub(crate) max_key_len: usize,
+    pub(crate) absent: CannedResponse,
+    pub(crate) progress_interval: Duration,
+    pub(crate) max_retry_delay: Duration,
+    pub(crate) check_interval: Duration,
+    pub(crate) rebuild_interval: Option<Duration>,
+    pub(crate) rebuild_above: f64,
+    pub(crate) name: &'static str,
+    pub(crate) debug_header: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            expected_items: 1000,
+            target_fpp: 0.001,
+            headroom: 0.25,
+            max_key_len: 512,
+            absent: CannedResponse::not_found(),
+            progress_interval: Duration::from_secs(5),
+            max_retry_delay: Duration::from_secs(30),
+            check_interval: Duration::from_secs(10),
+            rebuild_interval: None,
+            rebuild_above: 2.0,
+            name: "default",
+            debug_header: false,
+        }
+    }
+}
