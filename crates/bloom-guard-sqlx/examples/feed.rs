@@ -61,15 +61,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// into the watched table and the unwatched twin, alternating.
 async fn write_cost(options: &PgConnectOptions) -> Result<(), Box<dyn std::error::Error>> {
     let mut conn = PgConnection::connect_with(options).await?;
-    for (label, rows, statements) in [
+    let runs = [
         ("single-row inserts", 1, 5000),
         ("100 000-row insert", 100_000, 3),
-    ] {
+    ];
+    for (kind, (label, rows, statements)) in runs.into_iter().enumerate() {
         let mut times = [Duration::ZERO; 2];
         for round in 0..statements {
             for (slot, table) in ["plain", "items"].iter().enumerate() {
                 let sql = format!(
-                    "insert into {table} (key) select 'cost-{round}-' || g from generate_series(1, {rows}) g"
+                    "insert into {table} (key) select 'cost-{kind}-{round}-' || g from generate_series(1, {rows}) g"
                 );
                 let started = Instant::now();
                 sqlx::query(&sql).execute(&mut conn).await?;

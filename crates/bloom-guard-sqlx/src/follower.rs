@@ -46,9 +46,10 @@ const MAX_KEY_HOOKS: usize = 10_000;
 ///    late is not skipped), and inserts the new keys into the filter in use
 ///    and into any filter being built. Reads happen on every NOTIFY
 ///    wake-up (on a connection of its own) and every
-///    [`poll_interval`](Self::poll_interval); wake-ups are coalesced and
-///    at most one read runs per [`min_read_gap`](Self::min_read_gap), so a
-///    NOTIFY flood from any role costs next to nothing. NOTIFY carries no
+///    [`poll_interval`](Self::poll_interval); wake-ups are coalesced, and
+///    after a read that found nothing the next waits
+///    [`min_read_gap`](Self::min_read_gap), so a NOTIFY flood from any role
+///    costs at most one cheap read per gap. NOTIFY carries no
 ///    key: nothing can be injected, nothing is lost with the listener.
 /// 3. **Check.** Every [`check_interval`](Self::check_interval)
 ///    it verifies that every table the key query reads (children and
@@ -130,8 +131,10 @@ where
         self
     }
 
-    /// The shortest time between two reads (default 50 ms): wake-ups that
-    /// arrive meanwhile are served by one read.
+    /// The pause after a read that found no changes (default 50 ms):
+    /// wake-ups that arrive meanwhile are served by one read, so a NOTIFY
+    /// flood costs at most one read per pause. A read that found changes
+    /// (real writes) is followed at once.
     #[must_use]
     pub fn min_read_gap(mut self, gap: Duration) -> Self {
         self.min_read_gap = gap;
@@ -263,6 +266,12 @@ where
                     self.apply(&changes, resync);
                     self.guard
                         .record_feed_read(FeedStatus::new(&position, total));
+                    // A wake-up that found nothing may be anyone's NOTIFY:
+                    // the next read waits out the gap. Real writes always
+                    // bring rows, so they never wait.
+                    if changes.rows == 0 {
+                        sleep(self.min_read_gap).await;
+                    }
                 }
                 Ok(Read::Pruned) => {
                     position = self.catch_up_after_pruning(source).await;
@@ -280,7 +289,6 @@ where
                     continue;
                 }
             }
-            sleep(self.min_read_gap).await;
             tokio::select! {
                 () = wake.notified() => {}
                 () = sleep(self.poll_interval) => {}
