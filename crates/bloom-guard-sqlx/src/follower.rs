@@ -27,7 +27,8 @@ pub const LISTENER_APPLICATION_NAME: &str = "bloom-guard-listener";
 /// The channel the feed's triggers NOTIFY, with the feed's name as payload.
 const CHANNEL: &str = "bloom_guard";
 
-/// Removed keys handed to `on_key` one by one; more go to `on_catch_up`.
+/// Changed keys handed to `on_key` one by one per read; more go to
+/// `on_catch_up`.
 const MAX_KEY_HOOKS: usize = 10_000;
 
 /// Keeps a guard's filter complete while the database changes, whatever
@@ -199,9 +200,16 @@ where
             started = this.start() => Some(started),
         };
         if let Some((source, position)) = started {
-            let _maintenance = AbortOnDrop(tokio::spawn(
-                Arc::clone(&this).maintain(source.clone(), Arc::clone(&resync)),
-            ));
+            // Before the warm-up: with a gap, the guard's first filter
+            // comes already held open.
+            let mut gap = None;
+            this.check(&source, &mut gap).await;
+            let _warm_up = AbortOnDrop(tokio::spawn(this.guard.clone().warm(source.clone())));
+            let _maintenance = AbortOnDrop(tokio::spawn(Arc::clone(&this).maintain(
+                source.clone(),
+                Arc::clone(&resync),
+                gap,
+            )));
             tokio::select! {
                 () = &mut shutdown => {}
                 () = this.follow(&source, position, &wake, &resync) => {}
@@ -215,9 +223,9 @@ where
         );
     }
 
-    /// The key source and the feed's position, with the warm-up started:
-    /// the position is taken before the warm-up's scan, so between them
-    /// they miss no committed key.
+    /// The key source and the feed's position, taken before the warm-up
+    /// starts: the warm-up's scan has every key committed before its
+    /// snapshot, the feed every key committed after the position.
     async fn start(&self) -> (PgCopySource, String) {
         let mut backoff = Backoff::default();
         let (query, position) = loop {
@@ -236,9 +244,7 @@ where
                 }
             }
         };
-        let source = PgCopySource::new(self.pool.clone(), query);
-        tokio::spawn(self.guard.clone().warm(source.clone()));
-        (source, position)
+        (PgCopySource::new(self.pool.clone(), query), position)
     }
 
     /// Reads the feed on every wake-up and interval, forever.
@@ -297,29 +303,26 @@ where
     }
 
     fn apply(&self, changes: &Changes, resync: &Notify) {
-        if !changes.added.is_empty() || changes.added.skipped() > 0 {
-            if changes.added.skipped() > 0 {
-                tracing::warn!(
-                    feed = self.watch.feed_name(),
-                    skipped = changes.added.skipped(),
-                    "keys that are not UTF-8 were left out: no request can name them"
-                );
-            }
-            self.guard.insert_batch(&changes.added);
+        let added = &changes.added;
+        if added.skipped() > 0 {
+            tracing::warn!(
+                feed = self.watch.feed_name(),
+                skipped = added.skipped(),
+                "keys that are not UTF-8 were left out: no request can name them"
+            );
         }
-        if let Some(hook) = &self.on_key {
-            for key in changes.added.iter() {
+        self.guard.insert_batch(added);
+        // A bulk change is one "drop everything", not a call per key.
+        let one_by_one = added.len() + changes.removed.len() <= MAX_KEY_HOOKS;
+        if let (Some(hook), true) = (&self.on_key, one_by_one) {
+            for key in added.iter() {
                 if let Ok(key) = std::str::from_utf8(key.as_bytes()) {
                     hook(key);
                 }
             }
-            if changes.removed.len() <= MAX_KEY_HOOKS {
-                for key in &changes.removed {
-                    hook(key);
-                }
-            }
+            changes.removed.iter().for_each(|key| hook(key));
         }
-        if changes.truncated || changes.removed.len() > MAX_KEY_HOOKS {
+        if changes.truncated || !one_by_one {
             self.catch_up_hook();
         }
         if changes.resync {
@@ -336,7 +339,6 @@ where
         self.catch_up_hook();
         let mut backoff = Backoff::default();
         loop {
-            let since = Instant::now();
             let position = match pg_feed::position(&self.pool).await {
                 Ok(position) => position,
                 Err(_) => {
@@ -344,6 +346,9 @@ where
                     continue;
                 }
             };
+            // Only a rebuild that starts after the position was taken scans
+            // every row committed before it.
+            let since = Instant::now();
             if self.guard.rebuild_newer_than(source, since).await.is_ok() {
                 return position;
             }
@@ -358,11 +363,15 @@ where
     }
 
     /// Checks the triggers, prunes the feed, and rebuilds when due.
-    async fn maintain(self: Arc<Self>, source: PgCopySource, resync: Arc<Notify>) {
+    async fn maintain(
+        self: Arc<Self>,
+        source: PgCopySource,
+        resync: Arc<Notify>,
+        mut gap: Option<HoldOpen>,
+    ) {
         let name = self.watch.feed_name();
         let mut ticks = tokio::time::interval(self.check_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut gap: Option<HoldOpen> = None;
         let mut last_prune: Option<Instant> = None;
         loop {
             let resync_requested = tokio::select! {

@@ -113,6 +113,13 @@ impl Watch {
     }
 }
 
+/// The feed's position now: its last row id.
+async fn feed_position(pool: &SqlitePool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("select coalesce(max(id), 0) from bloom_guard_changes")
+        .fetch_one(pool)
+        .await
+}
+
 /// Adds a stored key to `batch`: text as it is, a BLOB counted as skipped
 /// (no request can name it), NULL left out.
 fn push_value(
@@ -274,10 +281,7 @@ where
         // The position before the warm-up's scan: the scan has every key
         // committed before it, the feed every key after.
         let mut position: i64 = loop {
-            match sqlx::query_scalar("select coalesce(max(id), 0) from bloom_guard_changes")
-                .fetch_one(&self.pool)
-                .await
-            {
+            match feed_position(&self.pool).await {
                 Ok(position) => break position,
                 Err(error) => {
                     tracing::warn!(%error, "cannot read the SQLite change feed; is it installed (Watch::install_sqlite)?");
@@ -304,12 +308,10 @@ where
                 Ok(None) => {
                     tracing::warn!(feed = %name, "the SQLite change feed was pruned past this reader; rebuilding");
                     let _hold = self.guard.hold_open();
-                    let since = tokio::time::Instant::now();
-                    if let Ok(reached) =
-                        sqlx::query_scalar("select coalesce(max(id), 0) from bloom_guard_changes")
-                            .fetch_one(&self.pool)
-                            .await
-                    {
+                    if let Ok(reached) = feed_position(&self.pool).await {
+                        // Only a rebuild that starts after the position was
+                        // taken scans every row committed before it.
+                        let since = tokio::time::Instant::now();
                         if self.guard.rebuild_newer_than(&source, since).await.is_ok() {
                             position = reached;
                         }

@@ -572,3 +572,37 @@ async fn two_instances_raw_writers_killed_listeners_and_rebuilds_lose_nothing(po
     arrives(&a, &keys).await;
     arrives(&b, &keys).await;
 }
+
+#[sqlx::test(migrations = "../../migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_key_longer_than_a_notification_arrives(pool: PgPool) {
+    install(&pool).await;
+    let (guard, _follower) = followed(&pool).await;
+    let long = "k".repeat(10_000);
+    sqlx::query("insert into items (key) values ($1)")
+        .bind(&long)
+        .execute(&pool)
+        .await
+        .expect("insert");
+    arrives(&guard, &[long.as_str()]).await;
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_gap_found_at_start_holds_the_first_filter_open(pool: PgPool) {
+    install(&pool).await;
+    exec(
+        &pool,
+        "alter table items disable trigger bloom_guard_items_updated",
+    )
+    .await;
+    let guard = guard();
+    let _task = tokio::spawn(follower(&guard, &pool).run());
+    wait_until("the warm-up", Duration::from_secs(10), || {
+        guard.stats().generation == 1
+    })
+    .await;
+    let stats = guard.stats();
+    assert_eq!(stats.state, State::Degraded, "{stats:?}");
+    assert!(guard.may_contain("anything"), "failing open");
+}

@@ -121,6 +121,17 @@ impl<K> Builder<K> {
         self
     }
 
+    /// How long a write may take between [`BloomGuard::insert`] and its
+    /// commit (default 60 s). A filter build replays the keys inserted this
+    /// long before it started, so this instance finds its own new key even
+    /// when its row commits after the build's scan began (other instances
+    /// get it from the change feed).
+    #[must_use]
+    pub fn write_window(mut self, window: Duration) -> Self {
+        self.config.write_window = window;
+        self
+    }
+
     /// How often a build logs its progress (default 5 s).
     #[must_use]
     pub fn progress_interval(mut self, interval: Duration) -> Self {

@@ -81,8 +81,10 @@ impl<K> BloomGuard<K> {
     /// Inserting first means a failed write leaves only a harmless false
     /// positive, while inserting after the commit would leave a window in
     /// which this instance rejects its own new key. The key also goes into
-    /// any filter being built. Other instances learn the key from the
-    /// change feed once the row commits.
+    /// any filter being built, and is remembered for a while (see
+    /// [`Builder::write_window`](crate::Builder::write_window)) so a build
+    /// whose scan started before the row committed still gets it. Other
+    /// instances learn the key from the change feed once the row commits.
     ///
     /// # Example
     ///

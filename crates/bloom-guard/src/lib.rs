@@ -10,6 +10,7 @@ mod extract;
 mod filter;
 mod future;
 mod guard;
+mod journal;
 mod key;
 mod layer;
 mod metrics;

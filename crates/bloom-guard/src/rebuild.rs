@@ -438,7 +438,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn writes_during_a_scan_reach_the_new_filter() {
-        let guard = BloomGuard::builder().build();
+        let guard = BloomGuard::builder().write_window(Duration::ZERO).build();
         guard
             .rebuild(&KeyList::new(["old"]))
             .await
@@ -461,6 +461,55 @@ pub(crate) mod tests {
         assert_eq!(rebuild.await.expect("rebuild task").expect("rebuild"), 2);
         assert!(guard.may_contain("written-during-scan"));
         assert!(guard.may_contain("also-old"));
+    }
+
+    #[tokio::test]
+    async fn writes_shortly_before_a_build_are_replayed_into_it() {
+        let guard = BloomGuard::builder().build();
+        guard
+            .rebuild(&KeyList::new(["a"]))
+            .await
+            .expect("first build");
+        // Inserted, but its row is not in the source yet (still committing).
+        guard.insert("committing");
+        guard
+            .rebuild(&KeyList::new(["a"]))
+            .await
+            .expect("second build");
+        assert!(guard.may_contain("committing"));
+
+        let forgetful = BloomGuard::builder().write_window(Duration::ZERO).build();
+        forgetful
+            .rebuild(&KeyList::new(["a"]))
+            .await
+            .expect("first build");
+        forgetful.insert("committing");
+        std::thread::sleep(Duration::from_millis(2));
+        forgetful
+            .rebuild(&KeyList::new(["a"]))
+            .await
+            .expect("second build");
+        assert!(
+            !forgetful.may_contain("committing"),
+            "the window bounds the replay"
+        );
+    }
+
+    #[tokio::test]
+    async fn keys_from_a_feed_are_not_journaled() {
+        let guard = BloomGuard::builder().build();
+        guard
+            .rebuild(&KeyList::new(["a"]))
+            .await
+            .expect("first build");
+        // Committed keys: the next scan has their rows, or they were deleted.
+        guard.insert_batch(&["committed"].into_iter().collect());
+        assert!(guard.may_contain("committed"));
+        guard
+            .rebuild(&KeyList::new(["a"]))
+            .await
+            .expect("second build");
+        assert!(!guard.may_contain("committed"));
     }
 
     #[tokio::test]

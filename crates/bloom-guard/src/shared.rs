@@ -11,6 +11,7 @@ use crate::config::Config;
 use crate::counter::Counter;
 use crate::error::BuildError;
 use crate::filter::Filter;
+use crate::journal::Journal;
 use crate::key::Key;
 use crate::source::KeyBatch;
 use crate::stats::{FeedStatus, State, Stats};
@@ -26,9 +27,11 @@ pub(crate) struct Shared {
     pub(crate) config: Config,
     current: ArcSwapOption<Filter>,
     /// Filters being built. Inserts take the read lock, registration and
-    /// promotion the write lock: no insert falls between a filter's
-    /// registration and its promotion.
+    /// promotion the write lock: once a filter is registered, every insert
+    /// that started earlier has finished and is in the journal, and no
+    /// insert falls between a filter's registration and its promotion.
     building: RwLock<Vec<Arc<Filter>>>,
+    journal: Journal,
     /// Reasons to let every request through although a filter is in use
     /// (a follower catching up on lost notifications).
     held_open: AtomicUsize,
@@ -57,6 +60,7 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     pub(crate) fn new(config: Config) -> Self {
         Self {
+            journal: Journal::new(config.write_window),
             config,
             current: ArcSwapOption::empty(),
             building: RwLock::new(Vec::new()),
@@ -85,13 +89,16 @@ impl Shared {
         }
     }
 
-    /// About how many distinct keys the filter in use holds (estimated
-    /// from its fill, so inserts of keys a scan will see again count once).
+    /// About how many keys the next filter must hold besides its source's:
+    /// the distinct keys of the filter in use (estimated from its fill) and
+    /// the journal that will be replayed into it.
     pub(crate) fn keys_to_carry(&self) -> u64 {
-        self.current
+        let in_use = self
+            .current
             .load()
             .as_deref()
-            .map_or(0, Filter::estimated_keys)
+            .map_or(0, Filter::estimated_keys);
+        in_use.max(self.journal.len() as u64)
     }
 
     pub(crate) fn has_filter(&self) -> bool {
@@ -126,7 +133,8 @@ impl Shared {
         self.held_open.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// Inserts into the filter in use and every filter being built.
+    /// Inserts a key of this instance's write path into the filter in use,
+    /// every filter being built, and the journal.
     pub(crate) fn insert(&self, key: &Key<'_>) {
         let building = self.building.read().unwrap_or_else(PoisonError::into_inner);
         if let Some(filter) = &*self.current.load() {
@@ -135,9 +143,12 @@ impl Shared {
         for filter in building.iter() {
             filter.insert(key);
         }
+        self.journal.record(key);
     }
 
-    /// As [`insert`](Self::insert), for a batch.
+    /// Inserts committed keys (a change feed's) into the filter in use and
+    /// every filter being built. No journal: a build that starts later
+    /// scans their rows.
     pub(crate) fn insert_batch(&self, batch: &KeyBatch) {
         let building = self.building.read().unwrap_or_else(PoisonError::into_inner);
         let mut hashes = Vec::new();
@@ -149,12 +160,13 @@ impl Shared {
         }
     }
 
-    /// Makes `filter` receive every insert from now on.
+    /// Makes `filter` receive every insert from now on, plus the journal.
     pub(crate) fn register(&self, filter: &Arc<Filter>) {
         let mut building = self
             .building
             .write()
             .unwrap_or_else(PoisonError::into_inner);
+        self.journal.replay(filter);
         building.push(Arc::clone(filter));
     }
 
