@@ -76,19 +76,21 @@ as $$
     from pg_catalog.unnest(key_columns) with ordinality as u(c, n)
 $$;
 
+-- The keys of an INSERT's new rows ('i') or a DELETE's old rows ('d').
 -- Trigger arguments: the guard's name, then the key columns.
-create or replace function bloom_guard.record_inserted() returns trigger
+create or replace function bloom_guard.record_rows() returns trigger
 language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    key_columns text[] := tg_argv[1:];
+    inserted boolean := tg_op = 'INSERT';
+    rows text := case when inserted then 'new_rows' else 'old_rows' end;
 begin
     execute pg_catalog.format(
         'insert into bloom_guard.changes (guard, kind, key)
-         select distinct $1, ''i'', k from (select %s as k from new_rows n) s where k is not null',
-        bloom_guard.key_expression(key_columns, 'n'))
-    using tg_argv[0];
+         select distinct $1, $2, k from (select %s as k from %I r) s where k is not null',
+        bloom_guard.key_expression(tg_argv[1:], 'r'), rows)
+    using tg_argv[0], case when inserted then 'i' else 'd' end;
     perform pg_catalog.pg_notify('bloom_guard', tg_argv[0]);
     return null;
 end
@@ -116,23 +118,6 @@ begin
     if found then
         perform pg_catalog.pg_notify('bloom_guard', tg_argv[0]);
     end if;
-    return null;
-end
-$$;
-
-create or replace function bloom_guard.record_deleted() returns trigger
-language plpgsql security definer
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    key_columns text[] := tg_argv[1:];
-begin
-    execute pg_catalog.format(
-        'insert into bloom_guard.changes (guard, kind, key)
-         select distinct $1, ''d'', k from (select %s as k from old_rows o) s where k is not null',
-        bloom_guard.key_expression(key_columns, 'o'))
-    using tg_argv[0];
-    perform pg_catalog.pg_notify('bloom_guard', tg_argv[0]);
     return null;
 end
 $$;
@@ -216,7 +201,7 @@ begin
         execute pg_catalog.format('drop trigger if exists %I on %s', bloom_guard.trigger_name(guard, 'truncated'), rel);
         execute pg_catalog.format(
             'create trigger %I after insert on %s referencing new table as new_rows
-             for each statement execute function bloom_guard.record_inserted(%s)',
+             for each statement execute function bloom_guard.record_rows(%s)',
             bloom_guard.trigger_name(guard, 'inserted'), rel, args);
         execute pg_catalog.format(
             'create trigger %I after update on %s referencing old table as old_rows new table as new_rows
@@ -224,7 +209,7 @@ begin
             bloom_guard.trigger_name(guard, 'updated'), rel, args);
         execute pg_catalog.format(
             'create trigger %I after delete on %s referencing old table as old_rows
-             for each statement execute function bloom_guard.record_deleted(%s)',
+             for each statement execute function bloom_guard.record_rows(%s)',
             bloom_guard.trigger_name(guard, 'deleted'), rel, args);
         execute pg_catalog.format(
             'create trigger %I after truncate on %s
@@ -293,9 +278,8 @@ begin
 end
 $$;
 
-revoke all on function bloom_guard.record_inserted() from public;
+revoke all on function bloom_guard.record_rows() from public;
 revoke all on function bloom_guard.record_updated() from public;
-revoke all on function bloom_guard.record_deleted() from public;
 revoke all on function bloom_guard.record_truncated() from public;
 revoke all on function bloom_guard.prune(interval) from public;
 revoke all on function bloom_guard.watch(regclass, text[], text) from public;

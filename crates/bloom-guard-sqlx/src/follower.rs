@@ -13,12 +13,10 @@ use tokio::time::{sleep, Instant};
 
 use crate::abort::AbortOnDrop;
 use crate::backoff::Backoff;
+use crate::changes::Hooks;
 use crate::pg_copy::PgCopySource;
-use crate::pg_feed::{self, Changes, Read};
+use crate::pg_feed::{self, Read};
 use crate::watch::Watch;
-
-type KeyHook = Arc<dyn Fn(&str) + Send + Sync>;
-type CatchUpHook = Arc<dyn Fn() + Send + Sync>;
 
 /// The `application_name` of the listener's connection, to find it in
 /// `pg_stat_activity`.
@@ -26,10 +24,6 @@ pub const LISTENER_APPLICATION_NAME: &str = "bloom-guard-listener";
 
 /// The channel the feed's triggers NOTIFY, with the feed's name as payload.
 const CHANNEL: &str = "bloom_guard";
-
-/// Changed keys handed to `on_key` one by one per read; more go to
-/// `on_catch_up`.
-const MAX_KEY_HOOKS: usize = 10_000;
 
 /// Keeps a guard's filter complete while the database changes, whatever
 /// writes to it: every instance, `psql`, COPY, upserts, replication.
@@ -89,8 +83,7 @@ pub struct PgFollower<K> {
     min_read_gap: Duration,
     check_interval: Duration,
     retention: Duration,
-    on_key: Option<KeyHook>,
-    on_catch_up: Option<CatchUpHook>,
+    hooks: Hooks,
 }
 
 impl<K> std::fmt::Debug for PgFollower<K> {
@@ -119,8 +112,7 @@ where
             min_read_gap: Duration::from_millis(50),
             check_interval: Duration::from_secs(10),
             retention: Duration::from_secs(3600),
-            on_key: None,
-            on_catch_up: None,
+            hooks: Hooks::default(),
         }
     }
 
@@ -164,7 +156,7 @@ where
     /// here.
     #[must_use]
     pub fn on_key(mut self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self {
-        self.on_key = Some(Arc::new(hook));
+        self.hooks.on_key = Some(Arc::new(hook));
         self
     }
 
@@ -173,7 +165,7 @@ where
     /// drop every cache entry here.
     #[must_use]
     pub fn on_catch_up(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
-        self.on_catch_up = Some(Arc::new(hook));
+        self.hooks.on_catch_up = Some(Arc::new(hook));
         self
     }
 
@@ -261,15 +253,22 @@ where
         let mut backoff = Backoff::default();
         loop {
             match pg_feed::read_since(&self.pool, name, &position).await {
-                Ok(Read::Changes(changes)) => {
+                Ok(Read::Changes {
+                    position: reached,
+                    changes,
+                }) => {
                     if failing {
                         tracing::info!(feed = name, "reading the change feed again");
                         failing = false;
                     }
                     backoff = Backoff::default();
                     total += changes.rows;
-                    position.clone_from(&changes.position);
-                    self.apply(&changes, resync);
+                    position = reached;
+                    self.hooks.apply(&self.guard, name, &changes);
+                    if changes.resync {
+                        tracing::info!(feed = name, "the feed's triggers were (re)installed; rebuilding to include keys written without them");
+                        resync.notify_one();
+                    }
                     self.guard
                         .record_feed_read(FeedStatus::new(&position, total));
                     // A wake-up that found nothing may be anyone's NOTIFY:
@@ -302,41 +301,12 @@ where
         }
     }
 
-    fn apply(&self, changes: &Changes, resync: &Notify) {
-        let added = &changes.added;
-        if added.skipped() > 0 {
-            tracing::warn!(
-                feed = self.watch.feed_name(),
-                skipped = added.skipped(),
-                "keys that are not UTF-8 were left out: no request can name them"
-            );
-        }
-        self.guard.insert_batch(added);
-        // A bulk change is one "drop everything", not a call per key.
-        let one_by_one = added.len() + changes.removed.len() <= MAX_KEY_HOOKS;
-        if let (Some(hook), true) = (&self.on_key, one_by_one) {
-            for key in added.iter() {
-                if let Ok(key) = std::str::from_utf8(key.as_bytes()) {
-                    hook(key);
-                }
-            }
-            changes.removed.iter().for_each(|key| hook(key));
-        }
-        if changes.truncated || !one_by_one {
-            self.catch_up_hook();
-        }
-        if changes.resync {
-            tracing::info!(feed = self.watch.feed_name(), "the feed's triggers were (re)installed; rebuilding to include keys written without them");
-            resync.notify_one();
-        }
-    }
-
     /// The feed no longer holds every change since `position`: fails open,
     /// rebuilds from a scan newer than a new position, and resumes there.
     async fn catch_up_after_pruning(&self, source: &PgCopySource) -> String {
         tracing::warn!(feed = self.watch.feed_name(), "the change feed was pruned past this reader's position; rebuilding, the guard lets every request through meanwhile");
         let _hold = self.guard.hold_open();
-        self.catch_up_hook();
+        self.hooks.catch_up();
         let mut backoff = Backoff::default();
         loop {
             let position = match pg_feed::position(&self.pool).await {
@@ -353,12 +323,6 @@ where
                 return position;
             }
             sleep(backoff.next_pause()).await;
-        }
-    }
-
-    fn catch_up_hook(&self) {
-        if let Some(hook) = &self.on_catch_up {
-            hook();
         }
     }
 

@@ -5,6 +5,8 @@ mod abort;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod backoff;
 mod batches;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod changes;
 mod copy_text;
 mod error;
 #[cfg(feature = "postgres")]

@@ -8,9 +8,10 @@
 
 use std::time::Duration;
 
-use bloom_guard::KeyBatch;
 use futures_util::TryStreamExt;
 use sqlx::{PgPool, Row, ValueRef};
+
+use crate::changes::Changes;
 
 /// The changes read and the feed's snapshot after them, in one statement:
 /// `pg_current_snapshot()` is the statement's own snapshot. Keys travel as
@@ -29,28 +30,11 @@ from now left join bloom_guard.changes c
  and c.xid >= pg_catalog.pg_snapshot_xmin($2::pg_snapshot)
  and not pg_catalog.pg_visible_in_snapshot(c.xid, $2::pg_snapshot)";
 
-/// What committed between two positions.
-#[derive(Debug, Default)]
-pub(crate) struct Changes {
-    /// The position the read reached.
-    pub(crate) position: String,
-    /// New keys (and a count of the ones no request can name).
-    pub(crate) added: KeyBatch,
-    /// Keys deleted or changed away.
-    pub(crate) removed: Vec<String>,
-    /// A table was truncated.
-    pub(crate) truncated: bool,
-    /// Keys may have been written without the feed (the triggers were just
-    /// installed): only a rebuild has them.
-    pub(crate) resync: bool,
-    /// Rows read.
-    pub(crate) rows: u64,
-}
-
 /// The outcome of a read.
 #[derive(Debug)]
 pub(crate) enum Read {
-    Changes(Changes),
+    /// What committed after the position, and the position it reached.
+    Changes { position: String, changes: Changes },
     /// Rows after the position were pruned: only a rebuild catches up.
     Pruned,
 }
@@ -58,37 +42,28 @@ pub(crate) enum Read {
 /// Reads the changes of feed `name` committed after position `seen`.
 pub(crate) async fn read_since(pool: &PgPool, name: &str, seen: &str) -> Result<Read, sqlx::Error> {
     let mut rows = sqlx::query(READ).bind(name).bind(seen).fetch(pool);
+    let mut position = None;
     let mut changes = Changes::default();
     while let Some(row) = rows.try_next().await? {
-        if changes.position.is_empty() {
-            changes.position = row.try_get(0)?;
+        if position.is_none() {
+            position = Some(row.try_get(0)?);
             if row.try_get::<bool, _>(1)? {
                 return Ok(Read::Pruned);
             }
         }
         let Some(kind) = row.try_get::<Option<String>, _>(2)? else {
-            continue;
+            continue; // the one row of a read that found nothing
         };
-        changes.rows += 1;
         let raw = row.try_get_raw(3)?;
         let key = if raw.is_null() {
             &[][..]
         } else {
             raw.as_bytes().map_err(sqlx::Error::Decode)?
         };
-        match kind.as_str() {
-            "i" => changes.added.push_text(key),
-            "d" => {
-                if let Ok(key) = std::str::from_utf8(key) {
-                    changes.removed.push(key.to_owned());
-                }
-            }
-            "t" => changes.truncated = true,
-            "r" => changes.resync = true,
-            other => tracing::debug!(kind = other, "ignored an unknown kind of change"),
-        }
+        changes.record(&kind, Some(key));
     }
-    Ok(Read::Changes(changes))
+    let position = position.ok_or(sqlx::Error::RowNotFound)?;
+    Ok(Read::Changes { position, changes })
 }
 
 /// The feed's position now.

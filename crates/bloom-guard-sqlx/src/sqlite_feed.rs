@@ -16,10 +16,9 @@ use tokio::time::sleep;
 use crate::abort::AbortOnDrop;
 use crate::backoff::Backoff;
 use crate::batches::{spawn_scan, BatchSender};
+use crate::changes::{Changes, Hooks};
 use crate::error::{FeedError, SourceError};
 use crate::watch::Watch;
-
-type KeyHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 const FEED_TABLE: &str = "
 create table if not exists bloom_guard_changes (
@@ -120,23 +119,15 @@ async fn feed_position(pool: &SqlitePool) -> Result<i64, sqlx::Error> {
         .await
 }
 
-/// Adds a stored key to `batch`: text as it is, a BLOB counted as skipped
-/// (no request can name it), NULL left out.
-fn push_value(
-    batch: &mut KeyBatch,
-    value: sqlx::sqlite::SqliteValueRef<'_>,
-) -> Result<(), sqlx::Error> {
-    if value.is_null() {
-        return Ok(());
+/// A stored key's bytes: `None` for a BLOB, which no request can name,
+/// and for NULL.
+fn key_bytes<'r>(value: sqlx::sqlite::SqliteValueRef<'r>) -> Result<Option<&'r [u8]>, sqlx::Error> {
+    if value.is_null() || value.type_info().name() == "BLOB" {
+        return Ok(None);
     }
-    if value.type_info().name() == "BLOB" {
-        batch.skip();
-        return Ok(());
-    }
-    let key =
-        <&[u8] as sqlx::Decode<'_, sqlx::Sqlite>>::decode(value).map_err(sqlx::Error::Decode)?;
-    batch.push_text(key);
-    Ok(())
+    <&[u8] as sqlx::Decode<'_, sqlx::Sqlite>>::decode(value)
+        .map(Some)
+        .map_err(sqlx::Error::Decode)
 }
 
 /// Every key of a watched SQLite table, BLOB keys counted as skipped.
@@ -163,7 +154,14 @@ impl KeySource for SqliteScan {
             let mut rows = sqlx::query(&query).fetch(&pool);
             let mut batch = BatchSender::new_batch();
             while let Some(row) = rows.try_next().await? {
-                push_value(&mut batch, row.try_get_raw(0)?)?;
+                let value = row.try_get_raw(0)?;
+                // A NULL key names no row; a BLOB is a key no request names.
+                let null = value.is_null();
+                match key_bytes(value)? {
+                    Some(key) => batch.push_text(key),
+                    None if null => {}
+                    None => batch.skip(),
+                }
                 if !batches.send_if_full(&mut batch).await {
                     return Ok(());
                 }
@@ -204,7 +202,7 @@ pub struct SqliteFollower<K> {
     poll_interval: Duration,
     check_every: Duration,
     retention: Duration,
-    on_key: Option<KeyHook>,
+    hooks: Hooks,
 }
 
 impl<K> std::fmt::Debug for SqliteFollower<K> {
@@ -229,7 +227,7 @@ where
             poll_interval: Duration::from_secs(1),
             check_every: Duration::from_millis(20),
             retention: Duration::from_secs(3600),
-            on_key: None,
+            hooks: Hooks::default(),
         }
     }
 
@@ -252,7 +250,16 @@ where
     /// away: drop the key's cache entry here.
     #[must_use]
     pub fn on_key(mut self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self {
-        self.on_key = Some(Arc::new(hook));
+        self.hooks.on_key = Some(Arc::new(hook));
+        self
+    }
+
+    /// Called when changes arrive that name no key one by one (a bulk
+    /// change, a rebuild after the feed's retention): drop every cache
+    /// entry here.
+    #[must_use]
+    pub fn on_catch_up(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.hooks.on_catch_up = Some(Arc::new(hook));
         self
     }
 
@@ -308,6 +315,7 @@ where
                 Ok(None) => {
                     tracing::warn!(feed = %name, "the SQLite change feed was pruned past this reader; rebuilding");
                     let _hold = self.guard.hold_open();
+                    self.hooks.catch_up();
                     if let Ok(reached) = feed_position(&self.pool).await {
                         // Only a rebuild that starts after the position was
                         // taken scans every row committed before it.
@@ -387,21 +395,12 @@ where
         .bind(name)
         .bind(position)
         .fetch(&self.pool);
-        let mut added = KeyBatch::default();
-        let mut changed = Vec::new();
-        let (mut reached, mut count) = (position, 0);
+        let mut changes = Changes::default();
+        let mut reached = position;
         while let Some(row) = rows.try_next().await? {
             reached = row.try_get(0)?;
-            count += 1;
             let kind: String = row.try_get(1)?;
-            if kind == "i" {
-                push_value(&mut added, row.try_get_raw(2)?)?;
-            }
-            if self.on_key.is_some() {
-                if let Ok(Some(key)) = row.try_get::<Option<String>, _>(2) {
-                    changed.push(key);
-                }
-            }
+            changes.record(&kind, key_bytes(row.try_get_raw(2)?)?);
         }
         drop(rows);
         // After the rows: pruning moves the horizon before it deletes, so a
@@ -412,20 +411,8 @@ where
         if position + 1 < below {
             return Ok(None);
         }
-        if added.skipped() > 0 {
-            tracing::warn!(
-                feed = name,
-                skipped = added.skipped(),
-                "BLOB keys were left out: no request can name them"
-            );
-        }
-        self.guard.insert_batch(&added);
-        if let Some(hook) = &self.on_key {
-            for key in &changed {
-                hook(key);
-            }
-        }
-        Ok(Some((reached, count)))
+        self.hooks.apply(&self.guard, name, &changes);
+        Ok(Some((reached, changes.rows)))
     }
 
     /// Moves the horizon past the rows older than the retention, then

@@ -1,0 +1,90 @@
+//! What a change feed read brings, and what a follower does with it: the
+//! same for Postgres and SQLite.
+
+use std::sync::Arc;
+
+use bloom_guard::{BloomGuard, KeyBatch};
+
+pub(crate) type KeyHook = Arc<dyn Fn(&str) + Send + Sync>;
+pub(crate) type CatchUpHook = Arc<dyn Fn() + Send + Sync>;
+
+/// Changed keys handed to `on_key` one by one per read; more go to
+/// `on_catch_up`.
+const MAX_KEY_HOOKS: usize = 10_000;
+
+/// The rows of a feed read, by kind.
+#[derive(Debug, Default)]
+pub(crate) struct Changes {
+    /// New keys (and a count of the ones no request can name).
+    pub(crate) added: KeyBatch,
+    /// Keys deleted or changed away.
+    pub(crate) removed: Vec<String>,
+    /// A table was truncated.
+    pub(crate) truncated: bool,
+    /// Keys may have been written without the feed (the triggers were just
+    /// installed): only a rebuild has them.
+    pub(crate) resync: bool,
+    /// Rows read.
+    pub(crate) rows: u64,
+}
+
+impl Changes {
+    /// Adds a feed row: its kind (`i`, `d`, `t`, `r`) and its key's bytes,
+    /// `None` for a key no request can name (a SQLite BLOB).
+    pub(crate) fn record(&mut self, kind: &str, key: Option<&[u8]>) {
+        self.rows += 1;
+        match (kind, key) {
+            ("i", Some(key)) => self.added.push_text(key),
+            ("i", None) => self.added.skip(),
+            ("d", Some(key)) => {
+                if let Ok(key) = std::str::from_utf8(key) {
+                    self.removed.push(key.to_owned());
+                }
+            }
+            ("t", _) => self.truncated = true,
+            ("r", _) => self.resync = true,
+            (other, _) => tracing::debug!(kind = other, "ignored a change of an unknown kind"),
+        }
+    }
+}
+
+/// The hooks a follower calls with what it read.
+#[derive(Clone, Default)]
+pub(crate) struct Hooks {
+    pub(crate) on_key: Option<KeyHook>,
+    pub(crate) on_catch_up: Option<CatchUpHook>,
+}
+
+impl Hooks {
+    /// Puts the new keys into `guard` and tells the hooks.
+    pub(crate) fn apply<K>(&self, guard: &BloomGuard<K>, feed: &str, changes: &Changes) {
+        let added = &changes.added;
+        if added.skipped() > 0 {
+            tracing::warn!(
+                feed,
+                skipped = added.skipped(),
+                "keys that are not UTF-8 text were left out: no request can name them"
+            );
+        }
+        guard.insert_batch(added);
+        // A bulk change is one "drop everything", not a call per key.
+        let one_by_one = added.len() + changes.removed.len() <= MAX_KEY_HOOKS;
+        if let (Some(hook), true) = (&self.on_key, one_by_one) {
+            for key in added.iter() {
+                if let Ok(key) = std::str::from_utf8(key.as_bytes()) {
+                    hook(key);
+                }
+            }
+            changes.removed.iter().for_each(|key| hook(key));
+        }
+        if changes.truncated || !one_by_one {
+            self.catch_up();
+        }
+    }
+
+    pub(crate) fn catch_up(&self) {
+        if let Some(hook) = &self.on_catch_up {
+            hook();
+        }
+    }
+}
