@@ -181,7 +181,7 @@ pub(crate) async fn post_rebuild(admin_addr: &str) -> Option<u16> {
     request_status(
         admin_addr,
         "POST",
-        "/admin/bloom/rebuild",
+        "/admin/bloom/items/rebuild",
         Some(ADMIN_TOKEN),
     )
     .await

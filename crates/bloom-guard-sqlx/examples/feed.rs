@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bloom_guard::{BloomGuard, State};
+use bloom_guard::{BloomGuard, GuardState};
 use bloom_guard_sqlx::{PgFollower, Watch};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
@@ -122,7 +122,7 @@ async fn propagation(
             .await?;
         let started = Instant::now();
         tx.commit().await?;
-        while !(guard.may_contain(&key) && guard.stats().state == State::Ready) {
+        while !(guard.may_contain(&key) && guard.stats().state == GuardState::Ready) {
             tokio::task::yield_now().await;
         }
         latencies.push(started.elapsed());
@@ -170,7 +170,7 @@ async fn catch_up(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(10).saturating_sub(started.elapsed())).await;
-    let ready_throughout = guard.stats().state == State::Ready;
+    let ready_throughout = guard.stats().state == GuardState::Ready;
     proxy.up();
     let back = Instant::now();
     while !keys.iter().all(|key| guard.may_contain(key)) {

@@ -57,7 +57,7 @@ pub(crate) struct Hooks {
 
 impl Hooks {
     /// Puts the new keys into `guard` and tells the hooks.
-    pub(crate) fn apply<K>(&self, guard: &BloomGuard<K>, feed: &str, changes: &Changes) {
+    pub(crate) fn apply(&self, guard: &BloomGuard, feed: &str, changes: &Changes) {
         let added = &changes.added;
         if added.skipped() > 0 {
             tracing::warn!(

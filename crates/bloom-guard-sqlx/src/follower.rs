@@ -75,8 +75,8 @@ const CHANNEL: &str = "bloom_guard";
 /// tokio::spawn(PgFollower::new(guard.clone(), pool, items).run());
 /// # Ok(()) }
 /// ```
-pub struct PgFollower<K> {
-    guard: BloomGuard<K>,
+pub struct PgFollower {
+    guard: BloomGuard,
     pool: PgPool,
     watch: Watch,
     poll_interval: Duration,
@@ -86,7 +86,7 @@ pub struct PgFollower<K> {
     hooks: Hooks,
 }
 
-impl<K> std::fmt::Debug for PgFollower<K> {
+impl std::fmt::Debug for PgFollower {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgFollower")
             .field("watch", &self.watch)
@@ -97,13 +97,10 @@ impl<K> std::fmt::Debug for PgFollower<K> {
     }
 }
 
-impl<K> PgFollower<K>
-where
-    K: Clone + Send + Sync + 'static,
-{
+impl PgFollower {
     /// A follower for `guard`, holding the keys of `watch`'s table, reading
     /// through `pool`.
-    pub fn new(guard: BloomGuard<K>, pool: PgPool, watch: Watch) -> Self {
+    pub fn new(guard: BloomGuard, pool: PgPool, watch: Watch) -> Self {
         Self {
             guard,
             pool,

@@ -195,8 +195,8 @@ impl KeySource for SqliteScan {
 /// tokio::spawn(SqliteFollower::new(guard.clone(), pool, items).run());
 /// # Ok(()) }
 /// ```
-pub struct SqliteFollower<K> {
-    guard: BloomGuard<K>,
+pub struct SqliteFollower {
+    guard: BloomGuard,
     pool: SqlitePool,
     watch: Watch,
     poll_interval: Duration,
@@ -205,7 +205,7 @@ pub struct SqliteFollower<K> {
     hooks: Hooks,
 }
 
-impl<K> std::fmt::Debug for SqliteFollower<K> {
+impl std::fmt::Debug for SqliteFollower {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteFollower")
             .field("watch", &self.watch)
@@ -214,12 +214,9 @@ impl<K> std::fmt::Debug for SqliteFollower<K> {
     }
 }
 
-impl<K> SqliteFollower<K>
-where
-    K: Clone + Send + Sync + 'static,
-{
+impl SqliteFollower {
     /// A follower for `guard`, holding the keys of `watch`'s table.
-    pub fn new(guard: BloomGuard<K>, pool: SqlitePool, watch: Watch) -> Self {
+    pub fn new(guard: BloomGuard, pool: SqlitePool, watch: Watch) -> Self {
         Self {
             guard,
             pool,

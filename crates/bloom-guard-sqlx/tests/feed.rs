@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bloom_guard::State;
+use bloom_guard::GuardState;
 use bloom_guard_sqlx::Watch;
 use common::*;
 use sqlx::PgPool;
@@ -154,7 +154,11 @@ async fn an_unprivileged_notify_flood_wakes_reads_but_changes_nothing(pool: PgPo
     };
     while !flood.is_finished() {
         let stats = guard.stats();
-        assert_eq!(stats.state, State::Ready, "the flood failed the guard open");
+        assert_eq!(
+            stats.state,
+            GuardState::Ready,
+            "the flood failed the guard open"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     flood.await.expect("flood");
@@ -197,7 +201,7 @@ async fn killed_listeners_open_no_window(pool: PgPool) {
         // The guard keeps answering absent keys throughout.
         for _ in 0..30 {
             let stats = guard.stats();
-            assert_eq!(stats.state, State::Ready, "{stats:?}");
+            assert_eq!(stats.state, GuardState::Ready, "{stats:?}");
             assert!(!guard.may_contain("absent-key"));
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -232,7 +236,7 @@ async fn a_bypassed_trigger_fails_open_names_the_table_and_rebuilds_after_repair
     wait_until(
         "the gap to fail the guard open",
         Duration::from_secs(2),
-        || guard.stats().state == State::Degraded,
+        || guard.stats().state == GuardState::Degraded,
     )
     .await;
     let error = guard.stats().last_error.expect("the gap is reported");
@@ -253,7 +257,7 @@ async fn a_bypassed_trigger_fails_open_names_the_table_and_rebuilds_after_repair
     wait_until(
         "the rebuild after the repair",
         Duration::from_secs(3),
-        || guard.stats().state == State::Ready,
+        || guard.stats().state == GuardState::Ready,
     )
     .await;
     assert!(guard.may_contain("while-disabled"));
@@ -272,7 +276,7 @@ async fn a_child_table_is_a_gap_until_watched(pool: PgPool) {
     wait_until(
         "the new child to fail the guard open",
         Duration::from_secs(2),
-        || guard.stats().state == State::Degraded,
+        || guard.stats().state == GuardState::Degraded,
     )
     .await;
     let error = guard.stats().last_error.expect("the gap is reported");
@@ -289,7 +293,7 @@ async fn a_child_table_is_a_gap_until_watched(pool: PgPool) {
     wait_until(
         "the rebuild after the repair",
         Duration::from_secs(3),
-        || guard.stats().state == State::Ready,
+        || guard.stats().state == GuardState::Ready,
     )
     .await;
     assert!(guard.may_contain("archived"));
@@ -541,7 +545,7 @@ async fn two_instances_raw_writers_killed_listeners_and_rebuilds_lose_nothing(po
                 for guard in [&a, &b] {
                     assert_eq!(
                         guard.stats().state,
-                        State::Ready,
+                        GuardState::Ready,
                         "failed open after warm-up"
                     );
                 }
@@ -603,6 +607,6 @@ async fn a_gap_found_at_start_holds_the_first_filter_open(pool: PgPool) {
     })
     .await;
     let stats = guard.stats();
-    assert_eq!(stats.state, State::Degraded, "{stats:?}");
+    assert_eq!(stats.state, GuardState::Degraded, "{stats:?}");
     assert!(guard.may_contain("anything"), "failing open");
 }

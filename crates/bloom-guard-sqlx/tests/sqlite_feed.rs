@@ -4,7 +4,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, State};
+use bloom_guard::{BloomGuard, GuardState};
 use bloom_guard_sqlx::{SqliteFollower, Watch};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::SqlitePool;
@@ -23,7 +23,7 @@ async fn open(path: &std::path::Path) -> SqlitePool {
 
 async fn wait_for(guard: &BloomGuard, key: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-    while !(guard.stats().state == State::Ready && guard.may_contain(key)) {
+    while !(guard.stats().state == GuardState::Ready && guard.may_contain(key)) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "{key} did not arrive within 1 s"

@@ -45,7 +45,6 @@ fn absent_key(i: usize) -> String {
 fn guard() -> BloomGuard {
     BloomGuard::builder()
         .false_positive_rate(TARGET_FPP)
-        .key(PathParam("key"))
         .build()
 }
 
@@ -53,7 +52,7 @@ fn guard() -> BloomGuard {
 fn app(guard: &BloomGuard) -> Router {
     Router::new()
         .route("/items/{key}", get(|| async { "found" }))
-        .route_layer(guard.clone())
+        .route_layer(guard.layer(PathParam("key")))
 }
 
 async fn status(app: &Router, key: &str) -> u16 {

@@ -41,7 +41,7 @@ impl KeySource for Generated {
     }
 }
 
-fn warm_guard<K>(guard: BloomGuard<K>, keys: u64) -> BloomGuard<K> {
+fn warm_guard(guard: BloomGuard, keys: u64) -> BloomGuard {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
@@ -118,7 +118,7 @@ fn service(c: &mut Criterion) {
     let matched = matched_path("/items/{key}");
     let mut group = c.benchmark_group("service");
     let mut inner = Inner;
-    let mut guarded = guard.layer(Inner);
+    let mut guarded = guard.layer(PathParam("key")).layer(Inner);
     for (name, key) in [("present", "item-00000042"), ("absent", "absent-00000042")] {
         group.bench_function(format!("inner_alone/{name}"), |b| {
             b.iter_batched(

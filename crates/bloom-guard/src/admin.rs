@@ -1,10 +1,10 @@
-//! The admin API: an axum router over a guard's stats, rebuilds and
+//! The admin API: an axum router over the guards' stats, rebuilds and
 //! metrics (feature `admin`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -23,14 +23,19 @@ use crate::stats::Stats;
 
 type RebuildFn = Arc<dyn Fn() -> BoxFuture<'static, Result<Stats, BuildError>> + Send + Sync>;
 
-/// The admin API of a guard, behind a bearer token.
+/// The admin API of an application's guards, behind a bearer token.
 ///
-/// - `GET /admin/bloom`: [`Stats`] as JSON.
-/// - `POST /admin/bloom/rebuild`: runs a rebuild, or joins the one in
-///   flight, and answers the new stats. Needs [`rebuild_from`](Self::rebuild_from).
-///   A new rebuild is refused with `429` within the
-///   [cool-down](Self::cooldown) after the last one.
-/// - `GET /metrics`: Prometheus text. Needs [`prometheus`](Self::prometheus).
+/// - `GET /admin/bloom`: `{"guards": {"<name>": <stats>, ...}}`.
+/// - `GET /admin/bloom/{guard}`: that guard's [`Stats`] as JSON.
+/// - `POST /admin/bloom/{guard}/rebuild`: runs a rebuild, or joins the one
+///   in flight, and answers the new stats. Needs a key source
+///   ([`guard_with_source`](Self::guard_with_source)). A new rebuild is
+///   refused with `429` within the [cool-down](Self::cooldown) after the
+///   guard's last one.
+/// - `POST /admin/bloom/rebuild`: the same for every guard with a source,
+///   one after the other; answers as `GET /admin/bloom`.
+/// - `GET /metrics`: Prometheus text, one `guard` label value per guard.
+///   Needs [`prometheus`](Self::prometheus).
 ///
 /// Requests without `Authorization: Bearer <token>`, or with any other
 /// token, get `401` and learn nothing: tokens are compared as SHA-256
@@ -43,54 +48,70 @@ type RebuildFn = Arc<dyn Fn() -> BoxFuture<'static, Result<Stats, BuildError>> +
 /// use bloom_guard::admin::Admin;
 /// use bloom_guard::{BloomGuard, KeyList};
 ///
-/// let guard = BloomGuard::builder().build();
-/// let admin: axum::Router = Admin::new(guard, "s3cret")
-///     .rebuild_from(KeyList::new(["a", "b"]))
+/// let items = BloomGuard::builder().name("items").build();
+/// let users = BloomGuard::builder().name("users").build();
+/// let admin: axum::Router = Admin::new("s3cret")
+///     .guard_with_source(items, KeyList::new(["a", "b"]))
+///     .guard(users)
 ///     .into_router();
 /// # drop(admin);
 /// ```
-pub struct Admin<K> {
-    guard: BloomGuard<K>,
+pub struct Admin {
     token: Token,
-    rebuild: Option<RebuildFn>,
+    guards: Vec<AdminGuard>,
     prometheus: Option<PrometheusHandle>,
     cooldown: Duration,
 }
 
-impl<K> std::fmt::Debug for Admin<K> {
+impl std::fmt::Debug for Admin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<_> = self.guards.iter().map(|g| g.guard.name()).collect();
         f.debug_struct("Admin")
-            .field("rebuild", &self.rebuild.is_some())
+            .field("guards", &names)
             .field("prometheus", &self.prometheus.is_some())
             .field("cooldown", &self.cooldown)
             .finish_non_exhaustive()
     }
 }
 
-impl<K> Admin<K>
-where
-    K: Clone + Send + Sync + 'static,
-{
-    /// The admin API of `guard`, for requests bearing `token`.
-    pub fn new(guard: BloomGuard<K>, token: &str) -> Self {
+impl Admin {
+    /// An admin API for requests bearing `token`; add the guards.
+    pub fn new(token: &str) -> Self {
         Self {
-            guard,
             token: Token::new(token),
-            rebuild: None,
+            guards: Vec::new(),
             prometheus: None,
             cooldown: Duration::from_secs(5),
         }
     }
 
-    /// Where `POST /admin/bloom/rebuild` reads the keys.
+    /// Serves `guard`'s stats (and metrics), under its
+    /// [name](crate::Builder::name).
     #[must_use]
-    pub fn rebuild_from<S: KeySource>(mut self, source: S) -> Self {
+    pub fn guard(mut self, guard: BloomGuard) -> Self {
+        self.guards.push(AdminGuard {
+            guard,
+            rebuild: None,
+            last_rebuild: Mutex::new(None),
+        });
+        self
+    }
+
+    /// As [`guard`](Self::guard), with rebuilds reading the keys from
+    /// `source`.
+    #[must_use]
+    pub fn guard_with_source<S: KeySource>(mut self, guard: BloomGuard, source: S) -> Self {
         let source = Arc::new(source);
-        let guard = self.guard.clone();
-        self.rebuild = Some(Arc::new(move || {
-            let (guard, source) = (guard.clone(), Arc::clone(&source));
+        let rebuilding = guard.clone();
+        let rebuild: RebuildFn = Arc::new(move || {
+            let (guard, source) = (rebuilding.clone(), Arc::clone(&source));
             Box::pin(async move { guard.rebuild(&*source).await })
-        }));
+        });
+        self.guards.push(AdminGuard {
+            guard,
+            rebuild: Some(rebuild),
+            last_rebuild: Mutex::new(None),
+        });
         self
     }
 
@@ -103,8 +124,8 @@ where
     }
 
     /// The least time between the end of one rebuild started here and the
-    /// start of the next (default 5 s). Calls that join a rebuild in flight
-    /// are not limited.
+    /// start of the guard's next (default 5 s). Calls that join a rebuild in
+    /// flight are not limited.
     #[must_use]
     pub fn cooldown(mut self, cooldown: Duration) -> Self {
         self.cooldown = cooldown;
@@ -114,16 +135,16 @@ where
     /// The router.
     pub fn into_router(self) -> Router {
         let state = Arc::new(AdminState {
-            guard: self.guard,
-            rebuild: self.rebuild,
+            guards: self.guards,
             prometheus: self.prometheus,
             cooldown: self.cooldown,
-            last_rebuild: Mutex::new(None),
         });
         Router::new()
-            .route("/admin/bloom", get(stats::<K>))
-            .route("/admin/bloom/rebuild", post(rebuild::<K>))
-            .route("/metrics", get(prometheus_text::<K>))
+            .route("/admin/bloom", get(all_stats))
+            .route("/admin/bloom/rebuild", post(rebuild_all))
+            .route("/admin/bloom/{guard}", get(stats))
+            .route("/admin/bloom/{guard}/rebuild", post(rebuild))
+            .route("/metrics", get(prometheus_text))
             .with_state(state)
             .layer(middleware::from_fn_with_state(
                 Arc::new(self.token),
@@ -132,79 +153,120 @@ where
     }
 }
 
-/// The admin API with stats only: `Admin::new(guard, token).into_router()`.
-pub fn router<K>(guard: BloomGuard<K>, token: &str) -> Router
-where
-    K: Clone + Send + Sync + 'static,
-{
-    Admin::new(guard, token).into_router()
-}
-
-struct AdminState<K> {
-    guard: BloomGuard<K>,
+/// A guard as the admin API serves it.
+struct AdminGuard {
+    guard: BloomGuard,
     rebuild: Option<RebuildFn>,
-    prometheus: Option<PrometheusHandle>,
-    cooldown: Duration,
     /// When the last rebuild started here finished.
     last_rebuild: Mutex<Option<Instant>>,
+}
+
+struct AdminState {
+    guards: Vec<AdminGuard>,
+    prometheus: Option<PrometheusHandle>,
+    cooldown: Duration,
+}
+
+impl AdminState {
+    fn find(&self, name: &str) -> Option<&AdminGuard> {
+        self.guards.iter().find(|g| g.guard.name() == name)
+    }
+
+    fn all_stats(&self) -> Response {
+        let guards: serde_json::Map<String, serde_json::Value> = self
+            .guards
+            .iter()
+            .map(|g| {
+                let stats = serde_json::to_value(g.guard.stats()).unwrap_or_default();
+                (g.guard.name().to_owned(), stats)
+            })
+            .collect();
+        Json(json!({ "guards": guards })).into_response()
+    }
 }
 
 fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(json!({ "error": message }))).into_response()
 }
 
-async fn stats<K>(State(state): State<Arc<AdminState<K>>>) -> Response {
-    Json(state.guard.stats()).into_response()
+async fn all_stats(State(state): State<Arc<AdminState>>) -> Response {
+    state.all_stats()
 }
 
-async fn rebuild<K>(State(state): State<Arc<AdminState<K>>>) -> Response
-where
-    K: Send + Sync + 'static,
-{
-    let Some(rebuild) = &state.rebuild else {
-        return error(
-            StatusCode::NOT_IMPLEMENTED,
-            "no key source is configured for rebuilds",
-        );
+fn no_such_guard() -> Response {
+    error(StatusCode::NOT_FOUND, "no such guard")
+}
+
+async fn stats(State(state): State<Arc<AdminState>>, Path(name): Path<String>) -> Response {
+    match state.find(&name) {
+        Some(admin) => Json(admin.guard.stats()).into_response(),
+        None => no_such_guard(),
+    }
+}
+
+async fn rebuild(State(state): State<Arc<AdminState>>, Path(name): Path<String>) -> Response {
+    let Some(admin) = state.find(&name) else {
+        return no_such_guard();
     };
-    {
-        // A rebuild in flight is joined whatever the cool-down.
-        let in_flight = lock(&state.guard.shared.rebuild_in_flight).is_some();
-        let last = *lock(&state.last_rebuild);
-        if let Some(finished) = last.filter(|_| !in_flight) {
-            let wait = state.cooldown.saturating_sub(finished.elapsed());
-            if !wait.is_zero() {
-                let retry_after = wait.as_secs().max(1).to_string();
-                let mut response =
-                    error(StatusCode::TOO_MANY_REQUESTS, "a rebuild ran moments ago");
-                if let Ok(value) = retry_after.parse() {
-                    response.headers_mut().insert(header::RETRY_AFTER, value);
-                }
-                return response;
+    match run_rebuild(admin, state.cooldown).await {
+        Ok(stats) => Json(stats).into_response(),
+        Err(response) => *response,
+    }
+}
+
+async fn rebuild_all(State(state): State<Arc<AdminState>>) -> Response {
+    for admin in state.guards.iter().filter(|g| g.rebuild.is_some()) {
+        if let Err(response) = run_rebuild(admin, state.cooldown).await {
+            return *response;
+        }
+    }
+    state.all_stats()
+}
+
+/// Runs (or joins) one rebuild of `admin`'s guard, within the cool-down.
+async fn run_rebuild(admin: &AdminGuard, cooldown: Duration) -> Result<Stats, Box<Response>> {
+    let Some(rebuild) = &admin.rebuild else {
+        return Err(Box::new(error(
+            StatusCode::NOT_IMPLEMENTED,
+            "no key source is configured for this guard's rebuilds",
+        )));
+    };
+    // A rebuild in flight is joined whatever the cool-down.
+    let in_flight = lock(&admin.guard.shared.rebuild_in_flight).is_some();
+    let last = *lock(&admin.last_rebuild);
+    if let Some(finished) = last.filter(|_| !in_flight) {
+        let wait = cooldown.saturating_sub(finished.elapsed());
+        if !wait.is_zero() {
+            let mut response = error(StatusCode::TOO_MANY_REQUESTS, "a rebuild ran moments ago");
+            if let Ok(value) = wait.as_secs().max(1).to_string().parse() {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
             }
+            return Err(Box::new(response));
         }
     }
     // On a task of its own: a client hanging up does not cancel the rebuild
     // that others may have joined.
     let outcome = tokio::spawn(rebuild()).await;
-    *lock(&state.last_rebuild) = Some(Instant::now());
+    *lock(&admin.last_rebuild) = Some(Instant::now());
     match outcome {
-        Ok(Ok(stats)) => Json(stats).into_response(),
-        Ok(Err(_)) | Err(_) => error(
+        Ok(Ok(stats)) => Ok(stats),
+        Ok(Err(_)) | Err(_) => Err(Box::new(error(
             StatusCode::SERVICE_UNAVAILABLE,
             "the rebuild failed; the filter in use stays (see last_error in GET /admin/bloom)",
-        ),
+        ))),
     }
 }
 
-async fn prometheus_text<K>(State(state): State<Arc<AdminState<K>>>) -> Response {
+async fn prometheus_text(State(state): State<Arc<AdminState>>) -> Response {
     let Some(prometheus) = &state.prometheus else {
         return error(
             StatusCode::NOT_IMPLEMENTED,
             "no Prometheus recorder is configured",
         );
     };
-    state.guard.publish_metrics();
+    for admin in &state.guards {
+        admin.guard.publish_metrics();
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         prometheus.render(),
@@ -253,7 +315,9 @@ mod tests {
     use tower::ServiceExt;
 
     async fn status(authorization: Option<&str>) -> StatusCode {
-        let app = router(BloomGuard::builder().build(), "s3cret");
+        let app = Admin::new("s3cret")
+            .guard(BloomGuard::builder().build())
+            .into_router();
         let mut request = Request::builder().uri("/admin/bloom");
         if let Some(value) = authorization {
             request = request.header(header::AUTHORIZATION, value);
@@ -290,8 +354,8 @@ mod tests {
         let guard = BloomGuard::builder().build();
         let source = crate::rebuild::tests::Counting::new(["a", "b"]);
         let scans = source.scans();
-        let app = Admin::new(guard.clone(), "s3cret")
-            .rebuild_from(source)
+        let app = Admin::new("s3cret")
+            .guard_with_source(guard.clone(), source)
             .into_router();
         let calls = (0..10).map(|_| app.clone().oneshot(request("POST", "/admin/bloom/rebuild")));
         for response in futures_util::future::join_all(calls).await {
@@ -310,12 +374,59 @@ mod tests {
 
     #[tokio::test]
     async fn rebuild_without_a_source_is_not_implemented() {
-        let app = router(BloomGuard::builder().build(), "s3cret");
+        let app = Admin::new("s3cret")
+            .guard(BloomGuard::builder().build())
+            .into_router();
         let response = app
-            .oneshot(request("POST", "/admin/bloom/rebuild"))
+            .oneshot(request("POST", "/admin/bloom/default/rebuild"))
             .await
             .expect("infallible");
         assert_eq!(response.status(), StatusCode::NOT_IMPLEMENTED);
+    }
+
+    async fn json(app: &Router, method: &str, uri: &str) -> (StatusCode, serde_json::Value) {
+        let response = app
+            .clone()
+            .oneshot(request(method, uri))
+            .await
+            .expect("infallible");
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        (status, serde_json::from_slice(&body).expect("json"))
+    }
+
+    #[tokio::test]
+    async fn every_guard_has_its_stats_and_rebuild() {
+        let items = BloomGuard::builder().name("items").build();
+        let users = BloomGuard::builder().name("users").build();
+        let app = Admin::new("s3cret")
+            .guard_with_source(items.clone(), crate::KeyList::new(["a", "b"]))
+            .guard_with_source(users.clone(), crate::KeyList::new(["u"]))
+            .cooldown(Duration::ZERO)
+            .into_router();
+        let (status, all) = json(&app, "GET", "/admin/bloom").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(all["guards"]["items"]["state"], "warming");
+        assert_eq!(all["guards"]["users"]["generation"], 0);
+
+        let (status, stats) = json(&app, "POST", "/admin/bloom/users/rebuild").await;
+        assert_eq!((status, stats["keys"].as_u64()), (StatusCode::OK, Some(1)));
+        assert_eq!((items.stats().generation, users.stats().generation), (0, 1));
+        let (_, stats) = json(&app, "GET", "/admin/bloom/users").await;
+        assert_eq!(stats["state"], "ready");
+
+        let (status, all) = json(&app, "POST", "/admin/bloom/rebuild").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(all["guards"]["items"]["keys"], 2);
+        assert_eq!(users.stats().generation, 2);
+
+        let (status, _) = json(&app, "GET", "/admin/bloom/nobody").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
     }
 
     #[tokio::test]
@@ -327,7 +438,10 @@ mod tests {
             .rebuild(&crate::KeyList::new(["a"]))
             .await
             .expect("build");
-        let app = Admin::new(guard, "s3cret").prometheus(handle).into_router();
+        let app = Admin::new("s3cret")
+            .guard(guard)
+            .prometheus(handle)
+            .into_router();
         let _local = ::metrics::set_default_local_recorder(&recorder);
         let response = app
             .oneshot(request("GET", "/metrics"))

@@ -7,8 +7,8 @@ use bytes::Bytes;
 use http::Response;
 
 use crate::config::Config;
-use crate::extract::PathParam;
 use crate::guard::BloomGuard;
+use crate::key_type::KeyType;
 use crate::response::CannedResponse;
 use crate::shared::Shared;
 
@@ -17,41 +17,29 @@ use crate::shared::Shared;
 /// # Example
 ///
 /// ```
-/// use bloom_guard::{BloomGuard, QueryParam};
+/// use bloom_guard::{BloomGuard, KeyType};
 ///
 /// let guard = BloomGuard::builder()
-///     .key(QueryParam("id"))
+///     .name("orders")
+///     .key_type(KeyType::Integer)
 ///     .expected_items(10_000_000)
 ///     .false_positive_rate(0.0001)
 ///     .max_key_len(64)
 ///     .build();
 /// # drop(guard);
 /// ```
-#[derive(Debug, Clone)]
-pub struct Builder<K> {
-    extractor: K,
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
     config: Config,
 }
 
-impl Default for Builder<PathParam> {
-    fn default() -> Self {
-        Self {
-            extractor: PathParam("key"),
-            config: Config::default(),
-        }
-    }
-}
-
-impl<K> Builder<K> {
-    /// Where to find each request's key: a [`PathParam`], a
-    /// [`PathSegment`](crate::PathSegment), a [`QueryParam`](crate::QueryParam),
-    /// a [`Header`](crate::Header), or a closure. See [`KeyExtractor`](crate::KeyExtractor).
+impl Builder {
+    /// What the keys are, and so the one form in which stored and request
+    /// keys are compared (default [`KeyType::Text`]). See [`KeyType`].
     #[must_use]
-    pub fn key<K2>(self, extractor: K2) -> Builder<K2> {
-        Builder {
-            extractor,
-            config: self.config,
-        }
+    pub fn key_type(mut self, key_type: KeyType) -> Self {
+        self.config.key_type = key_type;
+        self
     }
 
     /// A floor for the filter's size. Each build sizes the filter for the
@@ -190,13 +178,12 @@ impl<K> Builder<K> {
 
     /// Builds the guard. It fails open until [`BloomGuard::warm`] (or
     /// [`BloomGuard::rebuild`]) puts a first filter in place.
-    pub fn build(mut self) -> BloomGuard<K> {
+    pub fn build(mut self) -> BloomGuard {
         if self.config.debug_header {
             self.config.absent = self.config.absent.with_debug_header();
         }
         BloomGuard {
             shared: Arc::new(Shared::new(self.config)),
-            extractor: self.extractor,
         }
     }
 }

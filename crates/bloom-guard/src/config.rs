@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::key_type::KeyType;
 use crate::response::CannedResponse;
 
 /// What [`Builder`](crate::Builder) sets; read by every other part.
@@ -11,6 +12,7 @@ pub(crate) struct Config {
     pub(crate) target_fpp: f64,
     pub(crate) headroom: f64,
     pub(crate) max_key_len: usize,
+    pub(crate) key_type: KeyType,
     pub(crate) absent: CannedResponse,
     pub(crate) write_window: Duration,
     pub(crate) progress_interval: Duration,
@@ -29,6 +31,7 @@ impl Default for Config {
             target_fpp: 0.001,
             headroom: 0.25,
             max_key_len: 512,
+            key_type: KeyType::Text,
             absent: CannedResponse::not_found(),
             write_window: Duration::from_secs(60),
             progress_interval: Duration::from_secs(5),

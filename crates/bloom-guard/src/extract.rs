@@ -22,14 +22,13 @@ use crate::key::{Key, KeyError};
 /// use http::Request;
 ///
 /// // The key is the `X-Tenant` header and the last path segment, joined.
-/// let guard = BloomGuard::builder()
-///     .key(|req: &Request<Body>| {
-///         let tenant = req.headers().get("x-tenant")?.to_str().ok()?;
-///         let id = req.uri().path().rsplit('/').next()?;
-///         Some(format!("{tenant}:{id}"))
-///     })
-///     .build();
-/// # drop(guard);
+/// let guard = BloomGuard::builder().build();
+/// let layer = guard.layer(|req: &Request<Body>| {
+///     let tenant = req.headers().get("x-tenant")?.to_str().ok()?;
+///     let id = req.uri().path().rsplit('/').next()?;
+///     Some(format!("{tenant}:{id}"))
+/// });
+/// # drop(layer);
 /// ```
 pub trait KeyExtractor<B>: Clone {
     /// Extracts the key of `req`, borrowing from it where possible.
@@ -50,76 +49,6 @@ where
     }
 }
 
-/// The value of a named axum path parameter, such as `key` in `/items/{key}`.
-///
-/// Decoded with [`Key::from_path_segment`]: malformed escapes and dot
-/// segments get a 400.
-///
-/// Reads axum's [`MatchedPath`](axum::extract::MatchedPath), so the guard
-/// must sit inside the router: use `Router::route_layer` (recommended: unknown
-/// routes keep their normal 404) or `Router::layer`. The value is
-/// percent-decoded exactly as axum's `Path` extractor decodes it. A catch-all
-/// parameter (`/files/{*key}`) works for routers that are not nested; use a
-/// closure for those.
-///
-/// # Example
-///
-/// ```
-/// use axum::{routing::get, Router};
-/// use bloom_guard::{BloomGuard, PathParam};
-///
-/// let guard = BloomGuard::builder().key(PathParam("key")).build();
-/// let app: Router = Router::new()
-///     .route("/items/{key}", get(|| async { "found" }))
-///     .route_layer(guard);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PathParam(pub &'static str);
-
-impl<B> KeyExtractor<B> for PathParam {
-    fn extract<'r>(&self, req: &'r Request<B>) -> Result<Option<Key<'r>>, KeyError> {
-        let Some(matched) = req.extensions().get::<axum::extract::MatchedPath>() else {
-            return Ok(None);
-        };
-        path_param(matched.as_str(), req.uri().path(), self.0)
-            .map(Key::from_path_segment)
-            .transpose()
-    }
-}
-
-/// Finds the raw (still percent-encoded) value of parameter `name` of the
-/// route `template` in `path`.
-///
-/// Segments are counted from the end, because a nested router sees its own
-/// part of the path while `MatchedPath` holds the whole route.
-fn path_param<'p>(template: &str, path: &'p str, name: &str) -> Option<&'p str> {
-    // The common route, `/.../{name}`: the last segment, found from the end.
-    if let Some(last) = template.strip_suffix('}') {
-        if last.ends_with(name) && last[..last.len() - name.len()].ends_with("/{") {
-            return path.rsplit_once('/').map(|(_, value)| value);
-        }
-    }
-    let is_param = |segment: &str, wildcard: bool| {
-        let inner = segment.strip_prefix('{')?.strip_suffix('}')?;
-        let inner = if wildcard {
-            inner.strip_prefix('*')?
-        } else {
-            inner
-        };
-        (inner == name).then_some(())
-    };
-    if let Some(last) = template.rsplit('/').next() {
-        if is_param(last, true).is_some() {
-            let before = template.split('/').count() - 1;
-            return path.splitn(before + 1, '/').nth(before);
-        }
-    }
-    let from_end = template
-        .rsplit('/')
-        .position(|s| is_param(s, false).is_some())?;
-    path.rsplit('/').nth(from_end)
-}
-
 /// The path segment at an index (0 is the segment after the first `/`),
 /// percent-decoded. Works outside axum, in any tower stack.
 ///
@@ -129,8 +58,9 @@ fn path_param<'p>(template: &str, path: &'p str, name: &str) -> Option<&'p str> 
 /// use bloom_guard::{BloomGuard, PathSegment};
 ///
 /// // `/items/{key}`: the key is segment 1.
-/// let guard = BloomGuard::builder().key(PathSegment(1)).build();
-/// # drop(guard);
+/// let guard = BloomGuard::builder().build();
+/// let layer = guard.layer(PathSegment(1));
+/// # drop(layer);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PathSegment(pub usize);
@@ -158,8 +88,9 @@ impl<B> KeyExtractor<B> for PathSegment {
 /// use bloom_guard::{BloomGuard, QueryParam};
 ///
 /// // `/lookup?id=42`
-/// let guard = BloomGuard::builder().key(QueryParam("id")).build();
-/// # drop(guard);
+/// let guard = BloomGuard::builder().build();
+/// let layer = guard.layer(QueryParam("id"));
+/// # drop(layer);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueryParam(pub &'static str);
@@ -183,10 +114,9 @@ impl<B> KeyExtractor<B> for QueryParam {
 /// use bloom_guard::{BloomGuard, Header};
 /// use http::HeaderName;
 ///
-/// let guard = BloomGuard::builder()
-///     .key(Header(HeaderName::from_static("x-api-key")))
-///     .build();
-/// # drop(guard);
+/// let guard = BloomGuard::builder().build();
+/// let layer = guard.layer(Header(HeaderName::from_static("x-api-key")));
+/// # drop(layer);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header(pub HeaderName);
@@ -213,30 +143,6 @@ mod tests {
 
     fn bytes(key: Option<Key<'_>>) -> Option<Vec<u8>> {
         key.map(|k| k.as_bytes().to_vec())
-    }
-
-    #[test]
-    fn path_param_finds_the_named_segment() {
-        assert_eq!(
-            path_param("/items/{key}", "/items/a%2Fb", "key"),
-            Some("a%2Fb")
-        );
-        assert_eq!(
-            path_param("/t/{tenant}/items/{key}", "/t/x/items/y", "tenant"),
-            Some("x")
-        );
-        assert_eq!(
-            path_param("/t/{tenant}/items/{key}", "/t/x/items/y", "key"),
-            Some("y")
-        );
-        // nested: the router saw `/items/y` while the route is `/api/items/{key}`
-        assert_eq!(path_param("/api/items/{key}", "/items/y", "key"), Some("y"));
-        assert_eq!(
-            path_param("/files/{*key}", "/files/a/b%20c", "key"),
-            Some("a/b%20c")
-        );
-        assert_eq!(path_param("/items/{id}", "/items/y", "key"), None);
-        assert_eq!(path_param("/items/key", "/items/key", "key"), None);
     }
 
     #[test]

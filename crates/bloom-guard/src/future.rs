@@ -7,6 +7,8 @@ use std::task::{Context, Poll};
 use http::Response;
 use pin_project_lite::pin_project;
 
+use crate::body::ResponseBody;
+
 pin_project! {
     /// The inner service's future, or the guard's own answer.
     pub struct ResponseFuture<F, B> {
@@ -19,7 +21,7 @@ pin_project! {
     #[project = KindProj]
     enum Kind<F, B> {
         Inner { #[pin] future: F },
-        Answered { response: Option<Response<B>> },
+        Answered { response: Option<Response<ResponseBody<B>>> },
     }
 }
 
@@ -30,7 +32,7 @@ impl<F, B> ResponseFuture<F, B> {
         }
     }
 
-    pub(crate) fn answered(response: Response<B>) -> Self {
+    pub(crate) fn answered(response: Response<ResponseBody<B>>) -> Self {
         Self {
             kind: Kind::Answered {
                 response: Some(response),
@@ -43,11 +45,13 @@ impl<F, B, E> Future for ResponseFuture<F, B>
 where
     F: Future<Output = Result<Response<B>, E>>,
 {
-    type Output = Result<Response<B>, E>;
+    type Output = Result<Response<ResponseBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            KindProj::Inner { future } => future.poll(cx),
+            KindProj::Inner { future } => future
+                .poll(cx)
+                .map(|result| result.map(|response| response.map(ResponseBody::inner))),
             KindProj::Answered { response } => {
                 Poll::Ready(Ok(response.take().expect("future polled after completion")))
             }

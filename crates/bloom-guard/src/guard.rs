@@ -5,22 +5,26 @@ use std::sync::Arc;
 use http::Request;
 
 use crate::builder::Builder;
-use crate::extract::{KeyExtractor, PathParam};
+use crate::extract::KeyExtractor;
 use crate::key::{Key, KeyError};
+use crate::layer::GuardLayer;
+use crate::methods::Methods;
 use crate::response::CannedResponse;
 use crate::shared::Shared;
 use crate::source::KeyBatch;
 use crate::stats::{FeedStatus, Stats};
 
-/// A Bloom filter of every key in a database, and the tower [`Layer`] that
-/// answers requests for keys it does not hold.
+/// A Bloom filter of every key of a database table, shared by the layers
+/// that answer requests for keys it does not hold.
 ///
 /// # The handle
 ///
-/// `BloomGuard` is a cheap-to-clone handle (an `Arc` inside): keep one in
-/// your application state to [`insert`](Self::insert) keys as you write them,
-/// hand one to [`warm`](Self::warm) to load the database's keys, and pass one
-/// to `.route_layer(..)` to guard routes. All clones share one filter.
+/// `BloomGuard` is a cheap-to-clone handle (an `Arc` inside), the same type
+/// for every guard: keep it in your application state to
+/// [`insert`](Self::insert) keys as you write them, hand it to a follower
+/// or [`warm`](Self::warm) to load the database's keys, and make a tower
+/// [`Layer`] for each route with [`layer`](Self::layer), telling it where
+/// the route's key is. All clones and layers share one filter.
 ///
 /// # Failing open
 ///
@@ -38,13 +42,12 @@ use crate::stats::{FeedStatus, Stats};
 /// let guard = BloomGuard::builder()
 ///     .expected_items(1_000_000)
 ///     .false_positive_rate(0.001)
-///     .key(PathParam("key"))
 ///     .build();
 /// tokio::spawn(guard.clone().warm(KeyList::new(["alice", "bob"])));
 ///
 /// let app: Router = Router::new()
 ///     .route("/items/{key}", get(|| async { "found" }))
-///     .route_layer(guard.clone());
+///     .route_layer(guard.layer(PathParam("key")));
 ///
 /// guard.insert("carol"); // before the row commits
 /// # }
@@ -52,9 +55,8 @@ use crate::stats::{FeedStatus, Stats};
 ///
 /// [`Layer`]: tower_layer::Layer
 #[derive(Debug, Clone)]
-pub struct BloomGuard<K = PathParam> {
+pub struct BloomGuard {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) extractor: K,
 }
 
 /// What the guard decided for one request.
@@ -65,16 +67,63 @@ pub(crate) enum Verdict<'a> {
 }
 
 impl BloomGuard {
-    /// A builder with the defaults: the key is the axum path parameter
-    /// `key`, 1000 expected items, a 0.1% false-positive rate, keys of at
+    /// A builder with the defaults: text keys, 1000 expected items, a 0.1% false-positive rate, keys of at
     /// most 512 bytes, and [`not_found_response`](crate::not_found_response)
     /// for absent keys.
-    pub fn builder() -> Builder<PathParam> {
+    pub fn builder() -> Builder {
         Builder::default()
     }
-}
 
-impl<K> BloomGuard<K> {
+    /// A tower [`Layer`](tower_layer::Layer) that guards the routes it wraps with this guard,
+    /// reading each request's key with `extractor` (a [`PathParam`](crate::PathParam),
+    /// [`PathSegment`](crate::PathSegment), [`QueryParam`](crate::QueryParam),
+    /// [`Header`](crate::Header), or a closure). Only `GET` and `HEAD` are
+    /// checked unless [`GuardLayer::methods`] says otherwise. Use it with
+    /// `route_layer`, so unknown routes keep their normal 404.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use axum::{routing::get, Router};
+    /// use bloom_guard::{BloomGuard, PathParam, QueryParam};
+    ///
+    /// let users = BloomGuard::builder().name("users").build();
+    /// let app: Router = Router::new()
+    ///     .route("/users/{id}", get(|| async { "a user" }))
+    ///     .route_layer(users.layer(PathParam("id")))
+    ///     .route("/profile", get(|| async { "a profile" }))
+    ///     .route_layer(users.layer(QueryParam("user")));
+    /// ```
+    pub fn layer<K>(&self, extractor: K) -> GuardLayer<K> {
+        GuardLayer {
+            guard: self.clone(),
+            extractor,
+            methods: Methods::READS,
+        }
+    }
+
+    /// The guard's name (see [`Builder::name`](crate::Builder::name)).
+    pub fn name(&self) -> &'static str {
+        self.shared.config.name
+    }
+
+    /// Waits until a filter is in place and the guard answers absent keys.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use bloom_guard::{BloomGuard, KeyList};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = BloomGuard::builder().build();
+    /// tokio::spawn(guard.clone().warm(KeyList::new(["a"])));
+    /// guard.ready().await;
+    /// assert!(!guard.may_contain("b"));
+    /// # }
+    /// ```
+    pub async fn ready(&self) {
+        self.shared.ready().await;
+    }
     /// Adds a key to the filter: call it before the row holding the key
     /// commits.
     ///
@@ -114,10 +163,13 @@ impl<K> BloomGuard<K> {
         self.shared.record_feed(status);
     }
 
-    /// Whether the key may exist: `false` means it certainly does not.
+    /// Whether the key may exist: `false` means it certainly does not. The
+    /// key is put in the guard's [`KeyType`](crate::KeyType) form first.
     /// Always `true` while no filter is in place (the guard fails open).
     pub fn may_contain(&self, key: impl AsRef<[u8]>) -> bool {
-        self.shared.may_contain(&Key::from(key.as_ref()))
+        let key = Key::from(key.as_ref());
+        self.shared
+            .may_contain(&self.shared.config.key_type.canonical_or_same(key))
     }
 
     /// Whether a filter is in place and the guard answers absent keys.
@@ -155,14 +207,14 @@ impl<K> BloomGuard<K> {
     /// # Example
     ///
     /// ```
-    /// use bloom_guard::{BloomGuard, KeyList, State};
+    /// use bloom_guard::{BloomGuard, KeyList, GuardState};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let guard = BloomGuard::builder().build();
     /// guard.clone().warm(KeyList::new(["a"])).await;
     /// let hold = guard.hold_open();
     /// assert!(guard.may_contain("b"));
-    /// assert_eq!(guard.stats().state, State::Degraded);
+    /// assert_eq!(guard.stats().state, GuardState::Degraded);
     /// drop(hold);
     /// assert!(!guard.may_contain("b"));
     /// # }
@@ -181,14 +233,18 @@ impl<K> BloomGuard<K> {
     }
 
     /// Decides a request: pass it on, answer it as absent, or refuse its key.
-    pub(crate) fn check<B>(&self, req: &Request<B>) -> Verdict<'_>
+    pub(crate) fn check<B, K>(&self, extractor: &K, req: &Request<B>) -> Verdict<'_>
     where
         K: KeyExtractor<B>,
     {
         let shared = &*self.shared;
-        let key = match self.extractor.extract(req) {
+        let key = match extractor.extract(req) {
             Ok(Some(key)) => key,
             Ok(None) => return Verdict::Pass,
+            Err(KeyError::Unguardable(why)) => {
+                shared.count_unguarded(why);
+                return Verdict::Pass;
+            }
             Err(error) => {
                 shared.count_bad_key();
                 return Verdict::BadKey(error);
@@ -196,7 +252,7 @@ impl<K> BloomGuard<K> {
         };
         if key.is_empty() {
             shared.count_bad_key();
-            return Verdict::BadKey(KeyError::Malformed("empty key"));
+            return Verdict::BadKey(KeyError::Empty);
         }
         let max = shared.config.max_key_len;
         if key.len() > max {
@@ -206,13 +262,13 @@ impl<K> BloomGuard<K> {
                 max,
             });
         }
-        // Requests carry text: a key that is not UTF-8 names no stored key
-        // the filter holds (see `KeyBatch::push_text`), so the handler
-        // answers it as it would unguarded.
-        if std::str::from_utf8(key.as_bytes()).is_err() {
+        // A value that is not a key of the guard's type (not UTF-8, not a
+        // number, not a UUID) names no stored key the filter holds in that
+        // form: the handler answers it as it would unguarded.
+        let Some(key) = shared.config.key_type.canonical(key) else {
             shared.count_passed();
             return Verdict::Pass;
-        }
+        };
         if shared.may_contain(&key) {
             shared.count_passed();
             Verdict::Pass

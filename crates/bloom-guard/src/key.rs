@@ -44,7 +44,8 @@ impl<'a> Key<'a> {
     ///
     /// # Errors
     ///
-    /// [`KeyError::Malformed`] for a bad escape or a dot segment.
+    /// [`KeyError::InvalidPercentEncoding`] for a bad escape,
+    /// [`KeyError::DotSegment`] for `.` and `..` (also encoded).
     ///
     /// # Example
     ///
@@ -52,8 +53,8 @@ impl<'a> Key<'a> {
     /// use bloom_guard::{Key, KeyError};
     ///
     /// assert_eq!(Key::from_path_segment("a%2Fb"), Ok(Key::from("a/b")));
-    /// assert!(matches!(Key::from_path_segment("100%"), Err(KeyError::Malformed(_))));
-    /// assert!(matches!(Key::from_path_segment("%2E%2E"), Err(KeyError::Malformed(_))));
+    /// assert!(matches!(Key::from_path_segment("100%"), Err(KeyError::InvalidPercentEncoding)));
+    /// assert!(matches!(Key::from_path_segment("%2E%2E"), Err(KeyError::DotSegment)));
     /// ```
     pub fn from_path_segment(encoded: &'a str) -> Result<Self, KeyError> {
         let key = if !encoded.as_bytes().contains(&b'%') {
@@ -62,10 +63,10 @@ impl<'a> Key<'a> {
         } else if valid_escapes(encoded.as_bytes()) {
             Self::from_percent_encoded(encoded)
         } else {
-            return Err(KeyError::Malformed("invalid percent-encoding"));
+            return Err(KeyError::InvalidPercentEncoding);
         };
         if key.as_bytes() == b"." || key.as_bytes() == b".." {
-            return Err(KeyError::Malformed("dot segment"));
+            return Err(KeyError::DotSegment);
         }
         Ok(key)
     }
@@ -166,18 +167,31 @@ impl<'a> From<Cow<'a, str>> for Key<'a> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
-    /// The key is longer than the guard's limit. Raise
-    /// [`Builder::max_key_len`](crate::Builder::max_key_len) if such keys are legitimate.
+    /// The key is longer than [`Builder::max_key_len`](crate::Builder::max_key_len).
     #[error("key is {len} bytes long, the limit is {max}")]
     TooLong {
         /// The key's length in bytes, after decoding.
         len: usize,
-        /// The configured limit.
+        /// The limit.
         max: usize,
     },
-    /// The key can never exist, for the reason given.
-    #[error("malformed key: {0}")]
-    Malformed(&'static str),
+    /// The key is empty.
+    #[error("key must not be empty")]
+    Empty,
+    /// A `%` not followed by two hex digits.
+    #[error("malformed key: invalid percent-encoding")]
+    InvalidPercentEncoding,
+    /// `.` or `..`, which clients and proxies rewrite: such a key can
+    /// never be requested.
+    #[error("malformed key: dot segment")]
+    DotSegment,
+    /// The extractor cannot find keys where this layer sits (a
+    /// [`PathParam`](crate::PathParam) outside an axum router): the request
+    /// passes unguarded, is counted in
+    /// [`Stats::unguarded`](crate::Stats::unguarded), and the first one is
+    /// logged at warn level. Not an answer to the client.
+    #[error("cannot guard this request: {0}")]
+    Unguardable(&'static str),
 }
 
 #[cfg(test)]
@@ -211,18 +225,12 @@ mod tests {
     fn path_segments_are_decoded_strictly() {
         assert_eq!(Key::from_path_segment("a%20b"), Ok(Key::from("a b")));
         assert_eq!(Key::from_path_segment("..."), Ok(Key::from("...")));
-        assert_eq!(
-            Key::from_path_segment("%2e"),
-            Err(KeyError::Malformed("dot segment"))
-        );
-        assert_eq!(
-            Key::from_path_segment(".."),
-            Err(KeyError::Malformed("dot segment"))
-        );
+        assert_eq!(Key::from_path_segment("%2e"), Err(KeyError::DotSegment));
+        assert_eq!(Key::from_path_segment(".."), Err(KeyError::DotSegment));
         for bad in ["%", "%2", "%zz", "a%g1", "ok%2Fthen%"] {
             assert_eq!(
                 Key::from_path_segment(bad),
-                Err(KeyError::Malformed("invalid percent-encoding")),
+                Err(KeyError::InvalidPercentEncoding),
                 "{bad}"
             );
         }

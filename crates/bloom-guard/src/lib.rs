@@ -2,6 +2,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backoff;
+mod body;
 mod builder;
 mod config;
 mod counter;
@@ -12,8 +13,12 @@ mod future;
 mod guard;
 mod journal;
 mod key;
+mod key_type;
 mod layer;
+mod methods;
 mod metrics;
+#[cfg(feature = "axum")]
+mod path_param;
 mod rebuild;
 mod response;
 mod scan;
@@ -28,16 +33,22 @@ pub mod admin;
 #[cfg(feature = "cache")]
 mod cache;
 
+pub use body::ResponseBody;
 pub use builder::Builder;
 pub use error::BuildError;
-pub use extract::{Header, KeyExtractor, PathParam, PathSegment, QueryParam};
+pub use extract::{Header, KeyExtractor, PathSegment, QueryParam};
 pub use future::ResponseFuture;
 pub use guard::{BloomGuard, HoldOpen};
 pub use key::{Key, KeyError};
+pub use key_type::KeyType;
+pub use layer::GuardLayer;
+pub use methods::Methods;
+#[cfg(feature = "axum")]
+pub use path_param::{PathParam, PathParams};
 pub use response::not_found_response;
 pub use service::BloomGuardService;
 pub use source::{KeyBatch, KeyList, KeySource};
-pub use stats::{FeedStatus, State, Stats};
+pub use stats::{FeedStatus, GuardState, Stats};
 
 #[cfg(feature = "cache")]
 pub use cache::{CacheBuilder, CacheStats, ReadThroughCache};

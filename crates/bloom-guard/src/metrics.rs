@@ -20,7 +20,7 @@ pub(crate) fn record_build(shared: &Shared, elapsed: Duration, ok: bool) {
 pub(crate) fn record_build(_: &Shared, _: Duration, _: bool) {}
 
 #[cfg(feature = "metrics")]
-impl<K> crate::BloomGuard<K> {
+impl crate::BloomGuard {
     /// Publishes the guard's counters and gauges to the installed `metrics`
     /// recorder. Call it when metrics are scraped: the request path keeps
     /// its own atomic counters and never calls the recorder.
@@ -48,7 +48,7 @@ impl<K> crate::BloomGuard<K> {
         metrics::gauge!("bloom_guard_observed_fpp", "guard" => guard).set(stats.observed_fpp);
         metrics::gauge!("bloom_guard_target_fpp", "guard" => guard).set(stats.target_fpp);
         metrics::gauge!("bloom_guard_generation", "guard" => guard).set(stats.generation as f64);
-        let ready = stats.state == crate::State::Ready;
+        let ready = stats.state == crate::GuardState::Ready;
         metrics::gauge!("bloom_guard_ready", "guard" => guard).set(if ready { 1.0 } else { 0.0 });
     }
 }

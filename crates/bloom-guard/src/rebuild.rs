@@ -14,7 +14,7 @@ use crate::single_flight::InFlight;
 use crate::source::KeySource;
 use crate::stats::Stats;
 
-impl<K> BloomGuard<K> {
+impl BloomGuard {
     /// Loads every key of `source` into a first filter, retrying until it
     /// succeeds, and returns once the guard is ready.
     ///
@@ -234,7 +234,7 @@ pub(crate) mod tests {
     use futures_util::stream::{self, BoxStream, StreamExt};
     use tokio::sync::oneshot;
 
-    use crate::{BloomGuard, KeyBatch, KeyList, KeySource, State};
+    use crate::{BloomGuard, GuardState, KeyBatch, KeyList, KeySource};
 
     #[derive(Debug, thiserror::Error)]
     #[error("database unreachable")]
@@ -372,7 +372,7 @@ pub(crate) mod tests {
         let warming = tokio::spawn(guard.clone().warm(source));
         tokio::time::sleep(Duration::from_millis(50)).await;
         let stats = guard.stats();
-        assert_eq!(stats.state, State::Degraded);
+        assert_eq!(stats.state, GuardState::Degraded);
         assert_eq!(
             stats.last_error.as_deref(),
             Some("the key source failed: database unreachable")
@@ -386,7 +386,7 @@ pub(crate) mod tests {
         let stats = guard.stats();
         assert_eq!(
             (stats.state, stats.generation, stats.last_error),
-            (State::Ready, 1, None)
+            (GuardState::Ready, 1, None)
         );
         assert!(!guard.may_contain("anything"));
     }
@@ -526,7 +526,7 @@ pub(crate) mod tests {
         };
         assert!(guard.rebuild(&failing).await.is_err());
         let stats = guard.stats();
-        assert_eq!((stats.state, stats.generation), (State::Ready, 1));
+        assert_eq!((stats.state, stats.generation), (GuardState::Ready, 1));
         assert!(stats.last_error.is_some());
         assert!(guard.may_contain("kept"));
         assert!(!guard.may_contain("other"));

@@ -4,6 +4,7 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
+use crate::body::ResponseBody;
 use crate::key::KeyError;
 
 /// A response the guard sends without calling the inner service: kept as
@@ -42,26 +43,16 @@ impl CannedResponse {
     }
 
     pub(crate) fn bad_key(error: &KeyError) -> Self {
-        match error {
-            KeyError::TooLong { .. } => {
-                Self::json(StatusCode::BAD_REQUEST, r#"{"error":"key too long"}"#)
+        let body = match error {
+            KeyError::TooLong { .. } => r#"{"error":"key too long"}"#,
+            KeyError::Empty => r#"{"error":"key must not be empty"}"#,
+            KeyError::InvalidPercentEncoding => {
+                r#"{"error":"malformed key: invalid percent-encoding"}"#
             }
-            KeyError::Malformed("invalid percent-encoding") => Self::json(
-                StatusCode::BAD_REQUEST,
-                r#"{"error":"malformed key: invalid percent-encoding"}"#,
-            ),
-            KeyError::Malformed("dot segment") => Self::json(
-                StatusCode::BAD_REQUEST,
-                r#"{"error":"malformed key: dot segment"}"#,
-            ),
-            KeyError::Malformed("empty key") => Self::json(
-                StatusCode::BAD_REQUEST,
-                r#"{"error":"key must not be empty"}"#,
-            ),
-            KeyError::Malformed(_) => {
-                Self::json(StatusCode::BAD_REQUEST, r#"{"error":"malformed key"}"#)
-            }
-        }
+            KeyError::DotSegment => r#"{"error":"malformed key: dot segment"}"#,
+            KeyError::Unguardable(_) => r#"{"error":"malformed key"}"#,
+        };
+        Self::json(StatusCode::BAD_REQUEST, body)
     }
 
     /// Marks the response as the guard's own, for operators.
@@ -71,8 +62,8 @@ impl CannedResponse {
         self
     }
 
-    pub(crate) fn to_response<B: From<Bytes>>(&self) -> Response<B> {
-        let mut response = Response::new(B::from(self.body.clone()));
+    pub(crate) fn to_response<B>(&self) -> Response<ResponseBody<B>> {
+        let mut response = Response::new(ResponseBody::answer(self.body.clone()));
         *response.status_mut() = self.status;
         response.headers_mut().clone_from(&self.headers);
         response
@@ -95,5 +86,9 @@ impl CannedResponse {
 /// assert_eq!(response.body().as_ref(), br#"{"error":"not found"}"#);
 /// ```
 pub fn not_found_response() -> Response<Bytes> {
-    CannedResponse::not_found().to_response()
+    let canned = CannedResponse::not_found();
+    let mut response = Response::new(canned.body.clone());
+    *response.status_mut() = canned.status;
+    *response.headers_mut() = canned.headers;
+    response
 }

@@ -47,6 +47,7 @@ pub(crate) async fn scan<S: KeySource>(
     let mut last_report = (Instant::now(), 0_u64);
     while let Some(batch) = keys.next().await {
         let batch = batch.map_err(BuildError::source)?;
+        let batch = config.key_type.canonical_batch(&batch);
         filter.insert_batch(&batch, &mut hashes);
         if sample.len() < SAMPLE_SIZE {
             sample.extend(

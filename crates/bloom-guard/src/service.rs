@@ -2,30 +2,32 @@
 
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
+use crate::body::ResponseBody;
 use crate::extract::KeyExtractor;
 use crate::future::ResponseFuture;
-use crate::guard::{BloomGuard, Verdict};
+use crate::guard::Verdict;
+use crate::layer::GuardLayer;
 use crate::response::CannedResponse;
 
 /// Answers requests whose key is absent from the filter; passes the rest to
 /// the inner service.
 ///
-/// Created by layering a [`BloomGuard`]. Requests without a key, and every
-/// request while no filter is in place, go to the inner service.
+/// Made by a [`GuardLayer`]. Requests of methods the layer does not check,
+/// requests without a key, and every request while no filter is in place go
+/// to the inner service.
 #[derive(Debug, Clone)]
 pub struct BloomGuardService<S, K> {
     inner: S,
-    guard: BloomGuard<K>,
+    layer: GuardLayer<K>,
 }
 
 impl<S, K> BloomGuardService<S, K> {
-    /// Guards `inner` with `guard`.
-    pub fn new(inner: S, guard: BloomGuard<K>) -> Self {
-        Self { inner, guard }
+    /// Guards `inner` as `layer` says.
+    pub fn new(inner: S, layer: GuardLayer<K>) -> Self {
+        Self { inner, layer }
     }
 
     /// The inner service.
@@ -48,9 +50,8 @@ impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for BloomGuardService<S, 
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     K: KeyExtractor<ReqBody>,
-    ResBody: From<Bytes>,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, ResBody>;
 
@@ -59,7 +60,10 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let response = match self.guard.check(&req) {
+        if !self.layer.methods.contains(req.method()) {
+            return ResponseFuture::inner(self.inner.call(req));
+        }
+        let response = match self.layer.guard.check(&self.layer.extractor, &req) {
             Verdict::Pass => return ResponseFuture::inner(self.inner.call(req)),
             Verdict::Reject(absent) => absent.to_response(),
             Verdict::BadKey(error) => {
@@ -87,7 +91,7 @@ mod tests {
     use crate::{BloomGuard, KeyList, PathParam, PathSegment};
 
     /// An inner service that counts its calls.
-    fn counting_app(guard: BloomGuard) -> (Router, Arc<AtomicUsize>) {
+    fn counting_app(guard: &BloomGuard) -> (Router, Arc<AtomicUsize>) {
         let calls = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&calls);
         let app = Router::new()
@@ -99,29 +103,19 @@ mod tests {
                 }),
             )
             .route("/health", get(|| async { "ok" }))
-            .route_layer(guard);
+            .route_layer(guard.layer(PathParam("key")));
         (app, calls)
     }
 
     async fn warm_guard(keys: &[&str]) -> BloomGuard {
-        let guard = BloomGuard::builder().key(PathParam("key")).build();
+        let guard = BloomGuard::builder().build();
         guard.clone().warm(KeyList::new(keys)).await;
         guard
     }
 
     async fn get_uri(app: &Router, uri: &str) -> (StatusCode, String) {
-        let request = http::Request::get(uri)
-            .body(Body::empty())
-            .expect("valid request");
-        let response = app.clone().oneshot(request).await.expect("infallible");
-        let status = response.status();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes();
-        (status, String::from_utf8_lossy(&body).into_owned())
+        let (status, _, body) = answer(app, &http::Method::GET, uri).await;
+        (status, body)
     }
 
     #[tokio::test]
@@ -139,7 +133,7 @@ mod tests {
             .rebuild(&KeyList::new(["present"]))
             .await
             .expect("build");
-        let (app, calls) = counting_app(guard.clone());
+        let (app, calls) = counting_app(&guard);
 
         let request = http::Request::get("/items/absent")
             .body(Body::empty())
@@ -162,7 +156,7 @@ mod tests {
 
     #[tokio::test]
     async fn default_absent_response_is_a_json_404() {
-        let (app, _) = counting_app(warm_guard(&["present"]).await);
+        let (app, _) = counting_app(&warm_guard(&["present"]).await);
         assert_eq!(
             get_uri(&app, "/items/absent").await,
             (StatusCode::NOT_FOUND, r#"{"error":"not found"}"#.to_owned())
@@ -172,7 +166,7 @@ mod tests {
     #[tokio::test]
     async fn present_key_reaches_the_inner_service() {
         let guard = warm_guard(&["present", "a/b c"]).await;
-        let (app, calls) = counting_app(guard.clone());
+        let (app, calls) = counting_app(&guard);
         assert_eq!(
             get_uri(&app, "/items/present").await,
             (StatusCode::OK, "inner".to_owned())
@@ -187,7 +181,7 @@ mod tests {
 
     #[tokio::test]
     async fn requests_without_a_key_pass() {
-        let (app, _) = counting_app(warm_guard(&[]).await);
+        let (app, _) = counting_app(&warm_guard(&[]).await);
         assert_eq!(
             get_uri(&app, "/health").await,
             (StatusCode::OK, "ok".to_owned())
@@ -202,7 +196,7 @@ mod tests {
     #[tokio::test]
     async fn everything_passes_until_the_filter_is_warm() {
         let guard = BloomGuard::builder().build();
-        let (app, calls) = counting_app(guard.clone());
+        let (app, calls) = counting_app(&guard);
         assert_eq!(get_uri(&app, "/items/anything").await.0, StatusCode::OK);
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         guard.rebuild(&KeyList::new(["x"])).await.expect("build");
@@ -222,7 +216,7 @@ mod tests {
             .rebuild(&KeyList::new([long.as_str()]))
             .await
             .expect("build");
-        let (app, calls) = counting_app(guard.clone());
+        let (app, calls) = counting_app(&guard);
         let (status, body) = get_uri(&app, &format!("/items/{long}")).await;
         assert_eq!(
             (status, body.as_str()),
@@ -241,16 +235,16 @@ mod tests {
 
     #[tokio::test]
     async fn works_in_a_plain_tower_stack() {
-        let guard = BloomGuard::builder().key(PathSegment(1)).build();
+        let guard = BloomGuard::builder().build();
         guard
             .rebuild(&KeyList::new(["present"]))
             .await
             .expect("build");
-        let svc = ServiceBuilder::new().layer(guard).service(service_fn(
-            |_req: http::Request<()>| async {
+        let svc = ServiceBuilder::new()
+            .layer(guard.layer(PathSegment(1)))
+            .service(service_fn(|_req: http::Request<()>| async {
                 Ok::<_, Infallible>(http::Response::new(Body::from("inner")))
-            },
-        ));
+            }));
         let present = http::Request::get("/items/present")
             .body(())
             .expect("valid request");
@@ -273,7 +267,7 @@ mod tests {
         let request = http::Request::get("/items/absent")
             .body(Body::empty())
             .expect("valid request");
-        let response = counting_app(quiet)
+        let response = counting_app(&quiet)
             .0
             .oneshot(request)
             .await
@@ -288,7 +282,7 @@ mod tests {
         let request = http::Request::get("/items/absent")
             .body(Body::empty())
             .expect("valid request");
-        let response = counting_app(guard)
+        let response = counting_app(&guard)
             .0
             .oneshot(request)
             .await
@@ -300,7 +294,7 @@ mod tests {
     #[tokio::test]
     async fn malformed_and_empty_keys_are_refused() {
         let guard = warm_guard(&["a"]).await;
-        let (app, calls) = counting_app(guard.clone());
+        let (app, calls) = counting_app(&guard);
         for path in ["/items/%zz", "/items/..", "/items/%2e"] {
             let (status, body) = get_uri(&app, path).await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
@@ -310,7 +304,7 @@ mod tests {
             );
         }
         let svc = ServiceBuilder::new()
-            .layer(BloomGuard::builder().key(crate::QueryParam("id")).build())
+            .layer(BloomGuard::builder().build().layer(crate::QueryParam("id")))
             .service(service_fn(|_req: http::Request<()>| async {
                 Ok::<_, Infallible>(http::Response::new(Body::from("inner")))
             }));
@@ -328,12 +322,201 @@ mod tests {
     #[tokio::test]
     async fn inserted_keys_pass_at_once() {
         let guard = warm_guard(&["a"]).await;
-        let (app, _) = counting_app(guard.clone());
+        let (app, _) = counting_app(&guard);
         assert_eq!(
             get_uri(&app, "/items/new%0Akey").await.0,
             StatusCode::NOT_FOUND
         );
         guard.insert("new\nkey");
         assert_eq!(get_uri(&app, "/items/new%0Akey").await.0, StatusCode::OK);
+    }
+
+    /// An items API: GET finds the key among `stored`, PUT creates, DELETE
+    /// removes; other methods get axum's 405. Counts its calls.
+    fn items_api(stored: &'static [&'static str]) -> (Router, Arc<AtomicUsize>) {
+        use axum::extract::Path;
+        use axum::response::IntoResponse;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (get_calls, put_calls, delete_calls) = (calls.clone(), calls.clone(), calls.clone());
+        let app = Router::new().route(
+            "/items/{key}",
+            get(move |Path(key): Path<String>| async move {
+                get_calls.fetch_add(1, Ordering::SeqCst);
+                if stored.contains(&key.as_str()) {
+                    "found".into_response()
+                } else {
+                    crate::not_found_response().map(Body::from).into_response()
+                }
+            })
+            .put(move || async move {
+                put_calls.fetch_add(1, Ordering::SeqCst);
+                StatusCode::CREATED
+            })
+            .delete(move || async move {
+                delete_calls.fetch_add(1, Ordering::SeqCst);
+                StatusCode::NO_CONTENT
+            }),
+        );
+        (app, calls)
+    }
+
+    async fn answer(
+        app: &Router,
+        method: &http::Method,
+        uri: &str,
+    ) -> (StatusCode, Vec<(String, String)>, String) {
+        let request = http::Request::builder()
+            .method(method.clone())
+            .uri(uri)
+            .body(Body::empty())
+            .expect("valid request");
+        let response = app.clone().oneshot(request).await.expect("infallible");
+        let status = response.status();
+        let mut headers: Vec<_> = response
+            .headers()
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.to_string(),
+                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        headers.sort();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        (status, headers, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn only_reads_are_checked_and_every_answer_is_the_unguarded_ones() {
+        const STORED: &[&str] = &["present"];
+        let guard = warm_guard(STORED).await;
+        // In the filter, not in the database: a false positive (as a
+        // rolled-back insert leaves).
+        let false_positive = "rolled-back".to_owned();
+        guard.insert(&false_positive);
+        let (plain, _) = items_api(STORED);
+        let (guarded, calls) = items_api(STORED);
+        let guarded = guarded.route_layer(guard.layer(PathParam("key")));
+        let methods = [
+            http::Method::GET,
+            http::Method::HEAD,
+            http::Method::POST,
+            http::Method::PUT,
+            http::Method::PATCH,
+            http::Method::DELETE,
+            http::Method::OPTIONS,
+            http::Method::TRACE,
+        ];
+        for key in ["present", "absent", false_positive.as_str()] {
+            for method in &methods {
+                let uri = format!("/items/{key}");
+                let before = calls.load(Ordering::SeqCst);
+                let expected = answer(&plain, method, &uri).await;
+                let got = answer(&guarded, method, &uri).await;
+                assert_eq!(got, expected, "{method} {uri}");
+                let reached = calls.load(Ordering::SeqCst) > before;
+                let refused = key == "absent"
+                    && (method == http::Method::GET || method == http::Method::HEAD);
+                if refused {
+                    assert!(!reached, "{method} {uri} reached the handler");
+                }
+                if key == "present" && (method == http::Method::GET || method == http::Method::PUT)
+                {
+                    assert!(reached, "{method} {uri} did not reach the handler");
+                }
+            }
+        }
+        // Only GET and HEAD of the absent key were answered by the guard.
+        assert_eq!(guard.stats().rejected, 2);
+    }
+
+    #[tokio::test]
+    async fn the_checked_methods_can_be_chosen() {
+        let guard = warm_guard(&["a"]).await;
+        let (app, _) = items_api(&["a"]);
+        let methods = crate::Methods::READS.with(&http::Method::DELETE);
+        let app = app.route_layer(guard.layer(PathParam("key")).methods(methods));
+        assert_eq!(
+            answer(&app, &http::Method::DELETE, "/items/b").await.0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            answer(&app, &http::Method::DELETE, "/items/a").await.0,
+            StatusCode::NO_CONTENT
+        );
+        assert_eq!(
+            answer(&app, &http::Method::PUT, "/items/b").await.0,
+            StatusCode::CREATED
+        );
+    }
+
+    #[tokio::test]
+    async fn a_path_param_outside_a_router_is_counted_as_unguarded() {
+        let guard = warm_guard(&["a"]).await;
+        let svc = ServiceBuilder::new()
+            .layer(guard.layer(PathParam("key")))
+            .service(service_fn(|_req: http::Request<()>| async {
+                Ok::<_, Infallible>(http::Response::new(Body::from("inner")))
+            }));
+        for _ in 0..3 {
+            let request = http::Request::get("/items/absent")
+                .body(())
+                .expect("valid request");
+            assert_eq!(
+                svc.clone().oneshot(request).await.map(|r| r.status()),
+                Ok(StatusCode::OK)
+            );
+        }
+        let stats = guard.stats();
+        assert_eq!((stats.unguarded, stats.rejected, stats.passed), (3, 0, 0));
+    }
+
+    #[tokio::test]
+    async fn typed_keys_find_every_form_of_a_stored_value() {
+        let guard = BloomGuard::builder().key_type(crate::KeyType::Uuid).build();
+        guard
+            .rebuild(&KeyList::new(["550e8400-e29b-41d4-a716-446655440000"]))
+            .await
+            .expect("build");
+        let (app, calls) = counting_app(&guard);
+        for form in [
+            "550E8400-E29B-41D4-A716-446655440000",
+            "550e8400e29b41d4a716446655440000",
+            "%7B550e8400-e29b-41d4-a716-446655440000%7D",
+        ] {
+            assert_eq!(
+                get_uri(&app, &format!("/items/{form}")).await.0,
+                StatusCode::OK,
+                "{form}"
+            );
+        }
+        // Not a UUID: the handler answers it, as it would unguarded.
+        assert_eq!(get_uri(&app, "/items/not-a-uuid").await.0, StatusCode::OK);
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+        assert_eq!(
+            get_uri(&app, "/items/6ba7b810-9dad-11d1-80b4-00c04fd430c8")
+                .await
+                .0,
+            StatusCode::NOT_FOUND
+        );
+    }
+
+    #[tokio::test]
+    async fn ready_waits_for_the_first_filter() {
+        let guard = BloomGuard::builder().build();
+        let waiting = tokio::spawn({
+            let guard = guard.clone();
+            async move { guard.ready().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        guard.rebuild(&KeyList::new(["a"])).await.expect("build");
+        waiting.await.expect("ready");
     }
 }

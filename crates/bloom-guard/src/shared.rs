@@ -14,7 +14,7 @@ use crate::filter::Filter;
 use crate::journal::Journal;
 use crate::key::Key;
 use crate::source::KeyBatch;
-use crate::stats::{FeedStatus, State, Stats};
+use crate::stats::{FeedStatus, GuardState, Stats};
 
 /// The result of the rebuild in flight, for the callers that joined it.
 pub(crate) type RebuildResult = Option<Result<Stats, BuildError>>;
@@ -39,7 +39,12 @@ pub(crate) struct Shared {
     passed: Counter,
     rejected: Counter,
     bad_keys: Counter,
+    unguarded: Counter,
+    /// Whether the first unguarded request was logged.
+    warned_unguarded: std::sync::atomic::AtomicBool,
     false_positives: Counter,
+    /// The generation in use, for [`ready`](Self::ready) to wait on.
+    generations: watch::Sender<u64>,
     last_error: Mutex<Option<String>>,
     /// What the change feed reported last.
     feed: Mutex<Option<(FeedStatus, tokio::time::Instant)>>,
@@ -69,7 +74,10 @@ impl Shared {
             passed: Counter::default(),
             rejected: Counter::default(),
             bad_keys: Counter::default(),
+            unguarded: Counter::default(),
+            warned_unguarded: std::sync::atomic::AtomicBool::new(false),
             false_positives: Counter::default(),
+            generations: watch::Sender::new(0),
             last_error: Mutex::new(None),
             feed: Mutex::new(None),
             last_build: Mutex::new(None),
@@ -117,6 +125,24 @@ impl Shared {
         self.bad_keys.increment();
     }
 
+    /// Counts a request the layer could not check, and logs the first.
+    pub(crate) fn count_unguarded(&self, why: &'static str) {
+        self.unguarded.increment();
+        if !self.warned_unguarded.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                guard = self.config.name,
+                why,
+                "a guarded route passes requests unchecked; see Stats::unguarded"
+            );
+        }
+    }
+
+    /// Waits until a filter is in use.
+    pub(crate) async fn ready(&self) {
+        let mut generations = self.generations.subscribe();
+        let _ = generations.wait_for(|&generation| generation > 0).await;
+    }
+
     /// Counts a false positive, unless every request passes anyway (no
     /// filter yet, or held open): then a miss says nothing of the filter.
     pub(crate) fn count_false_positive(&self) {
@@ -136,6 +162,7 @@ impl Shared {
     /// Inserts a key of this instance's write path into the filter in use,
     /// every filter being built, and the journal.
     pub(crate) fn insert(&self, key: &Key<'_>) {
+        let key = &self.config.key_type.canonical_or_same(Key::from(key));
         let building = self.building.read().unwrap_or_else(PoisonError::into_inner);
         if let Some(filter) = &*self.current.load() {
             filter.insert(key);
@@ -150,6 +177,7 @@ impl Shared {
     /// every filter being built. No journal: a build that starts later
     /// scans their rows.
     pub(crate) fn insert_batch(&self, batch: &KeyBatch) {
+        let batch = &*self.config.key_type.canonical_batch(batch);
         let building = self.building.read().unwrap_or_else(PoisonError::into_inner);
         let mut hashes = Vec::new();
         if let Some(filter) = &*self.current.load() {
@@ -191,7 +219,9 @@ impl Shared {
         drop(building);
         *lock(&self.last_error) = None;
         *lock(&self.last_build) = Some(tokio::time::Instant::now());
-        self.generation.fetch_add(1, Ordering::AcqRel) + 1
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        self.generations.send_replace(generation);
+        generation
     }
 
     pub(crate) fn record_failure(&self, error: String) {
@@ -226,10 +256,10 @@ impl Shared {
         // Without a filter, a recorded failure means the first build failed;
         // with one, only a hold makes the guard let everything through.
         let state = match filter {
-            None if last_error.is_some() => State::Degraded,
-            None => State::Warming,
-            Some(_) if self.held_open.load(Ordering::Acquire) > 0 => State::Degraded,
-            Some(_) => State::Ready,
+            None if last_error.is_some() => GuardState::Degraded,
+            None => GuardState::Warming,
+            Some(_) if self.held_open.load(Ordering::Acquire) > 0 => GuardState::Degraded,
+            Some(_) => GuardState::Ready,
         };
         Stats {
             state,
@@ -250,6 +280,7 @@ impl Shared {
             rejected,
             false_positives,
             bad_keys: self.bad_keys.get(),
+            unguarded: self.unguarded.get(),
             skipped_keys: filter.map_or(0, Filter::skipped),
             last_error,
             feed: lock(&self.feed).as_ref().map(|(status, at)| {

@@ -6,7 +6,7 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
-pub enum State {
+pub enum GuardState {
     /// The first filter is being built; every request passes (fail open).
     Warming,
     /// A filter is in place; absent keys are answered by the guard.
@@ -17,18 +17,18 @@ pub enum State {
     Degraded,
 }
 
-impl State {
+impl GuardState {
     /// The lowercase name: `warming`, `ready` or `degraded`.
     pub fn as_str(self) -> &'static str {
         match self {
-            State::Warming => "warming",
-            State::Ready => "ready",
-            State::Degraded => "degraded",
+            GuardState::Warming => "warming",
+            GuardState::Ready => "ready",
+            GuardState::Degraded => "degraded",
         }
     }
 }
 
-impl fmt::Display for State {
+impl fmt::Display for GuardState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -43,7 +43,7 @@ impl fmt::Display for State {
 #[non_exhaustive]
 pub struct Stats {
     /// Where the guard is in its life.
-    pub state: State,
+    pub state: GuardState,
     /// How many filters have been put in place; 0 until the first.
     pub generation: u64,
     /// Distinct keys in the filter (a close, slightly low, count).
@@ -73,6 +73,10 @@ pub struct Stats {
     pub false_positives: u64,
     /// Requests refused because their key was malformed or too long.
     pub bad_keys: u64,
+    /// Requests the layer could not check (its extractor cannot work where
+    /// it sits, such as a `PathParam` outside an axum router), passed on
+    /// unchecked. Anything but 0 is a wiring mistake.
+    pub unguarded: u64,
     /// Stored keys no request can name (not valid UTF-8), left out of the
     /// filter in use.
     pub skipped_keys: u64,

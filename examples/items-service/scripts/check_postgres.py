@@ -48,7 +48,7 @@ for _ in range(N):
 time.sleep(11)
 after = scans()
 if env["BLOOM_GUARD"] != "off":
-    admin = http.client.HTTPConnection("127.0.0.1", 3101); admin.request("GET", "/admin/bloom", headers={"authorization": "Bearer secret"}); stats = json.loads(admin.getresponse().read())
+    admin = http.client.HTTPConnection("127.0.0.1", 3101); admin.request("GET", "/admin/bloom/items", headers={"authorization": "Bearer secret"}); stats = json.loads(admin.getresponse().read())
 print("absent statuses", statuses)
 print("table scans during %d absent requests: %d (%.3f%% reached Postgres)" % (N, after - before, 100.0 * (after - before) / N))
     print("stats", stats)

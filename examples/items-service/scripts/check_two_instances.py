@@ -57,7 +57,7 @@ for port in (A, B):
 print("both instances ready")
 
 def stats(port):
-    return json.loads(request(port + 1, "GET", "/admin/bloom", token=TOKEN)[1])
+    return json.loads(request(port + 1, "GET", "/admin/bloom/items", token=TOKEN)[1])
 
 # 1. Keys through either instance and through plain SQL reach both within a second.
 request(A, "POST", "/items", {"key": "via-a"})
@@ -121,7 +121,7 @@ for t in threads:
     t.start()
 time.sleep(0.5)
 generation = stats(A)["generation"]
-status, _ = request(A + 1, "POST", "/admin/bloom/rebuild", token=TOKEN)
+status, _ = request(A + 1, "POST", "/admin/bloom/items/rebuild", token=TOKEN)
 time.sleep(0.5)
 stop.set()
 for t in threads:
@@ -134,7 +134,7 @@ print(f"rebuild during writes: status {status}, generation {generation} -> {stat
 time.sleep(6)  # past the cool-down
 generation = stats(A)["generation"]
 with concurrent.futures.ThreadPoolExecutor(10) as pool:
-    statuses = list(pool.map(lambda _: request(A + 1, "POST", "/admin/bloom/rebuild", token=TOKEN)[0], range(10)))
+    statuses = list(pool.map(lambda _: request(A + 1, "POST", "/admin/bloom/items/rebuild", token=TOKEN)[0], range(10)))
 print(f"10 concurrent rebuild calls: statuses {sorted(set(statuses))}, generation {generation} -> {stats(A)['generation']}")
 
 for p in instances:

@@ -19,6 +19,15 @@ pub struct Item {
     pub value: String,
 }
 
+/// A user as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct User {
+    /// The user's id: a UUID, lower case with hyphens.
+    pub id: String,
+    /// The user's name.
+    pub name: String,
+}
+
 /// Demo items seeded into a new SQLite database.
 const DEMO_ITEMS: &[(&str, &str)] = &[
     ("apple", "a red fruit"),
@@ -113,16 +122,18 @@ impl Database {
     ///
     /// If the database is unreachable or a migration fails.
     pub async fn migrate(&self) -> Result<(), MigrateError> {
-        let feed = crate::items_feed();
+        let (items, users) = (crate::items_feed(), crate::users_feed());
         match self.pool.clone() {
             Pool::Postgres(pool) => {
                 sqlx::migrate!("../../migrations").run(&pool).await?;
                 bloom_guard_sqlx::install(&pool).await?;
-                feed.install(&pool).await?;
+                items.install(&pool).await?;
+                users.install(&pool).await?;
             }
             Pool::Sqlite(pool) => {
                 sqlx::migrate!("./sqlite").run(&pool).await?;
-                feed.install_sqlite(&pool).await?;
+                items.install_sqlite(&pool).await?;
+                users.install_sqlite(&pool).await?;
             }
         }
         Ok(())
@@ -225,6 +236,55 @@ impl Database {
             }
         };
         Ok(deleted > 0)
+    }
+
+    /// The user with `id`, if any.
+    ///
+    /// # Errors
+    ///
+    /// If the database fails.
+    pub async fn get_user(&self, id: uuid::Uuid) -> Result<Option<User>, sqlx::Error> {
+        self.lookups.fetch_add(1, Ordering::Relaxed);
+        let id = id.hyphenated().to_string();
+        match &self.pool {
+            Pool::Postgres(pool) => {
+                sqlx::query_as("select id::text as id, name from users where id = $1::uuid")
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::query_as("select id, name from users where id = ?")
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await
+            }
+        }
+    }
+
+    /// Inserts a user.
+    ///
+    /// # Errors
+    ///
+    /// If the database fails.
+    pub async fn insert_user(&self, id: uuid::Uuid, name: &str) -> Result<User, sqlx::Error> {
+        let id = id.hyphenated().to_string();
+        match &self.pool {
+            Pool::Postgres(pool) => sqlx::query_as(
+                "insert into users (id, name) values ($1::uuid, $2) returning id::text as id, name",
+            )
+            .bind(id)
+            .bind(name)
+            .fetch_one(pool)
+            .await,
+            Pool::Sqlite(pool) => {
+                sqlx::query_as("insert into users (id, name) values (?, ?) returning id, name")
+                    .bind(id)
+                    .bind(name)
+                    .fetch_one(pool)
+                    .await
+            }
+        }
     }
 
     /// Closes the pool: waits for the connections in use, then closes every

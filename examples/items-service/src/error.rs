@@ -38,6 +38,16 @@ impl ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(error: sqlx::Error) -> Self {
+        // Input the database cannot store is the client's to fix: a NUL
+        // byte, or a character the database's encoding cannot hold.
+        if let sqlx::Error::Database(db) = &error {
+            if matches!(db.code().as_deref(), Some("22021" | "22P05")) {
+                return Self::BadRequest {
+                    status: StatusCode::UNPROCESSABLE_ENTITY,
+                    message: "the text holds characters the database cannot store".to_owned(),
+                };
+            }
+        }
         Self::Database(Arc::new(error))
     }
 }

@@ -10,17 +10,20 @@ pub mod error;
 pub mod routes;
 
 pub use config::Config;
-pub use db::{Database, Item, MigrateError, Pool};
-pub use routes::{admin_app, app, AppState, MAX_KEY_LEN};
+pub use db::{Database, Item, MigrateError, Pool, User};
+pub use routes::{admin_app, app, AppState, Guards, MAX_KEY_LEN};
 
 use std::time::Duration;
 
-use bloom_guard::BloomGuard;
+use bloom_guard::{BloomGuard, KeyType};
 use bloom_guard_sqlx::{PgFollower, SqliteFollower, Watch};
 
-/// The query whose rows are every key the guard must hold, for the admin
-/// API's rebuilds (the same keys as [`items_feed`]'s).
+/// The query whose rows are every key the `items` guard must hold, for the
+/// admin API's rebuilds (the same keys as [`items_feed`]'s).
 pub const KEY_QUERY: &str = "select key from items";
+
+/// The same for the `users` guard, on Postgres and on SQLite.
+pub const USER_ID_QUERY: &str = "select cast(id as text) from users";
 
 /// The table and column whose values are every key the guard must hold:
 /// its change feed is installed with the migrations and read by every
@@ -29,29 +32,43 @@ pub fn items_feed() -> Watch {
     Watch::table("items").key("key")
 }
 
-/// The guard as the service configures it.
+/// The table and column of the `users` guard's keys.
+pub fn users_feed() -> Watch {
+    Watch::table("users").key("id")
+}
+
+/// The guards as the service configures them: `items` (text keys) and
+/// `users` (UUID keys), both sized and tuned by the `BLOOM_*` settings.
 ///
 /// # Example
 ///
 /// ```
 /// let config = items_service::Config::from_env()?;
-/// let guard = items_service::guard(&config);
-/// assert!(!guard.is_ready(), "fails open until warm");
+/// let guards = items_service::guards(&config);
+/// assert!(!guards.items.is_ready(), "fails open until warm");
+/// assert_eq!(guards.users.name(), "users");
 /// # Ok::<(), items_service::config::ConfigError>(())
 /// ```
-pub fn guard(config: &Config) -> BloomGuard {
-    let mut builder = BloomGuard::builder()
-        .name("items")
-        .expected_items(config.bloom_expected_items)
-        .false_positive_rate(config.bloom_fpp)
-        .max_key_len(MAX_KEY_LEN)
-        .debug_header(config.debug_header)
-        // Back within seconds of the database.
-        .max_retry_delay(Duration::from_secs(5));
-    if config.rebuild_every_secs > 0 {
-        builder = builder.rebuild_interval(Duration::from_secs(config.rebuild_every_secs));
+pub fn guards(config: &Config) -> Guards {
+    let guard = |name: &'static str, key_type: KeyType| {
+        let mut builder = BloomGuard::builder()
+            .name(name)
+            .key_type(key_type)
+            .expected_items(config.bloom_expected_items)
+            .false_positive_rate(config.bloom_fpp)
+            .max_key_len(MAX_KEY_LEN)
+            .debug_header(config.debug_header)
+            // Back within seconds of the database.
+            .max_retry_delay(Duration::from_secs(5));
+        if config.rebuild_every_secs > 0 {
+            builder = builder.rebuild_interval(Duration::from_secs(config.rebuild_every_secs));
+        }
+        builder.build()
+    };
+    Guards {
+        items: guard("items", KeyType::Text),
+        users: guard("users", KeyType::Uuid),
     }
-    builder.build()
 }
 
 /// Brings the database up and the guard warm: applies the migrations and
@@ -64,13 +81,15 @@ pub async fn prepare(state: AppState) {
     let mut delay = Duration::from_millis(200);
     while let Err(error) = state.db.migrate().await {
         tracing::warn!(error = %error, retry_in = ?delay, "database migration failed; retrying");
-        if let Some(guard) = &state.guard {
-            guard.report_unavailable(&error);
+        if let Some(guards) = &state.guards {
+            for guard in guards.all() {
+                guard.report_unavailable(&error);
+            }
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(10));
     }
-    let Some(guard) = state.guard.clone() else {
+    let Some(guards) = state.guards.clone() else {
         return;
     };
     // A key created or deleted elsewhere: its cache entry (a negative one
@@ -80,24 +99,28 @@ pub async fn prepare(state: AppState) {
         let (cache, key) = (cache.clone(), key.to_owned());
         tokio::spawn(async move { cache.invalidate(&key).await });
     };
-    let keeper = match state.db.pool().clone() {
+    let all = state.cache.clone();
+    let drop_all = move || all.invalidate_all();
+    match state.db.pool().clone() {
         Pool::Postgres(pool) => {
-            let all = state.cache.clone();
-            let follower = PgFollower::new(guard.clone(), pool, items_feed())
+            let items = PgFollower::new(guards.items.clone(), pool.clone(), items_feed())
                 .on_key(invalidate)
-                // Changes that name no key one by one (a truncate).
-                .on_catch_up(move || all.invalidate_all());
-            tokio::spawn(follower.run_until(state.stopping()))
+                .on_catch_up(drop_all);
+            state.keep(tokio::spawn(items.run_until(state.stopping())));
+            let users = PgFollower::new(guards.users.clone(), pool, users_feed());
+            state.keep(tokio::spawn(users.run_until(state.stopping())));
         }
         Pool::Sqlite(pool) => {
-            let follower =
-                SqliteFollower::new(guard.clone(), pool, items_feed()).on_key(invalidate);
-            tokio::spawn(follower.run_until(state.stopping()))
+            let items = SqliteFollower::new(guards.items.clone(), pool.clone(), items_feed())
+                .on_key(invalidate)
+                .on_catch_up(drop_all);
+            state.keep(tokio::spawn(items.run_until(state.stopping())));
+            let users = SqliteFollower::new(guards.users.clone(), pool, users_feed());
+            state.keep(tokio::spawn(users.run_until(state.stopping())));
         }
-    };
-    state.keep(keeper);
-    while !guard.is_ready() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for guard in guards.all() {
+        guard.ready().await;
     }
 }
 

@@ -1,6 +1,7 @@
 //! An items API guarded by bloom-guard.
 //!
-//! Shows the whole flow: the guard as `route_layer` on `/items/{key}`,
+//! Shows the whole flow: a guard per resource as `route_layer` on
+//! `/items/{key}` (text keys) and `/users/{id}` (UUID keys),
 //! warm-up from the database at start, write-through inserts, a moka
 //! read-through cache behind the guard, and the admin API on its own port.
 //!
@@ -14,6 +15,10 @@
 //! curl -i -X POST localhost:3000/items -H 'content-type: application/json' \
 //!      -d '{"key":"kiwi","value":"green"}'     # 201
 //! curl -i localhost:3000/items/kiwi             # 200 at once
+//! curl -s -X POST localhost:3000/users -H 'content-type: application/json' \
+//!      -d '{"name":"ada"}'                       # 201 {"id":"<uuid>","name":"ada"}
+//! curl -i localhost:3000/users/<UUID IN UPPER CASE>   # 200: one canonical form
+//! curl -s -H 'authorization: Bearer secret' localhost:3001/admin/bloom/users
 //! curl -s -H 'authorization: Bearer secret' localhost:3001/admin/bloom
 //! curl -s -X POST -H 'authorization: Bearer secret' localhost:3001/admin/bloom/rebuild
 //! curl -s -H 'authorization: Bearer secret' localhost:3001/metrics
@@ -21,7 +26,7 @@
 
 use std::process::ExitCode;
 
-use items_service::{admin_app, app, guard, prepare, serve, AppState, Config, Database};
+use items_service::{admin_app, app, guards, prepare, serve, AppState, Config, Database};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -52,11 +57,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             Database::sqlite(&config.sqlite_path).await?
         }
     };
-    let guard = config.guard_enabled.then(|| guard(&config));
-    if guard.is_none() {
+    let guards = config.guard_enabled.then(|| guards(&config));
+    if guards.is_none() {
         tracing::warn!("BLOOM_GUARD=off: every request reaches the cache and the database");
     }
-    let state = AppState::new(db, guard);
+    let state = AppState::new(db, guards);
     tokio::spawn(prepare(state.clone()));
 
     let (stop, stopped) = watch::channel(());

@@ -3,14 +3,14 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bloom_guard::admin::Admin;
-use bloom_guard::{BloomGuard, Key, ReadThroughCache};
+use bloom_guard::{BloomGuard, Key, PathParam, ReadThroughCache};
 use bloom_guard_sqlx::{PgCopySource, QuerySource};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 
 use crate::db::{Database, Item, Pool};
 use crate::error::{not_found, ApiError};
-use crate::KEY_QUERY;
+use crate::{KEY_QUERY, USER_ID_QUERY};
 
 /// The longest key, in bytes; the guard refuses longer ones before hashing.
 pub const MAX_KEY_LEN: usize = 512;
@@ -28,30 +28,46 @@ pub const MAX_KEY_LEN: usize = 512;
 /// The largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 
+/// The service's guards, one per resource.
+#[derive(Debug, Clone)]
+pub struct Guards {
+    /// `items`, text keys.
+    pub items: BloomGuard,
+    /// `users`, UUID keys.
+    pub users: BloomGuard,
+}
+
+impl Guards {
+    /// Both guards.
+    pub fn all(&self) -> [&BloomGuard; 2] {
+        [&self.items, &self.users]
+    }
+}
+
 /// What the handlers share.
 #[derive(Debug, Clone)]
 pub struct AppState {
-    /// The items table.
+    /// The items and users tables.
     pub db: Database,
-    /// The read-through cache in front of it.
+    /// The read-through cache in front of the items table.
     pub cache: ReadThroughCache<String, Item>,
-    /// The guard, or `None` when run with `BLOOM_GUARD=off`.
-    pub guard: Option<BloomGuard>,
+    /// The guards, or `None` when run with `BLOOM_GUARD=off`.
+    pub guards: Option<Guards>,
     /// Set on shutdown, for the background tasks.
     stop: Arc<watch::Sender<bool>>,
-    /// The task keeping the filter true, awaited on shutdown.
-    keeper: Arc<Mutex<Option<JoinHandle<()>>>>,
+    /// The tasks keeping the filters complete, awaited on shutdown.
+    keepers: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl AppState {
-    /// State for `db`, guarded by `guard`, with the service's cache settings.
-    pub fn new(db: Database, guard: Option<BloomGuard>) -> Self {
+    /// State for `db`, guarded by `guards`, with the service's cache settings.
+    pub fn new(db: Database, guards: Option<Guards>) -> Self {
         Self {
             db,
             cache: ReadThroughCache::builder().max_capacity(100_000).build(),
-            guard,
+            guards,
             stop: Arc::new(watch::channel(false).0),
-            keeper: Arc::default(),
+            keepers: Arc::default(),
         }
     }
 
@@ -64,50 +80,71 @@ impl AppState {
     }
 
     pub(crate) fn keep(&self, task: JoinHandle<()>) {
-        *self.keeper.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
-    }
-
-    /// Stops the background tasks (the follower closes its connection) and
-    /// closes the database pool.
-    pub async fn shut_down(&self) {
-        self.stop.send_replace(true);
-        let keeper = self
-            .keeper
+        self.keepers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(keeper) = keeper {
+            .push(task);
+    }
+
+    /// Stops the background tasks (the followers close their connections)
+    /// and closes the database pool.
+    pub async fn shut_down(&self) {
+        self.stop.send_replace(true);
+        let keepers =
+            std::mem::take(&mut *self.keepers.lock().unwrap_or_else(PoisonError::into_inner));
+        for keeper in keepers {
             let _ = keeper.await;
         }
         self.db.close().await;
     }
+
+    fn items_guard(&self) -> Option<&BloomGuard> {
+        self.guards.as_ref().map(|guards| &guards.items)
+    }
 }
 
-/// The public API: `/items/{key}` behind the guard, `POST /items`, `/readyz`.
+/// The public API: `/items/{key}` and `/users/{id}` behind their guards
+/// (only `GET` and `HEAD` are checked), `POST /items`, `POST /users`,
+/// `/readyz`.
 pub fn app(state: AppState) -> Router {
     let mut item = Router::new().route("/items/{key}", get(get_item).delete(delete_item));
-    if let Some(guard) = &state.guard {
-        item = item.route_layer(guard.clone());
+    let mut user = Router::new().route("/users/{id}", get(get_user));
+    if let Some(guards) = &state.guards {
+        item = item.route_layer(guards.items.layer(PathParam("key")));
+        user = user.route_layer(guards.users.layer(PathParam("id")));
     }
     Router::new()
         .merge(item)
+        .merge(user)
         .route("/items", post(create_item))
+        .route("/users", post(create_user))
         .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
 
-/// The admin API behind `token`: `GET /admin/bloom`, `POST
-/// /admin/bloom/rebuild` and, given a Prometheus handle, `GET /metrics`.
-/// Serve it on its own address.
+/// The admin API behind `token`: `GET /admin/bloom` and
+/// `/admin/bloom/{guard}`, `POST /admin/bloom/rebuild` and
+/// `/admin/bloom/{guard}/rebuild`, and, given a Prometheus handle,
+/// `GET /metrics`. Serve it on its own address.
 pub fn admin_app(state: &AppState, token: &str, prometheus: Option<PrometheusHandle>) -> Router {
-    let Some(guard) = &state.guard else {
+    let Some(guards) = &state.guards else {
         return Router::new();
     };
-    let mut admin = Admin::new(guard.clone(), token);
-    admin = match state.db.pool().clone() {
-        Pool::Postgres(pool) => admin.rebuild_from(PgCopySource::new(pool, KEY_QUERY)),
-        Pool::Sqlite(pool) => admin.rebuild_from(QuerySource::new(pool, KEY_QUERY)),
+    let admin = Admin::new(token);
+    let mut admin = match state.db.pool().clone() {
+        Pool::Postgres(pool) => admin
+            .guard_with_source(
+                guards.items.clone(),
+                PgCopySource::new(pool.clone(), KEY_QUERY),
+            )
+            .guard_with_source(guards.users.clone(), PgCopySource::new(pool, USER_ID_QUERY)),
+        Pool::Sqlite(pool) => admin
+            .guard_with_source(
+                guards.items.clone(),
+                QuerySource::new(pool.clone(), KEY_QUERY),
+            )
+            .guard_with_source(guards.users.clone(), QuerySource::new(pool, USER_ID_QUERY)),
     };
     if let Some(handle) = prometheus {
         admin = admin.prometheus(handle);
@@ -160,7 +197,7 @@ async fn get_item(
     State(state): State<AppState>,
     ItemKey(key): ItemKey,
 ) -> Result<Response, ApiError> {
-    let (db, guard, lookup) = (state.db.clone(), state.guard.clone(), key.clone());
+    let (db, guard, lookup) = (state.db.clone(), state.items_guard().cloned(), key.clone());
     let item = state
         .cache
         .get_or_load(key, || async move {
@@ -193,9 +230,10 @@ async fn create_item(
 ) -> Result<Response, ApiError> {
     let Json(new) = body?;
     check_key(&new.key)?;
+    check_text("value", &new.value)?;
     // Into the filter before the row commits: a failed insert leaves a
     // harmless false positive, never a window where the key is refused.
-    if let Some(guard) = &state.guard {
+    if let Some(guard) = state.items_guard() {
         guard.insert(&new.key);
     }
     let created = state.db.insert(&new.key, &new.value).await?;
@@ -220,16 +258,78 @@ async fn delete_item(
     })
 }
 
-async fn readyz(State(state): State<AppState>) -> Response {
-    let state_name = state
-        .guard
-        .as_ref()
-        .map_or("ready", |g| g.stats().state.as_str());
-    let ready = state.guard.as_ref().is_none_or(BloomGuard::is_ready);
-    let status = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
+/// The body of `POST /users`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewUser {
+    #[serde(default)]
+    name: String,
+}
+
+/// The longest user name, in bytes.
+const MAX_NAME_LEN: usize = 1024;
+
+/// Text Postgres cannot store (a NUL byte): a 4xx before any write.
+fn check_text(field: &str, text: &str) -> Result<(), ApiError> {
+    if text.contains('\0') {
+        return Err(ApiError::bad_request(format!(
+            "{field} must not contain NUL"
+        )));
+    }
+    Ok(())
+}
+
+async fn get_user(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    // Any form a UUID parser accepts (upper case, braces, no hyphens);
+    // anything else names no user.
+    let Ok(id) = uuid::Uuid::try_parse(&id) else {
+        return Ok(not_found());
     };
-    (status, Json(json!({ "status": state_name }))).into_response()
+    Ok(match state.db.get_user(id).await? {
+        Some(user) => Json(user).into_response(),
+        None => {
+            if let Some(guards) = &state.guards {
+                guards.users.record_false_positive();
+            }
+            not_found()
+        }
+    })
+}
+
+async fn create_user(
+    State(state): State<AppState>,
+    body: Result<Json<NewUser>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(new) = body?;
+    check_text("name", &new.name)?;
+    if new.name.len() > MAX_NAME_LEN {
+        return Err(ApiError::bad_request("name too long"));
+    }
+    let id = uuid::Uuid::new_v4();
+    if let Some(guards) = &state.guards {
+        guards.users.insert(id.hyphenated().to_string());
+    }
+    let user = state.db.insert_user(id, &new.name).await?;
+    Ok((StatusCode::CREATED, Json(user)).into_response())
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    let waiting = state
+        .guards
+        .as_ref()
+        .and_then(|guards| guards.all().into_iter().find(|guard| !guard.is_ready()));
+    match waiting {
+        None => (StatusCode::OK, Json(json!({ "status": "ready" }))).into_response(),
+        Some(guard) => {
+            let status = guard.stats().state.as_str();
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({ "status": status })),
+            )
+                .into_response()
+        }
+    }
 }

@@ -78,7 +78,7 @@ async fn postgres(pool: PgPool) -> Database {
 
 /// The app, with its guard warm.
 async fn ready_app(db: Database) -> (Router, AppState) {
-    let guard = items_service::guard(&test_config());
+    let guard = items_service::guards(&test_config());
     let state = AppState::new(db, Some(guard));
     prepare(state.clone()).await;
     (app(state.clone()), state)
@@ -106,7 +106,7 @@ async fn existing_and_absent_keys(db: Database) {
 async fn created_key_is_found_at_once(db: Database) {
     let (app, state) = ready_app(db).await;
     // A miss first, so a negative entry could hide the new key.
-    state.guard.as_ref().expect("guarded").insert("kiwi");
+    state.guards.as_ref().expect("guarded").items.insert("kiwi");
     assert_eq!(get(&app, "/items/kiwi").await.status, StatusCode::NOT_FOUND);
 
     let created = post_json(&app, r#"{"key":"kiwi","value":"green"}"#).await;
@@ -142,7 +142,12 @@ async fn concurrent_requests_share_one_query(db: Database) {
 async fn false_positives_are_negative_cached(db: Database) {
     let (app, state) = ready_app(db).await;
     // In the filter, not in the database: exactly what a false positive is.
-    state.guard.as_ref().expect("guarded").insert("ghost");
+    state
+        .guards
+        .as_ref()
+        .expect("guarded")
+        .items
+        .insert("ghost");
     let before = state.db.lookups();
     for _ in 0..10 {
         assert_eq!(
@@ -152,7 +157,7 @@ async fn false_positives_are_negative_cached(db: Database) {
     }
     assert_eq!(state.db.lookups() - before, 1);
     assert_eq!(state.cache.stats().negative_hits, 9);
-    let stats = state.guard.as_ref().expect("guarded").stats();
+    let stats = state.guards.as_ref().expect("guarded").items.stats();
     assert_eq!(
         stats.false_positives, 1,
         "the false positive was not reported"
@@ -207,10 +212,24 @@ async fn postgres_false_positives_are_negative_cached(pool: PgPool) {
 #[tokio::test]
 async fn guard_and_database_misses_are_byte_identical() {
     let (app, state) = ready_app(sqlite().await).await;
-    state.guard.as_ref().expect("guarded").insert("ghost");
+    state
+        .guards
+        .as_ref()
+        .expect("guarded")
+        .items
+        .insert("ghost");
     let from_database = get(&app, "/items/ghost").await;
     let from_guard = get(&app, "/items/never-stored").await;
-    assert_eq!(state.guard.as_ref().expect("guarded").stats().rejected, 1);
+    assert_eq!(
+        state
+            .guards
+            .as_ref()
+            .expect("guarded")
+            .items
+            .stats()
+            .rejected,
+        1
+    );
     assert_eq!(from_guard.status, from_database.status);
     assert_eq!(from_guard.headers, from_database.headers);
     assert_eq!(from_guard.body, from_database.body);
@@ -266,7 +285,7 @@ async fn bad_input_gets_a_json_4xx() {
 async fn bad_keys_get_a_json_4xx_on_every_item_route() {
     for guarded in [true, false] {
         let db = sqlite().await;
-        let guard = guarded.then(|| items_service::guard(&test_config()));
+        let guard = guarded.then(|| items_service::guards(&test_config()));
         let state = AppState::new(db, guard);
         prepare(state.clone()).await;
         let app = app(state.clone());
@@ -327,7 +346,7 @@ async fn delete_removes_the_item_and_its_cache_entry() {
 #[tokio::test]
 async fn readyz_is_503_until_the_guard_is_warm() {
     let db = sqlite().await;
-    let guard = items_service::guard(&test_config());
+    let guard = items_service::guards(&test_config());
     let state = AppState::new(db, Some(guard));
     let app = app(state.clone());
     let warming = get(&app, "/readyz").await;
@@ -414,7 +433,7 @@ async fn the_guard_answers_every_path_as_the_unguarded_service_does() {
     let db = sqlite().await;
     let unguarded = app(AppState::new(db.clone(), None));
     let guarded = {
-        let state = AppState::new(db, Some(items_service::guard(&test_config())));
+        let state = AppState::new(db, Some(items_service::guards(&test_config())));
         prepare(state.clone()).await;
         app(state)
     };
@@ -459,4 +478,186 @@ async fn the_guard_answers_every_path_as_the_unguarded_service_does() {
         }
     }
     assert_eq!(served, 9, "every stored key is served");
+}
+
+async fn send_json(app: &Router, method: &str, path: &str, body: &str) -> Response {
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_owned()))
+        .expect("valid request");
+    send(app, request).await
+}
+
+/// `POST /users`, then `GET /users/{id}` in every form a UUID parser
+/// accepts; a random id gets the `users` guard's 404, and only its
+/// `rejected` grows.
+async fn users_have_typed_ids(db: Database) {
+    let (app, state) = ready_app(db).await;
+    let created = send_json(&app, "POST", "/users", r#"{"name":"ada"}"#).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let user: serde_json::Value = serde_json::from_str(&created.body).expect("json");
+    let id = user["id"].as_str().expect("id").to_owned();
+    assert_eq!(user["name"], "ada");
+    let uuid = uuid::Uuid::parse_str(&id).expect("a uuid");
+    for form in [
+        id.clone(),
+        id.to_uppercase(),
+        uuid.simple().to_string(),
+        format!("%7B{id}%7D"),
+    ] {
+        let found = get(&app, &format!("/users/{form}")).await;
+        assert_eq!(found.status, StatusCode::OK, "{form}");
+        assert_eq!(found.body, format!(r#"{{"id":"{id}","name":"ada"}}"#));
+    }
+    let guards = state.guards.clone().expect("guarded");
+    let (items_before, lookups) = (guards.items.stats().rejected, state.db.lookups());
+    let random = get(&app, &format!("/users/{}", uuid::Uuid::new_v4())).await;
+    assert_eq!(random.status, StatusCode::NOT_FOUND);
+    assert_eq!(random.body, r#"{"error":"not found"}"#);
+    assert_eq!(guards.users.stats().rejected, 1);
+    assert_eq!(guards.items.stats().rejected, items_before);
+    assert_eq!(
+        state.db.lookups(),
+        lookups,
+        "the guard answered, not the database"
+    );
+    // Not a UUID: the handler's own 404.
+    assert_eq!(
+        get(&app, "/users/not-a-uuid").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn sqlite_users_have_typed_ids() {
+    users_have_typed_ids(sqlite().await).await;
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_users_have_typed_ids(pool: PgPool) {
+    // A user written by plain SQL, in upper case, is found too.
+    sqlx::query("insert into users (id) values ('A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11')")
+        .execute(&pool)
+        .await
+        .expect("insert");
+    let db = postgres(pool).await;
+    let (app, _) = ready_app(db.clone()).await;
+    let found = get(&app, "/users/A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11").await;
+    assert_eq!(found.status, StatusCode::OK, "{}", found.body);
+    users_have_typed_ids(db).await;
+}
+
+/// Every method but GET and HEAD gets exactly the unguarded service's
+/// answer, on every guarded route, for present, absent and false-positive
+/// keys.
+#[tokio::test]
+async fn only_reads_are_guarded() {
+    let db = sqlite().await;
+    let unguarded = app(AppState::new(db.clone(), None));
+    let (guarded, state) = ready_app(db).await;
+    let guards = state.guards.clone().expect("guarded");
+    guards.items.insert("false-positive");
+    guards.users.insert("6ba7b810-9dad-11d1-80b4-00c04fd430c8");
+    let paths = [
+        "/items/apple",
+        "/items/absent",
+        "/items/false-positive",
+        "/users/6ba7b810-9dad-11d1-80b4-00c04fd430c8",
+        "/users/a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+    ];
+    for method in ["PUT", "PATCH", "POST", "OPTIONS", "TRACE"] {
+        for path in paths {
+            let (with, without) = (
+                send_json(&guarded, method, path, "{}").await,
+                send_json(&unguarded, method, path, "{}").await,
+            );
+            assert_eq!(
+                (with.status, with.body),
+                (without.status, without.body),
+                "{method} {path}"
+            );
+        }
+    }
+    // DELETE changes data: the same status either way, on a fresh key each.
+    for (i, app) in [&guarded, &unguarded].into_iter().enumerate() {
+        let key = format!("deletable-{i}");
+        post_json(app, &serde_json::json!({ "key": key }).to_string()).await;
+        let deleted = send_json(app, "DELETE", &format!("/items/{key}"), "").await;
+        assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+        let absent = send_json(app, "DELETE", "/items/never-there", "").await;
+        assert_eq!(absent.status, StatusCode::NOT_FOUND);
+    }
+    assert_eq!(guards.items.stats().rejected, 0, "only reads are checked");
+}
+
+/// Input the database refuses is the client's to fix: a 4xx, nothing
+/// written.
+#[tokio::test]
+async fn text_the_database_cannot_store_is_a_4xx() {
+    let (app, state) = ready_app(sqlite().await).await;
+    for (path, body) in [
+        ("/items", r#"{"key":"x","value":"a\u0000b"}"#),
+        ("/users", r#"{"name":"a\u0000b"}"#),
+    ] {
+        let response = send_json(&app, "POST", path, body).await;
+        assert_eq!(
+            response.status,
+            StatusCode::BAD_REQUEST,
+            "{path}: {}",
+            response.body
+        );
+    }
+    assert!(
+        state.db.get("x").await.expect("get").is_none(),
+        "nothing written"
+    );
+}
+
+#[tokio::test]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn characters_a_latin1_database_cannot_hold_are_a_4xx() {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let admin = PgPool::connect(&url).await.expect("connect");
+    let name = format!("items_latin1_{}", std::process::id());
+    sqlx::query(&format!("drop database if exists {name}"))
+        .execute(&admin)
+        .await
+        .expect("drop");
+    sqlx::query(&format!(
+        "create database {name} encoding 'LATIN1' lc_collate 'C' lc_ctype 'C' template template0"
+    ))
+    .execute(&admin)
+    .await
+    .expect("create a LATIN1 database");
+    let pool = PgPool::connect_with((*admin.connect_options()).clone().database(&name))
+        .await
+        .expect("connect");
+    let db = Database::from_pool(Pool::Postgres(pool.clone()));
+    let (app, _) = ready_app(db.clone()).await;
+    for (path, body) in [
+        ("/items", r#"{"key":"snow-☃","value":"x"}"#),
+        ("/items", r#"{"key":"ok","value":"🦀"}"#),
+        ("/users", r#"{"name":"🦀"}"#),
+    ] {
+        let response = send_json(&app, "POST", path, body).await;
+        assert!(
+            response.status.is_client_error(),
+            "{path} {body}: {}",
+            response.status
+        );
+    }
+    assert!(
+        db.get("ok").await.expect("get").is_none(),
+        "nothing written"
+    );
+    let fine = send_json(&app, "POST", "/items", r#"{"key":"café","value":"ü"}"#).await;
+    assert_eq!(fine.status, StatusCode::CREATED);
+    pool.close().await;
+    sqlx::query(&format!("drop database {name} with (force)"))
+        .execute(&admin)
+        .await
+        .expect("drop");
 }

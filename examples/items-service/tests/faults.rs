@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;
-use bloom_guard::State;
+use bloom_guard::GuardState;
 use items_service::{app, prepare, AppState, Config, Database, Pool};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -119,7 +119,7 @@ async fn seed(pool: &PgPool, keys: &[&str]) {
 }
 
 fn guarded_state(pool: PgPool) -> AppState {
-    let guard = items_service::guard(&Config::from_env().expect("config"));
+    let guard = items_service::guards(&Config::from_env().expect("config"));
     AppState::new(Database::from_pool(Pool::Postgres(pool)), Some(guard))
 }
 
@@ -137,9 +137,9 @@ async fn starts_with_the_database_down_and_gets_ready_when_it_returns(pool: PgPo
         status(&app, "/readyz").await,
         StatusCode::SERVICE_UNAVAILABLE
     );
-    let guard = state.guard.clone().expect("guarded");
+    let guard = state.guards.clone().expect("guarded").items;
     let stats = guard.stats();
-    assert_eq!(stats.state, State::Degraded);
+    assert_eq!(stats.state, GuardState::Degraded);
     assert!(stats.last_error.is_some());
     // Fail open: an existing key is never a 404, and the outage is a 503.
     assert_eq!(
@@ -174,12 +174,12 @@ async fn a_database_lost_while_serving_keeps_the_guard_and_loses_no_key(pool: Pg
         status(&app, "/items/banana").await,
         StatusCode::SERVICE_UNAVAILABLE
     );
-    let guard = state.guard.clone().expect("guarded");
+    let guard = state.guards.clone().expect("guarded").items;
     // Losing the listener and the feed loses no key: the reader resumes from
     // its position, so the guard keeps answering absent keys itself, with
     // no database at all.
     for _ in 0..20 {
-        assert_eq!(guard.stats().state, State::Ready);
+        assert_eq!(guard.stats().state, GuardState::Ready);
         assert_eq!(status(&app, "/items/absent").await, StatusCode::NOT_FOUND);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -214,7 +214,7 @@ async fn a_rebuild_that_loses_the_database_keeps_the_old_filter(pool: PgPool) {
     let proxy = Proxy::start(upstream(&pool), true).await;
     let state = guarded_state(proxy.pool_like(&pool));
     prepare(state.clone()).await;
-    let guard = state.guard.clone().expect("guarded");
+    let guard = state.guards.clone().expect("guarded").items;
     let before = guard.stats();
 
     let source =
@@ -290,7 +290,8 @@ async fn shutdown_closes_the_listener_connection(pool: PgPool) {
         .bind(bloom_guard_sqlx::LISTENER_APPLICATION_NAME)
         .fetch_one(&pool)
     };
-    assert_eq!(listeners().await.expect("count"), 1);
+    // One per guard: items and users.
+    assert_eq!(listeners().await.expect("count"), 2);
     state.shut_down().await;
     let mut remaining = listeners().await.expect("count");
     for _ in 0..50 {

@@ -51,7 +51,7 @@ async fn a_flood_of_unique_keys_leaves_memory_bounded() {
     let db = Database::sqlite(path.to_str().expect("utf-8 path"))
         .await
         .expect("sqlite");
-    let guard = items_service::guard(&Config::from_env().expect("config"));
+    let guard = items_service::guards(&Config::from_env().expect("config"));
     let state = AppState::new(db, Some(guard.clone()));
     prepare(state.clone()).await;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -85,7 +85,7 @@ async fn a_flood_of_unique_keys_leaves_memory_bounded() {
         "RSS grew by {:.1} MiB",
         after - before
     );
-    let stats = guard.stats();
+    let stats = guard.items.stats();
     assert!(stats.rejected >= not_found * 99 / 100, "{stats:?}");
     assert!(
         state.cache.stats().entries < 1000,

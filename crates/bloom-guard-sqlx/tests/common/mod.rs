@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, State};
+use bloom_guard::{BloomGuard, GuardState};
 use bloom_guard_sqlx::{PgFollower, Watch, LISTENER_APPLICATION_NAME};
 use sqlx::PgPool;
 
@@ -25,7 +25,7 @@ pub(crate) async fn install(pool: &PgPool) {
 }
 
 /// A follower with fast checks, as a test wants it.
-pub(crate) fn follower(guard: &BloomGuard, pool: &PgPool) -> PgFollower<bloom_guard::PathParam> {
+pub(crate) fn follower(guard: &BloomGuard, pool: &PgPool) -> PgFollower {
     PgFollower::new(guard.clone(), pool.clone(), items())
         .check_interval(Duration::from_millis(200))
         .poll_interval(Duration::from_millis(500))
@@ -57,7 +57,7 @@ pub(crate) async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut
 /// Whether the guard answers from its filter (not failing open) and holds
 /// every key.
 pub(crate) fn holds_all(guard: &BloomGuard, keys: &[&str]) -> bool {
-    guard.stats().state == State::Ready && keys.iter().all(|key| guard.may_contain(key))
+    guard.stats().state == GuardState::Ready && keys.iter().all(|key| guard.may_contain(key))
 }
 
 /// Waits until the guard holds `keys`, answering from its filter: within
