@@ -2,7 +2,7 @@
 //! headers: never a panic; a decoded path key always re-encodes to itself.
 #![no_main]
 
-use bloom_guard::{Header, Key, KeyExtractor, PathSegment, QueryParam};
+use bloom_guard::{Header, Key, KeyExtractor, KeyType, PathSegment, QueryParam};
 use libfuzzer_sys::fuzz_target;
 use percent_encoding::{utf8_percent_encode, percent_encode, NON_ALPHANUMERIC};
 
@@ -15,6 +15,12 @@ fuzz_target!(|data: &[u8]| {
         let again = percent_encode(key.as_bytes(), NON_ALPHANUMERIC).to_string();
         assert_eq!(Key::from_path_segment(&again).ok(), Some(key.clone()), "re-encoding changed {text:?}");
         assert_eq!(Key::from_percent_encoded(text), key);
+    }
+    // Every key type's canonical form is a fixed point.
+    for key_type in [KeyType::Text, KeyType::CaseInsensitiveText, KeyType::Integer, KeyType::Uuid] {
+        if let Some(canonical) = key_type.canonical(Key::from(text)) {
+            assert_eq!(key_type.canonical(canonical.clone()), Some(canonical));
+        }
     }
     let stored = utf8_percent_encode(text, NON_ALPHANUMERIC).to_string();
     assert_eq!(Key::from_percent_encoded(&stored), Key::from(text));

@@ -85,8 +85,13 @@ impl Builder {
 
     /// The longest key in bytes, after decoding (default 512). Longer keys
     /// get a `400` before any hashing.
+    ///
+    /// # Panics
+    ///
+    /// If `bytes` is 0: every request would be refused.
     #[must_use]
     pub fn max_key_len(mut self, bytes: usize) -> Self {
+        assert!(bytes > 0, "max_key_len must be at least 1");
         self.config.max_key_len = bytes;
         self
     }

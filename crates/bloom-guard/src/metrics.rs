@@ -26,7 +26,8 @@ impl crate::BloomGuard {
     /// its own atomic counters and never calls the recorder.
     ///
     /// Counters: `bloom_guard_passed_total`, `bloom_guard_rejected_total`,
-    /// `bloom_guard_false_positives_total`, `bloom_guard_bad_keys_total`.
+    /// `bloom_guard_false_positives_total`, `bloom_guard_bad_keys_total`,
+    /// `bloom_guard_unguarded_total`; gauge `bloom_guard_skipped_keys`.
     /// Gauges: `bloom_guard_keys`, `bloom_guard_bits`, `bloom_guard_fill_ratio`,
     /// `bloom_guard_estimated_fpp`, `bloom_guard_observed_fpp`,
     /// `bloom_guard_target_fpp`, `bloom_guard_generation`, `bloom_guard_ready`.
@@ -41,6 +42,10 @@ impl crate::BloomGuard {
         metrics::counter!("bloom_guard_false_positives_total", "guard" => guard)
             .absolute(stats.false_positives);
         metrics::counter!("bloom_guard_bad_keys_total", "guard" => guard).absolute(stats.bad_keys);
+        metrics::counter!("bloom_guard_unguarded_total", "guard" => guard)
+            .absolute(stats.unguarded);
+        metrics::gauge!("bloom_guard_skipped_keys", "guard" => guard)
+            .set(stats.skipped_keys as f64);
         metrics::gauge!("bloom_guard_keys", "guard" => guard).set(stats.keys as f64);
         metrics::gauge!("bloom_guard_bits", "guard" => guard).set(stats.bits as f64);
         metrics::gauge!("bloom_guard_fill_ratio", "guard" => guard).set(stats.fill);

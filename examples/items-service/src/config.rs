@@ -30,6 +30,8 @@ pub struct Config {
     /// `BLOOM_DEBUG_HEADER`: `on` marks the guard's answers with
     /// `x-bloom-guard: absent` (for operators; off by default).
     pub debug_header: bool,
+    /// `MAX_CONNECTIONS`: connections served at once on each port.
+    pub max_connections: usize,
 }
 
 /// The most keys a filter is sized for from settings (about 7 GiB of bits
@@ -50,6 +52,7 @@ impl std::fmt::Debug for Config {
             .field("guard_enabled", &self.guard_enabled)
             .field("rebuild_every_secs", &self.rebuild_every_secs)
             .field("debug_header", &self.debug_header)
+            .field("max_connections", &self.max_connections)
             .finish()
     }
 }
@@ -113,6 +116,7 @@ impl Config {
             guard_enabled,
             rebuild_every_secs: parse("BLOOM_REBUILD_SECS", "3600", "a whole number of seconds")?,
             debug_header,
+            max_connections: parse("MAX_CONNECTIONS", "10000", "a whole number of connections")?,
         })
     }
 }

@@ -8,10 +8,12 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod routes;
+pub mod server;
 
 pub use config::Config;
 pub use db::{Database, Item, MigrateError, Pool, User};
 pub use routes::{admin_app, app, AppState, Guards, MAX_KEY_LEN};
+pub use server::{serve, Limits};
 
 use std::time::Duration;
 
@@ -122,20 +124,4 @@ pub async fn prepare(state: AppState) {
     for guard in guards.all() {
         guard.ready().await;
     }
-}
-
-/// Serves `app` on `listener` until `shutdown` completes, then stops
-/// accepting and lets the requests in flight finish.
-///
-/// # Errors
-///
-/// If accepting connections fails.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
 }

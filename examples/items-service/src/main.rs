@@ -26,7 +26,7 @@
 
 use std::process::ExitCode;
 
-use items_service::{admin_app, app, guards, prepare, serve, AppState, Config, Database};
+use items_service::{admin_app, app, guards, prepare, serve, AppState, Config, Database, Limits};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -67,10 +67,27 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (stop, stopped) = watch::channel(());
     let public = TcpListener::bind(config.bind_addr).await?;
     tracing::info!(addr = %config.bind_addr, "serving the items API");
+    // Each port holds up to MAX_CONNECTIONS sockets: the process needs the
+    // file descriptors for both, beyond the operating system's default.
+    let open_files = items_service::server::raise_open_files_limit();
+    let limits = Limits {
+        max_connections: config
+            .max_connections
+            .min((open_files.saturating_sub(128) / 2).max(1) as usize),
+        ..Limits::default()
+    };
+    if limits.max_connections < config.max_connections {
+        tracing::warn!(
+            open_files,
+            max_connections = limits.max_connections,
+            "the open files limit caps the connections per port"
+        );
+    }
     let mut servers = vec![tokio::spawn(serve(
         public,
         app(state.clone()),
         stopped_signal(&stopped),
+        limits,
     ))];
     match &config.admin_token {
         Some(token) => {
@@ -82,6 +99,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 admin,
                 admin_app,
                 stopped_signal(&stopped),
+                limits,
             )));
         }
         None => tracing::info!("ADMIN_TOKEN is unset: the admin API is off"),

@@ -252,9 +252,14 @@ async fn shutdown_lets_requests_in_flight_finish() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("address");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(items_service::serve(listener, app, async {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(items_service::serve(
+        listener,
+        app,
+        async {
+            let _ = stopped.await;
+        },
+        items_service::Limits::default(),
+    ));
     let request = tokio::spawn(async move {
         let mut stream = TcpStream::connect(addr).await.expect("connect");
         use tokio::io::{AsyncReadExt, AsyncWriteExt};

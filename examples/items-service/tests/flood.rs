@@ -56,7 +56,12 @@ async fn a_flood_of_unique_keys_leaves_memory_bounded() {
     prepare(state.clone()).await;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("address");
-    tokio::spawn(serve(listener, app(state.clone()), std::future::pending()));
+    tokio::spawn(serve(
+        listener,
+        app(state.clone()),
+        std::future::pending(),
+        items_service::Limits::default(),
+    ));
 
     // A short flood first, so buffers and allocator pools are in place.
     let warm_up = Instant::now() + Duration::from_secs(1);

@@ -1,0 +1,131 @@
+//! The service binary under hostile HTTP: many idle sockets, a connection
+//! cap. Started with the operating system's usual soft limit of 1024 open
+//! files, as a service manager would start it.
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free loopback port (released at once for the service to take).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+struct Service {
+    child: Child,
+    public: u16,
+    admin: u16,
+}
+
+impl Service {
+    fn start(extra_env: &[(&str, &str)]) -> Self {
+        let (public, admin) = (free_port(), free_port());
+        let db = std::env::temp_dir().join(format!("items-hostile-{public}.db"));
+        let _ = std::fs::remove_file(&db);
+        let mut command = Command::new("prlimit");
+        command
+            .args(["--nofile=1024:", "--"])
+            .arg(env!("CARGO_BIN_EXE_items-service"))
+            .env_remove("DATABASE_URL")
+            .env("SQLITE_PATH", &db)
+            .env("ADMIN_TOKEN", "secret")
+            .env("BIND_ADDR", format!("127.0.0.1:{public}"))
+            .env("ADMIN_ADDR", format!("127.0.0.1:{admin}"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for (name, value) in extra_env {
+            command.env(name, value);
+        }
+        let child = command.spawn().expect("prlimit and the service binary");
+        let service = Self {
+            child,
+            public,
+            admin,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while service.status(public, "/readyz").as_deref() != Some("200") {
+            assert!(Instant::now() < deadline, "the service did not get ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        service
+    }
+
+    /// The status of `GET path`, within one second, by curl.
+    fn status(&self, port: u16, path: &str) -> Option<String> {
+        let output = Command::new("curl")
+            .args(["-s", "-m", "1", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(["-H", "authorization: Bearer secret"])
+            .arg(format!("http://127.0.0.1:{port}{path}"))
+            .output()
+            .ok()?;
+        let code = String::from_utf8_lossy(&output.stdout).into_owned();
+        (code != "000").then_some(code)
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn idle_sockets_do_not_stop_new_clients() {
+    let service = Service::start(&[]);
+    // More idle sockets than the soft limit of open files allows.
+    let idle: Vec<TcpStream> = (0..1100)
+        .map(|i| {
+            let port = if i % 2 == 0 {
+                service.public
+            } else {
+                service.admin
+            };
+            TcpStream::connect(("127.0.0.1", port)).expect("connect")
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        service.status(service.public, "/items/apple").as_deref(),
+        Some("200")
+    );
+    assert_eq!(
+        service.status(service.admin, "/admin/bloom").as_deref(),
+        Some("200")
+    );
+    drop(idle);
+}
+
+#[test]
+fn connections_over_the_cap_are_closed_at_once() {
+    let service = Service::start(&[("MAX_CONNECTIONS", "20")]);
+    let mut held: Vec<TcpStream> = (0..30)
+        .map(|_| TcpStream::connect(("127.0.0.1", service.public)).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut closed = 0;
+    for stream in &mut held {
+        stream
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        if matches!(stream.read(&mut [0; 1]), Ok(0)) {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 10, "the ten over the cap are closed, the rest held");
+    drop(held);
+    // Once they go, the service answers again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while service.status(service.public, "/items/apple").as_deref() != Some("200") {
+        assert!(
+            Instant::now() < deadline,
+            "no answer after the idle sockets left"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
