@@ -8,7 +8,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use futures_util::future::BoxFuture;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -34,6 +34,9 @@ type RebuildFn = Arc<dyn Fn() -> BoxFuture<'static, Result<Stats, BuildError>> +
 ///   guard's last one.
 /// - `POST /admin/bloom/rebuild`: the same for every guard with a source,
 ///   one after the other; answers as `GET /admin/bloom`.
+/// - `PUT /admin/bloom/{guard}/mode` with `{"mode": "enforce" | "shadow" |
+///   "off"}`: switches the guard's [`Mode`](crate::Mode) at once; answers
+///   the stats.
 /// - `GET /metrics`: Prometheus text, one `guard` label value per guard.
 ///   Needs [`prometheus`](Self::prometheus).
 ///
@@ -144,6 +147,7 @@ impl Admin {
             .route("/admin/bloom/rebuild", post(rebuild_all))
             .route("/admin/bloom/{guard}", get(stats))
             .route("/admin/bloom/{guard}/rebuild", post(rebuild))
+            .route("/admin/bloom/{guard}/mode", put(set_mode))
             .route("/metrics", get(prometheus_text))
             .with_state(state)
             .layer(middleware::from_fn_with_state(
@@ -211,6 +215,33 @@ async fn rebuild(State(state): State<Arc<AdminState>>, Path(name): Path<String>)
     match run_rebuild(admin, state.cooldown).await {
         Ok(stats) => Json(stats).into_response(),
         Err(response) => *response,
+    }
+}
+
+/// The body of `PUT /admin/bloom/{guard}/mode`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModeChange {
+    mode: crate::Mode,
+}
+
+async fn set_mode(
+    State(state): State<Arc<AdminState>>,
+    Path(name): Path<String>,
+    body: Result<Json<ModeChange>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Some(admin) = state.find(&name) else {
+        return no_such_guard();
+    };
+    match body {
+        Ok(Json(change)) => {
+            admin.guard.set_mode(change.mode);
+            Json(admin.guard.stats()).into_response()
+        }
+        Err(_) => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            r#"expected {"mode": "enforce" | "shadow" | "off"}"#,
+        ),
     }
 }
 
@@ -486,5 +517,45 @@ mod tests {
     fn an_empty_token_never_matches() {
         let token = Token::new("");
         assert!(!token.matches(&HeaderMap::new()));
+    }
+
+    #[tokio::test]
+    async fn the_mode_is_switched_at_run_time() {
+        let guard = BloomGuard::builder().name("items").build();
+        let app = Admin::new("s3cret").guard(guard.clone()).into_router();
+        let put = |body: &'static str| {
+            Request::builder()
+                .method("PUT")
+                .uri("/admin/bloom/items/mode")
+                .header(header::AUTHORIZATION, "Bearer s3cret")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body))
+                .expect("valid request")
+        };
+        let response = app
+            .clone()
+            .oneshot(put(r#"{"mode":"shadow"}"#))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(guard.mode(), crate::Mode::Shadow);
+        let (_, stats) = json(&app, "GET", "/admin/bloom/items").await;
+        assert_eq!(
+            (
+                &stats["mode"],
+                &stats["shadow_would_reject"],
+                &stats["shadow_false_negatives"]
+            ),
+            (
+                &serde_json::json!("shadow"),
+                &serde_json::json!(0),
+                &serde_json::json!(0)
+            )
+        );
+        for bad in [r#"{"mode":"loud"}"#, r#"{}"#, "mode=off"] {
+            let response = app.clone().oneshot(put(bad)).await.expect("infallible");
+            assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+        }
+        assert_eq!(guard.mode(), crate::Mode::Shadow);
     }
 }

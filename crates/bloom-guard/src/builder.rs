@@ -9,6 +9,7 @@ use http::Response;
 use crate::config::Config;
 use crate::guard::BloomGuard;
 use crate::key_type::KeyType;
+use crate::mode::Mode;
 use crate::response::CannedResponse;
 use crate::shared::Shared;
 
@@ -170,6 +171,42 @@ impl Builder {
     #[must_use]
     pub fn check_interval(mut self, every: Duration) -> Self {
         self.config.check_interval = every;
+        self
+    }
+
+    /// The mode the guard starts in (default [`Mode::Enforce`]); see
+    /// [`Mode`] for rolling a guard out in `Shadow` first.
+    #[must_use]
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.config.mode = mode;
+        self
+    }
+
+    /// In enforce mode, the share of would-be rejections passed on anyway
+    /// and checked like shadow mode's (default 0: none). A small rate such
+    /// as 0.001 is a production alarm for false negatives that costs a
+    /// bounded trickle of lookups; the sample is random, so nobody can aim
+    /// requests at it.
+    ///
+    /// # Panics
+    ///
+    /// If `rate` is not between 0 and 1.
+    #[must_use]
+    pub fn audit_rate(mut self, rate: f64) -> Self {
+        assert!(
+            (0.0..=1.0).contains(&rate),
+            "audit_rate must be in [0, 1], got {rate}"
+        );
+        self.config.audit_rate = rate;
+        self
+    }
+
+    /// Whether a false negative caught in shadow mode or by an audit fails
+    /// the guard open until its next rebuild and makes that rebuild due
+    /// (default true): a filter that missed one key may have missed more.
+    #[must_use]
+    pub fn rebuild_on_false_negative(mut self, enabled: bool) -> Self {
+        self.config.rebuild_on_false_negative = enabled;
         self
     }
 

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::key_type::KeyType;
+use crate::mode::Mode;
 use crate::response::CannedResponse;
 
 /// What [`Builder`](crate::Builder) sets; read by every other part.
@@ -22,6 +23,9 @@ pub(crate) struct Config {
     pub(crate) rebuild_above: f64,
     pub(crate) name: &'static str,
     pub(crate) debug_header: bool,
+    pub(crate) mode: Mode,
+    pub(crate) audit_rate: f64,
+    pub(crate) rebuild_on_false_negative: bool,
 }
 
 impl Default for Config {
@@ -41,6 +45,9 @@ impl Default for Config {
             rebuild_above: 2.0,
             name: "default",
             debug_header: false,
+            mode: Mode::Enforce,
+            audit_rate: 0.0,
+            rebuild_on_false_negative: true,
         }
     }
 }

@@ -8,6 +8,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 
 use crate::body::ResponseBody;
+use crate::guard::BloomGuard;
 
 pin_project! {
     /// The inner service's future, or the guard's own answer.
@@ -21,6 +22,7 @@ pin_project! {
     #[project = KindProj]
     enum Kind<F, B> {
         Inner { #[pin] future: F },
+        Audited { #[pin] future: F, audit: Option<(BloomGuard, Box<[u8]>)> },
         Answered { response: Option<Response<ResponseBody<B>>> },
     }
 }
@@ -29,6 +31,17 @@ impl<F, B> ResponseFuture<F, B> {
     pub(crate) fn inner(future: F) -> Self {
         Self {
             kind: Kind::Inner { future },
+        }
+    }
+
+    /// The inner service's future, whose answer tells whether the filter
+    /// missed `key`.
+    pub(crate) fn audited(future: F, guard: BloomGuard, key: Box<[u8]>) -> Self {
+        Self {
+            kind: Kind::Audited {
+                future,
+                audit: Some((guard, key)),
+            },
         }
     }
 
@@ -52,6 +65,15 @@ where
             KindProj::Inner { future } => future
                 .poll(cx)
                 .map(|result| result.map(|response| response.map(ResponseBody::inner))),
+            KindProj::Audited { future, audit } => {
+                let result = std::task::ready!(future.poll(cx));
+                if let (Ok(response), Some((guard, key))) = (&result, audit.take()) {
+                    if response.status().is_success() {
+                        guard.shared.record_false_negative(&key);
+                    }
+                }
+                Poll::Ready(result.map(|response| response.map(ResponseBody::inner)))
+            }
             KindProj::Answered { response } => {
                 Poll::Ready(Ok(response.take().expect("future polled after completion")))
             }

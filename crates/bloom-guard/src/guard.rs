@@ -9,6 +9,7 @@ use crate::extract::KeyExtractor;
 use crate::key::{Key, KeyError};
 use crate::layer::GuardLayer;
 use crate::methods::Methods;
+use crate::mode::Mode;
 use crate::response::CannedResponse;
 use crate::shared::Shared;
 use crate::source::KeyBatch;
@@ -61,6 +62,8 @@ pub struct BloomGuard {
 
 /// What the guard decided for one request.
 pub(crate) enum Verdict<'a> {
+    /// Pass it on, and check the answer: the filter said absent.
+    Audit(Box<[u8]>),
     Pass,
     Reject(&'a CannedResponse),
     BadKey(KeyError),
@@ -100,6 +103,17 @@ impl BloomGuard {
             extractor,
             methods: Methods::READS,
         }
+    }
+
+    /// The mode the guard is in.
+    pub fn mode(&self) -> Mode {
+        self.shared.mode()
+    }
+
+    /// Switches the guard's mode at once, for every layer and request that
+    /// follows; see [`Mode`].
+    pub fn set_mode(&self, mode: Mode) {
+        self.shared.set_mode(mode);
     }
 
     /// The guard's name (see [`Builder::name`](crate::Builder::name)).
@@ -238,6 +252,10 @@ impl BloomGuard {
         K: KeyExtractor<B>,
     {
         let shared = &*self.shared;
+        let mode = shared.mode();
+        if mode == Mode::Off {
+            return Verdict::Pass;
+        }
         let key = match extractor.extract(req) {
             Ok(Some(key)) => key,
             Ok(None) => return Verdict::Pass,
@@ -271,11 +289,18 @@ impl BloomGuard {
         };
         if shared.may_contain(&key) {
             shared.count_passed();
-            Verdict::Pass
+            return Verdict::Pass;
+        }
+        let audit_rate = shared.config.audit_rate;
+        if mode == Mode::Shadow {
+            shared.count_shadow_would_reject();
+        } else if audit_rate > 0.0 && fastrand::f64() < audit_rate {
+            shared.count_audited();
         } else {
             shared.count_rejected();
-            Verdict::Reject(&shared.config.absent)
+            return Verdict::Reject(&shared.config.absent);
         }
+        Verdict::Audit(key.as_bytes().into())
     }
 }
 

@@ -17,6 +17,7 @@ mod key_type;
 mod layer;
 mod methods;
 mod metrics;
+mod mode;
 #[cfg(feature = "axum")]
 mod path_param;
 mod rebuild;
@@ -43,6 +44,7 @@ pub use key::{Key, KeyError};
 pub use key_type::KeyType;
 pub use layer::GuardLayer;
 pub use methods::Methods;
+pub use mode::{Mode, UnknownMode};
 #[cfg(feature = "axum")]
 pub use path_param::{PathParam, PathParams};
 pub use response::not_found_response;

@@ -27,7 +27,10 @@ impl crate::BloomGuard {
     ///
     /// Counters: `bloom_guard_passed_total`, `bloom_guard_rejected_total`,
     /// `bloom_guard_false_positives_total`, `bloom_guard_bad_keys_total`,
-    /// `bloom_guard_unguarded_total`; gauge `bloom_guard_skipped_keys`.
+    /// `bloom_guard_unguarded_total`, `bloom_guard_shadow_would_reject_total`,
+    /// `bloom_guard_audited_total`, `bloom_guard_false_negatives_total`;
+    /// gauges `bloom_guard_skipped_keys` and `bloom_guard_mode` (1 for the
+    /// mode in force, label `mode`).
     /// Gauges: `bloom_guard_keys`, `bloom_guard_bits`, `bloom_guard_fill_ratio`,
     /// `bloom_guard_estimated_fpp`, `bloom_guard_observed_fpp`,
     /// `bloom_guard_target_fpp`, `bloom_guard_generation`, `bloom_guard_ready`.

@@ -191,7 +191,8 @@ impl BloomGuard {
         }
     }
 
-    /// Why the filter should be rebuilt now, if it should: its estimated
+    /// Why the filter should be rebuilt now, if it should: a false negative
+    /// was seen (see [`Mode`](crate::Mode)), its estimated
     /// false-positive rate passed [`Builder::rebuild_above`](crate::Builder::rebuild_above)
     /// times the target (inserts outgrew it), or the
     /// [`Builder::rebuild_interval`](crate::Builder::rebuild_interval) has
@@ -199,6 +200,9 @@ impl BloomGuard {
     pub fn rebuild_due(&self) -> Option<&'static str> {
         let config = &self.shared.config;
         let last_build = self.shared.last_build()?;
+        if self.shared.suspect() {
+            return Some("a false negative was seen");
+        }
         if config
             .rebuild_interval
             .is_some_and(|every| last_build.elapsed() >= every)

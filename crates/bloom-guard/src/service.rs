@@ -65,6 +65,10 @@ where
         }
         let response = match self.layer.guard.check(&self.layer.extractor, &req) {
             Verdict::Pass => return ResponseFuture::inner(self.inner.call(req)),
+            Verdict::Audit(key) => {
+                let guard = self.layer.guard.clone();
+                return ResponseFuture::audited(self.inner.call(req), guard, key);
+            }
             Verdict::Reject(absent) => absent.to_response(),
             Verdict::BadKey(error) => {
                 tracing::debug!(%error, "request key refused");
@@ -518,5 +522,145 @@ mod tests {
         assert!(!waiting.is_finished());
         guard.rebuild(&KeyList::new(["a"])).await.expect("build");
         waiting.await.expect("ready");
+    }
+
+    /// A guard whose filter misses `stored`'s first key, as if its row had
+    /// been written with the feed off.
+    async fn missing_a_key(builder: crate::Builder) -> BloomGuard {
+        let guard = builder.build();
+        guard
+            .rebuild(&KeyList::new(["other"]))
+            .await
+            .expect("build");
+        guard
+    }
+
+    #[tokio::test]
+    async fn shadow_mode_passes_everything_and_catches_the_false_negative() {
+        let guard = missing_a_key(BloomGuard::builder().mode(crate::Mode::Shadow)).await;
+        let (app, calls) = items_api(&["present"]);
+        let app = app.route_layer(guard.layer(PathParam("key")));
+        assert_eq!(
+            get_uri(&app, "/items/absent").await.0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(get_uri(&app, "/items/present").await.0, StatusCode::OK);
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "shadow mode passes every request"
+        );
+        let stats = guard.stats();
+        assert_eq!(
+            (
+                stats.shadow_would_reject,
+                stats.shadow_false_negatives,
+                stats.rejected
+            ),
+            (2, 1, 0)
+        );
+        // A filter that missed a key is trusted no more: open until rebuilt.
+        assert_eq!(stats.state, crate::GuardState::Degraded);
+        assert_eq!(guard.rebuild_due(), Some("a false negative was seen"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_audited_false_negative_fails_open_and_a_rebuild_follows() {
+        let guard = missing_a_key(
+            BloomGuard::builder()
+                .audit_rate(1.0)
+                .check_interval(std::time::Duration::from_secs(1)),
+        )
+        .await;
+        let (app, calls) = items_api(&["present"]);
+        let app = app.route_layer(guard.layer(PathParam("key")));
+        assert_eq!(get_uri(&app, "/items/present").await.0, StatusCode::OK);
+        let stats = guard.stats();
+        assert_eq!((stats.audited, stats.shadow_false_negatives), (1, 1));
+        assert!(guard.may_contain("anything"), "failing open");
+        tokio::spawn(guard.clone().maintain(KeyList::new(["present", "other"])));
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        let stats = guard.stats();
+        assert_eq!(
+            (stats.generation, stats.state),
+            (2, crate::GuardState::Ready)
+        );
+        // Audited, an absent key reaches the handler and gets its 404.
+        assert_eq!(
+            get_uri(&app, "/items/absent").await.0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert_eq!(guard.stats().shadow_false_negatives, 1);
+    }
+
+    #[tokio::test]
+    async fn without_audits_nothing_absent_reaches_the_handler() {
+        let guard = missing_a_key(BloomGuard::builder()).await;
+        let (app, calls) = items_api(&["present"]);
+        let app = app.route_layer(guard.layer(PathParam("key")));
+        for _ in 0..100 {
+            assert_eq!(
+                get_uri(&app, "/items/absent").await.0,
+                StatusCode::NOT_FOUND
+            );
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        let stats = guard.stats();
+        assert_eq!(
+            (stats.rejected, stats.audited, stats.shadow_false_negatives),
+            (100, 0, 0)
+        );
+    }
+
+    #[tokio::test]
+    async fn off_mode_checks_and_counts_nothing() {
+        let guard = warm_guard(&["a"]).await;
+        guard.set_mode(crate::Mode::Off);
+        let (app, calls) = counting_app(&guard);
+        assert_eq!(get_uri(&app, "/items/absent").await.0, StatusCode::OK);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        let stats = guard.stats();
+        assert_eq!(
+            (stats.passed, stats.rejected, stats.mode),
+            (0, 0, crate::Mode::Off)
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mode_switches_under_load_lose_no_request() {
+        let guard = warm_guard(&["present"]).await;
+        let (app, _) = items_api(&["present"]);
+        let app = app.route_layer(guard.layer(PathParam("key")));
+        let switcher = {
+            let guard = guard.clone();
+            tokio::spawn(async move {
+                for i in 0..300 {
+                    let mode = [crate::Mode::Enforce, crate::Mode::Shadow, crate::Mode::Off][i % 3];
+                    guard.set_mode(mode);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        let requests: Vec<_> = (0..400)
+            .map(|i| {
+                let app = app.clone();
+                tokio::spawn(async move {
+                    let key = if i % 2 == 0 { "present" } else { "absent" };
+                    (key, get_uri(&app, &format!("/items/{key}")).await.0)
+                })
+            })
+            .collect();
+        for request in requests {
+            let (key, status) = request.await.expect("request task");
+            let expected = if key == "present" {
+                StatusCode::OK
+            } else {
+                StatusCode::NOT_FOUND
+            };
+            assert_eq!(status, expected, "{key}");
+        }
+        switcher.await.expect("switcher");
+        assert_eq!(guard.stats().shadow_false_negatives, 0);
     }
 }

@@ -13,8 +13,12 @@ use crate::error::BuildError;
 use crate::filter::Filter;
 use crate::journal::Journal;
 use crate::key::Key;
+use crate::mode::Mode;
 use crate::source::KeyBatch;
 use crate::stats::{FeedStatus, GuardState, Stats};
+
+/// False negatives logged with their key; the rest are only counted.
+const LOGGED_FALSE_NEGATIVES: u64 = 10;
 
 /// The result of the rebuild in flight, for the callers that joined it.
 pub(crate) type RebuildResult = Option<Result<Stats, BuildError>>;
@@ -40,6 +44,14 @@ pub(crate) struct Shared {
     rejected: Counter,
     bad_keys: Counter,
     unguarded: Counter,
+    shadow_would_reject: Counter,
+    audited: Counter,
+    false_negatives: Counter,
+    /// The mode, as `Mode::to_u8`.
+    mode: std::sync::atomic::AtomicU8,
+    /// A false negative was seen: the filter in use is not trusted until
+    /// the next one is put in place.
+    suspect: std::sync::atomic::AtomicBool,
     /// Whether the first unguarded request was logged.
     warned_unguarded: std::sync::atomic::AtomicBool,
     false_positives: Counter,
@@ -66,6 +78,7 @@ impl Shared {
     pub(crate) fn new(config: Config) -> Self {
         Self {
             journal: Journal::new(config.write_window),
+            mode: std::sync::atomic::AtomicU8::new(config.mode.to_u8()),
             config,
             current: ArcSwapOption::empty(),
             building: RwLock::new(Vec::new()),
@@ -75,6 +88,10 @@ impl Shared {
             rejected: Counter::default(),
             bad_keys: Counter::default(),
             unguarded: Counter::default(),
+            shadow_would_reject: Counter::default(),
+            audited: Counter::default(),
+            false_negatives: Counter::default(),
+            suspect: std::sync::atomic::AtomicBool::new(false),
             warned_unguarded: std::sync::atomic::AtomicBool::new(false),
             false_positives: Counter::default(),
             generations: watch::Sender::new(0),
@@ -88,7 +105,7 @@ impl Shared {
 
     #[inline]
     pub(crate) fn may_contain(&self, key: &Key<'_>) -> bool {
-        if self.held_open.load(Ordering::Acquire) > 0 {
+        if self.held_open.load(Ordering::Acquire) > 0 || self.suspect.load(Ordering::Acquire) {
             return true;
         }
         match &*self.current.load() {
@@ -135,6 +152,49 @@ impl Shared {
                 "a guarded route passes requests unchecked; see Stats::unguarded"
             );
         }
+    }
+
+    pub(crate) fn mode(&self) -> Mode {
+        Mode::from_u8(self.mode.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn set_mode(&self, mode: Mode) {
+        let old = Mode::from_u8(self.mode.swap(mode.to_u8(), Ordering::Relaxed));
+        if old != mode {
+            tracing::info!(guard = self.config.name, from = %old, to = %mode, "guard mode changed");
+        }
+    }
+
+    pub(crate) fn count_shadow_would_reject(&self) {
+        self.shadow_would_reject.increment();
+    }
+
+    pub(crate) fn count_audited(&self) {
+        self.audited.increment();
+    }
+
+    /// The inner service found a key the filter said was absent.
+    pub(crate) fn record_false_negative(&self, key: &[u8]) {
+        let seen = self.false_negatives.get();
+        self.false_negatives.increment();
+        // The first few, with their key (never the rest of the request).
+        if seen < LOGGED_FALSE_NEGATIVES {
+            tracing::error!(
+                guard = self.config.name,
+                key = %String::from_utf8_lossy(key),
+                "false negative: the filter said absent, the service found the key"
+            );
+        }
+        if self.config.rebuild_on_false_negative && !self.suspect.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                guard = self.config.name,
+                "failing open until the next rebuild, which is due now"
+            );
+        }
+    }
+
+    pub(crate) fn suspect(&self) -> bool {
+        self.suspect.load(Ordering::Acquire)
     }
 
     /// Waits until a filter is in use.
@@ -219,6 +279,7 @@ impl Shared {
         drop(building);
         *lock(&self.last_error) = None;
         *lock(&self.last_build) = Some(tokio::time::Instant::now());
+        self.suspect.store(false, Ordering::Release);
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         self.generations.send_replace(generation);
         generation
@@ -258,7 +319,9 @@ impl Shared {
         let state = match filter {
             None if last_error.is_some() => GuardState::Degraded,
             None => GuardState::Warming,
-            Some(_) if self.held_open.load(Ordering::Acquire) > 0 => GuardState::Degraded,
+            Some(_) if self.held_open.load(Ordering::Acquire) > 0 || self.suspect() => {
+                GuardState::Degraded
+            }
             Some(_) => GuardState::Ready,
         };
         Stats {
@@ -281,6 +344,10 @@ impl Shared {
             false_positives,
             bad_keys: self.bad_keys.get(),
             unguarded: self.unguarded.get(),
+            mode: self.mode(),
+            shadow_would_reject: self.shadow_would_reject.get(),
+            audited: self.audited.get(),
+            shadow_false_negatives: self.false_negatives.get(),
             skipped_keys: filter.map_or(0, Filter::skipped),
             last_error,
             feed: lock(&self.feed).as_ref().map(|(status, at)| {

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::mode::Mode;
+
 /// Where the guard is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -77,6 +79,18 @@ pub struct Stats {
     /// it sits, such as a `PathParam` outside an axum router), passed on
     /// unchecked. Anything but 0 is a wiring mistake.
     pub unguarded: u64,
+    /// What the guard does with its verdicts.
+    pub mode: Mode,
+    /// Requests shadow mode passed on that enforce mode would have
+    /// answered as absent.
+    pub shadow_would_reject: u64,
+    /// Would-be rejections passed on in enforce mode by the audit sample
+    /// ([`Builder::audit_rate`](crate::Builder::audit_rate)).
+    pub audited: u64,
+    /// Of the would-be rejections passed on (shadow or audit), those the
+    /// service answered with a 2xx: keys that exist but were missing from
+    /// the filter. Anything but 0 is a defect to report.
+    pub shadow_false_negatives: u64,
     /// Stored keys no request can name (not valid UTF-8), left out of the
     /// filter in use.
     pub skipped_keys: u64,

@@ -30,6 +30,11 @@ pub struct Config {
     /// `BLOOM_DEBUG_HEADER`: `on` marks the guard's answers with
     /// `x-bloom-guard: absent` (for operators; off by default).
     pub debug_header: bool,
+    /// `BLOOM_MODE`: what every guard starts doing with its verdicts.
+    pub mode: bloom_guard::Mode,
+    /// `BLOOM_AUDIT_RATE`: in enforce mode, the share of would-be
+    /// rejections passed on and checked.
+    pub audit_rate: f64,
     /// `MAX_CONNECTIONS`: connections served at once on each port.
     pub max_connections: usize,
 }
@@ -52,6 +57,8 @@ impl std::fmt::Debug for Config {
             .field("guard_enabled", &self.guard_enabled)
             .field("rebuild_every_secs", &self.rebuild_every_secs)
             .field("debug_header", &self.debug_header)
+            .field("mode", &self.mode)
+            .field("audit_rate", &self.audit_rate)
             .field("max_connections", &self.max_connections)
             .finish()
     }
@@ -96,6 +103,19 @@ impl Config {
             });
         }
         let guard_enabled = switch("BLOOM_GUARD", true)?;
+        let mode = parse("BLOOM_MODE", "enforce", "enforce, shadow or off")?;
+        let audit_rate: f64 = parse(
+            "BLOOM_AUDIT_RATE",
+            "0",
+            "a rate between 0 and 1, such as 0.001",
+        )?;
+        if !(0.0..=1.0).contains(&audit_rate) {
+            return Err(ConfigError {
+                name: "BLOOM_AUDIT_RATE",
+                value: audit_rate.to_string(),
+                expected: "a rate between 0 and 1, such as 0.001",
+            });
+        }
         let debug_header = switch("BLOOM_DEBUG_HEADER", false)?;
         Ok(Self {
             bind_addr: parse(
@@ -116,6 +136,8 @@ impl Config {
             guard_enabled,
             rebuild_every_secs: parse("BLOOM_REBUILD_SECS", "3600", "a whole number of seconds")?,
             debug_header,
+            mode,
+            audit_rate,
             max_connections: parse("MAX_CONNECTIONS", "10000", "a whole number of connections")?,
         })
     }

@@ -60,6 +60,8 @@ pub fn guards(config: &Config) -> Guards {
             .false_positive_rate(config.bloom_fpp)
             .max_key_len(MAX_KEY_LEN)
             .debug_header(config.debug_header)
+            .mode(config.mode)
+            .audit_rate(config.audit_rate)
             // Back within seconds of the database.
             .max_retry_delay(Duration::from_secs(5));
         if config.rebuild_every_secs > 0 {

@@ -661,3 +661,66 @@ async fn characters_a_latin1_database_cannot_hold_are_a_4xx() {
         .await
         .expect("drop");
 }
+
+/// Rolling out: start in shadow mode, read what the guard would have done,
+/// then enforce without a restart.
+#[tokio::test]
+async fn shadow_first_then_enforce_through_the_admin_api() {
+    let mut config = test_config();
+    config.mode = bloom_guard::Mode::Shadow;
+    let state = AppState::new(sqlite().await, Some(items_service::guards(&config)));
+    prepare(state.clone()).await;
+    let app = app(state.clone());
+    let admin = items_service::admin_app(&state, "secret", None);
+    let admin_request = |method: &str, uri: &str, body: &str| {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::AUTHORIZATION, "Bearer secret")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_owned()))
+            .expect("valid request")
+    };
+    let lookups = state.db.lookups();
+    for i in 0..20 {
+        assert_eq!(
+            get(&app, &format!("/items/absent-{i}")).await.status,
+            StatusCode::NOT_FOUND
+        );
+    }
+    assert_eq!(get(&app, "/items/apple").await.status, StatusCode::OK);
+    assert_eq!(
+        state.db.lookups() - lookups,
+        21,
+        "shadow mode passes everything on"
+    );
+    let stats = send(&admin, admin_request("GET", "/admin/bloom/items", "")).await;
+    let stats: serde_json::Value = serde_json::from_str(&stats.body).expect("json");
+    assert_eq!(stats["mode"], "shadow");
+    assert_eq!(stats["shadow_would_reject"], 20);
+    assert_eq!(stats["shadow_false_negatives"], 0);
+
+    let switched = send(
+        &admin,
+        admin_request("PUT", "/admin/bloom/items/mode", r#"{"mode":"enforce"}"#),
+    )
+    .await;
+    assert_eq!(switched.status, StatusCode::OK, "{}", switched.body);
+    let lookups = state.db.lookups();
+    assert_eq!(
+        get(&app, "/items/absent-x").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        state.db.lookups(),
+        lookups,
+        "enforcing: answered by the guard"
+    );
+    let guards = state.guards.clone().expect("guarded");
+    assert_eq!(guards.items.stats().rejected, 1);
+    assert_eq!(
+        guards.users.mode(),
+        bloom_guard::Mode::Shadow,
+        "one guard at a time"
+    );
+}
