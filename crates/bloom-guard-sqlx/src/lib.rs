@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod abort;
@@ -34,8 +35,3 @@ pub use query::QuerySource;
 #[cfg(feature = "sqlite")]
 pub use sqlite_feed::SqliteFollower;
 pub use watch::Watch;
-
-/// The repository README's library example, compiled as a doctest.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct RepositoryReadme;

@@ -15,7 +15,7 @@ use bloom_guard_sqlx::Watch;
 use common::*;
 use sqlx::PgPool;
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn installing_twice_is_a_no_op_and_watching_twice_rebuilds_nothing(pool: PgPool) {
     install(&pool).await;
@@ -26,7 +26,7 @@ async fn installing_twice_is_a_no_op_and_watching_twice_rebuilds_nothing(pool: P
             .await
             .expect("count");
     assert_eq!(resyncs, 1, "only the first watch asks readers to rebuild");
-    // The 0002 NOTIFY triggers are gone, the feed's are in place.
+    // The feed's four triggers, and nothing else.
     let triggers: Vec<String> = sqlx::query_scalar(
         "select tgname::text from pg_trigger where tgrelid = 'items'::regclass and not tgisinternal order by 1",
     )
@@ -44,7 +44,7 @@ async fn installing_twice_is_a_no_op_and_watching_twice_rebuilds_nothing(pool: P
     );
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn keys_written_by_any_sql_reach_the_filter(pool: PgPool) {
     install(&pool).await;
@@ -118,7 +118,7 @@ async fn keys_written_by_any_sql_reach_the_filter(pool: PgPool) {
     assert_eq!(guard.stats().generation, 1, "no key needed a rebuild");
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn an_unprivileged_notify_flood_wakes_reads_but_changes_nothing(pool: PgPool) {
     install(&pool).await;
@@ -171,7 +171,7 @@ async fn an_unprivileged_notify_flood_wakes_reads_but_changes_nothing(pool: PgPo
     assert!(guard.may_contain("a"));
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn killed_listeners_open_no_window(pool: PgPool) {
     install(&pool).await;
@@ -223,7 +223,7 @@ async fn killed_listeners_open_no_window(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_bypassed_trigger_fails_open_names_the_table_and_rebuilds_after_repair(pool: PgPool) {
     install(&pool).await;
@@ -265,7 +265,7 @@ async fn a_bypassed_trigger_fails_open_names_the_table_and_rebuilds_after_repair
     assert!(guard.stats().generation >= 2);
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_child_table_is_a_gap_until_watched(pool: PgPool) {
     install(&pool).await;
@@ -305,7 +305,7 @@ async fn a_child_table_is_a_gap_until_watched(pool: PgPool) {
     arrives(&guard, &["archived-later"]).await;
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_reader_behind_the_pruned_horizon_rebuilds(pool: PgPool) {
     install(&pool).await;
@@ -333,7 +333,7 @@ async fn a_reader_behind_the_pruned_horizon_rebuilds(pool: PgPool) {
     assert!(guard.stats().generation >= 2, "caught up by a rebuild");
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_data_only_restore_into_a_watched_database_is_found(pool: PgPool) {
     install(&pool).await;
@@ -357,7 +357,7 @@ async fn a_data_only_restore_into_a_watched_database_is_found(pool: PgPool) {
     arrives(&guard, &["restored-1", "restored-2"]).await;
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn deleted_and_renamed_keys_reach_the_key_hook(pool: PgPool) {
     install(&pool).await;
@@ -394,7 +394,7 @@ async fn deleted_and_renamed_keys_reach_the_key_hook(pool: PgPool) {
     .await;
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn composite_and_typed_keys_are_canonical_text(pool: PgPool) {
     bloom_guard_sqlx::install(&pool).await.expect("install");
@@ -468,7 +468,7 @@ async fn keys_that_are_not_utf8_are_skipped_and_the_guard_is_ready() {
     exec(&admin, &format!("drop database {name} with (force)")).await;
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn two_instances_raw_writers_killed_listeners_and_rebuilds_lose_nothing(pool: PgPool) {
     install(&pool).await;
@@ -577,7 +577,7 @@ async fn two_instances_raw_writers_killed_listeners_and_rebuilds_lose_nothing(po
     arrives(&b, &keys).await;
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_key_longer_than_a_notification_arrives(pool: PgPool) {
     install(&pool).await;
@@ -591,7 +591,7 @@ async fn a_key_longer_than_a_notification_arrives(pool: PgPool) {
     arrives(&guard, &[long.as_str()]).await;
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_gap_found_at_start_holds_the_first_filter_open(pool: PgPool) {
     install(&pool).await;

@@ -139,7 +139,7 @@ async fn sqlite_with(keys: &[String]) -> SqlitePool {
     pool
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn postgres_copy_warm_up_has_no_false_negatives(pool: PgPool) {
     let keys = all_keys();
@@ -147,7 +147,7 @@ async fn postgres_copy_warm_up_has_no_false_negatives(pool: PgPool) {
     check_warm_up(PgCopySource::new(pool, "select key from items"), keys).await;
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn postgres_query_warm_up_has_no_false_negatives(pool: PgPool) {
     let keys = all_keys();
@@ -155,7 +155,7 @@ async fn postgres_query_warm_up_has_no_false_negatives(pool: PgPool) {
     check_warm_up(QuerySource::new(pool, "select key from items"), keys).await;
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn postgres_count_hints_size_the_filter(pool: PgPool) {
     fill_postgres(&pool, &all_keys()).await;
@@ -174,7 +174,7 @@ async fn postgres_count_hints_size_the_filter(pool: PgPool) {
     assert_eq!(exact.expect("count"), Some(all_keys().len() as u64));
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn postgres_bad_key_query_fails_and_the_guard_stays_open(pool: PgPool) {
     fill_postgres(&pool, &["a".to_owned()]).await;
@@ -224,7 +224,7 @@ proptest! {
     }
 }
 
-#[sqlx::test(migrations = "../../migrations")]
+#[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn postgres_copy_loads_any_key_the_request_path_accepts(pool: PgPool) {
     use proptest::strategy::ValueTree;

@@ -35,6 +35,9 @@ pub struct Config {
     /// `BLOOM_AUDIT_RATE`: in enforce mode, the share of would-be
     /// rejections passed on and checked.
     pub audit_rate: f64,
+    /// `SEED_DEMO`: `on` inserts the demo items into an empty Postgres
+    /// table at start (a new SQLite file always gets them).
+    pub seed_demo: bool,
     /// `MAX_CONNECTIONS`: connections served at once on each port.
     pub max_connections: usize,
 }
@@ -57,6 +60,7 @@ impl std::fmt::Debug for Config {
             .field("guard_enabled", &self.guard_enabled)
             .field("rebuild_every_secs", &self.rebuild_every_secs)
             .field("debug_header", &self.debug_header)
+            .field("seed_demo", &self.seed_demo)
             .field("mode", &self.mode)
             .field("audit_rate", &self.audit_rate)
             .field("max_connections", &self.max_connections)
@@ -138,6 +142,7 @@ impl Config {
             debug_header,
             mode,
             audit_rate,
+            seed_demo: switch("SEED_DEMO", false)?,
             max_connections: parse("MAX_CONNECTIONS", "10000", "a whole number of connections")?,
         })
     }

@@ -139,26 +139,55 @@ impl Database {
         Ok(())
     }
 
-    async fn seed_if_empty(&self) -> Result<(), sqlx::Error> {
-        let Pool::Sqlite(pool) = &self.pool else {
-            return Ok(());
+    /// Inserts the demo items if the table is empty (always for a new
+    /// SQLite file; on Postgres when `SEED_DEMO` asks for it). They go
+    /// through the change feed like any other write.
+    ///
+    /// # Errors
+    ///
+    /// If the database fails.
+    pub async fn seed_if_empty(&self) -> Result<(), sqlx::Error> {
+        let count: i64 = match &self.pool {
+            Pool::Postgres(pool) => {
+                sqlx::query_scalar("select count(*) from items")
+                    .fetch_one(pool)
+                    .await?
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::query_scalar("select count(*) from items")
+                    .fetch_one(pool)
+                    .await?
+            }
         };
-        let count: i64 = sqlx::query_scalar("select count(*) from items")
-            .fetch_one(pool)
-            .await?;
-        if count == 0 {
-            for (key, value) in DEMO_ITEMS {
-                sqlx::query("insert into items (key, value) values (?, ?)")
+        if count > 0 {
+            return Ok(());
+        }
+        for (key, value) in DEMO_ITEMS {
+            match &self.pool {
+                Pool::Postgres(pool) => {
+                    sqlx::query(
+                        "insert into items (key, value) values ($1, $2) on conflict do nothing",
+                    )
                     .bind(key)
                     .bind(value)
                     .execute(pool)
                     .await?;
+                }
+                Pool::Sqlite(pool) => {
+                    sqlx::query(
+                        "insert into items (key, value) values (?, ?) on conflict do nothing",
+                    )
+                    .bind(key)
+                    .bind(value)
+                    .execute(pool)
+                    .await?;
+                }
             }
-            tracing::info!(
-                items = DEMO_ITEMS.len(),
-                "seeded the SQLite database with demo items"
-            );
         }
+        tracing::info!(
+            items = DEMO_ITEMS.len(),
+            "seeded the database with demo items"
+        );
         Ok(())
     }
 

@@ -127,3 +127,8 @@ pub async fn prepare(state: AppState) {
         guard.ready().await;
     }
 }
+
+/// The repository README's library example, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct RepositoryReadme;

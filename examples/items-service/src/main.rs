@@ -62,7 +62,16 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         tracing::warn!("BLOOM_GUARD=off: every request reaches the cache and the database");
     }
     let state = AppState::new(db, guards);
-    tokio::spawn(prepare(state.clone()));
+    let seeding = state.clone();
+    let seed_demo = config.seed_demo && config.database_url.is_some();
+    tokio::spawn(async move {
+        prepare(seeding.clone()).await;
+        if seed_demo {
+            if let Err(error) = seeding.db.seed_if_empty().await {
+                tracing::warn!(%error, "cannot seed the demo items");
+            }
+        }
+    });
 
     let (stop, stopped) = watch::channel(());
     let public = TcpListener::bind(config.bind_addr).await?;

@@ -724,3 +724,17 @@ async fn shadow_first_then_enforce_through_the_admin_api() {
         "one guard at a time"
     );
 }
+
+#[sqlx::test(migrations = "../../migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_demo_items_are_seeded_once_when_asked(pool: PgPool) {
+    let db = Database::from_pool(Pool::Postgres(pool.clone()));
+    db.seed_if_empty().await.expect("seed");
+    db.seed_if_empty().await.expect("seed again");
+    let count: i64 = sqlx::query_scalar("select count(*) from items")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(count, 5);
+    assert!(db.get("apple").await.expect("get").is_some());
+}
