@@ -10,6 +10,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio::time::{sleep, Instant};
+use tracing::Instrument;
 
 use crate::abort::AbortOnDrop;
 use crate::backoff::Backoff;
@@ -174,16 +175,23 @@ impl PgFollower {
     /// As [`run`](Self::run), until `shutdown` completes; then closes the
     /// listener's connection cleanly and returns.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) {
+        let span = tracing::info_span!(
+            "bloom_guard_follower",
+            guard = self.guard.name(),
+            feed = self.watch.feed_name()
+        );
+        self.follow_until(shutdown).instrument(span).await;
+    }
+
+    async fn follow_until(self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let this = Arc::new(self);
         let wake = Arc::new(Notify::new());
         let resync = Arc::new(Notify::new());
         let (stop_listener, listener_stopped) = tokio::sync::watch::channel(false);
-        let listener = tokio::spawn(listen(
-            this.listener_options(),
-            Arc::clone(&wake),
-            listener_stopped,
-        ));
+        let listener = tokio::spawn(
+            listen(this.listener_options(), Arc::clone(&wake), listener_stopped).in_current_span(),
+        );
         let started = tokio::select! {
             () = &mut shutdown => None,
             started = this.start() => Some(started),
@@ -193,12 +201,11 @@ impl PgFollower {
             // comes already held open.
             let mut gap = None;
             this.check(&source, &mut gap).await;
-            let _warm_up = AbortOnDrop(tokio::spawn(this.guard.clone().warm(source.clone())));
-            let _maintenance = AbortOnDrop(tokio::spawn(Arc::clone(&this).maintain(
-                source.clone(),
-                Arc::clone(&resync),
-                gap,
-            )));
+            let _warm_up = AbortOnDrop(tokio::spawn(
+                this.guard.clone().warm(source.clone()).in_current_span(),
+            ));
+            let maintenance = Arc::clone(&this).maintain(source.clone(), Arc::clone(&resync), gap);
+            let _maintenance = AbortOnDrop(tokio::spawn(maintenance.in_current_span()));
             tokio::select! {
                 () = &mut shutdown => {}
                 () = this.follow(&source, position, &wake, &resync) => {}

@@ -12,6 +12,7 @@ use futures_util::TryStreamExt;
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{Connection, Row, SqlitePool, TypeInfo, ValueRef};
 use tokio::time::sleep;
+use tracing::Instrument;
 
 use crate::abort::AbortOnDrop;
 use crate::backoff::Backoff;
@@ -267,9 +268,14 @@ impl SqliteFollower {
 
     /// As [`run`](Self::run), until `shutdown` completes.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) {
+        let span = tracing::info_span!(
+            "bloom_guard_follower",
+            guard = self.guard.name(),
+            feed = self.watch.feed_name()
+        );
         tokio::select! {
             () = shutdown => {}
-            () = self.follow() => {}
+            () = self.follow().instrument(span) => {}
         }
     }
 
@@ -294,7 +300,7 @@ impl SqliteFollower {
                 }
             }
         };
-        let warm_up = tokio::spawn(self.guard.clone().warm(source.clone()));
+        let warm_up = tokio::spawn(self.guard.clone().warm(source.clone()).in_current_span());
         let _warm_up = AbortOnDrop(warm_up);
         let mut watcher: Option<(SqliteConnection, i64)> = None;
         let mut total = 0;

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::backoff::Backoff;
 use crate::error::{error_chain, BuildError};
@@ -58,7 +59,7 @@ impl BloomGuard {
                 }
                 Err(_) => {
                     let pause = backoff.next_pause();
-                    tracing::info!(retry_in = ?pause, "bloom filter warm-up will retry");
+                    tracing::info!(guard = self.name(), retry_in = ?pause, "bloom filter warm-up will retry");
                     tokio::time::sleep(pause).await;
                 }
             }
@@ -219,11 +220,12 @@ impl BloomGuard {
         let shared = &*self.shared;
         let _one_at_a_time = shared.build_lock.lock().await;
         let started = Instant::now();
-        let result = scan(shared, source, floor).await;
+        let span = tracing::info_span!("bloom_guard_build", guard = shared.config.name);
+        let result = scan(shared, source, floor).instrument(span).await;
         crate::metrics::record_build(shared, started.elapsed(), result.is_ok());
         if let Err(error) = &result {
             let message = error_chain(error);
-            tracing::warn!(error = %message, "bloom filter build failed; the filter in use stays");
+            tracing::warn!(guard = shared.config.name, error = %message, "bloom filter build failed; the filter in use stays");
             shared.record_failure(message);
         }
         result

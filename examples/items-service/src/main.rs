@@ -24,6 +24,7 @@
 //! curl -s -H 'authorization: Bearer secret' localhost:3001/metrics
 //! ```
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use items_service::{admin_app, app, guards, prepare, serve, AppState, Config, Database, Limits};
@@ -34,11 +35,16 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour only on a terminal; one JSON object per line for machines.
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
+    if std::env::var("LOG_FORMAT").is_ok_and(|format| format.eq_ignore_ascii_case("json")) {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -62,6 +68,14 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         tracing::warn!("BLOOM_GUARD=off: every request reaches the cache and the database");
     }
     let state = AppState::new(db, guards);
+    let (stop, stopped) = watch::channel(());
+    // Both ports first: a port that is taken stops the service before any
+    // background work starts.
+    let public = bind(config.bind_addr).await?;
+    let admin = match &config.admin_token {
+        Some(_) => Some(bind(config.admin_addr).await?),
+        None => None,
+    };
     let seeding = state.clone();
     let seed_demo = config.seed_demo && config.database_url.is_some();
     tokio::spawn(async move {
@@ -73,8 +87,6 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     });
 
-    let (stop, stopped) = watch::channel(());
-    let public = TcpListener::bind(config.bind_addr).await?;
     tracing::info!(addr = %config.bind_addr, "serving the items API");
     // Each port holds up to MAX_CONNECTIONS sockets: the process needs the
     // file descriptors for both, beyond the operating system's default.
@@ -98,9 +110,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         stopped_signal(&stopped),
         limits,
     ))];
-    match &config.admin_token {
-        Some(token) => {
-            let admin = TcpListener::bind(config.admin_addr).await?;
+    match (&config.admin_token, admin) {
+        (Some(token), Some(admin)) => {
             tracing::info!(addr = %config.admin_addr, "serving the admin API");
             let prometheus = PrometheusBuilder::new().install_recorder()?;
             let admin_app = admin_app(&state, token, Some(prometheus));
@@ -111,7 +122,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 limits,
             )));
         }
-        None => tracing::info!("ADMIN_TOKEN is unset: the admin API is off"),
+        _ => tracing::info!("ADMIN_TOKEN is unset: the admin API is off"),
     }
 
     shutdown_signal().await;
@@ -123,6 +134,13 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     state.shut_down().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Binds `addr`, naming it in the error.
+async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|error| format!("cannot listen on {addr}: {error}"))
 }
 
 /// Completes when the sender of `stopped` is dropped.
