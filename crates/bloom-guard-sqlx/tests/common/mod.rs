@@ -32,10 +32,33 @@ pub(crate) fn follower(guard: &BloomGuard, pool: &PgPool) -> PgFollower {
         .min_read_gap(Duration::from_millis(5))
 }
 
+/// A follower running on a task of its own; dropped, it stops and closes
+/// its connections, so the test's database can be dropped after it.
+pub(crate) struct Running {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Runs `follower` until the returned value is dropped.
+pub(crate) fn spawn(follower: PgFollower) -> Running {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(follower.run_until(async move {
+        let _ = stopped.await;
+    }));
+    Running { stop: Some(stop) }
+}
+
 /// A guard kept complete by a follower, once warm.
-pub(crate) async fn followed(pool: &PgPool) -> (BloomGuard, tokio::task::JoinHandle<()>) {
+pub(crate) async fn followed(pool: &PgPool) -> (BloomGuard, Running) {
     let guard = guard();
-    let task = tokio::spawn(follower(&guard, pool).run());
+    let task = spawn(follower(&guard, pool));
     wait_until("the first warm-up", Duration::from_secs(10), || {
         guard.is_ready()
     })
