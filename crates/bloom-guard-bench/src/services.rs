@@ -25,10 +25,12 @@ impl Database {
     pub(crate) async fn create(server_url: &str, name: &str) -> Result<Self, sqlx::Error> {
         let server: PgConnectOptions = server_url.parse()?;
         let mut admin = server.connect().await?;
-        sqlx::query(&format!("drop database if exists {name} with (force)"))
-            .execute(&mut admin)
-            .await?;
-        sqlx::query(&format!("create database {name}"))
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "drop database if exists {name} with (force)"
+        )))
+        .execute(&mut admin)
+        .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("create database {name}")))
             .execute(&mut admin)
             .await?;
         let pool = PgPool::connect_with(server.clone().database(name)).await?;
@@ -80,10 +82,10 @@ impl Database {
     pub(crate) async fn drop_database(self) -> Result<(), sqlx::Error> {
         self.pool.close().await;
         let mut admin = self.server.connect().await?;
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "drop database if exists {} with (force)",
             self.name
-        ))
+        )))
         .execute(&mut admin)
         .await?;
         Ok(())

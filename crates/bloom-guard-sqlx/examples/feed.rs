@@ -29,10 +29,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL to a Postgres server")?;
     let server: PgConnectOptions = url.parse()?;
     let mut admin = server.connect().await?;
-    sqlx::query(&format!("drop database if exists {DATABASE} with (force)"))
-        .execute(&mut admin)
-        .await?;
-    sqlx::query(&format!("create database {DATABASE}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "drop database if exists {DATABASE} with (force)"
+    )))
+    .execute(&mut admin)
+    .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("create database {DATABASE}")))
         .execute(&mut admin)
         .await?;
     let options = server.clone().database(DATABASE);
@@ -51,9 +53,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     catch_up(&pool, &options).await?;
 
     pool.close().await;
-    sqlx::query(&format!("drop database if exists {DATABASE} with (force)"))
-        .execute(&mut admin)
-        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "drop database if exists {DATABASE} with (force)"
+    )))
+    .execute(&mut admin)
+    .await?;
     Ok(())
 }
 
@@ -73,7 +77,9 @@ async fn write_cost(options: &PgConnectOptions) -> Result<(), Box<dyn std::error
                     "insert into {table} (key) select 'cost-{kind}-{round}-' || g from generate_series(1, {rows}) g"
                 );
                 let started = Instant::now();
-                sqlx::query(&sql).execute(&mut conn).await?;
+                sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+                    .execute(&mut conn)
+                    .await?;
                 times[slot] += started.elapsed();
             }
         }

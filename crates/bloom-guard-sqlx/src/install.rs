@@ -1,6 +1,6 @@
 //! Installing the change feed's SQL into a Postgres database.
 
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::error::FeedError;
 
@@ -50,7 +50,7 @@ pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
          select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'));
          {POSTGRES_SQL}"
     );
-    sqlx::raw_sql(&script).execute(pool).await?;
+    sqlx::raw_sql(AssertSqlSafe(script)).execute(pool).await?;
     tracing::info!(
         version = SCHEMA_VERSION,
         from = ?installed,

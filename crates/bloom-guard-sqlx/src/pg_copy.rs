@@ -2,7 +2,7 @@
 
 use bloom_guard::{KeyBatch, KeySource};
 use futures_util::stream::{BoxStream, StreamExt};
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::batches::{spawn_scan, BatchSender};
 use crate::copy_text::CopyTextDecoder;
@@ -62,14 +62,15 @@ impl KeySource for PgCopySource {
 
     async fn count_hint(&self) -> Result<Option<u64>, SourceError> {
         if let Some(count_query) = &self.count_query {
-            let count: i64 = sqlx::query_scalar(count_query)
+            let count: i64 = sqlx::query_scalar(AssertSqlSafe(count_query.as_str()))
                 .fetch_one(&self.pool)
                 .await?;
             return Ok(Some(count.max(0) as u64));
         }
-        let plan: Vec<String> = sqlx::query_scalar(&format!("explain {}", self.query))
-            .fetch_all(&self.pool)
-            .await?;
+        let plan: Vec<String> =
+            sqlx::query_scalar(AssertSqlSafe(format!("explain {}", self.query)))
+                .fetch_all(&self.pool)
+                .await?;
         Ok(plan.first().and_then(|line| planned_rows(line)))
     }
 

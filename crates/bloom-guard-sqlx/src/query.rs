@@ -2,7 +2,7 @@
 
 use bloom_guard::{KeyBatch, KeySource};
 use futures_util::stream::{BoxStream, StreamExt};
-use sqlx::{ColumnIndex, Database, Decode, Executor, IntoArguments, Pool, Type};
+use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Executor, IntoArguments, Pool, Type};
 
 use crate::batches::{spawn_scan, BatchSender};
 use crate::error::SourceError;
@@ -66,7 +66,7 @@ impl<DB> KeySource for QuerySource<DB>
 where
     DB: Database,
     for<'c> &'c Pool<DB>: Executor<'c, Database = DB>,
-    for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
+    <DB as Database>::Arguments: IntoArguments<DB>,
     for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
@@ -74,7 +74,7 @@ where
     type Error = SourceError;
 
     async fn count_hint(&self) -> Result<Option<u64>, SourceError> {
-        let count: i64 = sqlx::query_scalar(&self.count_query)
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(self.count_query.as_str()))
             .fetch_one(&self.pool)
             .await?;
         Ok(Some(count.max(0) as u64))
@@ -84,7 +84,8 @@ where
         let pool = self.pool.clone();
         let query = self.query.clone();
         spawn_scan(move |batches| async move {
-            let mut rows = sqlx::query_scalar::<DB, Option<String>>(&query).fetch(&pool);
+            let mut rows =
+                sqlx::query_scalar::<DB, Option<String>>(AssertSqlSafe(query)).fetch(&pool);
             let mut batch = BatchSender::new_batch();
             while let Some(key) = rows.next().await {
                 // A NULL key names no row a request can find.

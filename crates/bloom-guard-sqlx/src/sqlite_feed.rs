@@ -10,7 +10,7 @@ use bloom_guard::{BloomGuard, FeedStatus, KeyBatch, KeySource};
 use futures_util::stream::BoxStream;
 use futures_util::TryStreamExt;
 use sqlx::sqlite::SqliteConnection;
-use sqlx::{Connection, Row, SqlitePool, TypeInfo, ValueRef};
+use sqlx::{AssertSqlSafe, Connection, Row, SqlitePool, TypeInfo, ValueRef};
 use tokio::time::sleep;
 use tracing::Instrument;
 
@@ -100,7 +100,7 @@ impl Watch {
             deleted = trigger("deleted"),
         );
         // Idempotent: a failure half-way is repaired by the next call.
-        sqlx::raw_sql(&script).execute(pool).await?;
+        sqlx::raw_sql(AssertSqlSafe(script)).execute(pool).await?;
         Ok(())
     }
 
@@ -143,7 +143,7 @@ impl KeySource for SqliteScan {
     type Error = SourceError;
 
     async fn count_hint(&self) -> Result<Option<u64>, SourceError> {
-        let count: i64 = sqlx::query_scalar(&self.count_query)
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(self.count_query.as_str()))
             .fetch_one(&self.pool)
             .await?;
         Ok(Some(count.max(0) as u64))
@@ -152,16 +152,18 @@ impl KeySource for SqliteScan {
     fn keys(&self) -> BoxStream<'static, Result<KeyBatch, SourceError>> {
         let (pool, query) = (self.pool.clone(), self.query.clone());
         spawn_scan(move |batches| async move {
-            let mut rows = sqlx::query(&query).fetch(&pool);
+            let mut rows = sqlx::query(AssertSqlSafe(query)).fetch(&pool);
             let mut batch = BatchSender::new_batch();
             while let Some(row) = rows.try_next().await? {
-                let value = row.try_get_raw(0)?;
-                // A NULL key names no row; a BLOB is a key no request names.
-                let null = value.is_null();
-                match key_bytes(value)? {
-                    Some(key) => batch.push_text(key),
-                    None if null => {}
-                    None => batch.skip(),
+                {
+                    let value = row.try_get_raw(0)?;
+                    // A NULL key names no row; a BLOB is a key no request names.
+                    let null = value.is_null();
+                    match key_bytes(value)? {
+                        Some(key) => batch.push_text(key),
+                        None if null => {}
+                        None => batch.skip(),
+                    }
                 }
                 if !batches.send_if_full(&mut batch).await {
                     return Ok(());

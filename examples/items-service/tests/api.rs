@@ -622,13 +622,15 @@ async fn characters_a_latin1_database_cannot_hold_are_a_4xx() {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
     let admin = PgPool::connect(&url).await.expect("connect");
     let name = format!("items_latin1_{}", std::process::id());
-    sqlx::query(&format!("drop database if exists {name}"))
-        .execute(&admin)
-        .await
-        .expect("drop");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "drop database if exists {name}"
+    )))
+    .execute(&admin)
+    .await
+    .expect("drop");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "create database {name} encoding 'LATIN1' lc_collate 'C' lc_ctype 'C' template template0"
-    ))
+    )))
     .execute(&admin)
     .await
     .expect("create a LATIN1 database");
@@ -656,10 +658,12 @@ async fn characters_a_latin1_database_cannot_hold_are_a_4xx() {
     let fine = send_json(&app, "POST", "/items", r#"{"key":"café","value":"ü"}"#).await;
     assert_eq!(fine.status, StatusCode::CREATED);
     pool.close().await;
-    sqlx::query(&format!("drop database {name} with (force)"))
-        .execute(&admin)
-        .await
-        .expect("drop");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "drop database {name} with (force)"
+    )))
+    .execute(&admin)
+    .await
+    .expect("drop");
 }
 
 /// Rolling out: start in shadow mode, read what the guard would have done,

@@ -107,7 +107,7 @@ pub(crate) async fn kill_listeners(pool: &PgPool) -> u64 {
 }
 
 pub(crate) async fn exec(pool: &PgPool, sql: &str) {
-    sqlx::raw_sql(sql)
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
         .execute(pool)
         .await
         .unwrap_or_else(|error| panic!("{sql}: {error}"));
