@@ -11,7 +11,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use futures_util::future::BoxFuture;
-use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -20,6 +19,9 @@ use crate::guard::BloomGuard;
 use crate::shared::lock;
 use crate::source::KeySource;
 use crate::stats::Stats;
+
+/// Renders the installed recorder's metrics as Prometheus text.
+type RenderFn = Arc<dyn Fn() -> String + Send + Sync>;
 
 type RebuildFn = Arc<dyn Fn() -> BoxFuture<'static, Result<Stats, BuildError>> + Send + Sync>;
 
@@ -37,8 +39,9 @@ type RebuildFn = Arc<dyn Fn() -> BoxFuture<'static, Result<Stats, BuildError>> +
 /// - `PUT /admin/bloom/{guard}/mode` with `{"mode": "enforce" | "shadow" |
 ///   "off"}`: switches the guard's [`Mode`](crate::Mode) at once; answers
 ///   the stats.
-/// - `GET /metrics`: Prometheus text, one `guard` label value per guard.
-///   Needs [`prometheus`](Self::prometheus).
+/// - `GET /metrics`: the Prometheus text of the application's recorder
+///   (see [`metrics`](Self::metrics)); the guards record their figures
+///   there as they happen (feature `metrics`), one `guard` label per guard.
 ///
 /// Requests without `Authorization: Bearer <token>`, or with any other
 /// token, get `401` and learn nothing: tokens are compared as SHA-256
@@ -62,7 +65,7 @@ type RebuildFn = Arc<dyn Fn() -> BoxFuture<'static, Result<Stats, BuildError>> +
 pub struct Admin {
     token: Token,
     guards: Vec<AdminGuard>,
-    prometheus: Option<PrometheusHandle>,
+    metrics: Option<RenderFn>,
     cooldown: Duration,
 }
 
@@ -71,7 +74,7 @@ impl std::fmt::Debug for Admin {
         let names: Vec<_> = self.guards.iter().map(|g| g.guard.name()).collect();
         f.debug_struct("Admin")
             .field("guards", &names)
-            .field("prometheus", &self.prometheus.is_some())
+            .field("metrics", &self.metrics.is_some())
             .field("cooldown", &self.cooldown)
             .finish_non_exhaustive()
     }
@@ -83,7 +86,7 @@ impl Admin {
         Self {
             token: Token::new(token),
             guards: Vec::new(),
-            prometheus: None,
+            metrics: None,
             cooldown: Duration::from_secs(5),
         }
     }
@@ -118,11 +121,20 @@ impl Admin {
         self
     }
 
-    /// Serve `GET /metrics` from this Prometheus recorder's handle (the one
-    /// installed as the global `metrics` recorder).
+    /// Serves `GET /metrics` with the text `render` returns: the
+    /// application's Prometheus recorder, such as
+    /// `metrics-exporter-prometheus`'s `PrometheusHandle::render`. Without
+    /// it, `/metrics` answers `501`.
+    ///
+    /// ```
+    /// # #[cfg(any())] {
+    /// let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    /// let admin = Admin::new(&token).guard(guard).metrics(move || handle.render());
+    /// # }
+    /// ```
     #[must_use]
-    pub fn prometheus(mut self, handle: PrometheusHandle) -> Self {
-        self.prometheus = Some(handle);
+    pub fn metrics(mut self, render: impl Fn() -> String + Send + Sync + 'static) -> Self {
+        self.metrics = Some(Arc::new(render));
         self
     }
 
@@ -139,7 +151,7 @@ impl Admin {
     pub fn into_router(self) -> Router {
         let state = Arc::new(AdminState {
             guards: self.guards,
-            prometheus: self.prometheus,
+            metrics: self.metrics,
             cooldown: self.cooldown,
         });
         Router::new()
@@ -167,7 +179,7 @@ struct AdminGuard {
 
 struct AdminState {
     guards: Vec<AdminGuard>,
-    prometheus: Option<PrometheusHandle>,
+    metrics: Option<RenderFn>,
     cooldown: Duration,
 }
 
@@ -289,18 +301,15 @@ async fn run_rebuild(admin: &AdminGuard, cooldown: Duration) -> Result<Stats, Bo
 }
 
 async fn prometheus_text(State(state): State<Arc<AdminState>>) -> Response {
-    let Some(prometheus) = &state.prometheus else {
+    let Some(render) = &state.metrics else {
         return error(
             StatusCode::NOT_IMPLEMENTED,
             "no Prometheus recorder is configured",
         );
     };
-    for admin in &state.guards {
-        admin.guard.publish_metrics();
-    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        prometheus.render(),
+        render(),
     )
         .into_response()
 }
@@ -460,20 +469,43 @@ mod tests {
         assert_eq!(status, StatusCode::NOT_FOUND);
     }
 
+    #[cfg(feature = "metrics")]
     #[tokio::test]
-    async fn metrics_are_prometheus_text() {
-        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    async fn metrics_are_recorded_as_they_happen_and_rendered_as_prometheus_text() {
+        use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Prefix("bloom_guard_".into()),
+                crate::DURATION_BUCKETS,
+            )
+            .expect("buckets")
+            .build_recorder();
         let handle = recorder.handle();
+        // The recorder is in place before the guard registers its handles.
+        let _local = ::metrics::set_default_local_recorder(&recorder);
         let guard = BloomGuard::builder().name("items").build();
         guard
             .rebuild(&crate::KeyList::new(["a"]))
             .await
             .expect("build");
+        let inner = tower::service_fn(|_: Request| async {
+            Ok::<_, std::convert::Infallible>(Response::new(Body::empty()))
+        });
+        let guarded = tower::Layer::layer(&guard.layer(crate::PathSegment(0)), inner);
+        for key in ["/a", "/zz-absent", "/yy-absent"] {
+            let request = Request::builder()
+                .uri(key)
+                .body(Body::empty())
+                .expect("request");
+            guarded.clone().oneshot(request).await.expect("infallible");
+        }
+        guard.record_feed_read(crate::FeedStatus::new("1", 3));
+        guard.record_feed_read(crate::FeedStatus::new("2", 5));
+
         let app = Admin::new("s3cret")
             .guard(guard)
-            .prometheus(handle)
+            .metrics(move || handle.render())
             .into_router();
-        let _local = ::metrics::set_default_local_recorder(&recorder);
         let response = app
             .oneshot(request("GET", "/metrics"))
             .await
@@ -489,28 +521,45 @@ mod tests {
                 .to_vec(),
         )
         .expect("utf-8");
-        let mut samples = 0;
-        for line in text.lines().filter(|l| !l.is_empty()) {
-            if line.starts_with('#') {
-                assert!(
-                    line.starts_with("# TYPE ") || line.starts_with("# HELP "),
-                    "{line}"
-                );
-                continue;
-            }
+        for line in text
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
             let (series, value) = line.rsplit_once(' ').expect("a sample is `series value`");
             assert!(value.parse::<f64>().is_ok(), "{line}");
             assert!(
                 series.starts_with("bloom_guard_") && series.contains(r#"guard="items""#),
                 "{line}"
             );
-            samples += 1;
         }
-        assert!(
-            text.contains(r#"bloom_guard_keys{guard="items"} 1"#),
-            "{text}"
-        );
-        assert!(samples >= 12, "{text}");
+        for expected in [
+            r#"bloom_guard_passed_total{guard="items"} 1"#,
+            r#"bloom_guard_rejected_total{guard="items"} 2"#,
+            r#"bloom_guard_keys{guard="items"} 1"#,
+            r#"bloom_guard_ready{guard="items"} 1"#,
+            r#"bloom_guard_generation{guard="items"} 1"#,
+            r#"bloom_guard_feed_changes_total{guard="items"} 5"#,
+            r#"bloom_guard_builds_total{guard="items",source="scan"} 1"#,
+            r#"bloom_guard_mode{guard="items",mode="enforce"} 1"#,
+            r#"bloom_guard_mode{guard="items",mode="shadow"} 0"#,
+            r#"bloom_guard_build_duration_seconds_bucket{guard="items",source="scan",le="+Inf"} 1"#,
+            "# HELP bloom_guard_rejected_total Requests the guard answered itself",
+            "# TYPE bloom_guard_build_duration_seconds histogram",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn metrics_without_a_recorder_answer_501() {
+        let app = Admin::new("s3cret")
+            .guard(BloomGuard::builder().build())
+            .into_router();
+        let response = app
+            .oneshot(request("GET", "/metrics"))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::NOT_IMPLEMENTED);
     }
 
     #[test]

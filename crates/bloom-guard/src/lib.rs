@@ -52,5 +52,8 @@ pub use service::BloomGuardService;
 pub use source::{KeyBatch, KeyList, KeySource};
 pub use stats::{FeedStatus, GuardState, Stats};
 
+#[cfg(feature = "metrics")]
+pub use metrics::{describe_metrics, DURATION_BUCKETS};
+
 #[cfg(feature = "cache")]
 pub use cache::{CacheBuilder, CacheStats, ReadThroughCache};

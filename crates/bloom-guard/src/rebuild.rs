@@ -222,7 +222,9 @@ impl BloomGuard {
         let started = Instant::now();
         let span = tracing::info_span!("bloom_guard_build", guard = shared.config.name);
         let result = scan(shared, source, floor).instrument(span).await;
-        crate::metrics::record_build(shared, started.elapsed(), result.is_ok());
+        shared
+            .metrics
+            .build_finished("scan", started.elapsed(), result.is_ok());
         if let Err(error) = &result {
             let message = error_chain(error);
             tracing::warn!(guard = shared.config.name, error = %message, "bloom filter build failed; the filter in use stays");

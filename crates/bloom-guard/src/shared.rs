@@ -13,6 +13,7 @@ use crate::error::BuildError;
 use crate::filter::Filter;
 use crate::journal::Journal;
 use crate::key::Key;
+use crate::metrics::{FilterFigures, GuardMetrics};
 use crate::mode::Mode;
 use crate::source::KeyBatch;
 use crate::stats::{FeedStatus, GuardState, Stats};
@@ -67,6 +68,7 @@ pub(crate) struct Shared {
     pub(crate) build_lock: tokio::sync::Mutex<()>,
     /// The rebuild in flight, which later callers join.
     pub(crate) rebuild_in_flight: Mutex<RebuildSlot>,
+    pub(crate) metrics: GuardMetrics,
 }
 
 /// Locks a mutex whose data stays valid even if a holder panicked.
@@ -78,6 +80,7 @@ impl Shared {
     pub(crate) fn new(config: Config) -> Self {
         Self {
             journal: Journal::new(config.write_window),
+            metrics: GuardMetrics::new(config.name, config.target_fpp, config.mode),
             mode: std::sync::atomic::AtomicU8::new(config.mode.to_u8()),
             config,
             current: ArcSwapOption::empty(),
@@ -132,19 +135,23 @@ impl Shared {
 
     pub(crate) fn count_passed(&self) {
         self.passed.increment();
+        self.metrics.passed.increment(1);
     }
 
     pub(crate) fn count_rejected(&self) {
         self.rejected.increment();
+        self.metrics.rejected.increment(1);
     }
 
     pub(crate) fn count_bad_key(&self) {
         self.bad_keys.increment();
+        self.metrics.bad_keys.increment(1);
     }
 
     /// Counts a request the layer could not check, and logs the first.
     pub(crate) fn count_unguarded(&self, why: &'static str) {
         self.unguarded.increment();
+        self.metrics.unguarded.increment(1);
         if !self.warned_unguarded.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 guard = self.config.name,
@@ -161,22 +168,26 @@ impl Shared {
     pub(crate) fn set_mode(&self, mode: Mode) {
         let old = Mode::from_u8(self.mode.swap(mode.to_u8(), Ordering::Relaxed));
         if old != mode {
+            self.metrics.mode(mode);
             tracing::info!(guard = self.config.name, from = %old, to = %mode, "guard mode changed");
         }
     }
 
     pub(crate) fn count_shadow_would_reject(&self) {
         self.shadow_would_reject.increment();
+        self.metrics.shadow_would_reject.increment(1);
     }
 
     pub(crate) fn count_audited(&self) {
         self.audited.increment();
+        self.metrics.audited.increment(1);
     }
 
     /// The inner service found a key the filter said was absent.
     pub(crate) fn record_false_negative(&self, key: &[u8]) {
         let seen = self.false_negatives.get();
         self.false_negatives.increment();
+        self.metrics.false_negatives.increment(1);
         // The first few, with their key (never the rest of the request).
         if seen < LOGGED_FALSE_NEGATIVES {
             tracing::error!(
@@ -186,6 +197,7 @@ impl Shared {
             );
         }
         if self.config.rebuild_on_false_negative && !self.suspect.swap(true, Ordering::AcqRel) {
+            self.metrics.state(self.state());
             tracing::warn!(
                 guard = self.config.name,
                 "failing open until the next rebuild, which is due now"
@@ -208,15 +220,18 @@ impl Shared {
     pub(crate) fn count_false_positive(&self) {
         if self.has_filter() && self.held_open.load(Ordering::Acquire) == 0 {
             self.false_positives.increment();
+            self.metrics.false_positives.increment(1);
         }
     }
 
     pub(crate) fn hold_open(&self) {
         self.held_open.fetch_add(1, Ordering::AcqRel);
+        self.metrics.state(self.state());
     }
 
     pub(crate) fn release_open(&self) {
         self.held_open.fetch_sub(1, Ordering::AcqRel);
+        self.metrics.state(self.state());
     }
 
     /// Inserts a key of this instance's write path into the filter in use,
@@ -226,6 +241,7 @@ impl Shared {
         let building = self.building.read().unwrap_or_else(PoisonError::into_inner);
         if let Some(filter) = &*self.current.load() {
             filter.insert(key);
+            self.metrics.keys(filter.keys(), filter.skipped());
         }
         for filter in building.iter() {
             filter.insert(key);
@@ -242,6 +258,7 @@ impl Shared {
         let mut hashes = Vec::new();
         if let Some(filter) = &*self.current.load() {
             filter.insert_batch(batch, &mut hashes);
+            self.metrics.keys(filter.keys(), filter.skipped());
         }
         for filter in building.iter() {
             filter.insert_batch(batch, &mut hashes);
@@ -282,15 +299,47 @@ impl Shared {
         self.suspect.store(false, Ordering::Release);
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         self.generations.send_replace(generation);
+        self.metrics.built(&FilterFigures {
+            keys: filter.keys(),
+            capacity: filter.capacity(),
+            skipped: filter.skipped(),
+            bits: filter.bits(),
+            hashes: filter.hashes(),
+            generation,
+        });
+        self.metrics.state(self.state());
         generation
     }
 
     pub(crate) fn record_failure(&self, error: String) {
         *lock(&self.last_error) = Some(error);
+        self.metrics.state(self.state());
     }
 
     pub(crate) fn record_feed(&self, status: FeedStatus) {
-        *lock(&self.feed) = Some((status, tokio::time::Instant::now()));
+        let mut feed = lock(&self.feed);
+        // A follower that starts again counts from 0.
+        let before = feed.as_ref().map_or(0, |(last, _)| last.changes);
+        let new = status.changes.checked_sub(before).unwrap_or(status.changes);
+        self.metrics.feed_read(new);
+        *feed = Some((status, tokio::time::Instant::now()));
+    }
+
+    /// Where the guard is in its life (cheap: no look at the filter's bits).
+    pub(crate) fn state(&self) -> GuardState {
+        let has_filter = self.has_filter();
+        // Without a filter, a recorded failure means the first build failed;
+        // with one, only a hold makes the guard let everything through.
+        if !has_filter {
+            if lock(&self.last_error).is_some() {
+                return GuardState::Degraded;
+            }
+            return GuardState::Warming;
+        }
+        if self.held_open.load(Ordering::Acquire) > 0 || self.suspect() {
+            return GuardState::Degraded;
+        }
+        GuardState::Ready
     }
 
     pub(crate) fn last_build(&self) -> Option<tokio::time::Instant> {
@@ -314,16 +363,7 @@ impl Shared {
         let false_positives = self.false_positives.get();
         let absent = rejected + false_positives;
         let last_error = lock(&self.last_error).clone();
-        // Without a filter, a recorded failure means the first build failed;
-        // with one, only a hold makes the guard let everything through.
-        let state = match filter {
-            None if last_error.is_some() => GuardState::Degraded,
-            None => GuardState::Warming,
-            Some(_) if self.held_open.load(Ordering::Acquire) > 0 || self.suspect() => {
-                GuardState::Degraded
-            }
-            Some(_) => GuardState::Ready,
-        };
+        let state = self.state();
         Stats {
             state,
             generation: self.generation.load(Ordering::Acquire),

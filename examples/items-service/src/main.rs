@@ -28,7 +28,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use items_service::{admin_app, app, guards, prepare, serve, AppState, Config, Database, Limits};
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
@@ -62,6 +62,18 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             tracing::info!(path = %config.sqlite_path, "DATABASE_URL is unset: using an embedded SQLite database");
             Database::sqlite(&config.sqlite_path).await?
         }
+    };
+    // The recorder before the guards: they register their metrics when built.
+    let prometheus = match &config.admin_token {
+        Some(_) => Some(
+            PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Prefix("bloom_guard_".into()),
+                    bloom_guard::DURATION_BUCKETS,
+                )?
+                .install_recorder()?,
+        ),
+        None => None,
     };
     let guards = config.guard_enabled.then(|| guards(&config));
     if guards.is_none() {
@@ -113,8 +125,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     match (&config.admin_token, admin) {
         (Some(token), Some(admin)) => {
             tracing::info!(addr = %config.admin_addr, "serving the admin API");
-            let prometheus = PrometheusBuilder::new().install_recorder()?;
-            let admin_app = admin_app(&state, token, Some(prometheus));
+            let admin_app = admin_app(&state, token, prometheus);
             servers.push(tokio::spawn(serve(
                 admin,
                 admin_app,

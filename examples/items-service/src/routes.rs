@@ -147,7 +147,7 @@ pub fn admin_app(state: &AppState, token: &str, prometheus: Option<PrometheusHan
             .guard_with_source(guards.users.clone(), QuerySource::new(pool, USER_ID_QUERY)),
     };
     if let Some(handle) = prometheus {
-        admin = admin.prometheus(handle);
+        admin = admin.metrics(move || handle.render());
     }
     admin.into_router()
 }
