@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{PgPool, SqlitePool};
 
@@ -59,6 +59,25 @@ pub enum MigrateError {
     Feed(#[from] bloom_guard_sqlx::FeedError),
 }
 
+/// Why a Postgres URL cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum UrlError {
+    /// The URL does not parse; fix it, in the form
+    /// `postgres://user:password@host:port/database?sslmode=require`.
+    #[error("invalid Postgres URL: {0}")]
+    Invalid(sqlx::Error),
+    /// The URL asks for TLS and this build has no TLS: build with the `tls`
+    /// feature (on by default), or connect without TLS.
+    #[error(
+        "the Postgres URL asks for TLS (sslmode={sslmode}) but this build has no TLS: \
+         build items-service with the `tls` feature"
+    )]
+    TlsUnavailable {
+        /// The URL's `sslmode`.
+        sslmode: &'static str,
+    },
+}
+
 /// The pool of either kind of database.
 #[derive(Debug, Clone)]
 pub enum Pool {
@@ -72,14 +91,20 @@ impl Database {
     /// A Postgres database. Connects lazily, so the service starts while
     /// Postgres is down; call [`migrate`](Self::migrate) before use.
     ///
+    /// With `sslmode=require`, `verify-ca` or `verify-full` in the URL the
+    /// connections use TLS; `sslrootcert=` names a private CA's certificate.
+    ///
     /// # Errors
     ///
-    /// If `url` is not a valid Postgres URL.
-    pub fn postgres(url: &str) -> Result<Self, sqlx::Error> {
+    /// If `url` is not a valid Postgres URL, or it asks for TLS and the build
+    /// has none.
+    pub fn postgres(url: &str) -> Result<Self, UrlError> {
+        let options = PgConnectOptions::from_str(url).map_err(UrlError::Invalid)?;
+        check_tls(options.get_ssl_mode(), cfg!(feature = "tls"))?;
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(3))
-            .connect_lazy(url)?;
+            .connect_lazy_with(options);
         Ok(Self::from_pool(Pool::Postgres(pool)))
     }
 
@@ -328,5 +353,90 @@ impl Database {
     /// How many item lookups reached the database.
     pub fn lookups(&self) -> u64 {
         self.lookups.load(Ordering::Relaxed)
+    }
+}
+
+/// Refuses an `sslmode` that needs TLS when the build has none: every
+/// connection would fail the same way, and the service would retry forever.
+fn check_tls(mode: PgSslMode, tls_available: bool) -> Result<(), UrlError> {
+    let sslmode = match mode {
+        PgSslMode::Require => "require",
+        PgSslMode::VerifyCa => "verify-ca",
+        PgSslMode::VerifyFull => "verify-full",
+        PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => return Ok(()),
+    };
+    if tls_available {
+        Ok(())
+    } else {
+        Err(UrlError::TlsUnavailable { sslmode })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ssl_mode(url: &str) -> PgSslMode {
+        PgConnectOptions::from_str(url)
+            .expect("valid URL")
+            .get_ssl_mode()
+    }
+
+    #[test]
+    fn tls_modes_need_tls_in_the_build() {
+        for (url, sslmode) in [
+            ("postgres://db/app?sslmode=require", "require"),
+            ("postgres://db/app?sslmode=verify-ca", "verify-ca"),
+            ("postgres://db/app?sslmode=verify-full", "verify-full"),
+        ] {
+            let mode = ssl_mode(url);
+            assert!(check_tls(mode, true).is_ok(), "{url} with TLS");
+            let error = check_tls(mode, false).expect_err("no TLS in the build");
+            assert!(
+                matches!(error, UrlError::TlsUnavailable { sslmode: named } if named == sslmode),
+                "{url}: {error:?}"
+            );
+            let message = error.to_string();
+            assert!(
+                message.contains(&format!("sslmode={sslmode}"))
+                    && message.contains("`tls` feature"),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_modes_need_no_tls() {
+        for url in [
+            "postgres://db/app?sslmode=disable",
+            "postgres://db/app?sslmode=allow",
+            "postgres://db/app?sslmode=prefer",
+        ] {
+            let mode = ssl_mode(url);
+            assert!(check_tls(mode, false).is_ok(), "{url} without TLS");
+            assert!(check_tls(mode, true).is_ok(), "{url} with TLS");
+        }
+    }
+
+    #[tokio::test]
+    async fn postgres_checks_the_url_before_connecting() {
+        let result = Database::postgres("postgres://db/app?sslmode=verify-full");
+        if cfg!(feature = "tls") {
+            assert!(result.is_ok(), "{result:?}");
+        } else {
+            assert!(
+                matches!(
+                    result,
+                    Err(UrlError::TlsUnavailable {
+                        sslmode: "verify-full"
+                    })
+                ),
+                "{result:?}"
+            );
+        }
+        assert!(matches!(
+            Database::postgres("postgres://db/app?sslmode=sometimes"),
+            Err(UrlError::Invalid(_))
+        ));
     }
 }

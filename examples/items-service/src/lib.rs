@@ -11,7 +11,7 @@ pub mod routes;
 pub mod server;
 
 pub use config::Config;
-pub use db::{Database, Item, MigrateError, Pool, User};
+pub use db::{Database, Item, MigrateError, Pool, UrlError, User};
 pub use routes::{admin_app, app, AppState, Guards, MAX_KEY_LEN};
 pub use server::{serve, Limits};
 
