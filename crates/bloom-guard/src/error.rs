@@ -27,6 +27,26 @@ pub enum BuildError {
     Cancelled,
 }
 
+/// Why a snapshot was not adopted. The guard keeps the filter it had.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdoptError {
+    /// The snapshot is another guard's, of another key type, or of another
+    /// key query.
+    #[error("the snapshot's {what} is {found:?}, not {expected:?}")]
+    Mismatch {
+        /// `guard`, `key type` or `key query`.
+        what: &'static str,
+        /// This guard's.
+        expected: String,
+        /// The snapshot's.
+        found: String,
+    },
+    /// Replaying the changes since the snapshot failed.
+    #[error("catching up from the snapshot's position failed")]
+    CatchUp(#[source] Arc<dyn StdError + Send + Sync>),
+}
+
 impl BuildError {
     pub(crate) fn source(error: impl StdError + Send + Sync + 'static) -> Self {
         BuildError::Source(Arc::new(error))

@@ -10,12 +10,13 @@ use crate::source::KeyBatch;
 
 /// A lock-free Bloom filter sized for `capacity` keys.
 ///
-/// fastbloom's default hasher is SipHash-1-3 keyed from the operating
-/// system's random source, fresh for every filter, so nobody outside the
-/// process can compute which absent keys collide.
-#[derive(Debug)]
+/// Its hasher is fastbloom's SipHash-1-3 keyed with a 128-bit seed from the
+/// operating system's random source, fresh for every filter, so nobody
+/// without the seed can compute which absent keys collide. The seed
+/// travels only inside snapshots.
 pub(crate) struct Filter {
     bloom: AtomicBloomFilter,
+    seed: u128,
     capacity: u64,
     /// Keys whose insertion set at least one new bit: a close, slightly low,
     /// count of distinct keys.
@@ -29,12 +30,49 @@ impl Filter {
     pub(crate) fn new(capacity: u64, target_fpp: f64) -> Self {
         let capacity = capacity.max(1);
         let items = usize::try_from(capacity).unwrap_or(usize::MAX);
+        let seed = random_seed();
         Self {
-            bloom: AtomicBloomFilter::with_false_pos(target_fpp).expected_items(items),
+            bloom: AtomicBloomFilter::with_false_pos(target_fpp)
+                .seed(&seed)
+                .expected_items(items),
+            seed,
             capacity,
             keys: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
         }
+    }
+
+    /// A filter restored from its parts (a snapshot's).
+    pub(crate) fn from_parts(parts: FilterParts) -> Self {
+        Self {
+            bloom: AtomicBloomFilter::from_vec(parts.words)
+                .seed(&parts.seed)
+                .hashes(parts.hashes),
+            seed: parts.seed,
+            capacity: parts.capacity,
+            keys: AtomicU64::new(parts.keys),
+            skipped: AtomicU64::new(parts.skipped),
+        }
+    }
+
+    /// The hasher's secret seed.
+    pub(crate) fn seed(&self) -> u128 {
+        self.seed
+    }
+
+    /// The number of 64-bit words of bits.
+    pub(crate) fn word_count(&self) -> usize {
+        self.bloom.as_slice().len()
+    }
+
+    /// `count` words of bits from word `from` (clamped to the filter).
+    pub(crate) fn words(&self, from: usize, count: usize) -> impl Iterator<Item = u64> + '_ {
+        let words = self.bloom.as_slice();
+        let from = from.min(words.len());
+        let to = from.saturating_add(count).min(words.len());
+        words[from..to]
+            .iter()
+            .map(|word| word.load(Ordering::Relaxed))
     }
 
     #[inline]
@@ -123,6 +161,40 @@ impl Filter {
     }
 }
 
+impl std::fmt::Debug for Filter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the seed: it is the filter's secret.
+        f.debug_struct("Filter")
+            .field("bits", &self.bits())
+            .field("hashes", &self.hashes())
+            .field("capacity", &self.capacity)
+            .field("keys", &self.keys())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Everything a filter is made of.
+pub(crate) struct FilterParts {
+    pub(crate) seed: u128,
+    pub(crate) words: Vec<u64>,
+    pub(crate) hashes: u32,
+    pub(crate) capacity: u64,
+    pub(crate) keys: u64,
+    pub(crate) skipped: u64,
+}
+
+/// 128 bits from the operating system's random source; should it fail,
+/// from std's randomly keyed hasher (itself seeded from that source).
+fn random_seed() -> u128 {
+    let mut bytes = [0_u8; 16];
+    if getrandom::fill(&mut bytes).is_ok() {
+        return u128::from_le_bytes(bytes);
+    }
+    use std::hash::BuildHasher;
+    let half = || u128::from(std::collections::hash_map::RandomState::new().hash_one(0_u8));
+    half() << 64 | half()
+}
+
 /// A key's bytes, hashed as they are: `[u8]`'s own `Hash` also feeds the
 /// length, one more SipHash block for no gain in a filter of single keys.
 /// Used for every insert and every lookup alike.
@@ -161,6 +233,7 @@ mod tests {
         let one_by_one = Filter::new(1000, 0.01);
         let batched = Filter {
             bloom: one_by_one.bloom.clone(),
+            seed: one_by_one.seed,
             capacity: 1000,
             keys: AtomicU64::new(0),
             skipped: AtomicU64::new(0),

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod adopt;
 mod backoff;
 mod body;
 mod builder;
@@ -26,6 +27,7 @@ mod scan;
 mod service;
 mod shared;
 mod single_flight;
+mod snapshot;
 mod source;
 mod stats;
 
@@ -36,7 +38,7 @@ mod cache;
 
 pub use body::ResponseBody;
 pub use builder::Builder;
-pub use error::BuildError;
+pub use error::{AdoptError, BuildError};
 pub use extract::{Header, KeyExtractor, PathSegment, QueryParam};
 pub use future::ResponseFuture;
 pub use guard::{BloomGuard, HoldOpen};
@@ -49,8 +51,12 @@ pub use mode::{Mode, UnknownMode};
 pub use path_param::{PathParam, PathParams};
 pub use response::not_found_response;
 pub use service::BloomGuardService;
+pub use snapshot::{
+    Snapshot, SnapshotChunks, SnapshotError, SnapshotInfo, SnapshotReader, SnapshotWriter,
+    SNAPSHOT_FORMAT,
+};
 pub use source::{KeyBatch, KeyList, KeySource};
-pub use stats::{FeedStatus, GuardState, Stats};
+pub use stats::{FeedStatus, FilterOrigin, GuardState, Stats};
 
 #[cfg(feature = "metrics")]
 pub use metrics::{describe_metrics, DURATION_BUCKETS};

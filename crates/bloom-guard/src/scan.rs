@@ -10,6 +10,7 @@ use crate::filter::Filter;
 use crate::key::Key;
 use crate::shared::Shared;
 use crate::source::KeySource;
+use crate::stats::FilterOrigin;
 
 /// Keys checked against a new filter before it is put in use.
 const SAMPLE_SIZE: usize = 256;
@@ -84,7 +85,7 @@ pub(crate) async fn scan<S: KeySource>(
             checked: sample.len(),
         });
     }
-    let generation = registration.promote();
+    let generation = registration.promote(FilterOrigin::Scan);
     let elapsed = started.elapsed();
     tracing::info!(
         generation,
@@ -99,13 +100,13 @@ pub(crate) async fn scan<S: KeySource>(
 
 /// A filter registered for write-through inserts; unregistered on drop
 /// unless promoted, so a failed or cancelled build leaves nothing behind.
-struct Registration<'a> {
+pub(crate) struct Registration<'a> {
     shared: &'a Shared,
     filter: Option<Arc<Filter>>,
 }
 
 impl<'a> Registration<'a> {
-    fn new(shared: &'a Shared, filter: Arc<Filter>) -> Self {
+    pub(crate) fn new(shared: &'a Shared, filter: Arc<Filter>) -> Self {
         shared.register(&filter);
         Self {
             shared,
@@ -113,9 +114,11 @@ impl<'a> Registration<'a> {
         }
     }
 
-    fn promote(mut self) -> u64 {
-        let filter = self.filter.take().expect("a registration is promoted once");
-        self.shared.promote(&filter)
+    pub(crate) fn promote(mut self, origin: FilterOrigin) -> u64 {
+        match self.filter.take() {
+            Some(filter) => self.shared.promote(&filter, origin),
+            None => 0,
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use crate::key::Key;
 use crate::metrics::{FilterFigures, GuardMetrics};
 use crate::mode::Mode;
 use crate::source::KeyBatch;
-use crate::stats::{FeedStatus, GuardState, Stats};
+use crate::stats::{FeedStatus, FilterOrigin, GuardState, Stats};
 
 /// False negatives logged with their key; the rest are only counted.
 const LOGGED_FALSE_NEGATIVES: u64 = 10;
@@ -62,8 +62,8 @@ pub(crate) struct Shared {
     /// What the change feed reported last.
     feed: Mutex<Option<(FeedStatus, tokio::time::Instant)>>,
     /// When the filter in use was put in place (tokio's clock, which tests
-    /// can pause).
-    last_build: Mutex<Option<tokio::time::Instant>>,
+    /// can pause), and where it came from.
+    last_build: Mutex<Option<(tokio::time::Instant, FilterOrigin)>>,
     /// One build at a time.
     pub(crate) build_lock: tokio::sync::Mutex<()>,
     /// The rebuild in flight, which later callers join.
@@ -286,7 +286,7 @@ impl Shared {
     /// Puts a registered filter in use and returns its generation. Swapping
     /// and unregistering happen under the write lock so no insert can fall
     /// between the two.
-    pub(crate) fn promote(&self, filter: &Arc<Filter>) -> u64 {
+    pub(crate) fn promote(&self, filter: &Arc<Filter>, origin: FilterOrigin) -> u64 {
         let mut building = self
             .building
             .write()
@@ -295,7 +295,7 @@ impl Shared {
         building.retain(|f| !Arc::ptr_eq(f, filter));
         drop(building);
         *lock(&self.last_error) = None;
-        *lock(&self.last_build) = Some(tokio::time::Instant::now());
+        *lock(&self.last_build) = Some((tokio::time::Instant::now(), origin));
         self.suspect.store(false, Ordering::Release);
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         self.generations.send_replace(generation);
@@ -343,7 +343,16 @@ impl Shared {
     }
 
     pub(crate) fn last_build(&self) -> Option<tokio::time::Instant> {
-        *lock(&self.last_build)
+        lock(&self.last_build).map(|(at, _)| at)
+    }
+
+    /// The filter in use, unless the guard lets every request through (a
+    /// hold, a suspected false negative): only then does it hold every key.
+    pub(crate) fn complete_filter(&self) -> Option<Arc<Filter>> {
+        if self.state() != GuardState::Ready {
+            return None;
+        }
+        self.current.load_full()
     }
 
     /// The estimated false-positive rate of the filter in use, 0 if none.
@@ -363,6 +372,7 @@ impl Shared {
         let false_positives = self.false_positives.get();
         let absent = rejected + false_positives;
         let last_error = lock(&self.last_error).clone();
+        let last_build = *lock(&self.last_build);
         let state = self.state();
         Stats {
             state,
@@ -390,6 +400,8 @@ impl Shared {
             shadow_false_negatives: self.false_negatives.get(),
             skipped_keys: filter.map_or(0, Filter::skipped),
             last_error,
+            origin: last_build.map(|(_, origin)| origin),
+            age_ms: last_build.map(|(at, _)| at.elapsed().as_millis() as u64),
             feed: lock(&self.feed).as_ref().map(|(status, at)| {
                 let mut status = status.clone();
                 status.read_ago_ms = at.elapsed().as_millis() as u64;

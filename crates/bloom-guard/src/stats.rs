@@ -97,9 +97,35 @@ pub struct Stats {
     /// Why the guard is not answering absent keys, or why the last filter
     /// build failed, if it did and none succeeded since.
     pub last_error: Option<String>,
+    /// Where the filter in use came from: a scan of the key source, or a
+    /// snapshot another instance published.
+    pub origin: Option<FilterOrigin>,
+    /// Milliseconds since the filter in use was put in place.
+    pub age_ms: Option<u64>,
     /// Where the change feed that keeps the filter complete stands, once
     /// a follower has read it.
     pub feed: Option<FeedStatus>,
+}
+
+/// Where a filter came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+pub enum FilterOrigin {
+    /// A scan of every key of the source.
+    Scan,
+    /// A snapshot, completed by replaying the change feed from its position.
+    Snapshot,
+}
+
+impl FilterOrigin {
+    /// `scan` or `snapshot`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FilterOrigin::Scan => "scan",
+            FilterOrigin::Snapshot => "snapshot",
+        }
+    }
 }
 
 /// Where a guard's change feed stands: reported by the follower that reads
