@@ -1,4 +1,4 @@
--- bloom-guard's change feed for Postgres, schema version 1.
+-- bloom-guard's change feed and filter snapshots for Postgres, schema version 2.
 --
 -- Idempotent: installing twice is a no-op, and every statement can run over
 -- an earlier install of this version. `bloom_guard_sqlx::install` runs it in
@@ -278,11 +278,40 @@ begin
 end
 $$;
 
+-- Snapshots of the guards' filters, which instances adopt at start instead
+-- of scanning: one row each, its bytes in chunks (stored uncompressed: a
+-- filter's bits do not compress). They hold each filter's secret hasher
+-- seed, so only the service's role should read them.
+create table if not exists bloom_guard.snapshots (
+    id bigint generated always as identity primary key,
+    guard text not null,
+    format integer not null,
+    fingerprint text not null,
+    position text not null,
+    scanned_at timestamptz not null,
+    created_at timestamptz not null default pg_catalog.now(),
+    len bigint not null,
+    keys bigint not null
+);
+
+create index if not exists snapshots_guard on bloom_guard.snapshots (guard, id);
+
+create table if not exists bloom_guard.snapshot_chunks (
+    snapshot bigint not null references bloom_guard.snapshots (id) on delete cascade,
+    seq integer not null,
+    data bytea not null,
+    primary key (snapshot, seq)
+);
+
+alter table bloom_guard.snapshot_chunks alter column data set storage external;
+
+revoke all on bloom_guard.snapshots, bloom_guard.snapshot_chunks from public;
+
 revoke all on function bloom_guard.record_rows() from public;
 revoke all on function bloom_guard.record_updated() from public;
 revoke all on function bloom_guard.record_truncated() from public;
 revoke all on function bloom_guard.prune(interval) from public;
 revoke all on function bloom_guard.watch(regclass, text[], text) from public;
 
-insert into bloom_guard.schema_version (version) values (1)
+insert into bloom_guard.schema_version (version) values (2)
 on conflict (singleton) do update set version = excluded.version;

@@ -17,6 +17,7 @@ use crate::backoff::Backoff;
 use crate::changes::Hooks;
 use crate::pg_copy::PgCopySource;
 use crate::pg_feed::{self, Read};
+use crate::pg_snapshot::{self, BuildLock, Stored};
 use crate::watch::Watch;
 
 /// The `application_name` of the listener's connection, to find it in
@@ -84,7 +85,25 @@ pub struct PgFollower {
     min_read_gap: Duration,
     check_interval: Duration,
     retention: Duration,
+    snapshots: bool,
+    snapshot_interval: Duration,
     hooks: Hooks,
+    fleet: std::sync::Mutex<Fleet>,
+}
+
+/// What the follower knows of the fleet's snapshots.
+#[derive(Debug, Default)]
+struct Fleet {
+    /// The key query's fingerprint, once known.
+    fingerprint: Option<String>,
+    /// The feed position of the last read: every key committed before it
+    /// is in the filter.
+    position: Option<String>,
+    /// When the scan that the filter in use descends from started (µs,
+    /// the database's clock).
+    scanned_at: Option<i64>,
+    /// Snapshots refused once, never tried again.
+    refused: std::collections::HashSet<i64>,
 }
 
 impl std::fmt::Debug for PgFollower {
@@ -110,8 +129,37 @@ impl PgFollower {
             min_read_gap: Duration::from_millis(50),
             check_interval: Duration::from_secs(10),
             retention: Duration::from_secs(3600),
+            snapshots: true,
+            snapshot_interval: Duration::from_secs(600),
             hooks: Hooks::default(),
+            fleet: std::sync::Mutex::default(),
         }
+    }
+
+    /// Whether the guard's filter is shared through snapshots in the
+    /// database (default on): at start the newest snapshot is adopted and
+    /// completed from the feed instead of scanning; scans run on one
+    /// instance of the fleet at a time, which publishes the result for the
+    /// others. Off, every instance scans at start and on its own schedule.
+    ///
+    /// Snapshots hold the filter's secret hasher seed in
+    /// `bloom_guard.snapshots`: only the service's role should read that
+    /// table.
+    #[must_use]
+    pub fn snapshots(mut self, enabled: bool) -> Self {
+        self.snapshots = enabled;
+        self
+    }
+
+    /// The newest snapshot is republished from the filter in use when it
+    /// is older than this (default 10 min), by one instance, so that an
+    /// instance starting later replays little of the feed. Keep it well
+    /// under the [`retention`](Self::retention): a snapshot older than the
+    /// feed's pruned horizon is refused.
+    #[must_use]
+    pub fn snapshot_interval(mut self, every: Duration) -> Self {
+        self.snapshot_interval = every;
+        self
     }
 
     /// How often the feed is read without a wake-up (default 1 s): the
@@ -188,23 +236,33 @@ impl PgFollower {
         let this = Arc::new(self);
         let wake = Arc::new(Notify::new());
         let resync = Arc::new(Notify::new());
+        let published = Arc::new(Notify::new());
         let (stop_listener, listener_stopped) = tokio::sync::watch::channel(false);
+        let wake_ups = WakeUps {
+            feed: Arc::clone(&wake),
+            published: Arc::clone(&published),
+            guard: this.guard.name().to_owned(),
+        };
         let listener = tokio::spawn(
-            listen(this.listener_options(), Arc::clone(&wake), listener_stopped).in_current_span(),
+            listen(this.listener_options(), wake_ups, listener_stopped).in_current_span(),
         );
         let started = tokio::select! {
             () = &mut shutdown => None,
             started = this.start() => Some(started),
         };
-        if let Some((source, position)) = started {
+        if let Some((source, position, scanned_at)) = started {
             // Before the warm-up: with a gap, the guard's first filter
             // comes already held open.
             let mut gap = None;
             this.check(&source, &mut gap).await;
-            let _warm_up = AbortOnDrop(tokio::spawn(
-                this.guard.clone().warm(source.clone()).in_current_span(),
-            ));
-            let maintenance = Arc::clone(&this).maintain(source.clone(), Arc::clone(&resync), gap);
+            let first = Arc::clone(&this).first_filter(source.clone(), scanned_at);
+            let _warm_up = AbortOnDrop(tokio::spawn(first.in_current_span()));
+            let maintenance = Arc::clone(&this).maintain(
+                source.clone(),
+                Arc::clone(&resync),
+                Arc::clone(&published),
+                gap,
+            );
             let _maintenance = AbortOnDrop(tokio::spawn(maintenance.in_current_span()));
             tokio::select! {
                 () = &mut shutdown => {}
@@ -219,15 +277,18 @@ impl PgFollower {
         );
     }
 
-    /// The key source and the feed's position, taken before the warm-up
-    /// starts: the warm-up's scan has every key committed before its
-    /// snapshot, the feed every key committed after the position.
-    async fn start(&self) -> (PgCopySource, String) {
+    /// The key source and the feed's position (with the database's clock),
+    /// taken before the warm-up starts: the warm-up's scan has every key
+    /// committed before its snapshot, the feed every key committed after
+    /// the position.
+    async fn start(&self) -> (PgCopySource, String, i64) {
         let mut backoff = Backoff::default();
-        let (query, position) = loop {
+        let (query, (position, scanned_at)) = loop {
             let attempt = async {
                 let query = self.watch.key_query(&self.pool).await?;
-                let position = pg_feed::position(&self.pool).await?;
+                let fingerprint = pg_snapshot::fingerprint(&self.pool, &query).await?;
+                lock(&self.fleet).fingerprint = Some(fingerprint);
+                let position = pg_snapshot::position_now(&self.pool).await?;
                 Ok::<_, crate::FeedError>((query, position))
             };
             match attempt.await {
@@ -240,7 +301,213 @@ impl PgFollower {
                 }
             }
         };
-        (PgCopySource::new(self.pool.clone(), query), position)
+        (
+            PgCopySource::new(self.pool.clone(), query),
+            position,
+            scanned_at,
+        )
+    }
+
+    /// The guard's first filter: the newest usable snapshot, completed from
+    /// the feed; else a scan, one instance of the fleet at a time, whose
+    /// result is published for the others.
+    async fn first_filter(self: Arc<Self>, source: PgCopySource, scanned_at: i64) {
+        if !self.snapshots {
+            self.guard.clone().warm(source).await;
+            lock(&self.fleet).scanned_at = Some(scanned_at);
+            return;
+        }
+        if self.adopt_newest(|_| true).await {
+            return;
+        }
+        // Instances starting together queue here: the first scans and
+        // publishes, the others adopt what it published.
+        let build_lock = match BuildLock::acquire(&self.pool, self.guard.name()).await {
+            Ok(build_lock) => Some(build_lock),
+            Err(error) => {
+                tracing::debug!(%error, "cannot take the fleet's build lock; scanning without it");
+                None
+            }
+        };
+        if build_lock.is_some() && self.adopt_newest(|_| true).await {
+            if let Some(build_lock) = build_lock {
+                build_lock.release().await;
+            }
+            return;
+        }
+        // A position taken after the lock: the scan that follows has every
+        // key committed before it, so the snapshot's replay starts late.
+        let (position, scanned_at) = pg_snapshot::position_now(&self.pool)
+            .await
+            .map_or((None, scanned_at), |(position, at)| (Some(position), at));
+        self.guard.clone().warm(source).await;
+        lock(&self.fleet).scanned_at = Some(scanned_at);
+        if let Some(position) = position {
+            self.publish(&position, scanned_at).await;
+        }
+        if let Some(build_lock) = build_lock {
+            build_lock.release().await;
+        }
+    }
+
+    /// Adopts the newest snapshot if `wanted` says so and it was not
+    /// refused before; false if there is none, or it is refused now.
+    async fn adopt_newest(&self, wanted: impl Fn(&Stored) -> bool) -> bool {
+        let name = self.guard.name();
+        let Some(fingerprint) = lock(&self.fleet).fingerprint.clone() else {
+            return false;
+        };
+        let stored = match pg_snapshot::newest(&self.pool, name, &fingerprint).await {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return false,
+            Err(error) => {
+                tracing::debug!(%error, "cannot list the filter's snapshots");
+                return false;
+            }
+        };
+        if !wanted(&stored) || lock(&self.fleet).refused.contains(&stored.id) {
+            return false;
+        }
+        let started = Instant::now();
+        let refuse = |why: &dyn std::fmt::Display| {
+            tracing::warn!(snapshot = stored.id, why = %why, "refusing the filter's snapshot; scanning instead");
+            lock(&self.fleet).refused.insert(stored.id);
+            false
+        };
+        let snapshot = match pg_snapshot::load(&self.pool, &stored).await {
+            Ok(snapshot) => snapshot,
+            Err(pg_snapshot::LoadError::Snapshot(error)) => return refuse(&error),
+            Err(error) => {
+                tracing::debug!(%error, "cannot load the filter's snapshot");
+                return false;
+            }
+        };
+        let loaded = started.elapsed();
+        let position = snapshot.info().position.clone();
+        let feed = self.watch.feed_name();
+        let catch_up = async {
+            match pg_feed::read_since(&self.pool, feed, &position).await? {
+                Read::Pruned => Err(CatchUpError::Pruned),
+                Read::Changes { changes, .. } if changes.resync => Err(CatchUpError::Resync),
+                Read::Changes { changes, .. } => {
+                    self.hooks.apply(&self.guard, feed, &changes);
+                    Ok(())
+                }
+            }
+        };
+        match self.guard.adopt(snapshot, &fingerprint, catch_up).await {
+            Ok(_) => {
+                lock(&self.fleet).scanned_at = Some(stored.scanned_at);
+                tracing::info!(
+                    snapshot = stored.id,
+                    bytes = stored.len,
+                    load_ms = loaded.as_millis() as u64,
+                    total_ms = started.elapsed().as_millis() as u64,
+                    "adopted the filter's snapshot and replayed the feed since"
+                );
+                true
+            }
+            Err(bloom_guard::AdoptError::CatchUp(error))
+                if error
+                    .downcast_ref::<CatchUpError>()
+                    .is_some_and(CatchUpError::is_transient) =>
+            {
+                tracing::debug!(%error, "cannot replay the feed since the snapshot");
+                false
+            }
+            Err(error) => refuse(&error_chain(&error)),
+        }
+    }
+
+    /// Publishes the filter in use as the guard's newest snapshot, at the
+    /// feed `position` (every key committed before it is in the filter).
+    async fn publish(&self, position: &str, scanned_at: i64) {
+        let Some(fingerprint) = lock(&self.fleet).fingerprint.clone() else {
+            return;
+        };
+        let Some(writer) = self.guard.snapshot(position, &fingerprint) else {
+            return;
+        };
+        let started = Instant::now();
+        let bytes = writer.info().len;
+        match pg_snapshot::publish(&self.pool, writer, scanned_at).await {
+            Ok(id) => tracing::info!(
+                snapshot = id,
+                bytes,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "published the filter's snapshot"
+            ),
+            Err(error) => {
+                tracing::warn!(%error, "cannot publish the filter's snapshot; instances that start scan instead");
+            }
+        }
+    }
+
+    /// A rebuild the guard asked for, once for the fleet: the instance that
+    /// gets the build lock scans and publishes, the others adopt that.
+    async fn fleet_rebuild(&self, source: &PgCopySource, reason: &str) {
+        let name = self.guard.name();
+        let build_lock = match BuildLock::try_acquire(&self.pool, name).await {
+            Ok(Some(build_lock)) => build_lock,
+            Ok(None) => {
+                tracing::debug!(reason, "another instance is rebuilding the filter; adopting its snapshot when it is published");
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot take the fleet's build lock");
+                return;
+            }
+        };
+        if !self.adopt_newer().await {
+            tracing::info!(reason, "rebuilding the bloom filter for the fleet");
+            if let Ok((position, scanned_at)) = pg_snapshot::position_now(&self.pool).await {
+                if self
+                    .guard
+                    .rebuild_newer_than(source, Instant::now())
+                    .await
+                    .is_ok()
+                {
+                    lock(&self.fleet).scanned_at = Some(scanned_at);
+                    self.publish(&position, scanned_at).await;
+                }
+            }
+        }
+        build_lock.release().await;
+    }
+
+    /// Adopts a snapshot from a scan newer than the one the filter in use
+    /// descends from: another instance rebuilt.
+    async fn adopt_newer(&self) -> bool {
+        let Some(ours) = lock(&self.fleet).scanned_at else {
+            return false;
+        };
+        self.adopt_newest(|stored| stored.scanned_at > ours).await
+    }
+
+    /// Republishes the filter in use when the newest snapshot is older than
+    /// the interval, on one instance.
+    async fn republish_if_stale(&self) {
+        let (fingerprint, position, scanned_at) = {
+            let fleet = lock(&self.fleet);
+            match (&fleet.fingerprint, &fleet.position, fleet.scanned_at) {
+                (Some(f), Some(p), Some(s)) => (f.clone(), p.clone(), s),
+                _ => return,
+            }
+        };
+        let name = self.guard.name();
+        let fresh = match pg_snapshot::newest(&self.pool, name, &fingerprint).await {
+            Ok(newest) => {
+                newest.is_some_and(|stored| stored.age_secs < self.snapshot_interval.as_secs_f64())
+            }
+            Err(_) => return,
+        };
+        if fresh {
+            return;
+        }
+        if let Ok(Some(build_lock)) = BuildLock::try_acquire(&self.pool, name).await {
+            self.publish(&position, scanned_at).await;
+            build_lock.release().await;
+        }
     }
 
     /// Reads the feed on every wake-up and interval, forever.
@@ -268,6 +535,7 @@ impl PgFollower {
                     backoff = Backoff::default();
                     total += changes.rows;
                     position = reached;
+                    lock(&self.fleet).position = Some(position.clone());
                     self.hooks.apply(&self.guard, name, &changes);
                     if changes.resync {
                         tracing::info!(feed = name, "the feed's triggers were (re)installed; rebuilding to include keys written without them");
@@ -335,6 +603,7 @@ impl PgFollower {
         self: Arc<Self>,
         source: PgCopySource,
         resync: Arc<Notify>,
+        published: Arc<Notify>,
         mut gap: Option<HoldOpen>,
     ) {
         let name = self.watch.feed_name();
@@ -345,6 +614,14 @@ impl PgFollower {
             let resync_requested = tokio::select! {
                 _ = ticks.tick() => false,
                 () = resync.notified() => true,
+                () = published.notified() => {
+                    // Anyone may NOTIFY: one look per second at most.
+                    if self.snapshots && gap.is_none() {
+                        self.adopt_newer().await;
+                    }
+                    sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
             };
             self.check(&source, &mut gap).await;
             if resync_requested && gap.is_none() {
@@ -358,9 +635,17 @@ impl PgFollower {
                 }
                 last_prune = Some(Instant::now());
             }
+            if self.snapshots && gap.is_none() {
+                self.adopt_newer().await;
+                self.republish_if_stale().await;
+            }
             if let Some(reason) = self.guard.rebuild_due() {
-                tracing::info!(feed = name, reason, "rebuilding the bloom filter");
-                let _ = self.guard.rebuild(&source).await;
+                if self.snapshots {
+                    self.fleet_rebuild(&source, reason).await;
+                } else {
+                    tracing::info!(feed = name, reason, "rebuilding the bloom filter");
+                    let _ = self.guard.rebuild(&source).await;
+                }
             }
         }
     }
@@ -425,6 +710,38 @@ impl PgFollower {
     }
 }
 
+/// What the listener wakes: the feed's reader on every notification, the
+/// maintenance when a snapshot of the guard may have been published.
+struct WakeUps {
+    feed: Arc<Notify>,
+    published: Arc<Notify>,
+    guard: String,
+}
+
+/// Why the feed could not complete a snapshot.
+#[derive(Debug, thiserror::Error)]
+enum CatchUpError {
+    #[error("the snapshot is older than the change feed's pruned horizon")]
+    Pruned,
+    #[error("the feed's triggers were reinstalled after the snapshot: it may lack keys written without them")]
+    Resync,
+    #[error("cannot read the change feed")]
+    Database(#[from] sqlx::Error),
+}
+
+impl CatchUpError {
+    fn is_transient(&self) -> bool {
+        matches!(self, CatchUpError::Database(_))
+    }
+}
+
+/// Locks the follower's view of the fleet.
+fn lock(fleet: &std::sync::Mutex<Fleet>) -> std::sync::MutexGuard<'_, Fleet> {
+    fleet
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// How often the feed is pruned at most.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
@@ -449,9 +766,10 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// carries nothing but "read now"; after a reconnect one read catches up.
 async fn listen(
     options: PgConnectOptions,
-    wake: Arc<Notify>,
+    wake_ups: WakeUps,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
+    let wake = &wake_ups.feed;
     let mut backoff = Backoff::default();
     let mut lost = false;
     loop {
@@ -474,7 +792,12 @@ async fn listen(
             wake.notify_one();
             loop {
                 match listener.try_recv().await? {
-                    Some(_) => wake.notify_one(),
+                    Some(notification) => {
+                        wake.notify_one();
+                        if notification.payload() == wake_ups.guard {
+                            wake_ups.published.notify_one();
+                        }
+                    }
                     None => return Ok::<(), sqlx::Error>(()),
                 }
             }

@@ -5,7 +5,7 @@ use sqlx::{AssertSqlSafe, PgPool};
 use crate::error::FeedError;
 
 /// The version of the feed's schema that this crate installs and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The feed's SQL: schema `bloom_guard`, its tables, trigger functions and
 /// `bloom_guard.watch(table, key_columns, name)`. Idempotent.

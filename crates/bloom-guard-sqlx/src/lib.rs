@@ -18,6 +18,8 @@ mod install;
 mod pg_copy;
 #[cfg(feature = "postgres")]
 mod pg_feed;
+#[cfg(feature = "postgres")]
+mod pg_snapshot;
 mod query;
 #[cfg(feature = "sqlite")]
 mod sqlite_feed;
