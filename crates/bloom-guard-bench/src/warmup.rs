@@ -1,10 +1,12 @@
 //! Warm-up speed and memory: 10M keys through `PgCopySource` and
-//! `QuerySource`, against `psql`'s `\copy` of the same query.
+//! `QuerySource`, against `psql`'s `\copy` of the same query; then the cold
+//! start of a `PgFollower`, first by a scan (which publishes a snapshot),
+//! then of a second instance adopting that snapshot.
 
 use std::time::Instant;
 
-use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{PgCopySource, QuerySource};
+use bloom_guard::{BloomGuard, FilterOrigin};
+use bloom_guard_sqlx::{PgCopySource, PgFollower, QuerySource, Watch};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
@@ -20,7 +22,16 @@ pub(crate) enum SourceKind {
     Copy,
     /// `QuerySource`.
     Query,
+    /// A `PgFollower` starting on a database without snapshots: it scans
+    /// (COPY) and publishes a snapshot.
+    Scan,
+    /// A `PgFollower` starting after `scan`: it adopts the snapshot and
+    /// replays the feed since.
+    Snapshot,
 }
+
+/// A key written by `psql` between the two followers' starts.
+const INSERTED_BETWEEN: &str = "inserted-between-the-starts";
 
 /// One warm-up, as the child process reports it.
 #[derive(Debug, Serialize, Deserialize)]
@@ -31,16 +42,53 @@ pub(crate) struct WarmupResult {
     keys_per_sec: f64,
     peak_rss_mib: f64,
     filter_mib: f64,
+    /// Where the follower's filter came from.
+    #[serde(default)]
+    origin: Option<String>,
+    /// Whether the snapshot's adopter held the key written between starts.
+    #[serde(default)]
+    found_inserted_between: Option<bool>,
 }
 
 /// Warms a guard up in this process and prints the result as JSON.
 pub(crate) async fn one(source: SourceKind, url: &str) -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
     let pool = PgPool::connect(url).await?;
-    let guard = BloomGuard::builder().build();
-    let started = Instant::now();
+    let guard = BloomGuard::builder().name("items").build();
+    let mut started = Instant::now();
     let stats = match source {
         SourceKind::Copy => guard.rebuild(&PgCopySource::new(pool, KEY_QUERY)).await?,
         SourceKind::Query => guard.rebuild(&QuerySource::new(pool, KEY_QUERY)).await?,
+        SourceKind::Scan | SourceKind::Snapshot => {
+            let watch = Watch::table("items").key("key");
+            bloom_guard_sqlx::install(&pool).await?;
+            watch.install(&pool).await?;
+            started = Instant::now();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let follower = PgFollower::new(guard.clone(), pool.clone(), watch);
+            let task = tokio::spawn(follower.run_until(async {
+                let _ = stopped.await;
+            }));
+            guard.ready().await;
+            let stats = guard.stats();
+            if source == SourceKind::Scan {
+                // The snapshot the next instance adopts.
+                while sqlx::query_scalar::<_, i64>("select count(*) from bloom_guard.snapshots")
+                    .fetch_one(&pool)
+                    .await?
+                    == 0
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            }
+            let _ = stop.send(());
+            task.await?;
+            stats
+        }
     };
     let seconds = started.elapsed().as_secs_f64();
     let result = WarmupResult {
@@ -50,6 +98,11 @@ pub(crate) async fn one(source: SourceKind, url: &str) -> Result<(), Box<dyn std
         keys_per_sec: stats.keys as f64 / seconds,
         peak_rss_mib: peak_rss_mib(),
         filter_mib: stats.bits as f64 / 8.0 / 1024.0 / 1024.0,
+        origin: stats
+            .origin
+            .map(|origin| FilterOrigin::as_str(origin).to_owned()),
+        found_inserted_between: (source == SourceKind::Snapshot)
+            .then(|| guard.may_contain(INSERTED_BETWEEN)),
     };
     println!("{}", serde_json::to_string(&result)?);
     Ok(())
@@ -96,11 +149,33 @@ pub(crate) async fn compare(
 
     let me = std::env::current_exe()?;
     let mut results = Vec::new();
-    for source in ["copy", "query"] {
+    for source in ["copy", "query", "scan", "snapshot"] {
+        if source == "snapshot" {
+            let inserted = tokio::process::Command::new("psql")
+                .arg(&db.url)
+                .arg("-qc")
+                .arg(format!(
+                    "insert into items (key) values ('{INSERTED_BETWEEN}')"
+                ))
+                .status()
+                .await?;
+            if !inserted.success() {
+                return Err("psql insert failed".into());
+            }
+        }
         let output = tokio::process::Command::new(&me)
             .args(["warmup-one", "--source", source, "--url", &db.url])
+            .env("RUST_LOG", "bloom_guard_sqlx=info")
             .output()
             .await?;
+        // The follower's own account of where the time went.
+        for line in String::from_utf8_lossy(&output.stderr).lines() {
+            if line.contains("adopted the filter's snapshot")
+                || line.contains("published the filter's snapshot")
+            {
+                println!("  {line}");
+            }
+        }
         let result: WarmupResult = serde_json::from_slice(&output.stdout).map_err(|e| {
             format!(
                 "warm-up with {source} failed: {e}: {}",
@@ -108,7 +183,7 @@ pub(crate) async fn compare(
             )
         })?;
         println!(
-            "{source:>5}: {:.2} s ({:.0} keys/s) = {:.2}x psql; peak RSS {:.1} MiB, filter {:.1} MiB, RSS - filter {:.1} MiB",
+            "{source:>8}: {:.3} s ({:.0} keys/s) = {:.2}x psql; peak RSS {:.1} MiB, filter {:.1} MiB, RSS - filter {:.1} MiB",
             result.seconds,
             result.keys_per_sec,
             result.seconds / psql_seconds,
@@ -116,6 +191,12 @@ pub(crate) async fn compare(
             result.filter_mib,
             result.peak_rss_mib - result.filter_mib
         );
+        if let Some(found) = result.found_inserted_between {
+            println!(
+                "  origin {:?}; the key psql wrote between the starts is found: {found}",
+                result.origin
+            );
+        }
         results.push(result);
     }
     let report =

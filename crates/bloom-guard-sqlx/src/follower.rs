@@ -425,22 +425,8 @@ impl PgFollower {
         let Some(fingerprint) = lock(&self.fleet).fingerprint.clone() else {
             return;
         };
-        let Some(writer) = self.guard.snapshot(position, &fingerprint) else {
-            return;
-        };
-        let started = Instant::now();
-        let bytes = writer.info().len;
-        match pg_snapshot::publish(&self.pool, writer, scanned_at).await {
-            Ok(id) => tracing::info!(
-                snapshot = id,
-                bytes,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "published the filter's snapshot"
-            ),
-            Err(error) => {
-                tracing::warn!(%error, "cannot publish the filter's snapshot; instances that start scan instead");
-            }
-        }
+        pg_snapshot::publish_filter(&self.pool, &self.guard, &fingerprint, position, scanned_at)
+            .await;
     }
 
     /// A rebuild the guard asked for, once for the fleet: the instance that

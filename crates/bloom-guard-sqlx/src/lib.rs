@@ -11,6 +11,8 @@ mod changes;
 mod copy_text;
 mod error;
 #[cfg(feature = "postgres")]
+mod fleet;
+#[cfg(feature = "postgres")]
 mod follower;
 #[cfg(feature = "postgres")]
 mod install;
@@ -27,6 +29,8 @@ mod watch;
 
 pub use copy_text::{CopyTextDecoder, CopyTextError};
 pub use error::{FeedError, SourceError};
+#[cfg(feature = "postgres")]
+pub use fleet::FleetRebuild;
 #[cfg(feature = "postgres")]
 pub use follower::{PgFollower, LISTENER_APPLICATION_NAME};
 #[cfg(feature = "postgres")]

@@ -2,7 +2,9 @@
 //! newest, loading one chunk by chunk, and the lock that makes one
 //! instance of a fleet build at a time.
 
-use bloom_guard::{Snapshot, SnapshotError, SnapshotReader, SnapshotWriter, SNAPSHOT_FORMAT};
+use bloom_guard::{
+    BloomGuard, Snapshot, SnapshotError, SnapshotReader, SnapshotWriter, SNAPSHOT_FORMAT,
+};
 use futures_util::TryStreamExt;
 use sha2::{Digest, Sha256};
 use sqlx::postgres::PgConnection;
@@ -144,6 +146,32 @@ pub(crate) async fn publish(
         .await?;
     tx.commit().await?;
     Ok(id)
+}
+
+/// Publishes the guard's filter in use, logging the outcome.
+pub(crate) async fn publish_filter(
+    pool: &PgPool,
+    guard: &BloomGuard,
+    fingerprint: &str,
+    position: &str,
+    scanned_at: i64,
+) {
+    let Some(writer) = guard.snapshot(position, fingerprint) else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    let bytes = writer.info().len;
+    match publish(pool, writer, scanned_at).await {
+        Ok(id) => tracing::info!(
+            snapshot = id,
+            bytes,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "published the filter's snapshot"
+        ),
+        Err(error) => {
+            tracing::warn!(%error, "cannot publish the filter's snapshot; instances that start scan instead");
+        }
+    }
 }
 
 /// The feed's position and the database's clock (µs since the epoch), in

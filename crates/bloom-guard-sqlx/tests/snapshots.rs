@@ -273,3 +273,29 @@ async fn a_crash_mid_publish_leaves_the_previous_snapshot_usable(pool: PgPool) {
     assert_eq!(other.stats().origin, Some(FilterOrigin::Snapshot));
     assert!(holds_all(&other, &["k1", "k1000"]));
 }
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn an_admin_rebuild_asked_of_two_instances_at_once_scans_once(pool: PgPool) {
+    install(&pool).await;
+    seed(&pool, 2_000).await;
+    let (a, _a) = start(&pool, guard()).await;
+    let (b, _b) = start(&pool, guard()).await;
+    let generations = (a.stats().generation, b.stats().generation);
+    exec(&pool, "insert into items (key) values ('before-the-rebuild')").await;
+    let before = seq_scans(&pool).await;
+    let rebuild_a = bloom_guard_sqlx::FleetRebuild::new(a.clone(), pool.clone(), items());
+    let rebuild_b = bloom_guard_sqlx::FleetRebuild::new(b.clone(), pool.clone(), items());
+    let (from_a, from_b) = tokio::join!(rebuild_a.rebuild(), rebuild_b.rebuild());
+    from_a.expect("rebuild asked of a");
+    from_b.expect("rebuild asked of b");
+    // The instance that did not scan adopts the published filter.
+    wait_until("both on the new filter", Duration::from_secs(10), || {
+        a.stats().generation > generations.0 && b.stats().generation > generations.1
+    })
+    .await;
+    assert_eq!(seq_scans(&pool).await - before, 1, "one scan for both requests");
+    let origins = [a.stats().origin, b.stats().origin];
+    assert!(origins.contains(&Some(FilterOrigin::Snapshot)), "{origins:?}");
+    assert!(holds_all(&a, &["before-the-rebuild"]) && holds_all(&b, &["before-the-rebuild"]));
+}

@@ -121,6 +121,25 @@ impl Admin {
         self
     }
 
+    /// As [`guard`](Self::guard), with rebuilds run by `rebuild`: for
+    /// rebuilds that are more than a scan, such as
+    /// `bloom_guard_sqlx::FleetRebuild`, which scans once for every
+    /// instance and publishes the result.
+    #[must_use]
+    pub fn guard_with_rebuild<F, Fut>(mut self, guard: BloomGuard, rebuild: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Stats, BuildError>> + Send + 'static,
+    {
+        let rebuild: RebuildFn = Arc::new(move || Box::pin(rebuild()));
+        self.guards.push(AdminGuard {
+            guard,
+            rebuild: Some(rebuild),
+            last_rebuild: Mutex::new(None),
+        });
+        self
+    }
+
     /// Serves `GET /metrics` with the text `render` returns: the
     /// application's Prometheus recorder, such as
     /// `metrics-exporter-prometheus`'s `PrometheusHandle::render`. Without

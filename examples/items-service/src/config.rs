@@ -27,6 +27,9 @@ pub struct Config {
     pub guard_enabled: bool,
     /// `BLOOM_REBUILD_SECS`: seconds between scheduled rebuilds (0: none).
     pub rebuild_every_secs: u64,
+    /// `BLOOM_SNAPSHOTS`: `off` makes every instance scan at start instead
+    /// of adopting the fleet's snapshot (Postgres only).
+    pub snapshots: bool,
     /// `BLOOM_DEBUG_HEADER`: `on` marks the guard's answers with
     /// `x-bloom-guard: absent` (for operators; off by default).
     pub debug_header: bool,
@@ -59,6 +62,7 @@ impl std::fmt::Debug for Config {
             .field("bloom_expected_items", &self.bloom_expected_items)
             .field("guard_enabled", &self.guard_enabled)
             .field("rebuild_every_secs", &self.rebuild_every_secs)
+            .field("snapshots", &self.snapshots)
             .field("debug_header", &self.debug_header)
             .field("seed_demo", &self.seed_demo)
             .field("mode", &self.mode)
@@ -143,6 +147,7 @@ impl Config {
             mode,
             audit_rate,
             seed_demo: switch("SEED_DEMO", false)?,
+            snapshots: switch("BLOOM_SNAPSHOTS", true)?,
             max_connections: parse("MAX_CONNECTIONS", "10000", "a whole number of connections")?,
         })
     }

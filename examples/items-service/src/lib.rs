@@ -72,6 +72,7 @@ pub fn guards(config: &Config) -> Guards {
     Guards {
         items: guard("items", KeyType::Text),
         users: guard("users", KeyType::Uuid),
+        snapshots: config.snapshots,
     }
 }
 
@@ -108,10 +109,12 @@ pub async fn prepare(state: AppState) {
     match state.db.pool().clone() {
         Pool::Postgres(pool) => {
             let items = PgFollower::new(guards.items.clone(), pool.clone(), items_feed())
+                .snapshots(guards.snapshots)
                 .on_key(invalidate)
                 .on_catch_up(drop_all);
             state.keep(tokio::spawn(items.run_until(state.stopping())));
-            let users = PgFollower::new(guards.users.clone(), pool, users_feed());
+            let users = PgFollower::new(guards.users.clone(), pool, users_feed())
+                .snapshots(guards.snapshots);
             state.keep(tokio::spawn(users.run_until(state.stopping())));
         }
         Pool::Sqlite(pool) => {

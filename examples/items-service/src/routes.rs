@@ -11,7 +11,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use bloom_guard::admin::Admin;
 use bloom_guard::{BloomGuard, Key, PathParam, ReadThroughCache};
-use bloom_guard_sqlx::{PgCopySource, QuerySource};
+use bloom_guard_sqlx::{FleetRebuild, PgCopySource, QuerySource};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde_json::json;
@@ -35,6 +35,9 @@ pub struct Guards {
     pub items: BloomGuard,
     /// `users`, UUID keys.
     pub users: BloomGuard,
+    /// Whether their followers share filters through snapshots in the
+    /// database (`BLOOM_SNAPSHOTS`).
+    pub snapshots: bool,
 }
 
 impl Guards {
@@ -133,6 +136,21 @@ pub fn admin_app(state: &AppState, token: &str, prometheus: Option<PrometheusHan
     };
     let admin = Admin::new(token);
     let mut admin = match state.db.pool().clone() {
+        // With snapshots, a rebuild asked of any instance scans once and
+        // every instance adopts it.
+        Pool::Postgres(pool) if guards.snapshots => {
+            let items = FleetRebuild::new(guards.items.clone(), pool.clone(), crate::items_feed());
+            let users = FleetRebuild::new(guards.users.clone(), pool, crate::users_feed());
+            admin
+                .guard_with_rebuild(guards.items.clone(), move || {
+                    let items = items.clone();
+                    async move { items.rebuild().await }
+                })
+                .guard_with_rebuild(guards.users.clone(), move || {
+                    let users = users.clone();
+                    async move { users.rebuild().await }
+                })
+        }
         Pool::Postgres(pool) => admin
             .guard_with_source(
                 guards.items.clone(),
