@@ -54,8 +54,14 @@ const CHANNEL: &str = "bloom_guard";
 ///    fails the guard open, names the table in the log and
 ///    [`Stats::last_error`](bloom_guard::Stats::last_error); once it is
 ///    repaired, a full rebuild picks up what was written meanwhile.
-/// 4. **Maintain.** Rebuilds on the guard's schedule and when inserts
-///    outgrow the filter, and prunes the feed past its
+/// 4. **Share.** With [`snapshots`](Self::snapshots) (the default) the
+///    first filter is the newest snapshot in `bloom_guard.snapshots`,
+///    completed by replaying the feed from the position it records; with
+///    none usable, instances scan one at a time under the guard's advisory
+///    lock and publish, so a fleet starting together scans once.
+/// 5. **Maintain.** Rebuilds on the guard's schedule and when inserts
+///    outgrow the filter (with snapshots: on the one instance that gets
+///    the lock, the others adopt its snapshot), and prunes the feed past its
 ///    [`retention`](Self::retention) (one instance at a time). A reader
 ///    whose position fell behind the pruned horizon fails open and rebuilds.
 ///

@@ -282,7 +282,11 @@ async fn an_admin_rebuild_asked_of_two_instances_at_once_scans_once(pool: PgPool
     let (a, _a) = start(&pool, guard()).await;
     let (b, _b) = start(&pool, guard()).await;
     let generations = (a.stats().generation, b.stats().generation);
-    exec(&pool, "insert into items (key) values ('before-the-rebuild')").await;
+    exec(
+        &pool,
+        "insert into items (key) values ('before-the-rebuild')",
+    )
+    .await;
     let before = seq_scans(&pool).await;
     let rebuild_a = bloom_guard_sqlx::FleetRebuild::new(a.clone(), pool.clone(), items());
     let rebuild_b = bloom_guard_sqlx::FleetRebuild::new(b.clone(), pool.clone(), items());
@@ -294,8 +298,15 @@ async fn an_admin_rebuild_asked_of_two_instances_at_once_scans_once(pool: PgPool
         a.stats().generation > generations.0 && b.stats().generation > generations.1
     })
     .await;
-    assert_eq!(seq_scans(&pool).await - before, 1, "one scan for both requests");
+    assert_eq!(
+        seq_scans(&pool).await - before,
+        1,
+        "one scan for both requests"
+    );
     let origins = [a.stats().origin, b.stats().origin];
-    assert!(origins.contains(&Some(FilterOrigin::Snapshot)), "{origins:?}");
+    assert!(
+        origins.contains(&Some(FilterOrigin::Snapshot)),
+        "{origins:?}"
+    );
     assert!(holds_all(&a, &["before-the-rebuild"]) && holds_all(&b, &["before-the-rebuild"]));
 }
