@@ -25,6 +25,8 @@ mod pg_snapshot;
 mod query;
 #[cfg(feature = "sqlite")]
 mod sqlite_feed;
+#[cfg(feature = "sqlite")]
+mod sqlite_snapshot;
 mod watch;
 
 pub use copy_text::{CopyTextDecoder, CopyTextError};

@@ -19,6 +19,7 @@ use crate::backoff::Backoff;
 use crate::batches::{spawn_scan, BatchSender};
 use crate::changes::{Changes, Hooks};
 use crate::error::{FeedError, SourceError};
+use crate::sqlite_snapshot::{self, BuildLock};
 use crate::watch::Watch;
 
 const FEED_TABLE: &str = "
@@ -32,6 +33,10 @@ create table if not exists bloom_guard_changes (
 create table if not exists bloom_guard_horizon (below integer not null);
 insert into bloom_guard_horizon (below) select 0 where not exists (select 1 from bloom_guard_horizon);
 ";
+
+/// How often a follower looks for a newer snapshot and whether the newest
+/// needs republishing.
+const SNAPSHOT_CHECK: Duration = Duration::from_secs(10);
 
 /// `"name"` with inner quotes doubled: an SQLite identifier.
 fn ident(name: &str) -> String {
@@ -78,8 +83,10 @@ impl Watch {
         let name = literal(self.feed_name());
         let trigger = |event: &str| ident(&format!("bloom_guard_{}_{event}", self.feed_name()));
         let (new_key, old_key) = (self.sqlite_key("new"), self.sqlite_key("old"));
+        let snapshot_tables = sqlite_snapshot::TABLES;
         let script = format!(
             "{FEED_TABLE}
+            {snapshot_tables}
             drop trigger if exists {inserted};
             create trigger {inserted} after insert on {table} when ({new_key}) is not null begin
                 insert into bloom_guard_changes (guard, kind, key) values ({name}, 'i', {new_key});
@@ -205,7 +212,19 @@ pub struct SqliteFollower {
     poll_interval: Duration,
     check_every: Duration,
     retention: Duration,
+    snapshots: bool,
+    snapshot_interval: Duration,
     hooks: Hooks,
+}
+
+/// What a SQLite follower knows of the snapshots.
+#[derive(Debug, Default)]
+struct Lineage {
+    fingerprint: String,
+    /// When the scan the filter in use descends from started (µs).
+    scanned_at: Option<i64>,
+    refused: std::collections::HashSet<i64>,
+    last_check: Option<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for SqliteFollower {
@@ -227,8 +246,29 @@ impl SqliteFollower {
             poll_interval: Duration::from_secs(1),
             check_every: Duration::from_millis(20),
             retention: Duration::from_secs(3600),
+            snapshots: true,
+            snapshot_interval: Duration::from_secs(600),
             hooks: Hooks::default(),
         }
+    }
+
+    /// Whether instances sharing the file share the filter through
+    /// snapshots in it (default on), as
+    /// [`PgFollower::snapshots`](crate::PgFollower::snapshots) does on
+    /// Postgres: adopt the newest at start and replay the feed since; scan
+    /// on one instance at a time and publish.
+    #[must_use]
+    pub fn snapshots(mut self, enabled: bool) -> Self {
+        self.snapshots = enabled;
+        self
+    }
+
+    /// The newest snapshot is republished from the filter in use when it
+    /// is older than this (default 10 min).
+    #[must_use]
+    pub fn snapshot_interval(mut self, every: Duration) -> Self {
+        self.snapshot_interval = every;
+        self
     }
 
     /// The longest time between two reads of the feed (default 1 s);
@@ -284,6 +324,10 @@ impl SqliteFollower {
     async fn follow(&self) {
         let name = self.watch.feed_name().to_owned();
         let query = self.watch.sqlite_key_query();
+        let mut lineage = Lineage {
+            fingerprint: sqlite_snapshot::fingerprint(&query),
+            ..Lineage::default()
+        };
         let source = SqliteScan {
             pool: self.pool.clone(),
             count_query: format!("select count(*) from ({query})"),
@@ -302,7 +346,18 @@ impl SqliteFollower {
                 }
             }
         };
-        let warm_up = tokio::spawn(self.guard.clone().warm(source.clone()).in_current_span());
+        if self.snapshots {
+            self.first_filter(&name, &source, &mut lineage).await;
+        }
+        let warm_up = tokio::spawn({
+            let (guard, source, snapshots) = (self.guard.clone(), source.clone(), self.snapshots);
+            async move {
+                if !snapshots {
+                    guard.warm(source).await;
+                }
+            }
+            .in_current_span()
+        });
         let _warm_up = AbortOnDrop(warm_up);
         let mut watcher: Option<(SqliteConnection, i64)> = None;
         let mut total = 0;
@@ -342,9 +397,23 @@ impl SqliteFollower {
                 }
                 last_prune = Some(tokio::time::Instant::now());
             }
+            if self.snapshots
+                && lineage
+                    .last_check
+                    .is_none_or(|at| at.elapsed() >= SNAPSHOT_CHECK)
+            {
+                lineage.last_check = Some(tokio::time::Instant::now());
+                self.adopt_newer(&name, &mut lineage).await;
+                self.republish_if_stale(position, &lineage).await;
+            }
             if let Some(reason) = self.guard.rebuild_due() {
-                tracing::info!(reason, "rebuilding the bloom filter");
-                let _ = self.guard.rebuild(&source).await;
+                if self.snapshots {
+                    self.fleet_rebuild(&name, &source, &mut lineage, reason)
+                        .await;
+                } else {
+                    tracing::info!(reason, "rebuilding the bloom filter");
+                    let _ = self.guard.rebuild(&source).await;
+                }
             }
             // Wait for another connection's commit, or the interval.
             while last_read.elapsed() < self.poll_interval {
@@ -354,6 +423,182 @@ impl SqliteFollower {
                 }
             }
         }
+    }
+
+    /// The first filter: the newest usable snapshot, else a scan on one
+    /// instance at a time, published for the others.
+    async fn first_filter(&self, name: &str, source: &SqliteScan, lineage: &mut Lineage) {
+        if self.adopt_newest(name, lineage, |_| true).await {
+            return;
+        }
+        let build_lock = BuildLock::acquire(&self.pool, self.guard.name()).await.ok();
+        if build_lock.is_some() && self.adopt_newest(name, lineage, |_| true).await {
+            if let Some(build_lock) = build_lock {
+                build_lock.release().await;
+            }
+            return;
+        }
+        let scanned_at = sqlite_snapshot::now_micros();
+        let position = feed_position(&self.pool).await.ok();
+        self.guard.clone().warm(source.clone()).await;
+        lineage.scanned_at = Some(scanned_at);
+        if let Some(position) = position {
+            sqlite_snapshot::publish(
+                &self.pool,
+                &self.guard,
+                &lineage.fingerprint,
+                position,
+                scanned_at,
+            )
+            .await;
+        }
+        if let Some(build_lock) = build_lock {
+            build_lock.release().await;
+        }
+    }
+
+    /// Adopts the newest snapshot if `wanted` and not refused before.
+    async fn adopt_newest(
+        &self,
+        name: &str,
+        lineage: &mut Lineage,
+        wanted: impl Fn(&sqlite_snapshot::Stored) -> bool,
+    ) -> bool {
+        let stored = match sqlite_snapshot::newest(
+            &self.pool,
+            self.guard.name(),
+            &lineage.fingerprint,
+        )
+        .await
+        {
+            Ok(Some(stored)) if wanted(&stored) && !lineage.refused.contains(&stored.id) => stored,
+            Ok(_) => return false,
+            Err(error) => {
+                tracing::debug!(%error, "cannot list the filter's snapshots");
+                return false;
+            }
+        };
+        let started = std::time::Instant::now();
+        let snapshot = match sqlite_snapshot::load(&self.pool, &stored).await {
+            Ok(snapshot) => snapshot,
+            Err(sqlite_snapshot::LoadError::Snapshot(error)) => {
+                tracing::warn!(snapshot = stored.id, why = %error, "refusing the filter's snapshot; scanning instead");
+                lineage.refused.insert(stored.id);
+                return false;
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot load the filter's snapshot");
+                return false;
+            }
+        };
+        let catch_up = async {
+            match self.read(name, stored.position).await {
+                Ok(Some(_)) => Ok(()),
+                Ok(None) => Err(SqliteCatchUpError::Pruned),
+                Err(error) => Err(SqliteCatchUpError::Database(error)),
+            }
+        };
+        match self
+            .guard
+            .adopt(snapshot, &lineage.fingerprint, catch_up)
+            .await
+        {
+            Ok(_) => {
+                lineage.scanned_at = Some(stored.scanned_at);
+                tracing::info!(
+                    snapshot = stored.id,
+                    bytes = stored.len,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "adopted the filter's snapshot and replayed the feed since"
+                );
+                true
+            }
+            Err(bloom_guard::AdoptError::CatchUp(error))
+                if error
+                    .downcast_ref::<SqliteCatchUpError>()
+                    .is_some_and(|error| matches!(error, SqliteCatchUpError::Database(_))) =>
+            {
+                tracing::debug!(%error, "cannot replay the feed since the snapshot");
+                false
+            }
+            Err(error) => {
+                tracing::warn!(snapshot = stored.id, why = %error, "refusing the filter's snapshot; scanning instead");
+                lineage.refused.insert(stored.id);
+                false
+            }
+        }
+    }
+
+    /// Adopts a snapshot from a scan newer than the filter in use's.
+    async fn adopt_newer(&self, name: &str, lineage: &mut Lineage) -> bool {
+        let Some(ours) = lineage.scanned_at else {
+            return false;
+        };
+        self.adopt_newest(name, lineage, |stored| stored.scanned_at > ours)
+            .await
+    }
+
+    /// Republishes the filter in use at `position` when the newest snapshot
+    /// is older than the interval, on one instance.
+    async fn republish_if_stale(&self, position: i64, lineage: &Lineage) {
+        let Some(scanned_at) = lineage.scanned_at else {
+            return;
+        };
+        let name = self.guard.name();
+        let fresh = match sqlite_snapshot::newest(&self.pool, name, &lineage.fingerprint).await {
+            Ok(newest) => newest.is_some_and(|stored| {
+                u64::try_from(stored.age_secs)
+                    .is_ok_and(|age| age < self.snapshot_interval.as_secs())
+            }),
+            Err(_) => return,
+        };
+        if fresh {
+            return;
+        }
+        if let Ok(Some(build_lock)) = BuildLock::try_acquire(&self.pool, name).await {
+            sqlite_snapshot::publish(
+                &self.pool,
+                &self.guard,
+                &lineage.fingerprint,
+                position,
+                scanned_at,
+            )
+            .await;
+            build_lock.release().await;
+        }
+    }
+
+    /// A rebuild the guard asked for, once for the instances on the file.
+    async fn fleet_rebuild(
+        &self,
+        name: &str,
+        source: &SqliteScan,
+        lineage: &mut Lineage,
+        reason: &str,
+    ) {
+        let Ok(Some(build_lock)) = BuildLock::try_acquire(&self.pool, self.guard.name()).await
+        else {
+            return;
+        };
+        if !self.adopt_newer(name, lineage).await {
+            tracing::info!(reason, "rebuilding the bloom filter for every instance");
+            let scanned_at = sqlite_snapshot::now_micros();
+            if let Ok(position) = feed_position(&self.pool).await {
+                let since = tokio::time::Instant::now();
+                if self.guard.rebuild_newer_than(source, since).await.is_ok() {
+                    lineage.scanned_at = Some(scanned_at);
+                    sqlite_snapshot::publish(
+                        &self.pool,
+                        &self.guard,
+                        &lineage.fingerprint,
+                        position,
+                        scanned_at,
+                    )
+                    .await;
+                }
+            }
+        }
+        build_lock.release().await;
     }
 
     /// Whether another connection committed since the last call, by
@@ -437,4 +682,13 @@ impl SqliteFollower {
         .await?;
         Ok(())
     }
+}
+
+/// Why the feed could not complete a snapshot.
+#[derive(Debug, thiserror::Error)]
+enum SqliteCatchUpError {
+    #[error("the snapshot is older than the change feed's pruned horizon")]
+    Pruned,
+    #[error("cannot read the change feed")]
+    Database(#[source] sqlx::Error),
 }

@@ -85,3 +85,101 @@ async fn two_instances_and_the_sqlite3_shell_see_each_others_keys() {
     two.close().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs a follower until the returned sender is dropped.
+fn follow(guard: &BloomGuard, pool: &SqlitePool) -> tokio::sync::oneshot::Sender<()> {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let follower = SqliteFollower::new(
+        guard.clone(),
+        pool.clone(),
+        Watch::table("items").key("key"),
+    );
+    tokio::spawn(follower.run_until(async move {
+        let _ = stopped.await;
+    }));
+    stop
+}
+
+async fn ready(guard: &BloomGuard) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !guard.is_ready() {
+        assert!(tokio::time::Instant::now() < deadline, "not ready in 10 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn instances_on_one_file_share_snapshots_and_refuse_damaged_ones() {
+    use bloom_guard::FilterOrigin;
+    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("items.db");
+    let pool = open(&path).await;
+    sqlx::raw_sql(
+        "create table items (id integer primary key, key not null unique);
+         with recursive n(i) as (select 1 union all select i + 1 from n where i < 1000)
+         insert into items (key) select 'k' || i from n;",
+    )
+    .execute(&pool)
+    .await
+    .expect("schema");
+    Watch::table("items")
+        .key("key")
+        .install_sqlite(&pool)
+        .await
+        .expect("install");
+
+    // The first instance scans and publishes.
+    let first = BloomGuard::builder().build();
+    let stop = follow(&first, &pool);
+    ready(&first).await;
+    assert_eq!(first.stats().origin, Some(FilterOrigin::Scan));
+    let mut published = 0;
+    for _ in 0..500 {
+        published = sqlx::query_scalar("select count(*) from bloom_guard_snapshots")
+            .fetch_one(&pool)
+            .await
+            .expect("count");
+        if published > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(published, 1, "the first instance publishes its scan");
+    drop(stop);
+
+    // A key written by the shell between the starts.
+    let shell = std::process::Command::new("sqlite3")
+        .arg(&path)
+        .arg("insert into items (key) values ('between-the-starts');")
+        .status()
+        .expect("the sqlite3 shell on PATH");
+    assert!(shell.success());
+    let second = BloomGuard::builder().build();
+    let _second = follow(&second, &open(&path).await);
+    ready(&second).await;
+    assert_eq!(second.stats().origin, Some(FilterOrigin::Snapshot));
+    assert!(second.may_contain("between-the-starts") && second.may_contain("k1000"));
+    assert!(!second.may_contain("never-written"));
+
+    // A damaged snapshot is refused: the next instance scans.
+    for damage in [
+        "update bloom_guard_snapshot_chunks set data = substr(data, 1, 100)
+            || (case when substr(data, 101, 1) = x'00' then x'01' else x'00' end) || substr(data, 102)",
+        "update bloom_guard_snapshot_chunks set data = substr(data, 1, length(data) - 10)",
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(damage))
+            .execute(&pool)
+            .await
+            .expect("damage");
+        let third = BloomGuard::builder().build();
+        let stop = follow(&third, &open(&path).await);
+        ready(&third).await;
+        assert_eq!(third.stats().origin, Some(FilterOrigin::Scan), "{damage}");
+        assert!(third.may_contain("between-the-starts"));
+        drop(stop);
+        // Its scan published a whole snapshot again; damage that one next.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

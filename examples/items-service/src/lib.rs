@@ -119,10 +119,12 @@ pub async fn prepare(state: AppState) {
         }
         Pool::Sqlite(pool) => {
             let items = SqliteFollower::new(guards.items.clone(), pool.clone(), items_feed())
+                .snapshots(guards.snapshots)
                 .on_key(invalidate)
                 .on_catch_up(drop_all);
             state.keep(tokio::spawn(items.run_until(state.stopping())));
-            let users = SqliteFollower::new(guards.users.clone(), pool, users_feed());
+            let users = SqliteFollower::new(guards.users.clone(), pool, users_feed())
+                .snapshots(guards.snapshots);
             state.keep(tokio::spawn(users.run_until(state.stopping())));
         }
     }

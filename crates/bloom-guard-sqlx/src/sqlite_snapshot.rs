@@ -1,0 +1,271 @@
+//! Filter snapshots in a SQLite database, for instances sharing one file:
+//! the same contract as on Postgres, with a leased lock row in place of an
+//! advisory lock.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bloom_guard::{BloomGuard, Snapshot, SnapshotReader, SNAPSHOT_FORMAT};
+use futures_util::TryStreamExt;
+use sha2::{Digest, Sha256};
+use sqlx::SqlitePool;
+
+use crate::abort::AbortOnDrop;
+
+/// The snapshot tables and the lock table. Idempotent.
+pub(crate) const TABLES: &str = "
+create table if not exists bloom_guard_snapshots (
+    id integer primary key autoincrement,
+    guard text not null,
+    format integer not null,
+    fingerprint text not null,
+    position text not null,
+    scanned_at integer not null,
+    created_at integer not null default (cast(strftime('%s', 'now') as integer)),
+    len integer not null,
+    keys integer not null
+);
+create table if not exists bloom_guard_snapshot_chunks (
+    snapshot integer not null,
+    seq integer not null,
+    data blob not null,
+    primary key (snapshot, seq)
+);
+create table if not exists bloom_guard_locks (
+    name text primary key,
+    holder text not null,
+    until integer not null
+);
+";
+
+/// Bytes per stored chunk.
+const CHUNK_BYTES: usize = 4 << 20;
+
+/// A lock's lease, renewed while held: a holder that dies frees it when
+/// the lease runs out.
+const LEASE: Duration = Duration::from_secs(30);
+
+/// A stored snapshot, as listed.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    pub(crate) id: i64,
+    pub(crate) len: i64,
+    pub(crate) scanned_at: i64,
+    pub(crate) age_secs: i64,
+    pub(crate) position: i64,
+}
+
+/// Why a stored snapshot was not used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LoadError {
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Snapshot(#[from] bloom_guard::SnapshotError),
+}
+
+/// Microseconds since the epoch.
+pub(crate) fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| {
+            i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
+        })
+}
+
+/// The key query's fingerprint (a feed position is only meaningful in the
+/// file that holds both the feed and the snapshot).
+pub(crate) fn fingerprint(key_query: &str) -> String {
+    Sha256::digest(key_query.as_bytes())
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+pub(crate) async fn newest(
+    pool: &SqlitePool,
+    guard: &str,
+    fingerprint: &str,
+) -> Result<Option<Stored>, sqlx::Error> {
+    let row: Option<(i64, i64, i64, i64, String)> = sqlx::query_as(
+        "select id, len, scanned_at, cast(strftime('%s', 'now') as integer) - created_at, position
+           from bloom_guard_snapshots
+          where guard = ? and format = ? and fingerprint = ?
+          order by id desc limit 1",
+    )
+    .bind(guard)
+    .bind(i64::from(SNAPSHOT_FORMAT))
+    .bind(fingerprint)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.and_then(|(id, len, scanned_at, age_secs, position)| {
+        Some(Stored {
+            id,
+            len,
+            scanned_at,
+            age_secs,
+            position: position.parse().ok()?,
+        })
+    }))
+}
+
+/// Reads a stored snapshot's chunks in one statement (one consistent read).
+pub(crate) async fn load(pool: &SqlitePool, stored: &Stored) -> Result<Snapshot, LoadError> {
+    let mut reader = SnapshotReader::new(u64::try_from(stored.len).unwrap_or(0));
+    let mut chunks = sqlx::query_scalar::<_, Vec<u8>>(
+        "select data from bloom_guard_snapshot_chunks where snapshot = ? order by seq",
+    )
+    .bind(stored.id)
+    .fetch(pool);
+    while let Some(chunk) = chunks.try_next().await? {
+        reader.push(&chunk)?;
+    }
+    Ok(reader.finish()?)
+}
+
+/// Publishes the guard's filter in use at feed `position`, in one
+/// transaction, keeping the two newest snapshots of the guard.
+pub(crate) async fn publish(
+    pool: &SqlitePool,
+    guard: &BloomGuard,
+    fingerprint: &str,
+    position: i64,
+    scanned_at: i64,
+) {
+    let Some(writer) = guard.snapshot(&position.to_string(), fingerprint) else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    let info = writer.info().clone();
+    let stored = async {
+        let mut tx = pool.begin().await?;
+        let id: i64 = sqlx::query_scalar(
+            "insert into bloom_guard_snapshots (guard, format, fingerprint, position, scanned_at, len, keys)
+             values (?, ?, ?, ?, ?, ?, ?) returning id",
+        )
+        .bind(&info.guard)
+        .bind(i64::from(SNAPSHOT_FORMAT))
+        .bind(&info.fingerprint)
+        .bind(&info.position)
+        .bind(scanned_at)
+        .bind(i64::try_from(info.len).unwrap_or(i64::MAX))
+        .bind(i64::try_from(info.keys).unwrap_or(i64::MAX))
+        .fetch_one(&mut *tx)
+        .await?;
+        for (seq, chunk) in writer.chunks(CHUNK_BYTES).enumerate() {
+            sqlx::query(
+                "insert into bloom_guard_snapshot_chunks (snapshot, seq, data) values (?, ?, ?)",
+            )
+            .bind(id)
+            .bind(seq as i64)
+            .bind(chunk)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let kept = "select id from bloom_guard_snapshots where guard = ? order by id desc limit 2";
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "delete from bloom_guard_snapshot_chunks where snapshot in
+               (select id from bloom_guard_snapshots where guard = ? and id not in ({kept}))"
+        )))
+        .bind(&info.guard)
+        .bind(&info.guard)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "delete from bloom_guard_snapshots where guard = ? and id not in ({kept})"
+        )))
+        .bind(&info.guard)
+        .bind(&info.guard)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok::<_, sqlx::Error>(id)
+    };
+    match stored.await {
+        Ok(id) => tracing::info!(
+            snapshot = id,
+            bytes = info.len,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "published the filter's snapshot"
+        ),
+        Err(error) => {
+            tracing::warn!(%error, "cannot publish the filter's snapshot; instances that start scan instead");
+        }
+    }
+}
+
+/// The lock on building a guard's filter, held by one instance of those
+/// sharing the file; renewed while held, released on drop.
+pub(crate) struct BuildLock {
+    pool: SqlitePool,
+    name: String,
+    holder: String,
+    _renew: AbortOnDrop,
+}
+
+impl BuildLock {
+    /// Waits for the lock.
+    pub(crate) async fn acquire(pool: &SqlitePool, guard: &str) -> Result<Self, sqlx::Error> {
+        loop {
+            if let Some(lock) = Self::try_acquire(pool, guard).await? {
+                return Ok(lock);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The lock if nobody holds it (or its holder's lease ran out).
+    pub(crate) async fn try_acquire(
+        pool: &SqlitePool,
+        guard: &str,
+    ) -> Result<Option<Self>, sqlx::Error> {
+        let holder = format!("{}-{}", std::process::id(), fastrand::u64(..));
+        let name = format!("build:{guard}");
+        let now = now_micros();
+        let taken = sqlx::query(
+            "insert into bloom_guard_locks (name, holder, until) values (?, ?, ?)
+             on conflict (name) do update set holder = excluded.holder, until = excluded.until
+             where bloom_guard_locks.until < ?",
+        )
+        .bind(&name)
+        .bind(&holder)
+        .bind(now + LEASE.as_micros() as i64)
+        .bind(now)
+        .execute(pool)
+        .await?
+        .rows_affected();
+        if taken == 0 {
+            return Ok(None);
+        }
+        let renew = {
+            let (pool, name, holder) = (pool.clone(), name.clone(), holder.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(LEASE / 3).await;
+                    let _ = sqlx::query(
+                        "update bloom_guard_locks set until = ? where name = ? and holder = ?",
+                    )
+                    .bind(now_micros() + LEASE.as_micros() as i64)
+                    .bind(&name)
+                    .bind(&holder)
+                    .execute(&pool)
+                    .await;
+                }
+            })
+        };
+        Ok(Some(Self {
+            pool: pool.clone(),
+            name,
+            holder,
+            _renew: AbortOnDrop(renew),
+        }))
+    }
+
+    /// Releases the lock.
+    pub(crate) async fn release(self) {
+        let _ = sqlx::query("delete from bloom_guard_locks where name = ? and holder = ?")
+            .bind(&self.name)
+            .bind(&self.holder)
+            .execute(&self.pool)
+            .await;
+    }
+}
