@@ -129,3 +129,36 @@ fn connections_over_the_cap_are_closed_at_once() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn the_service_metrics_are_recorded_as_they_happen_with_help_and_histograms() {
+    let service = Service::start(&[]);
+    // One present and one absent key, through the guard.
+    assert_eq!(
+        service.status(service.public, "/items/apple").as_deref(),
+        Some("200")
+    );
+    assert_eq!(
+        service
+            .status(service.public, "/items/no-such-item")
+            .as_deref(),
+        Some("404")
+    );
+    let output = Command::new("curl")
+        .args(["-s", "-m", "2", "-H", "authorization: Bearer secret"])
+        .arg(format!("http://127.0.0.1:{}/metrics", service.admin))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&output.stdout);
+    for expected in [
+        "# HELP bloom_guard_rejected_total",
+        "# TYPE bloom_guard_build_duration_seconds histogram",
+        r#"bloom_guard_build_duration_seconds_bucket{guard="items",source="scan",le="0.005"}"#,
+        r#"bloom_guard_build_duration_seconds_bucket{guard="users",source="scan",le="+Inf"} 1"#,
+        r#"bloom_guard_rejected_total{guard="items"} 1"#,
+        r#"bloom_guard_ready{guard="items"} 1"#,
+        r#"bloom_guard_ready{guard="users"} 1"#,
+    ] {
+        assert!(text.contains(expected), "{expected} missing from\n{text}");
+    }
+}
