@@ -194,11 +194,14 @@ pub(crate) async fn publish(
 }
 
 /// The lock on building a guard's filter, held by one instance of those
-/// sharing the file; renewed while held, released on drop.
+/// sharing the file; renewed while held, released on drop (a follower
+/// stopped half-way through a build frees it at once, not at the end of
+/// its lease).
 pub(crate) struct BuildLock {
     pool: SqlitePool,
     name: String,
     holder: String,
+    released: bool,
     _renew: AbortOnDrop,
 }
 
@@ -256,16 +259,37 @@ impl BuildLock {
             pool: pool.clone(),
             name,
             holder,
+            released: false,
             _renew: AbortOnDrop(renew),
         }))
     }
 
     /// Releases the lock.
-    pub(crate) async fn release(self) {
-        let _ = sqlx::query("delete from bloom_guard_locks where name = ? and holder = ?")
-            .bind(&self.name)
-            .bind(&self.holder)
-            .execute(&self.pool)
-            .await;
+    pub(crate) async fn release(mut self) {
+        unlock(self.pool.clone(), self.name.clone(), self.holder.clone()).await;
+        self.released = true;
     }
+}
+
+impl Drop for BuildLock {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(unlock(
+                self.pool.clone(),
+                self.name.clone(),
+                self.holder.clone(),
+            ));
+        }
+    }
+}
+
+async fn unlock(pool: SqlitePool, name: String, holder: String) {
+    let _ = sqlx::query("delete from bloom_guard_locks where name = ? and holder = ?")
+        .bind(&name)
+        .bind(&holder)
+        .execute(&pool)
+        .await;
 }
