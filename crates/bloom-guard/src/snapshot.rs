@@ -400,7 +400,11 @@ impl SnapshotReader {
             return Ok(&[]);
         }
         let header = parse_header(&self.pending[PREFIX_LEN..head_len])?;
-        let expected = head_len as u64 + header.words * 8 + CHECKSUM_LEN as u64;
+        let expected = header
+            .words
+            .checked_mul(8)
+            .and_then(|bits| bits.checked_add(head_len as u64 + CHECKSUM_LEN as u64))
+            .ok_or(SnapshotError::Field("words"))?;
         if expected != self.len {
             return Err(SnapshotError::Length {
                 expected,
@@ -502,7 +506,7 @@ fn parse_header(mut bytes: &[u8]) -> Result<Header, SnapshotError> {
             fingerprint,
             position,
             keys,
-            bits: words * 64,
+            bits: words.saturating_mul(64),
             len: 0,
         },
         seed: u128::from_le_bytes(seed),
@@ -636,6 +640,26 @@ mod tests {
         let mut reader = SnapshotReader::new(bytes.len() as u64);
         reader.push(&bytes[..100]).expect("a prefix");
         assert!(matches!(reader.finish(), Err(SnapshotError::Length { .. })));
+    }
+
+    #[tokio::test]
+    async fn a_header_asking_for_any_size_is_refused_before_allocating() {
+        let (guard, _) = built(10).await;
+        let bytes = bytes_of(&guard, "7");
+        // The word count: after the prefix, key type, hashes, seed and
+        // three counts.
+        let at = PREFIX_LEN + 1 + 4 + 16 + 8 * 3;
+        for words in [u64::MAX, u64::MAX / 8, 1 << 40, 0] {
+            let mut hostile = bytes.clone();
+            hostile[at..at + 8].copy_from_slice(&words.to_le_bytes());
+            assert!(Snapshot::decode(&hostile).is_err(), "{words} words");
+        }
+        let mut hostile = bytes.clone();
+        hostile[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(
+            Snapshot::decode(&hostile).err(),
+            Some(SnapshotError::Field("header length"))
+        );
     }
 
     #[tokio::test]
