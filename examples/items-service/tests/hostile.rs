@@ -104,6 +104,9 @@ fn idle_sockets_do_not_stop_new_clients() {
 #[test]
 fn connections_over_the_cap_are_closed_at_once() {
     let service = Service::start(&[("MAX_CONNECTIONS", "20")]);
+    // The readiness probes' connections release their permits once the
+    // service has seen them close.
+    std::thread::sleep(Duration::from_millis(300));
     let mut held: Vec<TcpStream> = (0..30)
         .map(|_| TcpStream::connect(("127.0.0.1", service.public)).expect("connect"))
         .collect();
