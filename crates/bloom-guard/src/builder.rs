@@ -84,16 +84,32 @@ impl Builder {
         self
     }
 
-    /// The longest key in bytes, after decoding (default 512). Longer keys
-    /// get a `400` before any hashing.
+    /// The longest key the guard looks up, in bytes after decoding
+    /// (default 512). Longer keys go to the handler unchecked, counted in
+    /// [`Stats::unchecked`](crate::Stats::unchecked), unless
+    /// [`refuse_long_keys`](Self::refuse_long_keys) is on. Set it to the
+    /// longest key your column holds, so every request for a key that can
+    /// exist is checked.
     ///
     /// # Panics
     ///
-    /// If `bytes` is 0: every request would be refused.
+    /// If `bytes` is 0.
     #[must_use]
     pub fn max_key_len(mut self, bytes: usize) -> Self {
         assert!(bytes > 0, "max_key_len must be at least 1");
         self.config.max_key_len = bytes;
+        self
+    }
+
+    /// Answers keys longer than [`max_key_len`](Self::max_key_len) with
+    /// `400 {"error":"key too long"}` instead of passing them on unchecked
+    /// (default off). Turn it on only if your application refuses such keys
+    /// itself (then no key it serves is refused, and random long keys no
+    /// longer reach it); they are counted in
+    /// [`Stats::bad_keys`](crate::Stats::bad_keys).
+    #[must_use]
+    pub fn refuse_long_keys(mut self, refuse: bool) -> Self {
+        self.config.refuse_long_keys = refuse;
         self
     }
 

@@ -7,8 +7,9 @@ use crate::key::{Key, KeyError};
 /// Finds a request's key.
 ///
 /// Returning `Ok(None)` means the request has no key: the guard passes it on
-/// untouched. Returning an error answers the request with a 400 before any
-/// hashing.
+/// untouched. Returning an error passes it on unchecked, counted under the
+/// error's [`reason`](KeyError::reason): an extractor that cannot read the
+/// key exactly as the application will must not guess.
 ///
 /// Implemented by the extractors of this module and by any closure
 /// `Fn(&Request<B>) -> Option<K>` where `K` converts into a [`Key`] (a
@@ -35,7 +36,8 @@ pub trait KeyExtractor<B>: Clone {
     ///
     /// # Errors
     ///
-    /// A [`KeyError`] when the request names a key that can never exist.
+    /// A [`KeyError`] when the key cannot be read as the application reads
+    /// it; the request then passes unchecked.
     fn extract<'r>(&self, req: &'r Request<B>) -> Result<Option<Key<'r>>, KeyError>;
 }
 
@@ -50,7 +52,8 @@ where
 }
 
 /// The path segment at an index (0 is the segment after the first `/`),
-/// percent-decoded. Works outside axum, in any tower stack.
+/// percent-decoded as axum's `Path` decodes it (see
+/// [`Key::from_percent_encoded`]). Works outside axum, in any tower stack.
 ///
 /// # Example
 ///
@@ -80,7 +83,9 @@ impl<B> KeyExtractor<B> for PathSegment {
 }
 
 /// A query string parameter, decoded as a form value (`+` is a space), as
-/// axum's `Query` extractor decodes it.
+/// axum's `Query` extractor decodes it. A parameter given twice passes
+/// unchecked ([`KeyError::Ambiguous`]): axum's `Query` refuses it for a
+/// struct and takes the last one for a map.
 ///
 /// # Example
 ///
@@ -100,9 +105,16 @@ impl<B> KeyExtractor<B> for QueryParam {
         let Some(query) = req.uri().query() else {
             return Ok(None);
         };
-        Ok(form_urlencoded::parse(query.as_bytes())
-            .find(|(name, _)| name == self.0)
-            .map(|(_, value)| Key::from(value)))
+        let mut values = form_urlencoded::parse(query.as_bytes())
+            .filter(|(name, _)| name == self.0)
+            .map(|(_, value)| value);
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(KeyError::Ambiguous);
+        }
+        Ok(Some(Key::from(value)))
     }
 }
 
@@ -163,6 +175,13 @@ mod tests {
             bytes(PathSegment(1).extract(&request("/items/")).unwrap()),
             None
         );
+        for (raw, decoded) in [("100%", "100%"), ("%2e%2e", ".."), ("a%ZZ", "a%ZZ")] {
+            let uri = format!("/items/{raw}");
+            assert_eq!(
+                bytes(PathSegment(1).extract(&request(&uri)).unwrap()),
+                Some(decoded.as_bytes().to_vec())
+            );
+        }
     }
 
     #[test]
@@ -179,6 +198,10 @@ mod tests {
         assert_eq!(
             bytes(QueryParam("id").extract(&request("/lookup?idx=1")).unwrap()),
             None
+        );
+        assert_eq!(
+            QueryParam("id").extract(&request("/lookup?id=1&i%64=2")),
+            Err(KeyError::Ambiguous)
         );
     }
 

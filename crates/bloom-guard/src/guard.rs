@@ -6,14 +6,14 @@ use http::Request;
 
 use crate::builder::Builder;
 use crate::extract::KeyExtractor;
-use crate::key::{Key, KeyError};
+use crate::key::Key;
 use crate::layer::GuardLayer;
 use crate::methods::Methods;
 use crate::mode::Mode;
-use crate::response::CannedResponse;
 use crate::shared::Shared;
 use crate::source::KeyBatch;
 use crate::stats::{FeedStatus, Stats};
+use crate::verdict::{self, Verdict};
 
 /// A Bloom filter of every key of a database table, shared by the layers
 /// that answer requests for keys it does not hold.
@@ -58,15 +58,6 @@ use crate::stats::{FeedStatus, Stats};
 #[derive(Debug, Clone)]
 pub struct BloomGuard {
     pub(crate) shared: Arc<Shared>,
-}
-
-/// What the guard decided for one request.
-pub(crate) enum Verdict<'a> {
-    /// Pass it on, and check the answer: the filter said absent.
-    Audit(Box<[u8]>),
-    Pass,
-    Reject(&'a CannedResponse),
-    BadKey(KeyError),
 }
 
 impl BloomGuard {
@@ -251,56 +242,11 @@ impl BloomGuard {
     where
         K: KeyExtractor<B>,
     {
-        let shared = &*self.shared;
-        let mode = shared.mode();
-        if mode == Mode::Off {
+        // Off: not even the key is read.
+        if self.shared.mode() == crate::mode::Mode::Off {
             return Verdict::Pass;
         }
-        let key = match extractor.extract(req) {
-            Ok(Some(key)) => key,
-            Ok(None) => return Verdict::Pass,
-            Err(KeyError::Unguardable(why)) => {
-                shared.count_unguarded(why);
-                return Verdict::Pass;
-            }
-            Err(error) => {
-                shared.count_bad_key();
-                return Verdict::BadKey(error);
-            }
-        };
-        if key.is_empty() {
-            shared.count_bad_key();
-            return Verdict::BadKey(KeyError::Empty);
-        }
-        let max = shared.config.max_key_len;
-        if key.len() > max {
-            shared.count_bad_key();
-            return Verdict::BadKey(KeyError::TooLong {
-                len: key.len(),
-                max,
-            });
-        }
-        // A value that is not a key of the guard's type (not UTF-8, not a
-        // number, not a UUID) names no stored key the filter holds in that
-        // form: the handler answers it as it would unguarded.
-        let Some(key) = shared.config.key_type.canonical(key) else {
-            shared.count_passed();
-            return Verdict::Pass;
-        };
-        if shared.may_contain(&key) {
-            shared.count_passed();
-            return Verdict::Pass;
-        }
-        let audit_rate = shared.config.audit_rate;
-        if mode == Mode::Shadow {
-            shared.count_shadow_would_reject();
-        } else if audit_rate > 0.0 && fastrand::f64() < audit_rate {
-            shared.count_audited();
-        } else {
-            shared.count_rejected();
-            return Verdict::Reject(&shared.config.absent);
-        }
-        Verdict::Audit(key.as_bytes().into())
+        verdict::decide(&self.shared, extractor.extract(req))
     }
 }
 

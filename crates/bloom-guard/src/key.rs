@@ -10,7 +10,8 @@ use percent_encoding::percent_decode_str;
 /// Both sides of the guard go through this one type: keys loaded from the
 /// database (`Key::from(&str)`, the stored bytes as they are) and keys taken
 /// from requests (`Key::from_percent_encoded`, decoded once, exactly as axum's
-/// `Path` extractor decodes them). Because the filter only ever hashes a
+/// `Path` extractor decodes them: malformed escapes such as `100%` stay as
+/// they are, and `.` and `..` are keys like any other). Because the filter only ever hashes a
 /// `Key`'s bytes, a key stored as `a/b c` and requested as `/items/a%2Fb%20c`
 /// hash identically.
 ///
@@ -36,41 +37,6 @@ impl<'a> Key<'a> {
         Key(percent_decode_str(encoded).into())
     }
 
-    /// Decodes a path segment strictly: as
-    /// [`from_percent_encoded`](Self::from_percent_encoded), but a `%` must
-    /// start a `%XX` escape, and the dot segments `.` and `..` (which
-    /// clients and proxies rewrite) are refused. This is what the path
-    /// extractors use.
-    ///
-    /// # Errors
-    ///
-    /// [`KeyError::InvalidPercentEncoding`] for a bad escape,
-    /// [`KeyError::DotSegment`] for `.` and `..` (also encoded).
-    ///
-    /// # Example
-    ///
-    /// ```
-    /// use bloom_guard::{Key, KeyError};
-    ///
-    /// assert_eq!(Key::from_path_segment("a%2Fb"), Ok(Key::from("a/b")));
-    /// assert!(matches!(Key::from_path_segment("100%"), Err(KeyError::InvalidPercentEncoding)));
-    /// assert!(matches!(Key::from_path_segment("%2E%2E"), Err(KeyError::DotSegment)));
-    /// ```
-    pub fn from_path_segment(encoded: &'a str) -> Result<Self, KeyError> {
-        let key = if !encoded.as_bytes().contains(&b'%') {
-            // Most keys: nothing to check or decode.
-            Key::from(encoded)
-        } else if valid_escapes(encoded.as_bytes()) {
-            Self::from_percent_encoded(encoded)
-        } else {
-            return Err(KeyError::InvalidPercentEncoding);
-        };
-        if key.as_bytes() == b"." || key.as_bytes() == b".." {
-            return Err(KeyError::DotSegment);
-        }
-        Ok(key)
-    }
-
     /// The key's canonical bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
@@ -90,20 +56,6 @@ impl<'a> Key<'a> {
     pub fn into_owned(self) -> Key<'static> {
         Key(Cow::Owned(self.0.into_owned()))
     }
-}
-
-/// Whether every `%` starts a `%XX` escape.
-fn valid_escapes(bytes: &[u8]) -> bool {
-    let mut rest = bytes;
-    while let Some(at) = rest.iter().position(|&b| b == b'%') {
-        match rest.get(at + 1..at + 3) {
-            Some([hi, lo]) if hi.is_ascii_hexdigit() && lo.is_ascii_hexdigit() => {
-                rest = &rest[at + 3..];
-            }
-            _ => return false,
-        }
-    }
-    true
 }
 
 impl fmt::Debug for Key<'_> {
@@ -163,11 +115,22 @@ impl<'a> From<Cow<'a, str>> for Key<'a> {
     }
 }
 
-/// Why a request's key was refused before it reached the filter.
+/// Why the guard did not look a request's key up: the request goes to the
+/// handler, which answers it as it would unguarded.
+///
+/// The guard answers "absent" only for a key it has put in canonical form
+/// with certainty. Each of these reasons is counted in
+/// [`Stats::unchecked`](crate::Stats::unchecked) and the metric
+/// `bloom_guard_unchecked_total{reason}` (see [`reason`](Self::reason)),
+/// except [`Unguardable`](Self::Unguardable), a wiring mistake counted in
+/// [`Stats::unguarded`](crate::Stats::unguarded).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
     /// The key is longer than [`Builder::max_key_len`](crate::Builder::max_key_len).
+    /// Passed on unchecked, or answered with a 400 when the guard is built
+    /// with [`refuse_long_keys`](crate::Builder::refuse_long_keys). Raise
+    /// the limit to your column's longest key to check such keys.
     #[error("key is {len} bytes long, the limit is {max}")]
     TooLong {
         /// The key's length in bytes, after decoding.
@@ -175,23 +138,62 @@ pub enum KeyError {
         /// The limit.
         max: usize,
     },
-    /// The key is empty.
-    #[error("key must not be empty")]
-    Empty,
-    /// A `%` not followed by two hex digits.
-    #[error("malformed key: invalid percent-encoding")]
-    InvalidPercentEncoding,
-    /// `.` or `..`, which clients and proxies rewrite: such a key can
-    /// never be requested.
-    #[error("malformed key: dot segment")]
-    DotSegment,
+    /// The decoded key is not UTF-8, so no text key type can compare it
+    /// (axum's `Path` refuses such a value itself).
+    #[error("key is not valid UTF-8")]
+    NotUtf8,
+    /// The request names the key more than once (a query parameter given
+    /// twice), and the application may read either.
+    #[error("key is given more than once")]
+    Ambiguous,
+    /// The value is not a key of the guard's [`KeyType`](crate::KeyType)
+    /// (`abc` for an integer key): it names no stored key in that form.
+    #[error("value is not a key of the guard's key type")]
+    NotOfKeyType,
+    /// The key holds characters whose equality the guard's
+    /// [`KeyType`](crate::KeyType) cannot reproduce as the database
+    /// compares them (non-ASCII or ignorable control characters under
+    /// case-insensitive text).
+    #[error("key has characters the key type cannot compare as the database does")]
+    Uncomparable,
     /// The extractor cannot find keys where this layer sits (a
     /// [`PathParam`](crate::PathParam) outside an axum router): the request
     /// passes unguarded, is counted in
     /// [`Stats::unguarded`](crate::Stats::unguarded), and the first one is
-    /// logged at warn level. Not an answer to the client.
+    /// logged at warn level. Fix the wiring.
     #[error("cannot guard this request: {0}")]
     Unguardable(&'static str),
+}
+
+impl KeyError {
+    /// The `reason` label of `bloom_guard_unchecked_total`: `too_long`,
+    /// `not_utf8`, `ambiguous`, `not_of_key_type`, `uncomparable`, or
+    /// `unguardable`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            KeyError::TooLong { .. } => "too_long",
+            KeyError::NotUtf8 => "not_utf8",
+            KeyError::Ambiguous => "ambiguous",
+            KeyError::NotOfKeyType => "not_of_key_type",
+            KeyError::Uncomparable => "uncomparable",
+            KeyError::Unguardable(_) => "unguardable",
+        }
+    }
+
+    /// The status the guard answers with when it refuses the key itself
+    /// (only [`TooLong`](Self::TooLong) with
+    /// [`refuse_long_keys`](crate::Builder::refuse_long_keys)).
+    pub fn status(&self) -> http::StatusCode {
+        http::StatusCode::BAD_REQUEST
+    }
+
+    /// The JSON body the guard answers with when it refuses the key itself.
+    pub fn body(&self) -> &'static str {
+        match self {
+            KeyError::TooLong { .. } => r#"{"error":"key too long"}"#,
+            _ => r#"{"error":"malformed key"}"#,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -211,27 +213,15 @@ mod tests {
             ("bad%zz", "bad%zz"),
             ("trailing%", "trailing%"),
             ("..", ".."),
+            ("%2e%2E", ".."),
+            ("x%2", "x%2"),
+            ("a%ZZ", "a%ZZ"),
         ];
         for (encoded, stored) in cases {
             assert_eq!(
                 Key::from_percent_encoded(encoded),
                 Key::from(stored),
                 "{encoded}"
-            );
-        }
-    }
-
-    #[test]
-    fn path_segments_are_decoded_strictly() {
-        assert_eq!(Key::from_path_segment("a%20b"), Ok(Key::from("a b")));
-        assert_eq!(Key::from_path_segment("..."), Ok(Key::from("...")));
-        assert_eq!(Key::from_path_segment("%2e"), Err(KeyError::DotSegment));
-        assert_eq!(Key::from_path_segment(".."), Err(KeyError::DotSegment));
-        for bad in ["%", "%2", "%zz", "a%g1", "ok%2Fthen%"] {
-            assert_eq!(
-                Key::from_path_segment(bad),
-                Err(KeyError::InvalidPercentEncoding),
-                "{bad}"
             );
         }
     }

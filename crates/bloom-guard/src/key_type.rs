@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use crate::key::Key;
+use crate::key::{Key, KeyError};
 use crate::source::KeyBatch;
 
 /// What a guard's keys are, and so the one form in which the filter holds
@@ -10,15 +10,38 @@ use crate::source::KeyBatch;
 /// are put in that form before hashing, so every spelling that the database
 /// and the handler accept for a stored value finds it.
 ///
-/// A request value that is not a key of the type (`abc` for an integer key)
-/// is passed to the handler, which answers it as it would unguarded.
+/// A request value that is not a key of the type (`abc` for an integer key),
+/// or that holds characters the type cannot compare as the database does,
+/// is passed to the handler unchecked, which answers it as it would
+/// unguarded; [`Stats::unchecked`](crate::Stats::unchecked) counts them.
 ///
 /// | type | canonical form | request forms accepted |
 /// |---|---|---|
 /// | `Text` | the UTF-8 bytes | exactly those |
-/// | `CaseInsensitiveText` | ASCII lower case | any case (non-ASCII keys are passed unchecked) |
+/// | `CaseInsensitiveText` | ASCII lower case | any case (keys with non-ASCII or control characters are passed unchecked) |
 /// | `Integer` | decimal `i64`, as Postgres prints it | `007`, `+7`, ` 7 ` |
 /// | `Uuid` | lower-case hyphenated, as Postgres prints it | upper case, no hyphens, braces, `urn:uuid:` |
+///
+/// # Which key type for which column
+///
+/// The type must compare keys as the column does, or the guard would
+/// answer "absent" for a spelling the database finds. `bloom_guard_sqlx`'s
+/// followers read the watched column's type and collation at start and
+/// refuse to answer absent keys (failing open, with an error naming the
+/// type to use) where the guard's type could refuse a stored key.
+///
+/// | column type and collation | key type |
+/// |---|---|
+/// | `text`, `varchar(n)` with a deterministic collation (the default) | `Text` |
+/// | `citext` | `CaseInsensitiveText` |
+/// | a nondeterministic ICU collation at level 2 or 3 (`und-u-ks-level2`: case-insensitive; level 3 ignores control characters) | `CaseInsensitiveText`, for columns of ASCII keys: ICU also equates some non-ASCII spellings with ASCII ones (`ß` and `ss`, ligatures, full-width letters) |
+/// | SQLite `COLLATE NOCASE` | `CaseInsensitiveText` |
+/// | `smallint`, `integer`, `bigint` (SQLite `INTEGER`) | `Integer` |
+/// | `uuid` | `Uuid` |
+/// | `char(n)` (trailing spaces ignored), accent-insensitive collations (level 1) | none: the follower keeps the guard open; store the key in a column of a row above |
+///
+/// A type that compares more loosely than the column is safe (only false
+/// positives): `CaseInsensitiveText` over a case-sensitive `text`, for one.
 ///
 /// Composite keys (several columns) are text: see
 /// `bloom_guard_sqlx::Watch` for their encoding and [`PathParams`](crate::PathParams)
@@ -51,31 +74,59 @@ pub enum KeyType {
 }
 
 impl KeyType {
-    /// `key` in canonical form, or `None` if it is not a key of this type.
+    /// `key` in canonical form, or `None` if the guard cannot compare it
+    /// (see [`to_canonical`](Self::to_canonical)).
     pub fn canonical<'k>(self, key: Key<'k>) -> Option<Key<'k>> {
-        let text = std::str::from_utf8(key.as_bytes()).ok()?;
+        self.to_canonical(key).ok()
+    }
+
+    /// `key` in canonical form, or why the guard cannot compare it as the
+    /// database does: then a request passes to the handler unchecked.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError::NotUtf8`] for bytes that are not UTF-8,
+    /// [`KeyError::NotOfKeyType`] for a value of another type (`abc` for
+    /// an integer key), [`KeyError::Uncomparable`] for characters the type
+    /// cannot compare as the database does.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use bloom_guard::{Key, KeyError, KeyType};
+    ///
+    /// assert_eq!(KeyType::Integer.to_canonical(Key::from("007")), Ok(Key::from("7")));
+    /// assert_eq!(KeyType::Integer.to_canonical(Key::from("seven")), Err(KeyError::NotOfKeyType));
+    /// // An ICU case-insensitive collation ignores control characters.
+    /// assert_eq!(
+    ///     KeyType::CaseInsensitiveText.to_canonical(Key::from("edg\u{1}ecase")),
+    ///     Err(KeyError::Uncomparable)
+    /// );
+    /// ```
+    pub fn to_canonical<'k>(self, key: Key<'k>) -> Result<Key<'k>, KeyError> {
+        let text = std::str::from_utf8(key.as_bytes()).map_err(|_| KeyError::NotUtf8)?;
         match self {
-            KeyType::Text => Some(key),
+            KeyType::Text => Ok(key),
             KeyType::CaseInsensitiveText => {
-                if !text.is_ascii() {
-                    return None;
+                if !text.bytes().all(comparable_without_case) {
+                    return Err(KeyError::Uncomparable);
                 }
                 if text.bytes().any(|b| b.is_ascii_uppercase()) {
-                    Some(Key::from(text.to_ascii_lowercase()))
+                    Ok(Key::from(text.to_ascii_lowercase()))
                 } else {
-                    Some(key)
+                    Ok(key)
                 }
             }
             KeyType::Integer => {
                 let number: i64 = text
                     .trim_matches(|c: char| c.is_ascii_whitespace())
                     .parse()
-                    .ok()?;
-                Some(Key::from(number.to_string()))
+                    .map_err(|_| KeyError::NotOfKeyType)?;
+                Ok(Key::from(number.to_string()))
             }
             KeyType::Uuid => {
-                let uuid = uuid::Uuid::try_parse(text).ok()?;
-                Some(Key::from(uuid.hyphenated().to_string()))
+                let uuid = uuid::Uuid::try_parse(text).map_err(|_| KeyError::NotOfKeyType)?;
+                Ok(Key::from(uuid.hyphenated().to_string()))
             }
         }
     }
@@ -100,6 +151,14 @@ impl KeyType {
     pub(crate) fn canonical_or_same(self, key: Key<'_>) -> Key<'_> {
         self.canonical(key.clone()).unwrap_or(key)
     }
+}
+
+/// Whether a byte compares as its ASCII lower case does under every
+/// case-insensitive comparison: ASCII, but not the control characters an
+/// ICU collation ignores (0–8, 14–31, 127), so `edg\u{1}ecase` is not
+/// taken for `edgecase`'s absence.
+fn comparable_without_case(byte: u8) -> bool {
+    byte.is_ascii() && !matches!(byte, 0..=8 | 14..=31 | 127)
 }
 
 #[cfg(test)]
@@ -143,6 +202,36 @@ mod tests {
         }
         assert_eq!(canonical(KeyType::Uuid, "not-a-uuid"), None);
         assert_eq!(KeyType::Text.canonical(Key::from(&b"\xff"[..])), None);
+    }
+
+    #[test]
+    fn each_refusal_names_its_reason() {
+        let ci = KeyType::CaseInsensitiveText;
+        assert_eq!(
+            KeyType::Text.to_canonical(Key::from(&b"\xff"[..])),
+            Err(KeyError::NotUtf8)
+        );
+        // Ignorable under an ICU collation: not comparable without it.
+        for text in [
+            "edg\u{1}ecase",
+            "a\u{8}",
+            "a\u{e}",
+            "a\u{1f}",
+            "a\u{7f}",
+            "Äb",
+        ] {
+            assert_eq!(
+                ci.to_canonical(Key::from(text)),
+                Err(KeyError::Uncomparable),
+                "{text:?}"
+            );
+        }
+        // Whitespace controls compare as themselves.
+        assert_eq!(ci.to_canonical(Key::from("A\tB")), Ok(Key::from("a\tb")));
+        assert_eq!(
+            KeyType::Uuid.to_canonical(Key::from("x")),
+            Err(KeyError::NotOfKeyType)
+        );
     }
 
     proptest! {

@@ -5,6 +5,8 @@ mod adopt;
 mod backoff;
 mod body;
 mod builder;
+#[cfg(feature = "axum")]
+mod checked;
 mod config;
 mod counter;
 mod error;
@@ -30,6 +32,7 @@ mod single_flight;
 mod snapshot;
 mod source;
 mod stats;
+mod verdict;
 
 #[cfg(feature = "admin")]
 pub mod admin;
@@ -38,6 +41,8 @@ mod cache;
 
 pub use body::ResponseBody;
 pub use builder::Builder;
+#[cfg(feature = "axum")]
+pub use checked::{AsKey, Checked, CheckedRejection};
 pub use error::{AdoptError, BuildError};
 pub use extract::{Header, KeyExtractor, PathSegment, QueryParam};
 pub use future::ResponseFuture;
@@ -56,7 +61,7 @@ pub use snapshot::{
     SNAPSHOT_FORMAT,
 };
 pub use source::{KeyBatch, KeyList, KeySource};
-pub use stats::{FeedStatus, FilterOrigin, GuardState, Stats};
+pub use stats::{FeedStatus, FilterOrigin, GuardState, Stats, UncheckedCounts};
 
 #[cfg(feature = "metrics")]
 pub use metrics::{describe_metrics, DURATION_BUCKETS};

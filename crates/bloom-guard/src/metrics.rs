@@ -49,6 +49,7 @@ pub const DURATION_BUCKETS: &[f64] = &[
 /// | `bloom_guard_rejected_total` | counter | requests |
 /// | `bloom_guard_false_positives_total` | counter | requests |
 /// | `bloom_guard_bad_keys_total` | counter | requests |
+/// | `bloom_guard_unchecked_total` (label `reason`) | counter | requests |
 /// | `bloom_guard_unguarded_total` | counter | requests |
 /// | `bloom_guard_shadow_would_reject_total` | counter | requests |
 /// | `bloom_guard_audited_total` | counter | requests |
@@ -91,7 +92,11 @@ pub fn describe_metrics() {
     );
     requests(
         "bloom_guard_bad_keys_total",
-        "Requests refused for a malformed or too long key.",
+        "Requests refused with a 400 for a key longer than max_key_len (with refuse_long_keys).",
+    );
+    requests(
+        "bloom_guard_unchecked_total",
+        "Requests passed to the handler without a lookup: the key could not be put in canonical form with certainty (label reason).",
     );
     requests(
         "bloom_guard_unguarded_total",
@@ -183,6 +188,16 @@ pub fn describe_metrics() {
     );
 }
 
+/// The `reason` labels of `bloom_guard_unchecked_total`, in the order of
+/// [`GuardMetrics::unchecked`]: the [`reason`](crate::KeyError::reason)s.
+pub(crate) const UNCHECKED_REASONS: [&str; 5] = [
+    "too_long",
+    "not_utf8",
+    "ambiguous",
+    "not_of_key_type",
+    "uncomparable",
+];
+
 /// Unix time in seconds, for the timestamp gauges.
 fn unix_now() -> f64 {
     SystemTime::now()
@@ -198,6 +213,7 @@ pub(crate) struct GuardMetrics {
     pub(crate) rejected: Counter,
     pub(crate) false_positives: Counter,
     pub(crate) bad_keys: Counter,
+    pub(crate) unchecked: [Counter; UNCHECKED_REASONS.len()],
     pub(crate) unguarded: Counter,
     pub(crate) shadow_would_reject: Counter,
     pub(crate) audited: Counter,
@@ -237,6 +253,9 @@ impl GuardMetrics {
             rejected: counter!("bloom_guard_rejected_total", "guard" => guard),
             false_positives: counter!("bloom_guard_false_positives_total", "guard" => guard),
             bad_keys: counter!("bloom_guard_bad_keys_total", "guard" => guard),
+            unchecked: UNCHECKED_REASONS.map(
+                |reason| counter!("bloom_guard_unchecked_total", "guard" => guard, "reason" => reason),
+            ),
             unguarded: counter!("bloom_guard_unguarded_total", "guard" => guard),
             shadow_would_reject: counter!("bloom_guard_shadow_would_reject_total", "guard" => guard),
             audited: counter!("bloom_guard_audited_total", "guard" => guard),
@@ -267,6 +286,7 @@ impl GuardMetrics {
             rejected: Counter,
             false_positives: Counter,
             bad_keys: Counter,
+            unchecked: [Counter, Counter, Counter, Counter, Counter],
             unguarded: Counter,
             shadow_would_reject: Counter,
             audited: Counter,

@@ -7,16 +7,17 @@ use crate::key::{Key, KeyError};
 
 /// The value of a named axum path parameter, such as `key` in `/items/{key}`.
 ///
-/// Decoded with [`Key::from_path_segment`]: malformed escapes and dot
-/// segments get a 400.
+/// Decoded as axum's `Path` extractor decodes it ([`Key::from_percent_encoded`]):
+/// `%2e%2e` is the key `..`, and a malformed escape such as `100%` stays as
+/// it is. A differential test runs axum's own extractor on arbitrary paths
+/// and checks that the guard reads the same value or passes the request.
 ///
 /// Reads axum's [`MatchedPath`](axum::extract::MatchedPath), so the guard
 /// must sit inside the router: use `Router::route_layer` (recommended: unknown
 /// routes keep their normal 404) or `Router::layer`. Placed anywhere else it
 /// cannot find keys: requests pass unchecked, are counted in
 /// [`Stats::unguarded`](crate::Stats::unguarded), and the first is logged
-/// at warn level. The value is
-/// percent-decoded exactly as axum's `Path` extractor decodes it. A catch-all
+/// at warn level. A catch-all
 /// parameter (`/files/{*key}`) works for routers that are not nested; use a
 /// closure for those.
 ///
@@ -41,9 +42,7 @@ impl<B> KeyExtractor<B> for PathParam {
                 "PathParam found no axum MatchedPath: put the layer on the router with route_layer",
             ));
         };
-        path_param(matched.as_str(), req.uri().path(), self.0)
-            .map(Key::from_path_segment)
-            .transpose()
+        Ok(path_param(matched.as_str(), req.uri().path(), self.0).map(Key::from_percent_encoded))
     }
 }
 

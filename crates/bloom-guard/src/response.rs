@@ -42,17 +42,9 @@ impl CannedResponse {
         Self::json(StatusCode::NOT_FOUND, r#"{"error":"not found"}"#)
     }
 
-    pub(crate) fn bad_key(error: &KeyError) -> Self {
-        let body = match error {
-            KeyError::TooLong { .. } => r#"{"error":"key too long"}"#,
-            KeyError::Empty => r#"{"error":"key must not be empty"}"#,
-            KeyError::InvalidPercentEncoding => {
-                r#"{"error":"malformed key: invalid percent-encoding"}"#
-            }
-            KeyError::DotSegment => r#"{"error":"malformed key: dot segment"}"#,
-            KeyError::Unguardable(_) => r#"{"error":"malformed key"}"#,
-        };
-        Self::json(StatusCode::BAD_REQUEST, body)
+    /// The answer to a key the guard refuses itself, as the error declares.
+    pub(crate) fn refusal(error: &KeyError) -> Self {
+        Self::json(error.status(), error.body())
     }
 
     /// Marks the response as the guard's own, for operators.
@@ -63,7 +55,17 @@ impl CannedResponse {
     }
 
     pub(crate) fn to_response<B>(&self) -> Response<ResponseBody<B>> {
-        let mut response = Response::new(ResponseBody::answer(self.body.clone()));
+        self.to_response_with(ResponseBody::answer(self.body.clone()))
+    }
+
+    /// The answer with a body of any type made from bytes (an axum `Body`).
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    pub(crate) fn to_plain_response<B: From<Bytes>>(&self) -> Response<B> {
+        self.to_response_with(B::from(self.body.clone()))
+    }
+
+    fn to_response_with<B>(&self, body: B) -> Response<B> {
+        let mut response = Response::new(body);
         *response.status_mut() = self.status;
         response.headers_mut().clone_from(&self.headers);
         response

@@ -8,9 +8,9 @@ use tower_service::Service;
 use crate::body::ResponseBody;
 use crate::extract::KeyExtractor;
 use crate::future::ResponseFuture;
-use crate::guard::Verdict;
 use crate::layer::GuardLayer;
 use crate::response::CannedResponse;
+use crate::verdict::Verdict;
 
 /// Answers requests whose key is absent from the filter; passes the rest to
 /// the inner service.
@@ -70,9 +70,9 @@ where
                 return ResponseFuture::audited(self.inner.call(req), guard, key);
             }
             Verdict::Reject(absent) => absent.to_response(),
-            Verdict::BadKey(error) => {
+            Verdict::Refuse(error) => {
                 tracing::debug!(%error, "request key refused");
-                CannedResponse::bad_key(&error).to_response()
+                CannedResponse::refusal(&error).to_response()
             }
         };
         ResponseFuture::answered(response)
@@ -212,29 +212,41 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn overlong_key_is_refused_before_the_filter() {
+    async fn overlong_keys_pass_unchecked_unless_the_guard_refuses_them() {
         let long = "k".repeat(17);
         let guard = BloomGuard::builder().max_key_len(16).build();
-        // The key is in the filter: only the length check can refuse it.
-        guard
+        guard.rebuild(&KeyList::new(["a"])).await.expect("build");
+        let (app, calls) = counting_app(&guard);
+        // Stored or not, the guard cannot look it up: the handler answers.
+        let (status, body) = get_uri(&app, &format!("/items/{long}")).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "inner"));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        let stats = guard.stats();
+        assert_eq!((stats.passed, stats.rejected, stats.bad_keys), (0, 0, 0));
+        assert_eq!(stats.unchecked.too_long, 1);
+        // 16 bytes after decoding is checked even though the URL is longer.
+        let encoded = "%6B".repeat(16);
+        assert_eq!(
+            get_uri(&app, &format!("/items/{encoded}")).await.0,
+            StatusCode::NOT_FOUND
+        );
+
+        let refusing = BloomGuard::builder()
+            .max_key_len(16)
+            .refuse_long_keys(true)
+            .build();
+        refusing
             .rebuild(&KeyList::new([long.as_str()]))
             .await
             .expect("build");
-        let (app, calls) = counting_app(&guard);
+        let (app, calls) = counting_app(&refusing);
         let (status, body) = get_uri(&app, &format!("/items/{long}")).await;
         assert_eq!(
             (status, body.as_str()),
             (StatusCode::BAD_REQUEST, r#"{"error":"key too long"}"#)
         );
         assert_eq!(calls.load(Ordering::SeqCst), 0);
-        let stats = guard.stats();
-        assert_eq!((stats.passed, stats.rejected, stats.bad_keys), (0, 0, 1));
-        // 16 bytes after decoding is fine even though the URL is longer.
-        let encoded = "%6B".repeat(16);
-        assert_eq!(
-            get_uri(&app, &format!("/items/{encoded}")).await.0,
-            StatusCode::NOT_FOUND
-        );
+        assert_eq!(refusing.stats().bad_keys, 1);
     }
 
     #[tokio::test]
@@ -295,32 +307,54 @@ mod tests {
         assert_eq!(response.headers()["x-bloom-guard"], "absent");
     }
 
+    /// Every key axum's `Path` reads is a key the app may store: dot
+    /// segments, malformed escapes and empty values are looked up as they
+    /// decode, never refused.
     #[tokio::test]
-    async fn malformed_and_empty_keys_are_refused() {
-        let guard = warm_guard(&["a"]).await;
+    async fn keys_the_app_serves_are_never_refused() {
+        let stored = ["..", ".", "a%ZZ", "100%", "x%2", "edg\u{1}ecase", ""];
+        let guard = warm_guard(&stored).await;
         let (app, calls) = counting_app(&guard);
-        for path in ["/items/%zz", "/items/..", "/items/%2e"] {
-            let (status, body) = get_uri(&app, path).await;
-            assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
-            assert!(
-                body.starts_with(r#"{"error":"malformed key"#),
-                "{path}: {body}"
+        for path in [
+            "/items/%2e%2e",
+            "/items/%2E",
+            "/items/a%ZZ",
+            "/items/100%",
+            "/items/x%2",
+            "/items/edg%01ecase",
+        ] {
+            assert_eq!(
+                get_uri(&app, path).await,
+                (StatusCode::OK, "inner".into()),
+                "{path}"
             );
         }
+        // The same forms of keys that are not stored are looked up too.
+        for path in ["/items/%2e%2e%2e", "/items/b%ZZ", "/items/99%"] {
+            assert_eq!(get_uri(&app, path).await.0, StatusCode::NOT_FOUND, "{path}");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 6);
+        // Bytes that are not UTF-8 (axum's `Path` refuses them) pass unchecked.
+        assert_eq!(get_uri(&app, "/items/%FF%FE").await.0, StatusCode::OK);
+        let stats = guard.stats();
+        assert_eq!(stats.unchecked.not_utf8, 1);
+        assert_eq!((stats.passed, stats.rejected, stats.bad_keys), (6, 3, 0));
+
         let svc = ServiceBuilder::new()
-            .layer(BloomGuard::builder().build().layer(crate::QueryParam("id")))
+            .layer(guard.layer(crate::QueryParam("id")))
             .service(service_fn(|_req: http::Request<()>| async {
                 Ok::<_, Infallible>(http::Response::new(Body::from("inner")))
             }));
-        let empty = http::Request::get("/lookup?id=")
-            .body(())
-            .expect("valid request");
-        assert_eq!(
-            svc.oneshot(empty).await.map(|r| r.status()),
-            Ok(StatusCode::BAD_REQUEST)
-        );
-        assert_eq!(calls.load(Ordering::SeqCst), 0);
-        assert_eq!(guard.stats().bad_keys, 3);
+        for (uri, status) in [
+            ("/lookup?id=", StatusCode::OK),
+            ("/lookup?id=nope", StatusCode::NOT_FOUND),
+            ("/lookup?id=nope&id=..", StatusCode::OK),
+        ] {
+            let request = http::Request::get(uri).body(()).expect("valid request");
+            let answer = svc.clone().oneshot(request).await.map(|r| r.status());
+            assert_eq!(answer, Ok(status), "{uri}");
+        }
+        assert_eq!(guard.stats().unchecked.ambiguous, 1);
     }
 
     #[tokio::test]

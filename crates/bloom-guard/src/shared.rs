@@ -12,11 +12,11 @@ use crate::counter::Counter;
 use crate::error::BuildError;
 use crate::filter::Filter;
 use crate::journal::Journal;
-use crate::key::Key;
-use crate::metrics::{FilterFigures, GuardMetrics};
+use crate::key::{Key, KeyError};
+use crate::metrics::{FilterFigures, GuardMetrics, UNCHECKED_REASONS};
 use crate::mode::Mode;
 use crate::source::KeyBatch;
-use crate::stats::{FeedStatus, FilterOrigin, GuardState, Stats};
+use crate::stats::{FeedStatus, FilterOrigin, GuardState, Stats, UncheckedCounts};
 
 /// False negatives logged with their key; the rest are only counted.
 const LOGGED_FALSE_NEGATIVES: u64 = 10;
@@ -44,6 +44,8 @@ pub(crate) struct Shared {
     passed: Counter,
     rejected: Counter,
     bad_keys: Counter,
+    /// By [`unchecked_index`].
+    unchecked: [Counter; UNCHECKED_REASONS.len()],
     unguarded: Counter,
     shadow_would_reject: Counter,
     audited: Counter,
@@ -71,6 +73,19 @@ pub(crate) struct Shared {
     pub(crate) metrics: GuardMetrics,
 }
 
+/// The slot of an unchecked reason in the counters and in
+/// [`UNCHECKED_REASONS`]; `None` for an unguardable request, counted apart.
+fn unchecked_index(why: &KeyError) -> Option<usize> {
+    Some(match why {
+        KeyError::TooLong { .. } => 0,
+        KeyError::NotUtf8 => 1,
+        KeyError::Ambiguous => 2,
+        KeyError::NotOfKeyType => 3,
+        KeyError::Uncomparable => 4,
+        KeyError::Unguardable(_) => return None,
+    })
+}
+
 /// Locks a mutex whose data stays valid even if a holder panicked.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -90,6 +105,7 @@ impl Shared {
             passed: Counter::default(),
             rejected: Counter::default(),
             bad_keys: Counter::default(),
+            unchecked: Default::default(),
             unguarded: Counter::default(),
             shadow_would_reject: Counter::default(),
             audited: Counter::default(),
@@ -146,6 +162,21 @@ impl Shared {
     pub(crate) fn count_bad_key(&self) {
         self.bad_keys.increment();
         self.metrics.bad_keys.increment(1);
+    }
+
+    /// Counts a request passed on without a lookup, by why.
+    pub(crate) fn count_unchecked(&self, why: &KeyError) {
+        match unchecked_index(why) {
+            Some(index) => {
+                self.unchecked[index].increment();
+                self.metrics.unchecked[index].increment(1);
+            }
+            None => {
+                if let KeyError::Unguardable(why) = why {
+                    self.count_unguarded(why);
+                }
+            }
+        }
     }
 
     /// Counts a request the layer could not check, and logs the first.
@@ -393,6 +424,13 @@ impl Shared {
             rejected,
             false_positives,
             bad_keys: self.bad_keys.get(),
+            unchecked: UncheckedCounts {
+                too_long: self.unchecked[0].get(),
+                not_utf8: self.unchecked[1].get(),
+                ambiguous: self.unchecked[2].get(),
+                not_of_key_type: self.unchecked[3].get(),
+                uncomparable: self.unchecked[4].get(),
+            },
             unguarded: self.unguarded.get(),
             mode: self.mode(),
             shadow_would_reject: self.shadow_would_reject.get(),

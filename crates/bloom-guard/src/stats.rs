@@ -73,8 +73,15 @@ pub struct Stats {
     /// Keys the guard let through that the database did not hold, as
     /// reported with `record_false_positive`.
     pub false_positives: u64,
-    /// Requests refused because their key was malformed or too long.
+    /// Requests the guard answered with a 400 itself: keys longer than
+    /// [`max_key_len`](crate::Builder::max_key_len), with
+    /// [`refuse_long_keys`](crate::Builder::refuse_long_keys) on (0
+    /// otherwise).
     pub bad_keys: u64,
+    /// Requests with a key that the guard passed to the handler without a
+    /// lookup, because it could not put the key in canonical form with
+    /// certainty, by reason.
+    pub unchecked: UncheckedCounts,
     /// Requests the layer could not check (its extractor cannot work where
     /// it sits, such as a `PathParam` outside an axum router), passed on
     /// unchecked. Anything but 0 is a wiring mistake.
@@ -105,6 +112,36 @@ pub struct Stats {
     /// Where the change feed that keeps the filter complete stands, once
     /// a follower has read it.
     pub feed: Option<FeedStatus>,
+}
+
+/// Requests passed to the handler without a lookup, by reason; each field
+/// is a [`KeyError`](crate::KeyError) variant of that name.
+///
+/// A steady share of `too_long` or `uncomparable` keys is traffic the
+/// filter does not protect against: raise
+/// [`max_key_len`](crate::Builder::max_key_len) to the column's longest
+/// key, or choose a [`KeyType`](crate::KeyType) that compares these keys.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct UncheckedCounts {
+    /// Keys longer than [`max_key_len`](crate::Builder::max_key_len).
+    pub too_long: u64,
+    /// Keys that are not UTF-8 once decoded.
+    pub not_utf8: u64,
+    /// Keys given more than once in the request.
+    pub ambiguous: u64,
+    /// Values that are not keys of the guard's key type.
+    pub not_of_key_type: u64,
+    /// Keys with characters the key type cannot compare as the database does.
+    pub uncomparable: u64,
+}
+
+impl UncheckedCounts {
+    /// Every unchecked request, whatever the reason.
+    pub fn total(&self) -> u64 {
+        self.too_long + self.not_utf8 + self.ambiguous + self.not_of_key_type + self.uncomparable
+    }
 }
 
 /// Where a filter came from.

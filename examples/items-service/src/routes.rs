@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bloom_guard::admin::Admin;
-use bloom_guard::{BloomGuard, Key, PathParam, ReadThroughCache};
+use bloom_guard::{BloomGuard, PathParam, ReadThroughCache};
 use bloom_guard_sqlx::{FleetRebuild, PgCopySource, QuerySource};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
@@ -22,7 +22,8 @@ use crate::db::{Database, Item, Pool};
 use crate::error::{not_found, ApiError};
 use crate::{KEY_QUERY, USER_ID_QUERY};
 
-/// The longest key, in bytes; the guard refuses longer ones before hashing.
+/// The longest key, in bytes: the handlers refuse longer ones with a 400
+/// (the guard passes them on unchecked, and checks every shorter key).
 pub const MAX_KEY_LEN: usize = 512;
 
 /// The largest request body accepted, in bytes.
@@ -180,32 +181,21 @@ fn check_key(key: &str) -> Result<(), ApiError> {
     if key.contains('\0') {
         return Err(ApiError::bad_request("key must not contain NUL"));
     }
-    // Clients and proxies rewrite `.` and `..` in paths: such keys could
-    // never be requested.
-    if key == "." || key == ".." {
-        return Err(ApiError::bad_request("malformed key: dot segment"));
-    }
     Ok(())
 }
 
-/// The `{key}` of `/items/{key}`, decoded by the guard's own canonical
-/// function, so the guard and the handlers read every path alike (and
-/// refuse the same ones), whether the guard is on or off.
+/// The `{key}` of `/items/{key}`, as axum's `Path` reads it (which the
+/// guard's `PathParam` reads alike: `%2e%2e` is the key `..`, `100%` stays
+/// `100%`), with the service's own 400s for keys it never stores.
 struct ItemKey(String);
 
 impl<S: Send + Sync> FromRequestParts<S> for ItemKey {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
-        let segment = parts
-            .uri
-            .path()
-            .rsplit_once('/')
-            .map_or("", |(_, segment)| segment);
-        let key = Key::from_path_segment(segment)
-            .map_err(|error| ApiError::bad_request(error.to_string()))?;
-        let key = String::from_utf8(key.as_bytes().to_vec())
-            .map_err(|_| ApiError::bad_request("key is not valid UTF-8"))?;
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(key) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::bad_request("malformed key: not valid UTF-8"))?;
         check_key(&key)?;
         Ok(ItemKey(key))
     }

@@ -1,0 +1,76 @@
+//! What the guard decides for one request's key: the one place that turns
+//! an extracted key into "pass", "absent" or a refusal.
+
+use crate::key::{Key, KeyError};
+use crate::mode::Mode;
+use crate::response::CannedResponse;
+use crate::shared::Shared;
+
+/// What the guard decided for one request.
+pub(crate) enum Verdict<'a> {
+    /// Pass it on.
+    Pass,
+    /// Pass it on, and check the answer: the filter said absent, but the
+    /// guard is in shadow mode or the request was drawn for an audit.
+    Audit(Box<[u8]>),
+    /// Answer it as absent.
+    Reject(&'a CannedResponse),
+    /// Answer it with the key's own error (an over-long key, when the
+    /// guard refuses those).
+    Refuse(KeyError),
+}
+
+/// Decides a request whose key the extractor read as `extracted`.
+///
+/// Only a key put in canonical form with certainty can be answered
+/// "absent"; every other request goes on, counted by why.
+pub(crate) fn decide<'s>(
+    shared: &'s Shared,
+    extracted: Result<Option<Key<'_>>, KeyError>,
+) -> Verdict<'s> {
+    let mode = shared.mode();
+    if mode == Mode::Off {
+        return Verdict::Pass;
+    }
+    let key = match extracted {
+        Ok(Some(key)) => key,
+        Ok(None) => return Verdict::Pass,
+        Err(why) => {
+            shared.count_unchecked(&why);
+            return Verdict::Pass;
+        }
+    };
+    let max = shared.config.max_key_len;
+    if key.len() > max {
+        let why = KeyError::TooLong {
+            len: key.len(),
+            max,
+        };
+        if shared.config.refuse_long_keys {
+            shared.count_bad_key();
+            return Verdict::Refuse(why);
+        }
+        shared.count_unchecked(&why);
+        return Verdict::Pass;
+    }
+    let key = match shared.config.key_type.to_canonical(key) {
+        Ok(key) => key,
+        Err(why) => {
+            shared.count_unchecked(&why);
+            return Verdict::Pass;
+        }
+    };
+    if shared.may_contain(&key) {
+        shared.count_passed();
+        return Verdict::Pass;
+    }
+    if mode == Mode::Shadow {
+        shared.count_shadow_would_reject();
+    } else if shared.config.audit_rate > 0.0 && fastrand::f64() < shared.config.audit_rate {
+        shared.count_audited();
+    } else {
+        shared.count_rejected();
+        return Verdict::Reject(&shared.config.absent);
+    }
+    Verdict::Audit(key.as_bytes().into())
+}
