@@ -15,6 +15,7 @@ use tracing::Instrument;
 use crate::abort::AbortOnDrop;
 use crate::backoff::Backoff;
 use crate::changes::Hooks;
+use crate::column;
 use crate::pg_copy::PgCopySource;
 use crate::pg_feed::{self, Read};
 use crate::pg_snapshot::{self, BuildLock, Stored};
@@ -257,6 +258,9 @@ impl PgFollower {
             started = this.start() => Some(started),
         };
         if let Some((source, position, scanned_at)) = started {
+            // A key type that does not fit its column never lets the guard
+            // answer, for as long as the follower runs.
+            let _key_type = this.check_key_type().await;
             // Before the warm-up: with a gap, the guard's first filter
             // comes already held open.
             let mut gap = None;
@@ -638,6 +642,18 @@ impl PgFollower {
                     tracing::info!(feed = name, reason, "rebuilding the bloom filter");
                     let _ = self.guard.rebuild(&source).await;
                 }
+            }
+        }
+    }
+
+    /// Holds the guard open if its key type could refuse a key stored in
+    /// the watched column(s).
+    async fn check_key_type(&self) -> Option<HoldOpen> {
+        match column::postgres_columns(&self.pool, &self.watch).await {
+            Ok(columns) => column::enforce(&self.guard, &self.watch, &columns),
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the watched key columns' types");
+                None
             }
         }
     }

@@ -8,6 +8,8 @@ mod backoff;
 mod batches;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod changes;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod column;
 mod copy_text;
 mod error;
 #[cfg(feature = "postgres")]

@@ -18,6 +18,7 @@ use crate::abort::AbortOnDrop;
 use crate::backoff::Backoff;
 use crate::batches::{spawn_scan, BatchSender};
 use crate::changes::{Changes, Hooks};
+use crate::column;
 use crate::error::{FeedError, SourceError};
 use crate::sqlite_snapshot::{self, BuildLock};
 use crate::watch::Watch;
@@ -344,6 +345,15 @@ impl SqliteFollower {
                     self.guard.report_unavailable(&error);
                     sleep(backoff.next_pause()).await;
                 }
+            }
+        };
+        // Before the first filter: a key type that does not fit its column
+        // never lets the guard answer.
+        let _key_type = match column::sqlite_columns(&self.pool, &self.watch).await {
+            Ok(columns) => column::enforce(&self.guard, &self.watch, &columns),
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the watched key columns' types");
+                None
             }
         };
         if self.snapshots {

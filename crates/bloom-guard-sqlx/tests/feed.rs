@@ -578,12 +578,21 @@ async fn two_instances_raw_writers_killed_listeners_and_rebuilds_lose_nothing(po
         })
     };
     let source = bloom_guard_sqlx::PgCopySource::new(pool.clone(), "select key from items");
-    for round in 0..6 {
+    // Six rounds at least, and until the writers have committed enough to
+    // matter, however slow the machine.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut round = 0;
+    while round < 6 || committed.lock().expect("keys").len() <= 100 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the writers stalled"
+        );
         if round % 2 == 0 {
             kill_listeners(&pool).await;
         }
         a.rebuild(&source).await.expect("rebuild");
         tokio::time::sleep(Duration::from_millis(100)).await;
+        round += 1;
     }
     stop.store(true, Ordering::SeqCst);
     for task in tasks {

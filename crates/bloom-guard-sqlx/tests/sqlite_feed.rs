@@ -183,3 +183,41 @@ async fn instances_on_one_file_share_snapshots_and_refuse_damaged_ones() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `COLLATE NOCASE` finds `edgecase` for `EdgeCase`: a text guard over
+/// such a column stays open and names the key type to use, and a
+/// case-insensitive one answers.
+#[tokio::test]
+async fn a_key_type_stricter_than_its_column_keeps_the_guard_open() {
+    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let pool = open(&dir.join("profiles.db")).await;
+    sqlx::raw_sql(
+        "create table profiles (id integer primary key, username text not null collate nocase unique);
+         insert into profiles (username) values ('EdgeCase');",
+    )
+    .execute(&pool)
+    .await
+    .expect("schema");
+    let profiles = Watch::table("profiles").key("username");
+    profiles.install_sqlite(&pool).await.expect("install");
+    let text = BloomGuard::builder().build();
+    let case_insensitive = BloomGuard::builder()
+        .key_type(bloom_guard::KeyType::CaseInsensitiveText)
+        .build();
+    for guard in [&text, &case_insensitive] {
+        tokio::spawn(SqliteFollower::new(guard.clone(), pool.clone(), profiles.clone()).run());
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while text.stats().generation == 0 || !case_insensitive.is_ready() {
+        assert!(tokio::time::Instant::now() < deadline, "no first filter");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stats = text.stats();
+    assert_eq!(stats.state, GuardState::Degraded);
+    assert!(text.may_contain("edgecase") && text.may_contain("nobody"));
+    let error = stats.last_error.unwrap_or_default();
+    assert!(error.contains("KeyType::CaseInsensitiveText"), "{error}");
+    wait_for(&case_insensitive, "EDGECASE").await;
+    assert!(!case_insensitive.may_contain("nobody"));
+}

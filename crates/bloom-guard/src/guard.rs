@@ -229,7 +229,43 @@ impl BloomGuard {
         self.shared.hold_open();
         HoldOpen {
             shared: Arc::clone(&self.shared),
+            with_reason: false,
         }
+    }
+
+    /// As [`hold_open`](Self::hold_open), for a problem no rebuild fixes
+    /// (such as a key type that does not compare keys as the database
+    /// does): [`Stats::last_error`] shows `reason` while the hold lives.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use bloom_guard::{BloomGuard, KeyList, GuardState};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = BloomGuard::builder().build();
+    /// guard.clone().warm(KeyList::new(["a"])).await;
+    /// let hold = guard.hold_open_because("use KeyType::CaseInsensitiveText");
+    /// let stats = guard.stats();
+    /// assert_eq!(stats.state, GuardState::Degraded);
+    /// assert_eq!(stats.last_error.as_deref(), Some("use KeyType::CaseInsensitiveText"));
+    /// drop(hold);
+    /// assert_eq!(guard.stats().last_error, None);
+    /// # }
+    /// ```
+    #[must_use = "the guard fails open only while the hold lives"]
+    pub fn hold_open_because(&self, reason: impl Into<String>) -> HoldOpen {
+        self.shared.set_hold_reason(Some(reason.into()));
+        self.shared.hold_open();
+        HoldOpen {
+            shared: Arc::clone(&self.shared),
+            with_reason: true,
+        }
+    }
+
+    /// The guard's key type (see [`Builder::key_type`](crate::Builder::key_type)).
+    pub fn key_type(&self) -> crate::KeyType {
+        self.shared.config.key_type
     }
 
     /// A snapshot of the filter's figures and the guard's counters.
@@ -254,10 +290,14 @@ impl BloomGuard {
 #[derive(Debug)]
 pub struct HoldOpen {
     shared: Arc<Shared>,
+    with_reason: bool,
 }
 
 impl Drop for HoldOpen {
     fn drop(&mut self) {
+        if self.with_reason {
+            self.shared.set_hold_reason(None);
+        }
         self.shared.release_open();
     }
 }

@@ -61,6 +61,8 @@ pub(crate) struct Shared {
     /// The generation in use, for [`ready`](Self::ready) to wait on.
     generations: watch::Sender<u64>,
     last_error: Mutex<Option<String>>,
+    /// Why a hold keeps the guard open, if it said.
+    hold_reason: Mutex<Option<String>>,
     /// What the change feed reported last.
     feed: Mutex<Option<(FeedStatus, tokio::time::Instant)>>,
     /// When the filter in use was put in place (tokio's clock, which tests
@@ -115,6 +117,7 @@ impl Shared {
             false_positives: Counter::default(),
             generations: watch::Sender::new(0),
             last_error: Mutex::new(None),
+            hold_reason: Mutex::new(None),
             feed: Mutex::new(None),
             last_build: Mutex::new(None),
             build_lock: tokio::sync::Mutex::new(()),
@@ -260,6 +263,10 @@ impl Shared {
         self.metrics.state(self.state());
     }
 
+    pub(crate) fn set_hold_reason(&self, reason: Option<String>) {
+        *lock(&self.hold_reason) = reason;
+    }
+
     pub(crate) fn release_open(&self) {
         self.held_open.fetch_sub(1, Ordering::AcqRel);
         self.metrics.state(self.state());
@@ -402,7 +409,9 @@ impl Shared {
         let rejected = self.rejected.get();
         let false_positives = self.false_positives.get();
         let absent = rejected + false_positives;
-        let last_error = lock(&self.last_error).clone();
+        let last_error = lock(&self.last_error)
+            .clone()
+            .or_else(|| lock(&self.hold_reason).clone());
         let last_build = *lock(&self.last_build);
         let state = self.state();
         Stats {

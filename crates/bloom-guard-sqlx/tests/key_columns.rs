@@ -1,0 +1,211 @@
+//! The guard answers "absent" only for keys it compares as the database
+//! does: every key stored by plain SQL is served through the guard, however
+//! the request spells it, and a key type that does not fit its column keeps
+//! the guard open with an error naming the type to use.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{Request, StatusCode};
+use axum::routing::get;
+use axum::Router;
+use bloom_guard::{BloomGuard, GuardState, KeyType, PathParam};
+use bloom_guard_sqlx::{PgFollower, Watch};
+use common::{exec, spawn, wait_until, Running};
+use sqlx::PgPool;
+use tower::ServiceExt;
+
+/// A table of profiles whose usernames compare as `column_type` says,
+/// watched, with `usernames` written by plain SQL.
+async fn profiles(pool: &PgPool, column_type: &str, usernames: &[&str]) {
+    bloom_guard_sqlx::install(pool).await.expect("install");
+    exec(
+        pool,
+        "create extension if not exists citext;
+         create collation if not exists case_insensitive
+             (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+    )
+    .await;
+    exec(
+        pool,
+        &format!("create table profiles (username {column_type} not null unique)"),
+    )
+    .await;
+    Watch::table("profiles")
+        .key("username")
+        .install(pool)
+        .await
+        .expect("watch");
+    for username in usernames {
+        sqlx::query("insert into profiles (username) values ($1)")
+            .bind(username)
+            .execute(pool)
+            .await
+            .expect("insert by SQL");
+    }
+}
+
+/// A guard of `key_type` over `profiles`, once its first filter is built.
+async fn followed(pool: &PgPool, key_type: KeyType) -> (BloomGuard, Running) {
+    let guard = BloomGuard::builder()
+        .name("profiles")
+        .key_type(key_type)
+        .build();
+    let follower = PgFollower::new(
+        guard.clone(),
+        pool.clone(),
+        Watch::table("profiles").key("username"),
+    )
+    .check_interval(Duration::from_millis(200));
+    let task = spawn(follower);
+    wait_until("the first filter", Duration::from_secs(10), || {
+        guard.stats().generation > 0
+    })
+    .await;
+    (guard, task)
+}
+
+/// `GET /profiles/{username}`: 200 if the database finds the username by
+/// `=` on its column (the parameter cast to the column's type, as an
+/// application's typed query would), 404 if not; guarded by `guard`.
+fn app(pool: PgPool, guard: &BloomGuard, column_type: &'static str) -> Router {
+    let profile = move |State(pool): State<PgPool>, Path(username): Path<String>| async move {
+        let sql = format!(
+            "select exists(select 1 from profiles where username = $1::text::{column_type})"
+        );
+        let found: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(username)
+            .fetch_one(&pool)
+            .await
+            .expect("lookup");
+        if found {
+            StatusCode::OK
+        } else {
+            StatusCode::NOT_FOUND
+        }
+    };
+    Router::new()
+        .route("/profiles/{username}", get(profile))
+        .route_layer(guard.layer(PathParam("username")))
+        .with_state(pool)
+}
+
+async fn status(app: &Router, uri: &str) -> StatusCode {
+    let request = Request::get(uri)
+        .body(Body::empty())
+        .expect("valid request");
+    app.clone()
+        .oneshot(request)
+        .await
+        .expect("infallible")
+        .status()
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn every_stored_username_is_served_however_it_is_spelt(pool: PgPool) {
+    let long = "l".repeat(600);
+    let stored = ["..", ".", "a%ZZ", "100%", "x%2", "EdgeCase", long.as_str()];
+    profiles(&pool, "text collate case_insensitive", &stored).await;
+    let (guard, _task) = followed(&pool, KeyType::CaseInsensitiveText).await;
+    assert_eq!(guard.stats().state, GuardState::Ready);
+    let app = app(pool, &guard, "text");
+    let long_path = format!("/profiles/{long}");
+    for path in [
+        "/profiles/%2e%2e",
+        "/profiles/%2E",
+        "/profiles/a%ZZ",
+        "/profiles/A%zz",
+        "/profiles/100%",
+        "/profiles/X%2",
+        "/profiles/edgecase",
+        "/profiles/EDGECASE",
+        // The collation ignores control characters; the key type cannot.
+        "/profiles/edg%01ecase",
+        "/profiles/Edge%7FCase",
+        &long_path,
+    ] {
+        assert_eq!(status(&app, path).await, StatusCode::OK, "{path}");
+    }
+    for path in ["/profiles/nobody", "/profiles/%2e%2e%2e", "/profiles/99%"] {
+        assert_eq!(status(&app, path).await, StatusCode::NOT_FOUND, "{path}");
+    }
+    let stats = guard.stats();
+    assert_eq!(
+        stats.rejected, 3,
+        "the absent usernames were answered by the guard"
+    );
+    assert_eq!(stats.unchecked.uncomparable, 2);
+    assert_eq!(stats.unchecked.too_long, 1);
+}
+
+/// Text over a column that ignores case (or control characters) would
+/// refuse `edgecase` for `EdgeCase`: the guard stays open and says which
+/// key type to use.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn text_over_a_case_insensitive_column_keeps_the_guard_open(pool: PgPool) {
+    profiles(&pool, "text collate case_insensitive", &["EdgeCase"]).await;
+    let (guard, _task) = followed(&pool, KeyType::Text).await;
+    let app = app(pool, &guard, "text");
+    assert_eq!(status(&app, "/profiles/edgecase").await, StatusCode::OK);
+    assert_eq!(
+        status(&app, "/profiles/nobody").await,
+        StatusCode::NOT_FOUND
+    );
+    let stats = guard.stats();
+    assert_eq!(stats.state, GuardState::Degraded);
+    assert_eq!(stats.rejected, 0);
+    let error = stats.last_error.unwrap_or_default();
+    assert!(error.contains("KeyType::CaseInsensitiveText"), "{error}");
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn text_over_citext_keeps_the_guard_open(pool: PgPool) {
+    profiles(&pool, "citext", &["EdgeCase"]).await;
+    let (guard, _task) = followed(&pool, KeyType::Text).await;
+    assert!(guard.may_contain("edgecase"));
+    let error = guard.stats().last_error.unwrap_or_default();
+    assert!(error.contains("KeyType::CaseInsensitiveText"), "{error}");
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn text_over_integers_keeps_the_guard_open(pool: PgPool) {
+    profiles(&pool, "bigint", &[]).await;
+    let (guard, _task) = followed(&pool, KeyType::Text).await;
+    assert!(guard.may_contain("007"));
+    let error = guard.stats().last_error.unwrap_or_default();
+    assert!(error.contains("KeyType::Integer"), "{error}");
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn no_key_type_fits_char_n(pool: PgPool) {
+    profiles(&pool, "char(8)", &["ab"]).await;
+    let (guard, _task) = followed(&pool, KeyType::Text).await;
+    assert!(guard.may_contain("ab "));
+    assert_eq!(guard.stats().state, GuardState::Degraded);
+}
+
+/// The fitting key types answer absent keys, and the default collation
+/// with `Text` is left alone.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn fitting_key_types_answer(pool: PgPool) {
+    profiles(&pool, "citext", &["EdgeCase"]).await;
+    let (guard, _task) = followed(&pool, KeyType::CaseInsensitiveText).await;
+    let app = app(pool, &guard, "citext");
+    assert_eq!(status(&app, "/profiles/EDGEcase").await, StatusCode::OK);
+    assert_eq!(
+        status(&app, "/profiles/nobody").await,
+        StatusCode::NOT_FOUND
+    );
+    let stats = guard.stats();
+    assert_eq!((stats.state, stats.rejected), (GuardState::Ready, 1));
+    assert_eq!(stats.last_error, None);
+}
