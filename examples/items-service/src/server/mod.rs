@@ -1,7 +1,10 @@
 //! Serving a router so that hostile or broken clients cannot take the
-//! service down: a cap on connections, a deadline for request headers
-//! (which also closes idle keep-alive connections), a deadline for each
-//! request, and graceful shutdown.
+//! service down: a cap on connections, a deadline for a connection's first
+//! bytes, a deadline for request headers (which also closes idle keep-alive
+//! connections), HTTP/2 keep-alive pings, a deadline for each request, and
+//! graceful shutdown.
+
+mod first_bytes;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -16,15 +19,31 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower_http::timeout::TimeoutLayer;
 
+use first_bytes::FirstBytes;
+
 /// The limits each connection is served with.
+///
+/// A new connection has `first_bytes_timeout` to tell its protocol: the
+/// whole HTTP/2 preface, or the start of an HTTP/1 request. An HTTP/1
+/// client then has `header_read_timeout` for each request's headers. An
+/// HTTP/2 client is pinged every `keep_alive_interval` and must answer
+/// within `keep_alive_timeout`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Connections served at once; more are closed as they arrive.
+    /// Connections served at once; more are closed as they arrive (10 000).
     pub max_connections: usize,
+    /// How long a new connection has to tell its protocol (10 s).
+    pub first_bytes_timeout: Duration,
     /// How long a client has to send a request's headers, the first or the
-    /// next on a kept-alive connection; then the connection is closed.
+    /// next on a kept-alive connection; then the connection is closed
+    /// (10 s, HTTP/1).
     pub header_read_timeout: Duration,
-    /// How long a request may take; then it gets a 408.
+    /// How often an HTTP/2 connection is pinged, idle or not (20 s).
+    pub keep_alive_interval: Duration,
+    /// How long an HTTP/2 client has to answer a ping; then its connection
+    /// is closed (20 s).
+    pub keep_alive_timeout: Duration,
+    /// How long a request may take; then it gets a 408 (30 s).
     pub request_timeout: Duration,
 }
 
@@ -32,7 +51,10 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: 10_000,
+            first_bytes_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
+            keep_alive_interval: Duration::from_secs(20),
+            keep_alive_timeout: Duration::from_secs(20),
             request_timeout: Duration::from_secs(30),
         }
     }
@@ -51,7 +73,7 @@ pub fn raise_open_files_limit() -> u64 {
     }
 }
 
-/// Serves `app` on `listener` until `shutdown` completes, then stops
+/// Serves `app` on `listener` with `limits` until `shutdown` completes, then stops
 /// accepting and lets the requests in flight finish.
 ///
 /// # Errors
@@ -73,6 +95,11 @@ pub async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.keep_alive_interval)
+        .keep_alive_timeout(limits.keep_alive_timeout);
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     let mut refused_logged = false;
@@ -103,9 +130,8 @@ pub async fn serve(
         };
         refused_logged = false;
         let service = TowerToHyperService::new(app.clone());
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
+        let io = TokioIo::new(FirstBytes::new(stream, limits.first_bytes_timeout));
+        let connection = builder.serve_connection(io, service).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {
