@@ -47,6 +47,9 @@ pub struct Config {
     /// `FIRST_BYTES_TIMEOUT_SECS`: how long a new connection has to tell
     /// its protocol.
     pub first_bytes_timeout: Duration,
+    /// `IDLE_TIMEOUT_SECS`: how long a connection may have no request in
+    /// flight.
+    pub idle_timeout: Duration,
     /// `HTTP2_KEEP_ALIVE_SECS`: how often HTTP/2 connections are pinged.
     pub keep_alive_interval: Duration,
     /// `HTTP2_KEEP_ALIVE_TIMEOUT_SECS`: how long an HTTP/2 client has to
@@ -78,6 +81,7 @@ impl std::fmt::Debug for Config {
             .field("audit_rate", &self.audit_rate)
             .field("max_connections", &self.max_connections)
             .field("first_bytes_timeout", &self.first_bytes_timeout)
+            .field("idle_timeout", &self.idle_timeout)
             .field("keep_alive_interval", &self.keep_alive_interval)
             .field("keep_alive_timeout", &self.keep_alive_timeout)
             .finish()
@@ -162,6 +166,7 @@ impl Config {
             snapshots: switch("BLOOM_SNAPSHOTS", true)?,
             max_connections: parse("MAX_CONNECTIONS", "10000", "a whole number of connections")?,
             first_bytes_timeout: seconds("FIRST_BYTES_TIMEOUT_SECS", 10)?,
+            idle_timeout: seconds("IDLE_TIMEOUT_SECS", 60)?,
             keep_alive_interval: seconds("HTTP2_KEEP_ALIVE_SECS", 20)?,
             keep_alive_timeout: seconds("HTTP2_KEEP_ALIVE_TIMEOUT_SECS", 20)?,
         })
@@ -235,6 +240,7 @@ mod tests {
             ("BLOOM_EXPECTED_ITEMS", "-1", "BLOOM_EXPECTED_ITEMS"),
             ("BLOOM_GUARD", "maybe", "BLOOM_GUARD"),
             ("BIND_ADDR", "nowhere", "BIND_ADDR"),
+            ("IDLE_TIMEOUT_SECS", "0", "IDLE_TIMEOUT_SECS=\"0\""),
             (
                 "FIRST_BYTES_TIMEOUT_SECS",
                 "1.5",

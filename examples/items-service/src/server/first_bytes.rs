@@ -17,7 +17,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// deadline passes before the client has told its protocol; after that, a
 /// plain socket. Silent clients and clients that stop half-way through the
 /// HTTP/2 preface are closed at the deadline; HTTP/1's header deadline and
-/// HTTP/2's keep-alive pings take over from there.
+/// HTTP/2's keep-alive pings and the idle timeout take over from there.
 #[derive(Debug)]
 pub(super) struct FirstBytes<I> {
     io: I,
