@@ -2,6 +2,7 @@
 
 use std::env;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 /// The service's settings. See the README's configuration table.
 ///
@@ -43,6 +44,17 @@ pub struct Config {
     pub seed_demo: bool,
     /// `MAX_CONNECTIONS`: connections served at once on each port.
     pub max_connections: usize,
+    /// `FIRST_BYTES_TIMEOUT_SECS`: how long a new connection has to tell
+    /// its protocol.
+    pub first_bytes_timeout: Duration,
+    /// `IDLE_TIMEOUT_SECS`: how long a connection may have no request in
+    /// flight.
+    pub idle_timeout: Duration,
+    /// `HTTP2_KEEP_ALIVE_SECS`: how often HTTP/2 connections are pinged.
+    pub keep_alive_interval: Duration,
+    /// `HTTP2_KEEP_ALIVE_TIMEOUT_SECS`: how long an HTTP/2 client has to
+    /// answer a ping.
+    pub keep_alive_timeout: Duration,
 }
 
 /// The most keys a filter is sized for from settings (about 7 GiB of bits
@@ -68,6 +80,10 @@ impl std::fmt::Debug for Config {
             .field("mode", &self.mode)
             .field("audit_rate", &self.audit_rate)
             .field("max_connections", &self.max_connections)
+            .field("first_bytes_timeout", &self.first_bytes_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("keep_alive_interval", &self.keep_alive_interval)
+            .field("keep_alive_timeout", &self.keep_alive_timeout)
             .finish()
     }
 }
@@ -149,6 +165,10 @@ impl Config {
             seed_demo: switch("SEED_DEMO", false)?,
             snapshots: switch("BLOOM_SNAPSHOTS", true)?,
             max_connections: parse("MAX_CONNECTIONS", "10000", "a whole number of connections")?,
+            first_bytes_timeout: seconds("FIRST_BYTES_TIMEOUT_SECS", 10)?,
+            idle_timeout: seconds("IDLE_TIMEOUT_SECS", 60)?,
+            keep_alive_interval: seconds("HTTP2_KEEP_ALIVE_SECS", 20)?,
+            keep_alive_timeout: seconds("HTTP2_KEEP_ALIVE_TIMEOUT_SECS", 20)?,
         })
     }
 }
@@ -165,6 +185,20 @@ fn switch(name: &'static str, default: bool) -> Result<bool, ConfigError> {
             name,
             value,
             expected: "on or off",
+        }),
+    }
+}
+
+/// A deadline in whole seconds; zero would close every connection at once.
+fn seconds(name: &'static str, default: u64) -> Result<Duration, ConfigError> {
+    const EXPECTED: &str = "a whole number of seconds, at least 1";
+    let value = var(name).unwrap_or_else(|| default.to_string());
+    match value.parse::<u64>() {
+        Ok(secs) if secs > 0 => Ok(Duration::from_secs(secs)),
+        _ => Err(ConfigError {
+            name,
+            value,
+            expected: EXPECTED,
         }),
     }
 }
@@ -206,6 +240,12 @@ mod tests {
             ("BLOOM_EXPECTED_ITEMS", "-1", "BLOOM_EXPECTED_ITEMS"),
             ("BLOOM_GUARD", "maybe", "BLOOM_GUARD"),
             ("BIND_ADDR", "nowhere", "BIND_ADDR"),
+            ("IDLE_TIMEOUT_SECS", "0", "IDLE_TIMEOUT_SECS=\"0\""),
+            (
+                "FIRST_BYTES_TIMEOUT_SECS",
+                "1.5",
+                "FIRST_BYTES_TIMEOUT_SECS",
+            ),
         ];
         for (name, value, shown) in cases {
             std::env::set_var(name, value);

@@ -107,6 +107,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         max_connections: config
             .max_connections
             .min((open_files.saturating_sub(128) / 2).max(1) as usize),
+        first_bytes_timeout: config.first_bytes_timeout,
+        idle_timeout: config.idle_timeout,
+        keep_alive_interval: config.keep_alive_interval,
+        keep_alive_timeout: config.keep_alive_timeout,
         ..Limits::default()
     };
     if limits.max_connections < config.max_connections {
