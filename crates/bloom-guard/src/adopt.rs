@@ -9,7 +9,7 @@ use crate::error::AdoptError;
 use crate::filter::Filter;
 use crate::guard::BloomGuard;
 use crate::scan::Registration;
-use crate::snapshot::{Snapshot, SnapshotWriter};
+use crate::snapshot::{Snapshot, SnapshotInfo, SnapshotWriter};
 use crate::stats::{FilterOrigin, Stats};
 
 impl BloomGuard {
@@ -63,16 +63,9 @@ impl BloomGuard {
         ))
     }
 
-    /// Puts `snapshot`'s filter in place once `catch_up` has run.
-    ///
-    /// The snapshot must be this guard's (same name and key type) and of
-    /// the key query with `fingerprint`. Its filter is registered for every
-    /// insert first, then `catch_up` runs: it must insert (with
-    /// [`insert_batch`](Self::insert_batch)) every key committed since the
-    /// snapshot's [`position`](crate::SnapshotInfo::position), by replaying
-    /// the change feed from there. Then the filter replaces the one in use
-    /// and the generation goes up; [`Stats::origin`] says `snapshot`. Builds
-    /// and adoptions run one at a time.
+    /// Puts `snapshot`'s filter in place once `catch_up` has run: a
+    /// [`begin_adoption`](Self::begin_adoption), the `catch_up`, and a
+    /// [`promote`](Adoption::promote) in one call.
     ///
     /// # Errors
     ///
@@ -89,6 +82,57 @@ impl BloomGuard {
         F: Future<Output = Result<(), E>>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        let adoption = self.begin_adoption(snapshot, fingerprint).await?;
+        match catch_up.await {
+            Ok(()) => Ok(adoption.promote()),
+            Err(error) => Err(AdoptError::CatchUp(Arc::new(error))),
+        }
+    }
+
+    /// Starts adopting `snapshot`: checks that it is this guard's (same
+    /// name and key type) and of the key query with `fingerprint`, then
+    /// registers its filter for every insert, so that keys inserted from
+    /// now on (with [`insert`](Self::insert) or
+    /// [`insert_batch`](Self::insert_batch)) reach it too.
+    ///
+    /// Then replay into the guard every key committed since the snapshot's
+    /// [`position`](crate::SnapshotInfo::position) (the change feed from
+    /// there), and [`promote`](Adoption::promote): the filter replaces the
+    /// one in use and the generation goes up; [`Stats::origin`] says
+    /// `snapshot`. Dropping the [`Adoption`] instead keeps the filter in
+    /// use. Builds and adoptions run one at a time: this waits for a build
+    /// in flight, and builds wait for the adoption.
+    ///
+    /// # Errors
+    ///
+    /// [`AdoptError::Mismatch`] for another guard's, key type's or query's
+    /// snapshot.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use bloom_guard::{BloomGuard, KeyList, Snapshot};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let guard = BloomGuard::builder().name("items").build();
+    /// guard.rebuild(&KeyList::new(["apple"])).await?;
+    /// let writer = guard.snapshot("42", "select key from items").expect("a complete filter");
+    /// let bytes: Vec<u8> = writer.chunks(1 << 20).flatten().collect();
+    ///
+    /// let other = BloomGuard::builder().name("items").build();
+    /// let adoption = other.begin_adoption(Snapshot::decode(&bytes)?, "select key from items").await?;
+    /// assert_eq!(adoption.info().position, "42");
+    /// other.insert("pear"); // replayed from the feed since position 42
+    /// let stats = adoption.promote();
+    /// assert_eq!(stats.generation, 1);
+    /// assert!(other.may_contain("apple") && other.may_contain("pear"));
+    /// # Ok(()) }
+    /// ```
+    pub async fn begin_adoption(
+        &self,
+        snapshot: Snapshot,
+        fingerprint: &str,
+    ) -> Result<Adoption<'_>, AdoptError> {
         let shared = &*self.shared;
         let config = &shared.config;
         let (info, parts) = snapshot.into_parts();
@@ -110,27 +154,75 @@ impl BloomGuard {
         if info.fingerprint != fingerprint {
             return Err(mismatch("key query", fingerprint, &info.fingerprint));
         }
-        let _one_at_a_time = shared.build_lock.lock().await;
-        let started = Instant::now();
+        let one_at_a_time = shared.build_lock.lock().await;
         let filter = Arc::new(Filter::from_parts(parts));
-        let registration = Registration::new(shared, Arc::clone(&filter));
-        if let Err(error) = catch_up.await {
-            shared
-                .metrics
-                .build_finished("snapshot", started.elapsed(), false);
-            return Err(AdoptError::CatchUp(Arc::new(error)));
-        }
-        let generation = registration.promote(FilterOrigin::Snapshot);
-        let elapsed = started.elapsed();
+        Ok(Adoption {
+            guard: self,
+            registration: Some(Registration::new(shared, Arc::clone(&filter))),
+            filter,
+            info,
+            started: Instant::now(),
+            _one_at_a_time: one_at_a_time,
+        })
+    }
+}
+
+/// A snapshot being adopted: its filter takes every insert, and replaces
+/// the filter in use on [`promote`](Self::promote). Made by
+/// [`BloomGuard::begin_adoption`]; dropped without a promotion, it leaves
+/// the filter in use as it was.
+pub struct Adoption<'g> {
+    guard: &'g BloomGuard,
+    registration: Option<Registration<'g>>,
+    filter: Arc<Filter>,
+    info: SnapshotInfo,
+    started: Instant,
+    _one_at_a_time: tokio::sync::MutexGuard<'g, ()>,
+}
+
+impl Adoption<'_> {
+    /// What the snapshot says of itself: its feed position, to replay from.
+    pub fn info(&self) -> &SnapshotInfo {
+        &self.info
+    }
+
+    /// Puts the snapshot's filter in place of the one in use, and returns
+    /// the guard's stats.
+    pub fn promote(mut self) -> Stats {
+        let shared = &*self.guard.shared;
+        let generation = self
+            .registration
+            .take()
+            .map_or(0, |registration| registration.promote(FilterOrigin::Snapshot));
+        let elapsed = self.started.elapsed();
         shared.metrics.build_finished("snapshot", elapsed, true);
         tracing::info!(
-            guard = config.name,
+            guard = shared.config.name,
             generation,
-            keys = filter.keys(),
-            position = %info.position,
+            keys = self.filter.keys(),
+            position = %self.info.position,
             elapsed_ms = elapsed.as_millis() as u64,
             "bloom filter adopted from a snapshot"
         );
-        Ok(self.stats())
+        self.guard.stats()
+    }
+}
+
+impl Drop for Adoption<'_> {
+    fn drop(&mut self) {
+        if self.registration.is_some() {
+            self.guard
+                .shared
+                .metrics
+                .build_finished("snapshot", self.started.elapsed(), false);
+        }
+    }
+}
+
+impl std::fmt::Debug for Adoption<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Adoption")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
     }
 }

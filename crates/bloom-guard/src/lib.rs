@@ -39,6 +39,7 @@ pub mod admin;
 #[cfg(feature = "cache")]
 mod cache;
 
+pub use adopt::Adoption;
 pub use body::ResponseBody;
 pub use builder::Builder;
 #[cfg(feature = "axum")]
