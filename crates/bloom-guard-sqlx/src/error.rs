@@ -33,3 +33,16 @@ pub enum FeedError {
     #[error("database error")]
     Database(#[from] sqlx::Error),
 }
+
+/// `error: cause: cause`, for a log line.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}

@@ -1,10 +1,6 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-mod abort;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-mod backoff;
 mod batches;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod changes;
@@ -12,36 +8,28 @@ mod changes;
 mod column;
 mod copy_text;
 mod error;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod fleet_rebuild;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod follow;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod lock;
 #[cfg(feature = "postgres")]
-mod fleet;
-#[cfg(feature = "postgres")]
-mod follower;
-#[cfg(feature = "postgres")]
-mod install;
-#[cfg(feature = "postgres")]
-mod pg_copy;
-#[cfg(feature = "postgres")]
-mod pg_feed;
-#[cfg(feature = "postgres")]
-mod pg_snapshot;
+mod postgres;
 mod query;
 #[cfg(feature = "sqlite")]
-mod sqlite_feed;
-#[cfg(feature = "sqlite")]
-mod sqlite_snapshot;
+mod sqlite;
 mod watch;
 
 pub use copy_text::{CopyTextDecoder, CopyTextError};
 pub use error::{FeedError, SourceError};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use fleet_rebuild::FleetRebuild;
 #[cfg(feature = "postgres")]
-pub use fleet::FleetRebuild;
-#[cfg(feature = "postgres")]
-pub use follower::{PgFollower, LISTENER_APPLICATION_NAME};
-#[cfg(feature = "postgres")]
-pub use install::{install, POSTGRES_SQL, SCHEMA_VERSION};
-#[cfg(feature = "postgres")]
-pub use pg_copy::PgCopySource;
+pub use postgres::{
+    install, PgCopySource, PgFollower, LISTENER_APPLICATION_NAME, POSTGRES_SQL, SCHEMA_VERSION,
+};
 pub use query::QuerySource;
 #[cfg(feature = "sqlite")]
-pub use sqlite_feed::SqliteFollower;
+pub use sqlite::SqliteFollower;
 pub use watch::Watch;

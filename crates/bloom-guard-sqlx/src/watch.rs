@@ -67,38 +67,3 @@ impl Watch {
         self.name.as_deref().unwrap_or(&self.table)
     }
 }
-
-#[cfg(feature = "postgres")]
-impl Watch {
-    /// Installs the feed's triggers on the table and every child and
-    /// partition it has (`select bloom_guard.watch(...)`): from then on
-    /// every key written by any SQL reaches the feed. Needs
-    /// [`install`](crate::install) first and ownership of the table; run it
-    /// again after adding a partition or a child table. Idempotent.
-    ///
-    /// # Errors
-    ///
-    /// [`FeedError::Database`](crate::FeedError::Database) if the table or a column does not exist, the
-    /// feed is not installed, or the role does not own the table.
-    pub async fn install(&self, pool: &sqlx::PgPool) -> Result<(), crate::FeedError> {
-        sqlx::query("select bloom_guard.watch($1::regclass, $2, $3)")
-            .bind(&self.table)
-            .bind(&self.key_columns)
-            .bind(self.feed_name())
-            .execute(pool)
-            .await?;
-        Ok(())
-    }
-
-    /// The query whose rows are every key of the table in canonical form,
-    /// as the feed's triggers write them.
-    pub(crate) async fn key_query(&self, pool: &sqlx::PgPool) -> Result<String, crate::FeedError> {
-        let (table, key): (String, String) =
-            sqlx::query_as("select $1::regclass::text, bloom_guard.key_expression($2, 't')")
-                .bind(&self.table)
-                .bind(&self.key_columns)
-                .fetch_one(pool)
-                .await?;
-        Ok(format!("select {key} from {table} as t"))
-    }
-}

@@ -2,45 +2,24 @@
 //! newest, loading one chunk by chunk, and the lock that makes one
 //! instance of a fleet build at a time.
 
-use bloom_guard::{
-    BloomGuard, Snapshot, SnapshotError, SnapshotReader, SnapshotWriter, SNAPSHOT_FORMAT,
-};
+use bloom_guard::{Snapshot, SnapshotReader, SnapshotWriter, SNAPSHOT_FORMAT};
 use futures_util::TryStreamExt;
 use sha2::{Digest, Sha256};
 use sqlx::postgres::PgConnection;
 use sqlx::{Connection, PgPool};
 
+use crate::follow::{Clock, LoadError, Stored};
+
 /// Bytes per stored chunk: rows stay small, and a load holds one chunk
 /// besides the filter.
-pub(crate) const CHUNK_BYTES: usize = 4 << 20;
+const CHUNK_BYTES: usize = 4 << 20;
 
 /// Snapshots kept per guard: the newest, and the one before it.
 const KEPT: i64 = 2;
 
-/// A stored snapshot, as listed.
-#[derive(Debug, Clone)]
-pub(crate) struct Stored {
-    pub(crate) id: i64,
-    pub(crate) len: i64,
-    /// When the scan its filter descends from started (µs since the epoch,
-    /// the database's clock).
-    pub(crate) scanned_at: i64,
-    /// Seconds since it was published.
-    pub(crate) age_secs: f64,
-}
-
-/// Why a stored snapshot was not used.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum LoadError {
-    #[error(transparent)]
-    Database(#[from] sqlx::Error),
-    #[error(transparent)]
-    Snapshot(#[from] SnapshotError),
-}
-
 /// What names a guard's key set: the database (cluster and database, as a
 /// feed position means nothing elsewhere) and the key query.
-pub(crate) async fn fingerprint(pool: &PgPool, key_query: &str) -> Result<String, sqlx::Error> {
+pub(super) async fn fingerprint(pool: &PgPool, key_query: &str) -> Result<String, sqlx::Error> {
     let database: String = sqlx::query_scalar(
         "select (select system_identifier from pg_catalog.pg_control_system())::text
                 || '/' || (select oid from pg_catalog.pg_database where datname = pg_catalog.current_database())::text",
@@ -56,7 +35,7 @@ pub(crate) async fn fingerprint(pool: &PgPool, key_query: &str) -> Result<String
 }
 
 /// The newest snapshot of `guard` for `fingerprint` in this format.
-pub(crate) async fn newest(
+pub(super) async fn newest(
     pool: &PgPool,
     guard: &str,
     fingerprint: &str,
@@ -84,7 +63,7 @@ pub(crate) async fn newest(
 
 /// Reads a stored snapshot's chunks, in order, straight into the filter's
 /// memory, and checks it.
-pub(crate) async fn load(pool: &PgPool, stored: &Stored) -> Result<Snapshot, LoadError> {
+pub(super) async fn load(pool: &PgPool, stored: &Stored) -> Result<Snapshot, LoadError> {
     let mut reader = SnapshotReader::new(u64::try_from(stored.len).unwrap_or(0));
     let mut chunks = sqlx::query_scalar::<_, Vec<u8>>(
         "select data from bloom_guard.snapshot_chunks where snapshot = $1 order by seq",
@@ -100,7 +79,7 @@ pub(crate) async fn load(pool: &PgPool, stored: &Stored) -> Result<Snapshot, Loa
 /// Stores `writer`'s snapshot in one transaction (a failure half-way leaves
 /// the previous snapshots as they were), drops all but the newest two, and
 /// wakes the other instances. Returns the new snapshot's id.
-pub(crate) async fn publish(
+pub(super) async fn publish(
     pool: &PgPool,
     writer: SnapshotWriter,
     scanned_at: i64,
@@ -148,66 +127,49 @@ pub(crate) async fn publish(
     Ok(id)
 }
 
-/// Publishes the guard's filter in use, logging the outcome.
-pub(crate) async fn publish_filter(
-    pool: &PgPool,
-    guard: &BloomGuard,
-    fingerprint: &str,
-    position: &str,
-    scanned_at: i64,
-) {
-    let Some(writer) = guard.snapshot(position, fingerprint) else {
-        return;
-    };
-    let started = std::time::Instant::now();
-    let bytes = writer.info().len;
-    match publish(pool, writer, scanned_at).await {
-        Ok(id) => tracing::info!(
-            snapshot = id,
-            bytes,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "published the filter's snapshot"
-        ),
-        Err(error) => {
-            tracing::warn!(%error, "cannot publish the filter's snapshot; instances that start scan instead");
-        }
-    }
-}
-
 /// The feed's position and the database's clock (µs since the epoch), in
 /// one statement.
-pub(crate) async fn position_now(pool: &PgPool) -> Result<(String, i64), sqlx::Error> {
-    sqlx::query_as(
+pub(super) async fn position_now(pool: &PgPool) -> Result<Clock<String>, sqlx::Error> {
+    let (position, at) = sqlx::query_as(
         "select pg_catalog.pg_current_snapshot()::text,
                 (extract(epoch from pg_catalog.clock_timestamp()) * 1000000)::int8",
     )
     .fetch_one(pool)
-    .await
+    .await?;
+    Ok(Clock { position, at })
 }
 
 /// The fleet-wide lock on building `guard`'s filter: a session advisory
 /// lock on a connection of its own, released when the connection closes,
-/// so a crashed holder never keeps it.
-pub(crate) struct BuildLock {
-    connection: PgConnection,
+/// so a crashed holder never keeps it. Dropped, it closes its connection.
+pub(crate) struct PgBuildLock {
+    connection: Option<PgConnection>,
+}
+
+impl std::fmt::Debug for PgBuildLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBuildLock").finish_non_exhaustive()
+    }
 }
 
 const LOCK_SQL: &str = "select pg_catalog.pg_advisory_lock(pg_catalog.hashtext('bloom_guard.build'), pg_catalog.hashtext($1))";
 const TRY_LOCK_SQL: &str = "select pg_catalog.pg_try_advisory_lock(pg_catalog.hashtext('bloom_guard.build'), pg_catalog.hashtext($1))";
 
-impl BuildLock {
+impl PgBuildLock {
     /// Waits for the lock.
-    pub(crate) async fn acquire(pool: &PgPool, guard: &str) -> Result<Self, sqlx::Error> {
+    pub(super) async fn acquire(pool: &PgPool, guard: &str) -> Result<Self, sqlx::Error> {
         let mut connection = PgConnection::connect_with(&pool.connect_options()).await?;
         sqlx::query(LOCK_SQL)
             .bind(guard)
             .execute(&mut connection)
             .await?;
-        Ok(Self { connection })
+        Ok(Self {
+            connection: Some(connection),
+        })
     }
 
     /// The lock if nobody holds it.
-    pub(crate) async fn try_acquire(
+    pub(super) async fn try_acquire(
         pool: &PgPool,
         guard: &str,
     ) -> Result<Option<Self>, sqlx::Error> {
@@ -220,11 +182,23 @@ impl BuildLock {
             connection.close().await?;
             return Ok(None);
         }
-        Ok(Some(Self { connection }))
+        Ok(Some(Self {
+            connection: Some(connection),
+        }))
     }
+}
 
-    /// Releases the lock (closing its connection).
-    pub(crate) async fn release(self) {
-        let _ = self.connection.close().await;
+impl Drop for PgBuildLock {
+    fn drop(&mut self) {
+        let Some(connection) = self.connection.take() else {
+            return;
+        };
+        // Closing the connection releases the lock; without a runtime the
+        // socket's close does it, as the server sees the client gone.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = connection.close().await;
+            });
+        }
     }
 }

@@ -3,13 +3,14 @@
 use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::error::FeedError;
+use crate::watch::Watch;
 
 /// The version of the feed's schema that this crate installs and reads.
 pub const SCHEMA_VERSION: i32 = 2;
 
 /// The feed's SQL: schema `bloom_guard`, its tables, trigger functions and
 /// `bloom_guard.watch(table, key_columns, name)`. Idempotent.
-pub const POSTGRES_SQL: &str = include_str!("../sql/postgres.sql");
+pub const POSTGRES_SQL: &str = include_str!("../../sql/postgres.sql");
 
 /// Installs (or upgrades) the change feed in the database: schema
 /// `bloom_guard` with the change table and the functions its triggers run.
@@ -72,4 +73,38 @@ async fn installed_version(pool: &PgPool) -> Result<Option<i32>, sqlx::Error> {
     sqlx::query_scalar("select version from bloom_guard.schema_version")
         .fetch_optional(pool)
         .await
+}
+
+impl Watch {
+    /// Installs the feed's triggers on the table and every child and
+    /// partition it has (`select bloom_guard.watch(...)`): from then on
+    /// every key written by any SQL reaches the feed. Needs
+    /// [`install`](crate::install) first and ownership of the table; run it
+    /// again after adding a partition or a child table. Idempotent.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Database`](crate::FeedError::Database) if the table or a column does not exist, the
+    /// feed is not installed, or the role does not own the table.
+    pub async fn install(&self, pool: &sqlx::PgPool) -> Result<(), crate::FeedError> {
+        sqlx::query("select bloom_guard.watch($1::regclass, $2, $3)")
+            .bind(&self.table)
+            .bind(&self.key_columns)
+            .bind(self.feed_name())
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The query whose rows are every key of the table in canonical form,
+    /// as the feed's triggers write them.
+    pub(super) async fn key_query(&self, pool: &sqlx::PgPool) -> Result<String, sqlx::Error> {
+        let (table, key): (String, String) =
+            sqlx::query_as("select $1::regclass::text, bloom_guard.key_expression($2, 't')")
+                .bind(&self.table)
+                .bind(&self.key_columns)
+                .fetch_one(pool)
+                .await?;
+        Ok(format!("select {key} from {table} as t"))
+    }
 }

@@ -12,6 +12,7 @@ use futures_util::TryStreamExt;
 use sqlx::{PgPool, Row, ValueRef};
 
 use crate::changes::Changes;
+use crate::follow::Read;
 
 /// The changes read and the feed's snapshot after them, in one statement:
 /// `pg_current_snapshot()` is the statement's own snapshot. Keys travel as
@@ -30,17 +31,12 @@ from now left join bloom_guard.changes c
  and c.xid >= pg_catalog.pg_snapshot_xmin($2::pg_snapshot)
  and not pg_catalog.pg_visible_in_snapshot(c.xid, $2::pg_snapshot)";
 
-/// The outcome of a read.
-#[derive(Debug)]
-pub(crate) enum Read {
-    /// What committed after the position, and the position it reached.
-    Changes { position: String, changes: Changes },
-    /// Rows after the position were pruned: only a rebuild catches up.
-    Pruned,
-}
-
 /// Reads the changes of feed `name` committed after position `seen`.
-pub(crate) async fn read_since(pool: &PgPool, name: &str, seen: &str) -> Result<Read, sqlx::Error> {
+pub(super) async fn read_since(
+    pool: &PgPool,
+    name: &str,
+    seen: &str,
+) -> Result<Read<String>, sqlx::Error> {
     let mut rows = sqlx::query(READ).bind(name).bind(seen).fetch(pool);
     let mut position = None;
     let mut changes = Changes::default();
@@ -66,27 +62,9 @@ pub(crate) async fn read_since(pool: &PgPool, name: &str, seen: &str) -> Result<
     Ok(Read::Changes { position, changes })
 }
 
-/// The feed's position now.
-pub(crate) async fn position(pool: &PgPool) -> Result<String, sqlx::Error> {
-    sqlx::query_scalar("select pg_catalog.pg_current_snapshot()::text")
-        .fetch_one(pool)
-        .await
-}
-
-/// What keeps feed `name` from being complete: tables whose triggers are
-/// missing or disabled. Empty when all is well.
-pub(crate) async fn gaps(pool: &PgPool, name: &str) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "select coalesce(rel::text || ': ', '') || problem from bloom_guard.gaps($1) order by 1",
-    )
-    .bind(name)
-    .fetch_all(pool)
-    .await
-}
-
 /// Prunes the rows every reader has had for `retention`; one instance at a
 /// time does the work.
-pub(crate) async fn prune(pool: &PgPool, retention: Duration) -> Result<i64, sqlx::Error> {
+pub(super) async fn prune(pool: &PgPool, retention: Duration) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar("select bloom_guard.prune(make_interval(secs => $1))")
         .bind(retention.as_secs_f64())
         .fetch_one(pool)

@@ -4,15 +4,17 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bloom_guard::{BloomGuard, Snapshot, SnapshotReader, SNAPSHOT_FORMAT};
+use bloom_guard::{Snapshot, SnapshotReader, SnapshotWriter, SNAPSHOT_FORMAT};
 use futures_util::TryStreamExt;
 use sha2::{Digest, Sha256};
 use sqlx::SqlitePool;
 
-use crate::abort::AbortOnDrop;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::follow::{LoadError, Stored};
 
 /// The snapshot tables and the lock table. Idempotent.
-pub(crate) const TABLES: &str = "
+pub(super) const TABLES: &str = "
 create table if not exists bloom_guard_snapshots (
     id integer primary key autoincrement,
     guard text not null,
@@ -44,27 +46,8 @@ const CHUNK_BYTES: usize = 4 << 20;
 /// the lease runs out.
 const LEASE: Duration = Duration::from_secs(30);
 
-/// A stored snapshot, as listed.
-#[derive(Debug, Clone)]
-pub(crate) struct Stored {
-    pub(crate) id: i64,
-    pub(crate) len: i64,
-    pub(crate) scanned_at: i64,
-    pub(crate) age_secs: i64,
-    pub(crate) position: i64,
-}
-
-/// Why a stored snapshot was not used.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum LoadError {
-    #[error(transparent)]
-    Database(#[from] sqlx::Error),
-    #[error(transparent)]
-    Snapshot(#[from] bloom_guard::SnapshotError),
-}
-
 /// Microseconds since the epoch.
-pub(crate) fn now_micros() -> i64 {
+pub(super) fn now_micros() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| {
@@ -74,20 +57,21 @@ pub(crate) fn now_micros() -> i64 {
 
 /// The key query's fingerprint (a feed position is only meaningful in the
 /// file that holds both the feed and the snapshot).
-pub(crate) fn fingerprint(key_query: &str) -> String {
+pub(super) fn fingerprint(key_query: &str) -> String {
     Sha256::digest(key_query.as_bytes())
         .iter()
         .map(|byte| format!("{byte:02x}"))
         .collect()
 }
 
-pub(crate) async fn newest(
+/// The newest snapshot of `guard` for `fingerprint` in this format.
+pub(super) async fn newest(
     pool: &SqlitePool,
     guard: &str,
     fingerprint: &str,
 ) -> Result<Option<Stored>, sqlx::Error> {
-    let row: Option<(i64, i64, i64, i64, String)> = sqlx::query_as(
-        "select id, len, scanned_at, cast(strftime('%s', 'now') as integer) - created_at, position
+    let row: Option<(i64, i64, i64, i64)> = sqlx::query_as(
+        "select id, len, scanned_at, cast(strftime('%s', 'now') as integer) - created_at
            from bloom_guard_snapshots
           where guard = ? and format = ? and fingerprint = ?
           order by id desc limit 1",
@@ -97,19 +81,16 @@ pub(crate) async fn newest(
     .bind(fingerprint)
     .fetch_optional(pool)
     .await?;
-    Ok(row.and_then(|(id, len, scanned_at, age_secs, position)| {
-        Some(Stored {
-            id,
-            len,
-            scanned_at,
-            age_secs,
-            position: position.parse().ok()?,
-        })
+    Ok(row.map(|(id, len, scanned_at, age_secs)| Stored {
+        id,
+        len,
+        scanned_at,
+        age_secs: age_secs as f64,
     }))
 }
 
 /// Reads a stored snapshot's chunks in one statement (one consistent read).
-pub(crate) async fn load(pool: &SqlitePool, stored: &Stored) -> Result<Snapshot, LoadError> {
+pub(super) async fn load(pool: &SqlitePool, stored: &Stored) -> Result<Snapshot, LoadError> {
     let mut reader = SnapshotReader::new(u64::try_from(stored.len).unwrap_or(0));
     let mut chunks = sqlx::query_scalar::<_, Vec<u8>>(
         "select data from bloom_guard_snapshot_chunks where snapshot = ? order by seq",
@@ -122,92 +103,72 @@ pub(crate) async fn load(pool: &SqlitePool, stored: &Stored) -> Result<Snapshot,
     Ok(reader.finish()?)
 }
 
-/// Publishes the guard's filter in use at feed `position`, in one
-/// transaction, keeping the two newest snapshots of the guard.
-pub(crate) async fn publish(
+/// Stores `writer`'s snapshot in one transaction, keeping the two newest
+/// snapshots of the guard; the new snapshot's id.
+pub(super) async fn publish(
     pool: &SqlitePool,
-    guard: &BloomGuard,
-    fingerprint: &str,
-    position: i64,
+    writer: SnapshotWriter,
     scanned_at: i64,
-) {
-    let Some(writer) = guard.snapshot(&position.to_string(), fingerprint) else {
-        return;
-    };
-    let started = std::time::Instant::now();
+) -> Result<i64, sqlx::Error> {
     let info = writer.info().clone();
-    let stored = async {
-        let mut tx = pool.begin().await?;
-        let id: i64 = sqlx::query_scalar(
-            "insert into bloom_guard_snapshots (guard, format, fingerprint, position, scanned_at, len, keys)
-             values (?, ?, ?, ?, ?, ?, ?) returning id",
+    let mut tx = pool.begin().await?;
+    let id: i64 = sqlx::query_scalar(
+        "insert into bloom_guard_snapshots (guard, format, fingerprint, position, scanned_at, len, keys)
+         values (?, ?, ?, ?, ?, ?, ?) returning id",
+    )
+    .bind(&info.guard)
+    .bind(i64::from(SNAPSHOT_FORMAT))
+    .bind(&info.fingerprint)
+    .bind(&info.position)
+    .bind(scanned_at)
+    .bind(i64::try_from(info.len).unwrap_or(i64::MAX))
+    .bind(i64::try_from(info.keys).unwrap_or(i64::MAX))
+    .fetch_one(&mut *tx)
+    .await?;
+    for (seq, chunk) in writer.chunks(CHUNK_BYTES).enumerate() {
+        sqlx::query(
+            "insert into bloom_guard_snapshot_chunks (snapshot, seq, data) values (?, ?, ?)",
         )
-        .bind(&info.guard)
-        .bind(i64::from(SNAPSHOT_FORMAT))
-        .bind(&info.fingerprint)
-        .bind(&info.position)
-        .bind(scanned_at)
-        .bind(i64::try_from(info.len).unwrap_or(i64::MAX))
-        .bind(i64::try_from(info.keys).unwrap_or(i64::MAX))
-        .fetch_one(&mut *tx)
-        .await?;
-        for (seq, chunk) in writer.chunks(CHUNK_BYTES).enumerate() {
-            sqlx::query(
-                "insert into bloom_guard_snapshot_chunks (snapshot, seq, data) values (?, ?, ?)",
-            )
-            .bind(id)
-            .bind(seq as i64)
-            .bind(chunk)
-            .execute(&mut *tx)
-            .await?;
-        }
-        let kept = "select id from bloom_guard_snapshots where guard = ? order by id desc limit 2";
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "delete from bloom_guard_snapshot_chunks where snapshot in
-               (select id from bloom_guard_snapshots where guard = ? and id not in ({kept}))"
-        )))
-        .bind(&info.guard)
-        .bind(&info.guard)
+        .bind(id)
+        .bind(seq as i64)
+        .bind(chunk)
         .execute(&mut *tx)
         .await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "delete from bloom_guard_snapshots where guard = ? and id not in ({kept})"
-        )))
-        .bind(&info.guard)
-        .bind(&info.guard)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok::<_, sqlx::Error>(id)
-    };
-    match stored.await {
-        Ok(id) => tracing::info!(
-            snapshot = id,
-            bytes = info.len,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "published the filter's snapshot"
-        ),
-        Err(error) => {
-            tracing::warn!(%error, "cannot publish the filter's snapshot; instances that start scan instead");
-        }
     }
+    let kept = "select id from bloom_guard_snapshots where guard = ? order by id desc limit 2";
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "delete from bloom_guard_snapshot_chunks where snapshot in
+           (select id from bloom_guard_snapshots where guard = ? and id not in ({kept}))"
+    )))
+    .bind(&info.guard)
+    .bind(&info.guard)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "delete from bloom_guard_snapshots where guard = ? and id not in ({kept})"
+    )))
+    .bind(&info.guard)
+    .bind(&info.guard)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(id)
 }
 
 /// The lock on building a guard's filter, held by one instance of those
 /// sharing the file; renewed while held, released on drop (a follower
 /// stopped half-way through a build frees it at once, not at the end of
 /// its lease).
-pub(crate) struct BuildLock {
+pub(crate) struct SqliteBuildLock {
     pool: SqlitePool,
     name: String,
     holder: String,
-    released: bool,
-    _renew: AbortOnDrop,
+    _renew: AbortOnDropHandle<()>,
 }
 
-impl BuildLock {
+impl SqliteBuildLock {
     /// Waits for the lock.
-    pub(crate) async fn acquire(pool: &SqlitePool, guard: &str) -> Result<Self, sqlx::Error> {
+    pub(super) async fn acquire(pool: &SqlitePool, guard: &str) -> Result<Self, sqlx::Error> {
         loop {
             if let Some(lock) = Self::try_acquire(pool, guard).await? {
                 return Ok(lock);
@@ -217,7 +178,7 @@ impl BuildLock {
     }
 
     /// The lock if nobody holds it (or its holder's lease ran out).
-    pub(crate) async fn try_acquire(
+    pub(super) async fn try_acquire(
         pool: &SqlitePool,
         guard: &str,
     ) -> Result<Option<Self>, sqlx::Error> {
@@ -259,23 +220,13 @@ impl BuildLock {
             pool: pool.clone(),
             name,
             holder,
-            released: false,
-            _renew: AbortOnDrop(renew),
+            _renew: AbortOnDropHandle::new(renew),
         }))
-    }
-
-    /// Releases the lock.
-    pub(crate) async fn release(mut self) {
-        unlock(self.pool.clone(), self.name.clone(), self.holder.clone()).await;
-        self.released = true;
     }
 }
 
-impl Drop for BuildLock {
+impl Drop for SqliteBuildLock {
     fn drop(&mut self) {
-        if self.released {
-            return;
-        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(unlock(
                 self.pool.clone(),

@@ -1,0 +1,89 @@
+//! A rebuild requested by an operator, run once for the fleet.
+
+use bloom_guard::{BloomGuard, BuildError, Stats};
+
+use crate::follow::Rebuild;
+#[cfg(feature = "postgres")]
+use crate::postgres::PgBackend;
+#[cfg(feature = "sqlite")]
+use crate::sqlite::SqliteBackend;
+use crate::watch::Watch;
+
+/// Rebuilds a guard's filter for the whole fleet: under the guard's build
+/// lock it scans, then publishes the result as the newest snapshot, which
+/// every instance's follower adopts (on Postgres at once, on the wake-up
+/// the publication sends; on SQLite at its next check). A request made
+/// while another instance's rebuild runs waits for it and scans no more:
+/// that rebuild started after the request.
+///
+/// It reads the keys exactly as the followers' own rebuilds do, whoever
+/// asks. A failure shows in the guard's
+/// [`Stats::last_error`](bloom_guard::Stats::last_error) as well as in the
+/// returned error.
+///
+/// For an admin endpoint: hand it to
+/// `bloom_guard::admin::Admin::guard_with_rebuild`.
+///
+/// # Example
+///
+/// ```no_run
+/// use bloom_guard::admin::Admin;
+/// use bloom_guard_sqlx::{FleetRebuild, Watch};
+///
+/// # fn run(guard: bloom_guard::BloomGuard, pool: sqlx::PgPool) {
+/// let rebuild = FleetRebuild::new(guard.clone(), pool, Watch::table("items").key("key"));
+/// let admin: axum::Router = Admin::new("s3cret")
+///     .guard_with_rebuild(guard, move || {
+///         let rebuild = rebuild.clone();
+///         async move { rebuild.rebuild().await }
+///     })
+///     .into_router();
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct FleetRebuild {
+    engine: Engine,
+}
+
+#[derive(Debug, Clone)]
+enum Engine {
+    #[cfg(feature = "postgres")]
+    Postgres(Rebuild<PgBackend>),
+    #[cfg(feature = "sqlite")]
+    Sqlite(Rebuild<SqliteBackend>),
+}
+
+impl FleetRebuild {
+    /// Rebuilds of `guard`, holding the keys of `watch`'s table in a
+    /// Postgres database.
+    #[cfg(feature = "postgres")]
+    pub fn new(guard: BloomGuard, pool: sqlx::PgPool, watch: Watch) -> Self {
+        Self {
+            engine: Engine::Postgres(Rebuild::new(guard, PgBackend::new(pool, watch))),
+        }
+    }
+
+    /// Rebuilds of `guard`, holding the keys of `watch`'s table in a
+    /// SQLite database.
+    #[cfg(feature = "sqlite")]
+    pub fn sqlite(guard: BloomGuard, pool: sqlx::SqlitePool, watch: Watch) -> Self {
+        Self {
+            engine: Engine::Sqlite(Rebuild::new(guard, SqliteBackend::new(pool, watch))),
+        }
+    }
+
+    /// Rebuilds once for the fleet and returns this instance's stats.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::Source`] if the database fails; the filter in use
+    /// stays.
+    pub async fn rebuild(&self) -> Result<Stats, BuildError> {
+        match &self.engine {
+            #[cfg(feature = "postgres")]
+            Engine::Postgres(engine) => engine.rebuild().await,
+            #[cfg(feature = "sqlite")]
+            Engine::Sqlite(engine) => engine.rebuild().await,
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! The public followers' shared API, written once: each is a thin wrapper
+//! around the engine, and this macro gives it the engine's knobs.
+
+/// Writes `Debug`, the knobs every backend has, `run` and `run_until` for
+/// a follower type with an `engine` field.
+macro_rules! follower_api {
+    ($follower:ident) => {
+        impl std::fmt::Debug for $follower {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::Debug::fmt(&self.engine, f)
+            }
+        }
+
+        impl $follower {
+            /// Whether the guard's filter is shared through snapshots in
+            /// the database (default on): at start the newest snapshot is
+            /// adopted and completed from the feed instead of scanning;
+            /// scans run on one instance at a time, which publishes the
+            /// result for the others. Off, every instance scans at start
+            /// and on its own schedule.
+            ///
+            /// Snapshots hold the filter's secret hasher seed: only the
+            /// service's role should read the snapshot tables.
+            #[must_use]
+            pub fn snapshots(mut self, enabled: bool) -> Self {
+                self.engine.snapshots = enabled;
+                self
+            }
+
+            /// The newest snapshot is republished from the filter in use
+            /// when it is older than this (default 10 min), by one
+            /// instance, so that an instance starting later replays little
+            /// of the feed. Keep it well under the
+            /// [`retention`](Self::retention): a snapshot older than the
+            /// feed's pruned horizon is refused.
+            #[must_use]
+            pub fn snapshot_interval(mut self, every: std::time::Duration) -> Self {
+                self.engine.snapshot_interval = every;
+                self
+            }
+
+            /// How often the feed is read without a wake-up (default 1 s):
+            /// the longest a committed key takes to arrive while wake-ups
+            /// are lost.
+            #[must_use]
+            pub fn poll_interval(mut self, every: std::time::Duration) -> Self {
+                self.engine.poll_interval = every;
+                self
+            }
+
+            /// How often the feed's triggers are checked, the feed pruned,
+            /// newer snapshots looked for and the guard's rebuild schedule
+            /// looked at (default 10 s).
+            #[must_use]
+            pub fn check_interval(mut self, every: std::time::Duration) -> Self {
+                self.engine.check_interval = every;
+                self
+            }
+
+            /// How long the feed keeps its rows (default 1 h): an instance
+            /// that cannot read for longer rebuilds (failing open
+            /// meanwhile) instead of catching up from the feed. Scans must
+            /// also take less than this.
+            #[must_use]
+            pub fn retention(mut self, retention: std::time::Duration) -> Self {
+                self.engine.retention = retention;
+                self
+            }
+
+            /// Called with each key the feed reports added, deleted or
+            /// changed away, after new keys are in the guard: drop the
+            /// key's cache entry here.
+            #[must_use]
+            pub fn on_key(mut self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self {
+                self.engine.hooks.on_key = Some(std::sync::Arc::new(hook));
+                self
+            }
+
+            /// Called when changes arrive that name no key one by one (a
+            /// table was truncated, a bulk change, a rebuild after the
+            /// feed's retention): drop every cache entry here.
+            #[must_use]
+            pub fn on_catch_up(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+                self.engine.hooks.on_catch_up = Some(std::sync::Arc::new(hook));
+                self
+            }
+
+            /// Builds the guard's first filter and keeps it complete; runs
+            /// until dropped.
+            pub async fn run(self) {
+                self.engine.run_until(std::future::pending()).await;
+            }
+
+            /// As [`run`](Self::run), until `shutdown` completes; then
+            /// closes its connections cleanly and returns.
+            pub async fn run_until(self, shutdown: impl std::future::Future<Output = ()>) {
+                self.engine.run_until(shutdown).await;
+            }
+        }
+    };
+}
+
+pub(crate) use follower_api;

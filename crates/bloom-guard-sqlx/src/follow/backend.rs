@@ -1,0 +1,158 @@
+//! What the follower engine takes from a database: one trait, one
+//! implementation per database.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bloom_guard::{KeySource, Snapshot, SnapshotError, SnapshotWriter};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::changes::Changes;
+use crate::column::KeyColumn;
+use crate::error::SourceError;
+use crate::watch::Watch;
+
+/// A feed position, with the database's clock when it was taken.
+#[derive(Debug, Clone)]
+pub(crate) struct Clock<P> {
+    pub(crate) position: P,
+    /// Microseconds since the epoch, the database's clock.
+    pub(crate) at: i64,
+}
+
+/// The outcome of a read of the feed.
+#[derive(Debug)]
+pub(crate) enum Read<P> {
+    /// What committed after the position, and the position it reached.
+    Changes { position: P, changes: Changes },
+    /// Rows after the position were pruned: only a rebuild catches up.
+    Pruned,
+}
+
+/// A stored snapshot, as listed.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    pub(crate) id: i64,
+    pub(crate) len: i64,
+    /// When the scan its filter descends from started (µs since the epoch,
+    /// the database's clock).
+    pub(crate) scanned_at: i64,
+    /// Seconds since it was published.
+    pub(crate) age_secs: f64,
+}
+
+/// Why a stored snapshot was not used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LoadError {
+    /// The database failed: try again later.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// The snapshot is damaged or of another format: never use it.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+}
+
+/// What wakes the engine: a read of the feed, and a look for a snapshot
+/// another instance published.
+#[derive(Debug, Clone)]
+pub(crate) struct WakeUps {
+    pub(crate) feed: Arc<Notify>,
+    /// Only Postgres announces publications.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) published: Arc<Notify>,
+    /// The guard's name: a publication's wake-up carries it.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) guard: String,
+}
+
+/// The database side of the follower protocol: what the engine takes from
+/// a database, and nothing more. Crate-private, so only this crate's
+/// backends implement it; generic, so each call compiles to the backend's
+/// own code.
+pub(crate) trait Database: Send + Sync + Sized + 'static {
+    /// A position in the feed: every change committed before it is
+    /// behind it.
+    type Position: Clone + fmt::Display + fmt::Debug + Send + Sync + 'static;
+    /// Every key of the watched table.
+    type Source: KeySource<Error = SourceError> + Clone + Send + Sync + 'static;
+    /// The fleet's lock on building the guard's filter, released when
+    /// dropped (a crashed holder frees it too).
+    type Lock: Send + Sync + 'static;
+
+    /// The watched table and key columns.
+    fn watch(&self) -> &Watch;
+
+    /// The feed's name.
+    fn feed(&self) -> &str {
+        self.watch().feed_name()
+    }
+
+    /// A position read back from a snapshot.
+    fn parse_position(text: &str) -> Option<Self::Position>;
+
+    /// The key source, and the fingerprint that names its key set.
+    fn key_source(
+        &self,
+    ) -> impl Future<Output = Result<(Self::Source, String), sqlx::Error>> + Send;
+
+    /// The watched key columns, for the key type check.
+    fn key_columns(&self) -> impl Future<Output = Result<Vec<KeyColumn>, sqlx::Error>> + Send;
+
+    /// The feed's position now, with the database's clock.
+    fn position(&self) -> impl Future<Output = Result<Clock<Self::Position>, sqlx::Error>> + Send;
+
+    /// The changes committed after `since`.
+    fn read(
+        &self,
+        since: &Self::Position,
+    ) -> impl Future<Output = Result<Read<Self::Position>, sqlx::Error>> + Send;
+
+    /// Removes the changes every reader has had for `retention`, on one
+    /// instance at a time; how many.
+    fn prune(&self, retention: Duration) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+
+    /// Why writes to a watched table could bypass the feed (missing or
+    /// disabled triggers, the feed not installed); empty when none.
+    fn gaps(&self) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
+
+    /// Wakes the engine until `stop`: on every commit that may concern
+    /// the feed, and when another instance publishes a snapshot.
+    fn wake_ups(
+        &self,
+        wake: WakeUps,
+        stop: CancellationToken,
+    ) -> impl Future<Output = ()> + Send + 'static;
+
+    /// The newest snapshot of `guard` for `fingerprint`.
+    fn newest_snapshot(
+        &self,
+        guard: &str,
+        fingerprint: &str,
+    ) -> impl Future<Output = Result<Option<Stored>, sqlx::Error>> + Send;
+
+    /// A stored snapshot, read chunk by chunk and checked.
+    fn load_snapshot(
+        &self,
+        stored: &Stored,
+    ) -> impl Future<Output = Result<Snapshot, LoadError>> + Send;
+
+    /// Stores `writer`'s snapshot, keeps the newest few, wakes the
+    /// other instances; the new snapshot's id.
+    fn publish(
+        &self,
+        writer: SnapshotWriter,
+        scanned_at: i64,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+
+    /// Waits for the fleet's build lock of `guard`.
+    fn lock(&self, guard: &str) -> impl Future<Output = Result<Self::Lock, sqlx::Error>> + Send;
+
+    /// The fleet's build lock of `guard`, if nobody holds it.
+    fn try_lock(
+        &self,
+        guard: &str,
+    ) -> impl Future<Output = Result<Option<Self::Lock>, sqlx::Error>> + Send;
+}

@@ -1,0 +1,362 @@
+//! An in-memory backend, to test the protocol's order without a database.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bloom_guard::{BloomGuard, KeyBatch, KeySource, Snapshot, SnapshotReader, SnapshotWriter};
+use futures_util::stream::{self, BoxStream, StreamExt};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::{Clock, Database, Follower, LoadError, Read, Stored, WakeUps};
+use crate::changes::Changes;
+use crate::column::KeyColumn;
+use crate::error::SourceError;
+use crate::lock::lock;
+use crate::watch::Watch;
+
+/// A table, its feed (position = the number of changes committed), its
+/// snapshots and its build lock, with a log of what the engine did.
+#[derive(Clone)]
+struct Fake {
+    db: Arc<Db>,
+    watch: Watch,
+}
+
+#[derive(Default)]
+struct Db {
+    state: Mutex<State>,
+    /// Commits that wake the engine.
+    commits: Notify,
+    /// Lets a paused scan go on.
+    resume_scans: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    table: BTreeSet<String>,
+    feed: Vec<String>,
+    /// Changes below this position were pruned.
+    horizon: usize,
+    snapshots: Vec<(Vec<u8>, i64)>,
+    lock_held: bool,
+    pause_scans: bool,
+    events: Vec<&'static str>,
+    reads: usize,
+    loads: usize,
+    scans: usize,
+    clock: i64,
+}
+
+impl Fake {
+    fn new() -> Self {
+        Self {
+            db: Arc::default(),
+            watch: Watch::table("items").key("key"),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        lock(&self.db.state)
+    }
+
+    /// Commits a row with `key`, and wakes the engine.
+    fn commit(&self, key: &str) {
+        let mut state = self.state();
+        state.table.insert(key.to_owned());
+        state.feed.push(key.to_owned());
+        drop(state);
+        self.db.commits.notify_one();
+    }
+}
+
+/// The table's keys as of the moment the scan starts.
+#[derive(Clone)]
+struct Scan(Fake);
+
+impl KeySource for Scan {
+    type Error = SourceError;
+
+    async fn count_hint(&self) -> Result<Option<u64>, SourceError> {
+        Ok(Some(self.0.state().table.len() as u64))
+    }
+
+    fn keys(&self) -> BoxStream<'static, Result<KeyBatch, SourceError>> {
+        let mut state = self.0.state();
+        state.events.push("scan");
+        state.scans += 1;
+        let keys: KeyBatch = state.table.iter().map(String::as_str).collect();
+        let pause = state.pause_scans;
+        drop(state);
+        let db = Arc::clone(&self.0.db);
+        stream::once(async move {
+            if pause {
+                db.resume_scans.notified().await;
+            }
+            Ok(keys)
+        })
+        .boxed()
+    }
+}
+
+/// The build lock, free again when dropped.
+struct FakeLock(Arc<Db>);
+
+impl Drop for FakeLock {
+    fn drop(&mut self) {
+        lock(&self.0.state).lock_held = false;
+    }
+}
+
+impl Database for Fake {
+    type Position = usize;
+    type Source = Scan;
+    type Lock = FakeLock;
+
+    fn watch(&self) -> &Watch {
+        &self.watch
+    }
+
+    fn parse_position(text: &str) -> Option<usize> {
+        text.parse().ok()
+    }
+
+    async fn key_source(&self) -> Result<(Scan, String), sqlx::Error> {
+        Ok((Scan(self.clone()), "fingerprint".to_owned()))
+    }
+
+    async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
+        Ok(Vec::new())
+    }
+
+    async fn position(&self) -> Result<Clock<usize>, sqlx::Error> {
+        let mut state = self.state();
+        state.events.push("position");
+        state.clock += 1;
+        Ok(Clock {
+            position: state.feed.len(),
+            at: state.clock,
+        })
+    }
+
+    async fn read(&self, since: &usize) -> Result<Read<usize>, sqlx::Error> {
+        let mut state = self.state();
+        state.reads += 1;
+        if *since < state.horizon {
+            return Ok(Read::Pruned);
+        }
+        let mut changes = Changes::default();
+        for key in &state.feed[*since..] {
+            changes.record("i", Some(key.as_bytes()));
+        }
+        Ok(Read::Changes {
+            position: state.feed.len(),
+            changes,
+        })
+    }
+
+    async fn prune(&self, _: Duration) -> Result<i64, sqlx::Error> {
+        Ok(0)
+    }
+
+    async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
+        Ok(Vec::new())
+    }
+
+    fn wake_ups(
+        &self,
+        wake: WakeUps,
+        stop: CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let db = Arc::clone(&self.db);
+        async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = db.commits.notified() => wake.feed.notify_one(),
+                }
+            }
+        }
+    }
+
+    async fn newest_snapshot(&self, _: &str, _: &str) -> Result<Option<Stored>, sqlx::Error> {
+        let state = self.state();
+        Ok(state.snapshots.last().map(|(bytes, scanned_at)| Stored {
+            id: state.snapshots.len() as i64,
+            len: bytes.len() as i64,
+            scanned_at: *scanned_at,
+            age_secs: 0.0,
+        }))
+    }
+
+    async fn load_snapshot(&self, stored: &Stored) -> Result<Snapshot, LoadError> {
+        let mut state = self.state();
+        state.loads += 1;
+        let (bytes, _) = &state.snapshots[stored.id as usize - 1];
+        let mut reader = SnapshotReader::new(bytes.len() as u64);
+        reader.push(bytes)?;
+        Ok(reader.finish()?)
+    }
+
+    async fn publish(&self, writer: SnapshotWriter, scanned_at: i64) -> Result<i64, sqlx::Error> {
+        let bytes = writer.chunks(1 << 20).flatten().collect();
+        let mut state = self.state();
+        state.snapshots.push((bytes, scanned_at));
+        Ok(state.snapshots.len() as i64)
+    }
+
+    async fn lock(&self, guard: &str) -> Result<FakeLock, sqlx::Error> {
+        loop {
+            if let Some(lock) = self.try_lock(guard).await? {
+                return Ok(lock);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    async fn try_lock(&self, _: &str) -> Result<Option<FakeLock>, sqlx::Error> {
+        let mut state = self.state();
+        if state.lock_held {
+            return Ok(None);
+        }
+        state.lock_held = true;
+        Ok(Some(FakeLock(Arc::clone(&self.db))))
+    }
+}
+
+/// A follower over `fake`, quick to check, running until dropped.
+struct Running {
+    guard: BloomGuard,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+fn run(fake: &Fake, snapshots: bool) -> Running {
+    let guard = BloomGuard::builder().name("items").build();
+    let mut engine = Follower::new(guard.clone(), fake.clone());
+    engine.snapshots = snapshots;
+    engine.check_interval = Duration::from_millis(10);
+    engine.poll_interval = Duration::from_secs(5);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(engine.run_until(async move {
+        let _ = stopped.await;
+    }));
+    Running { guard, _stop: stop }
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_position_is_taken_before_the_scan() {
+    let fake = Fake::new();
+    fake.commit("a");
+    let follower = run(&fake, false);
+    until("ready", || follower.guard.is_ready()).await;
+    let events = fake.state().events.clone();
+    assert_eq!(&events[..2], ["position", "scan"], "{events:?}");
+}
+
+#[tokio::test]
+async fn a_change_committed_during_a_scan_is_in_the_new_filter() {
+    let fake = Fake::new();
+    fake.commit("before");
+    fake.state().pause_scans = true;
+    let follower = run(&fake, false);
+    until("the scan", || fake.state().scans == 1).await;
+    // Committed after the scan's snapshot: only the feed brings it.
+    let reads = fake.state().reads;
+    fake.commit("during");
+    until("a read", || fake.state().reads > reads).await;
+    fake.db.resume_scans.notify_one();
+    until("ready", || follower.guard.is_ready()).await;
+    assert!(follower.guard.may_contain("before"));
+    assert!(follower.guard.may_contain("during"));
+    assert!(!follower.guard.may_contain("never"));
+}
+
+#[tokio::test]
+async fn a_snapshot_refused_once_is_not_retried() {
+    let fake = Fake::new();
+    fake.commit("a");
+    // Damaged, and from a scan newer than any: wanted at every check.
+    fake.state()
+        .snapshots
+        .push((b"not a snapshot".to_vec(), i64::MAX));
+    let follower = run(&fake, true);
+    until("ready", || follower.guard.is_ready()).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let state = fake.state();
+    assert_eq!(state.loads, 1, "the refused snapshot was loaded again");
+    assert_eq!(state.scans, 1);
+}
+
+#[tokio::test]
+async fn a_published_snapshot_is_adopted_instead_of_a_scan() {
+    let fake = Fake::new();
+    fake.commit("a");
+    let first = run(&fake, true);
+    until("ready", || first.guard.is_ready()).await;
+    fake.commit("after-the-snapshot");
+    let second = run(&fake, true);
+    until("ready", || second.guard.is_ready()).await;
+    assert_eq!(fake.state().scans, 1, "the second follower scanned");
+    assert!(second.guard.may_contain("a") && second.guard.may_contain("after-the-snapshot"));
+}
+
+#[tokio::test]
+async fn a_reader_behind_the_horizon_rebuilds() {
+    let fake = Fake::new();
+    fake.commit("a");
+    let follower = run(&fake, false);
+    until("ready", || follower.guard.is_ready()).await;
+    {
+        let mut state = fake.state();
+        state.horizon = state.feed.len() + 1;
+    }
+    fake.commit("b");
+    until("a second scan", || fake.state().scans == 2).await;
+    until("ready again", || {
+        follower.guard.stats().state == bloom_guard::GuardState::Ready
+    })
+    .await;
+    assert!(follower.guard.may_contain("b"));
+}
+
+#[tokio::test]
+async fn wake_ups_are_coalesced() {
+    let fake = Fake::new();
+    let follower = run(&fake, false);
+    until("ready", || follower.guard.is_ready()).await;
+    let reads = fake.state().reads;
+    for _ in 0..10_000 {
+        fake.db.commits.notify_one();
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let more = fake.state().reads - reads;
+    // One read per gap (50 ms) at most, however many wake-ups.
+    assert!(more <= 10, "{more} reads for 10 000 wake-ups");
+}
+
+#[tokio::test]
+async fn the_fleet_lock_is_released_on_drop() {
+    let fake = Fake::new();
+    fake.state().pause_scans = true;
+    let follower = run(&fake, true);
+    until("the scan under the lock", || {
+        let state = fake.state();
+        state.scans == 1 && state.lock_held
+    })
+    .await;
+    drop(follower);
+    until("the lock released", || !fake.state().lock_held).await;
+}

@@ -1,0 +1,272 @@
+//! One scan per fleet: the first filter, adopting and publishing
+//! snapshots, and rebuilds run once for every instance.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use bloom_guard::BloomGuard;
+use tokio::time::Instant;
+
+use super::{Clock, Database, Follower, LoadError, Read, Stored};
+
+/// What the follower knows of the fleet's snapshots.
+#[derive(Debug)]
+pub(super) struct Fleet<P> {
+    /// The key source's fingerprint, once known.
+    pub(super) fingerprint: Option<String>,
+    /// The feed position of the last read: every key committed before it
+    /// is in the filter.
+    pub(super) position: Option<P>,
+    /// When the scan that the filter in use descends from started (µs,
+    /// the database's clock).
+    pub(super) scanned_at: Option<i64>,
+    /// Snapshots refused once, never tried again.
+    pub(super) refused: HashSet<i64>,
+}
+
+impl<P> Default for Fleet<P> {
+    fn default() -> Self {
+        Self {
+            fingerprint: None,
+            position: None,
+            scanned_at: None,
+            refused: HashSet::new(),
+        }
+    }
+}
+
+/// Why a snapshot could not be completed from the feed.
+#[derive(Debug, thiserror::Error)]
+enum CatchUpError {
+    #[error("the snapshot is older than the change feed's pruned horizon")]
+    Pruned,
+    #[error("the feed's triggers were reinstalled after the snapshot: it may lack keys written without them")]
+    Resync,
+    #[error("the snapshot's feed position {0:?} cannot be read")]
+    Position(String),
+}
+
+impl<B: Database> Follower<B> {
+    /// The guard's first filter: the newest usable snapshot, completed from
+    /// the feed; else a scan, one instance of the fleet at a time, whose
+    /// result is published for the others.
+    pub(super) async fn first_filter(
+        self: std::sync::Arc<Self>,
+        source: B::Source,
+        start: Clock<B::Position>,
+    ) {
+        if !self.snapshots {
+            self.guard.clone().warm(source).await;
+            self.fleet().scanned_at = Some(start.at);
+            return;
+        }
+        if self.adopt_newest(|_| true).await {
+            return;
+        }
+        // Instances starting together queue here: the first scans and
+        // publishes, the others adopt what it published.
+        let build_lock = match self.backend.lock(self.guard.name()).await {
+            Ok(build_lock) => Some(build_lock),
+            Err(error) => {
+                tracing::debug!(%error, "cannot take the fleet's build lock; scanning without it");
+                None
+            }
+        };
+        if build_lock.is_some() && self.adopt_newest(|_| true).await {
+            return;
+        }
+        // A position taken after the lock: the scan that follows has every
+        // key committed before it, so the snapshot's replay starts late.
+        let now = self.backend.position().await.ok();
+        self.guard.clone().warm(source).await;
+        let scanned_at = now.as_ref().map_or(start.at, |now| now.at);
+        self.fleet().scanned_at = Some(scanned_at);
+        if let Some(now) = now {
+            self.publish(&now).await;
+        }
+        drop(build_lock);
+    }
+
+    /// Adopts the newest snapshot if `wanted` says so and it was not
+    /// refused before; false if there is none, or it is refused now.
+    pub(super) async fn adopt_newest(&self, wanted: impl Fn(&Stored) -> bool) -> bool {
+        let Some(fingerprint) = self.fleet().fingerprint.clone() else {
+            return false;
+        };
+        let stored = match self
+            .backend
+            .newest_snapshot(self.guard.name(), &fingerprint)
+            .await
+        {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return false,
+            Err(error) => {
+                tracing::debug!(%error, "cannot list the filter's snapshots");
+                return false;
+            }
+        };
+        if !wanted(&stored) || self.fleet().refused.contains(&stored.id) {
+            return false;
+        }
+        let started = Instant::now();
+        let snapshot = match self.backend.load_snapshot(&stored).await {
+            Ok(snapshot) => snapshot,
+            Err(LoadError::Snapshot(error)) => return self.refuse(&stored, &error),
+            Err(error) => {
+                tracing::debug!(%error, "cannot load the filter's snapshot");
+                return false;
+            }
+        };
+        let loaded = started.elapsed();
+        let adoption = match self.guard.begin_adoption(snapshot, &fingerprint).await {
+            Ok(adoption) => adoption,
+            Err(error) => return self.refuse(&stored, &error),
+        };
+        let position = &adoption.info().position;
+        let Some(position) = B::parse_position(position) else {
+            return self.refuse(&stored, &CatchUpError::Position(position.clone()));
+        };
+        // The adoption's filter takes every insert from here on: replay
+        // what committed since the snapshot's position into it.
+        match self.backend.read(&position).await {
+            Ok(Read::Pruned) => return self.refuse(&stored, &CatchUpError::Pruned),
+            Ok(Read::Changes { changes, .. }) if changes.resync => {
+                return self.refuse(&stored, &CatchUpError::Resync)
+            }
+            Ok(Read::Changes { changes, .. }) => {
+                self.hooks.apply(&self.guard, self.backend.feed(), &changes);
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot replay the feed since the snapshot");
+                return false;
+            }
+        }
+        adoption.promote();
+        self.fleet().scanned_at = Some(stored.scanned_at);
+        tracing::info!(
+            snapshot = stored.id,
+            bytes = stored.len,
+            load_ms = loaded.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "adopted the filter's snapshot and replayed the feed since"
+        );
+        true
+    }
+
+    /// Never tries `stored` again.
+    fn refuse(&self, stored: &Stored, why: &dyn fmt::Display) -> bool {
+        tracing::warn!(snapshot = stored.id, why = %why, "refusing the filter's snapshot; scanning instead");
+        self.fleet().refused.insert(stored.id);
+        false
+    }
+
+    /// Adopts a snapshot from a scan newer than the one the filter in use
+    /// descends from: another instance rebuilt.
+    pub(super) async fn adopt_newer(&self) -> bool {
+        let Some(ours) = self.fleet().scanned_at else {
+            return false;
+        };
+        self.adopt_newest(|stored| stored.scanned_at > ours).await
+    }
+
+    /// Publishes the filter in use as the guard's newest snapshot at `at`'s
+    /// position: every key committed before it is in the filter.
+    pub(super) async fn publish(&self, at: &Clock<B::Position>) {
+        let Some(fingerprint) = self.fleet().fingerprint.clone() else {
+            return;
+        };
+        publish(&self.backend, &self.guard, &fingerprint, at).await;
+    }
+
+    /// A rebuild the guard asked for, once for the fleet: the instance that
+    /// gets the build lock scans and publishes, the others adopt that.
+    pub(super) async fn fleet_rebuild(&self, source: &B::Source, reason: &str) {
+        let build_lock = match self.backend.try_lock(self.guard.name()).await {
+            Ok(Some(build_lock)) => build_lock,
+            Ok(None) => {
+                tracing::debug!(reason, "another instance is rebuilding the filter; adopting its snapshot when it is published");
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot take the fleet's build lock");
+                return;
+            }
+        };
+        if !self.adopt_newer().await {
+            tracing::info!(reason, "rebuilding the bloom filter for the fleet");
+            if let Ok(now) = self.backend.position().await {
+                if self
+                    .guard
+                    .rebuild_newer_than(source, Instant::now())
+                    .await
+                    .is_ok()
+                {
+                    self.fleet().scanned_at = Some(now.at);
+                    self.publish(&now).await;
+                }
+            }
+        }
+        drop(build_lock);
+    }
+
+    /// Republishes the filter in use when the newest snapshot is older than
+    /// the interval, on one instance.
+    pub(super) async fn republish_if_stale(&self) {
+        let (fingerprint, at) = {
+            let fleet = self.fleet();
+            match (&fleet.fingerprint, &fleet.position, fleet.scanned_at) {
+                (Some(fingerprint), Some(position), Some(at)) => (
+                    fingerprint.clone(),
+                    Clock {
+                        position: position.clone(),
+                        at,
+                    },
+                ),
+                _ => return,
+            }
+        };
+        let fresh = match self
+            .backend
+            .newest_snapshot(self.guard.name(), &fingerprint)
+            .await
+        {
+            Ok(newest) => {
+                newest.is_some_and(|stored| stored.age_secs < self.snapshot_interval.as_secs_f64())
+            }
+            Err(_) => return,
+        };
+        if fresh {
+            return;
+        }
+        if let Ok(Some(build_lock)) = self.backend.try_lock(self.guard.name()).await {
+            publish(&self.backend, &self.guard, &fingerprint, &at).await;
+            drop(build_lock);
+        }
+    }
+}
+
+/// Publishes `guard`'s filter in use as a snapshot at `at`'s position (its
+/// clock as the scan's time), logging the outcome.
+pub(super) async fn publish<B: Database>(
+    backend: &B,
+    guard: &BloomGuard,
+    fingerprint: &str,
+    at: &Clock<B::Position>,
+) {
+    let Some(writer) = guard.snapshot(&at.position.to_string(), fingerprint) else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    let bytes = writer.info().len;
+    match backend.publish(writer, at.at).await {
+        Ok(id) => tracing::info!(
+            snapshot = id,
+            bytes,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "published the filter's snapshot"
+        ),
+        Err(error) => {
+            tracing::warn!(%error, "cannot publish the filter's snapshot; instances that start scan instead");
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! Maintenance on an interval: the trigger check, pruning, snapshots and
+//! the guard's rebuilds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bloom_guard::HoldOpen;
+use tokio::sync::Notify;
+use tokio::time::{sleep, Instant};
+
+use super::{Database, Follower};
+use crate::column;
+
+/// How often the feed is pruned at most.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// Watched tables whose writes can bypass the feed.
+#[derive(Debug, thiserror::Error)]
+#[error("writes can bypass the change feed: {0}")]
+struct GapError(String);
+
+impl<B: Database> Follower<B> {
+    /// Checks the triggers, prunes the feed, and rebuilds when due.
+    pub(super) async fn maintain(
+        self: Arc<Self>,
+        source: B::Source,
+        resync: Arc<Notify>,
+        published: Arc<Notify>,
+        mut gap: Option<HoldOpen>,
+    ) {
+        let feed = self.backend.feed();
+        let mut ticks = tokio::time::interval(self.check_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_prune: Option<Instant> = None;
+        loop {
+            let resync_requested = tokio::select! {
+                _ = ticks.tick() => false,
+                () = resync.notified() => true,
+                () = published.notified() => {
+                    // Anyone may NOTIFY: one look per second at most.
+                    if self.snapshots && gap.is_none() {
+                        self.adopt_newer().await;
+                    }
+                    sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            self.check(&source, &mut gap).await;
+            if resync_requested && gap.is_none() {
+                let _ = self.guard.rebuild_newer_than(&source, Instant::now()).await;
+            }
+            if last_prune.is_none_or(|at| at.elapsed() >= self.retention.min(PRUNE_EVERY)) {
+                match self.backend.prune(self.retention).await {
+                    Ok(0) => {}
+                    Ok(pruned) => tracing::debug!(feed, pruned, "pruned the change feed"),
+                    Err(error) => tracing::debug!(%error, "cannot prune the change feed"),
+                }
+                last_prune = Some(Instant::now());
+            }
+            if self.snapshots && gap.is_none() {
+                self.adopt_newer().await;
+                self.republish_if_stale().await;
+            }
+            if let Some(reason) = self.guard.rebuild_due() {
+                if self.snapshots {
+                    self.fleet_rebuild(&source, reason).await;
+                } else {
+                    tracing::info!(feed, reason, "rebuilding the bloom filter");
+                    let _ = self.guard.rebuild(&source).await;
+                }
+            }
+        }
+    }
+
+    /// Fails the guard open while a watched table can take writes the
+    /// feed does not see; after the repair, rebuilds before closing again.
+    pub(super) async fn check(&self, source: &B::Source, gap: &mut Option<HoldOpen>) {
+        let feed = self.backend.feed();
+        let gaps = match self.backend.gaps().await {
+            Ok(gaps) => gaps,
+            Err(error) => {
+                tracing::debug!(%error, "cannot check the change feed's triggers");
+                return;
+            }
+        };
+        if gaps.is_empty() {
+            if gap.is_some() {
+                tracing::info!(feed, "the change feed's triggers are back; rebuilding before answering absent keys again");
+                if self
+                    .guard
+                    .rebuild_newer_than(source, Instant::now())
+                    .await
+                    .is_ok()
+                {
+                    *gap = None;
+                    tracing::info!(
+                        feed,
+                        "rebuilt after the repair; the guard answers absent keys again"
+                    );
+                }
+            }
+            return;
+        }
+        let problem = GapError(gaps.join("; "));
+        if gap.is_none() {
+            tracing::error!(feed, gaps = %problem.0, "writes to a watched table can bypass the change feed; the guard lets every request through until this is repaired (run Watch::install or select bloom_guard.watch(...) again)");
+            *gap = Some(self.guard.hold_open());
+        }
+        self.guard.report_unavailable(&problem);
+    }
+
+    /// Holds the guard open if its key type could refuse a key stored in
+    /// the watched column(s).
+    pub(super) async fn check_key_type(&self) -> Option<HoldOpen> {
+        match self.backend.key_columns().await {
+            Ok(columns) => column::enforce(&self.guard, self.backend.watch(), &columns),
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the watched key columns' types");
+                None
+            }
+        }
+    }
+}

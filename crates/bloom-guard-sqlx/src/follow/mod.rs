@@ -1,0 +1,180 @@
+//! The follower engine: one protocol that keeps a guard complete while the
+//! database changes, over a [`Database`] per backend.
+
+mod api;
+mod backend;
+mod fleet;
+mod maintain;
+mod reader;
+mod rebuild;
+
+#[cfg(test)]
+mod fake;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bloom_guard::BloomGuard;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
+
+pub(crate) use api::follower_api;
+pub(crate) use backend::{Clock, Database, LoadError, Read, Stored, WakeUps};
+pub(crate) use rebuild::Rebuild;
+
+use crate::changes::Hooks;
+use crate::error::error_chain;
+use fleet::Fleet;
+
+/// The follower engine over one backend; the public followers wrap it.
+pub(crate) struct Follower<B: Database> {
+    pub(crate) guard: BloomGuard,
+    pub(crate) backend: B,
+    pub(crate) poll_interval: Duration,
+    pub(crate) min_read_gap: Duration,
+    pub(crate) check_interval: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) snapshots: bool,
+    pub(crate) snapshot_interval: Duration,
+    pub(crate) hooks: Hooks,
+    fleet: Mutex<Fleet<B::Position>>,
+}
+
+impl<B: Database> std::fmt::Debug for Follower<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Follower")
+            .field("guard", &self.guard.name())
+            .field("feed", &self.backend.feed())
+            .field("poll_interval", &self.poll_interval)
+            .field("min_read_gap", &self.min_read_gap)
+            .field("check_interval", &self.check_interval)
+            .field("retention", &self.retention)
+            .field("snapshots", &self.snapshots)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Database> Follower<B> {
+    /// The engine for `guard` over `backend`, with the defaults.
+    pub(crate) fn new(guard: BloomGuard, backend: B) -> Self {
+        Self {
+            guard,
+            backend,
+            poll_interval: Duration::from_secs(1),
+            min_read_gap: Duration::from_millis(50),
+            check_interval: Duration::from_secs(10),
+            retention: Duration::from_secs(3600),
+            snapshots: true,
+            snapshot_interval: Duration::from_secs(600),
+            hooks: Hooks::default(),
+            fleet: Mutex::default(),
+        }
+    }
+
+    /// Runs the protocol until `shutdown` completes.
+    pub(crate) async fn run_until(self, shutdown: impl Future<Output = ()>) {
+        let span = tracing::info_span!(
+            "bloom_guard_follower",
+            guard = self.guard.name(),
+            feed = self.backend.feed()
+        );
+        self.follow_until(shutdown).instrument(span).await;
+    }
+
+    async fn follow_until(self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let this = Arc::new(self);
+        let wake = Arc::new(Notify::new());
+        let resync = Arc::new(Notify::new());
+        let published = Arc::new(Notify::new());
+        let stop = CancellationToken::new();
+        let wake_ups = WakeUps {
+            feed: Arc::clone(&wake),
+            published: Arc::clone(&published),
+            guard: this.guard.name().to_owned(),
+        };
+        let wake_ups = tokio::spawn(
+            this.backend
+                .wake_ups(wake_ups, stop.clone())
+                .in_current_span(),
+        );
+        let started = tokio::select! {
+            () = &mut shutdown => None,
+            started = this.start() => Some(started),
+        };
+        if let Some((source, start)) = started {
+            // For as long as the follower runs, a key type that does not
+            // fit its column keeps the guard open.
+            let _key_type = this.check_key_type().await;
+            // Before the first filter: with a gap, it comes already held open.
+            let mut gap = None;
+            this.check(&source, &mut gap).await;
+            let first = Arc::clone(&this).first_filter(source.clone(), start.clone());
+            let _first = AbortOnDropHandle::new(tokio::spawn(first.in_current_span()));
+            let maintenance = Arc::clone(&this).maintain(
+                source.clone(),
+                Arc::clone(&resync),
+                Arc::clone(&published),
+                gap,
+            );
+            let _maintenance = AbortOnDropHandle::new(tokio::spawn(maintenance.in_current_span()));
+            tokio::select! {
+                () = &mut shutdown => {}
+                () = this.follow(&source, start.position, &wake, &resync) => {}
+            }
+        }
+        stop.cancel();
+        let _ = wake_ups.await;
+        tracing::info!(
+            feed = this.backend.feed(),
+            "stopped following the change feed"
+        );
+    }
+
+    /// The key source and the feed's position, taken before any filter is
+    /// built: the build's scan has every key committed before its snapshot,
+    /// the feed every key committed after the position.
+    async fn start(&self) -> (B::Source, Clock<B::Position>) {
+        let mut pauses = retry_pauses();
+        loop {
+            let attempt = async {
+                let (source, fingerprint) = self.backend.key_source().await?;
+                self.fleet().fingerprint = Some(fingerprint);
+                let start = self.backend.position().await?;
+                Ok::<_, sqlx::Error>((source, start))
+            };
+            match attempt.await {
+                Ok(started) => return started,
+                Err(error) => {
+                    let pause = pauses.next().unwrap_or(MAX_PAUSE);
+                    tracing::warn!(error = %error_chain(&error), retry_in = ?pause, "cannot start following the change feed; the guard lets every request through");
+                    self.guard.report_unavailable(&error);
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+
+    /// What the follower knows of the fleet.
+    fn fleet(&self) -> std::sync::MutexGuard<'_, Fleet<B::Position>> {
+        crate::lock::lock(&self.fleet)
+    }
+}
+
+/// The longest pause between two attempts of anything that fails.
+const MAX_PAUSE: Duration = Duration::from_secs(10);
+
+/// Pauses from 100 ms doubling up to 10 s, jittered so a fleet restarting
+/// together does not retry in step: every retry loop of the crate.
+pub(crate) fn retry_pauses() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(MAX_PAUSE)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}

@@ -1,0 +1,101 @@
+//! Reading the feed: on every wake-up and interval, forever.
+
+use bloom_guard::FeedStatus;
+use tokio::sync::Notify;
+use tokio::time::{sleep, Instant};
+
+use super::{retry_pauses, Database, Follower, Read, MAX_PAUSE};
+
+impl<B: Database> Follower<B> {
+    /// Reads the feed from `position` on every wake-up and interval.
+    pub(super) async fn follow(
+        &self,
+        source: &B::Source,
+        mut position: B::Position,
+        wake: &Notify,
+        resync: &Notify,
+    ) {
+        let feed = self.backend.feed();
+        let mut total = 0;
+        let mut failing = false;
+        let mut pauses = retry_pauses();
+        loop {
+            match self.backend.read(&position).await {
+                Ok(Read::Changes {
+                    position: reached,
+                    changes,
+                }) => {
+                    if failing {
+                        tracing::info!(feed, "reading the change feed again");
+                        failing = false;
+                        pauses = retry_pauses();
+                    }
+                    total += changes.rows;
+                    // The keys first, then the position: a snapshot
+                    // published at the position holds every key before it.
+                    self.hooks.apply(&self.guard, feed, &changes);
+                    position = reached;
+                    self.fleet().position = Some(position.clone());
+                    if changes.resync {
+                        tracing::info!(feed, "the feed's triggers were (re)installed; rebuilding to include keys written without them");
+                        resync.notify_one();
+                    }
+                    self.guard
+                        .record_feed_read(FeedStatus::new(position.to_string(), total));
+                    // A wake-up that found nothing may be anyone's NOTIFY:
+                    // the next read waits out the gap. Real writes always
+                    // bring rows, so they never wait.
+                    if changes.rows == 0 {
+                        sleep(self.min_read_gap).await;
+                    }
+                }
+                Ok(Read::Pruned) => {
+                    position = self.catch_up_after_pruning(source).await;
+                    continue;
+                }
+                Err(error) => {
+                    if !failing {
+                        tracing::warn!(feed, %error, "cannot read the change feed; retrying (keys committed meanwhile arrive once it is back)");
+                        failing = true;
+                    }
+                    // Never longer than the interval: the feed holds what
+                    // committed meanwhile, and the sooner it is read the
+                    // sooner other instances' keys arrive.
+                    let pause = pauses.next().unwrap_or(MAX_PAUSE);
+                    sleep(pause.min(self.poll_interval)).await;
+                    continue;
+                }
+            }
+            tokio::select! {
+                () = wake.notified() => {}
+                () = sleep(self.poll_interval) => {}
+            }
+        }
+    }
+
+    /// The feed no longer holds every change since this reader's position:
+    /// fails open, rebuilds from a scan newer than a new position, and
+    /// resumes there.
+    async fn catch_up_after_pruning(&self, source: &B::Source) -> B::Position {
+        tracing::warn!(feed = self.backend.feed(), "the change feed was pruned past this reader's position; rebuilding, the guard lets every request through meanwhile");
+        let _hold = self.guard.hold_open();
+        self.hooks.catch_up();
+        let mut pauses = retry_pauses();
+        loop {
+            let position = match self.backend.position().await {
+                Ok(now) => now.position,
+                Err(_) => {
+                    sleep(pauses.next().unwrap_or(MAX_PAUSE)).await;
+                    continue;
+                }
+            };
+            // Only a rebuild that starts after the position was taken scans
+            // every row committed before it.
+            let since = Instant::now();
+            if self.guard.rebuild_newer_than(source, since).await.is_ok() {
+                return position;
+            }
+            sleep(pauses.next().unwrap_or(MAX_PAUSE)).await;
+        }
+    }
+}

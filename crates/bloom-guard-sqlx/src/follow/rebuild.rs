@@ -1,0 +1,70 @@
+//! A rebuild requested by an operator, run once for the fleet.
+
+use std::sync::Arc;
+
+use bloom_guard::{BloomGuard, BuildError, Stats};
+use tokio::time::Instant;
+
+use super::fleet::publish;
+use super::Database;
+
+/// The engine of [`FleetRebuild`](crate::FleetRebuild) over one backend.
+#[derive(Debug)]
+pub(crate) struct Rebuild<B> {
+    guard: BloomGuard,
+    backend: Arc<B>,
+}
+
+impl<B> Clone for Rebuild<B> {
+    fn clone(&self) -> Self {
+        Self {
+            guard: self.guard.clone(),
+            backend: Arc::clone(&self.backend),
+        }
+    }
+}
+
+impl<B: Database> Rebuild<B> {
+    pub(crate) fn new(guard: BloomGuard, backend: B) -> Self {
+        Self {
+            guard,
+            backend: Arc::new(backend),
+        }
+    }
+
+    /// Rebuilds once for the fleet: under the build lock, unless a snapshot
+    /// from a scan newer than the request is published, scans and
+    /// publishes. A failure is reported to the guard too.
+    pub(crate) async fn rebuild(&self) -> Result<Stats, BuildError> {
+        let failed = |error: sqlx::Error| {
+            self.guard.report_unavailable(&error);
+            BuildError::Source(Arc::new(error))
+        };
+        let backend = &*self.backend;
+        let name = self.guard.name();
+        let (source, fingerprint) = backend.key_source().await.map_err(failed)?;
+        let requested = backend.position().await.map_err(failed)?;
+        let build_lock = backend.lock(name).await.map_err(failed)?;
+        let newer = backend
+            .newest_snapshot(name, &fingerprint)
+            .await
+            .map_err(failed)?
+            .is_some_and(|stored| stored.scanned_at >= requested.at);
+        if newer {
+            // Another instance rebuilt after the request; this instance's
+            // follower adopts that snapshot.
+            tracing::info!(
+                guard = name,
+                "a rebuild newer than the request was published; not scanning again"
+            );
+            return Ok(self.guard.stats());
+        }
+        let now = backend.position().await.map_err(failed)?;
+        let built = self.guard.rebuild_newer_than(&source, Instant::now()).await;
+        if built.is_ok() {
+            publish(backend, &self.guard, &fingerprint, &now).await;
+        }
+        drop(build_lock);
+        built
+    }
+}

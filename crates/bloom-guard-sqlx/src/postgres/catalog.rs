@@ -1,0 +1,62 @@
+//! What the catalog says of the watched tables: trigger gaps, and the key
+//! columns' types and collations.
+
+use sqlx::PgPool;
+
+use crate::column::{postgres_comparison, KeyColumn};
+use crate::watch::Watch;
+
+/// What keeps feed `name` from being complete: tables whose triggers are
+/// missing or disabled, or the feed not installed at all. Empty when all
+/// is well.
+pub(super) async fn gaps(pool: &PgPool, name: &str) -> Result<Vec<String>, sqlx::Error> {
+    let gaps = sqlx::query_scalar(
+        "select coalesce(rel::text || ': ', '') || problem from bloom_guard.gaps($1) order by 1",
+    )
+    .bind(name)
+    .fetch_all(pool)
+    .await;
+    match gaps {
+        // No such table, function or schema.
+        Err(sqlx::Error::Database(error))
+            if error
+                .code()
+                .is_some_and(|code| code == "42P01" || code == "42883" || code == "3F000") =>
+        {
+            Ok(vec![format!("the change feed is not installed ({error}): call bloom_guard_sqlx::install and Watch::install")])
+        }
+        gaps => gaps,
+    }
+}
+
+/// The watched key columns, in the watch's order.
+pub(super) async fn key_columns(
+    pool: &PgPool,
+    watch: &Watch,
+) -> Result<Vec<KeyColumn>, sqlx::Error> {
+    // `colllocale` since Postgres 17, `colliculocale` before.
+    let rows: Vec<(String, String, bool, String, Option<String>)> = sqlx::query_as(
+        "select a.attname::text, coalesce(b.typname, t.typname)::text,
+                coalesce(b.typtype, t.typtype) = 'e', format_type(a.atttypid, a.atttypmod),
+                case when c.collisdeterministic then null
+                     else coalesce(to_jsonb(c) ->> 'colllocale', to_jsonb(c) ->> 'colliculocale', c.collcollate) end
+           from unnest($2::text[]) with ordinality as k(name, n)
+           join pg_catalog.pg_attribute a
+             on a.attrelid = $1::regclass and a.attname = k.name and not a.attisdropped
+           join pg_catalog.pg_type t on t.oid = a.atttypid
+           left join pg_catalog.pg_type b on t.typtype = 'd' and b.oid = t.typbasetype
+           left join pg_catalog.pg_collation c on c.oid = a.attcollation
+          order by k.n",
+    )
+    .bind(&watch.table)
+    .bind(&watch.key_columns)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(name, base, is_enum, declared, locale)| KeyColumn {
+            comparison: postgres_comparison(&base, is_enum, &declared, locale.as_deref()),
+            name,
+        })
+        .collect())
+}

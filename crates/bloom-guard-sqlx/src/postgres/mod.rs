@@ -1,0 +1,152 @@
+//! The follower engine's Postgres backend: the feed read by snapshot
+//! visibility, LISTEN wake-ups, the trigger check, snapshots under an
+//! advisory lock, the feed's SQL, and the COPY warm-up.
+
+mod catalog;
+mod copy;
+mod feed;
+mod install;
+mod listen;
+mod snapshot;
+
+use std::time::Duration;
+
+use bloom_guard::{BloomGuard, Snapshot, SnapshotWriter};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+pub use copy::PgCopySource;
+pub use install::{install, POSTGRES_SQL, SCHEMA_VERSION};
+pub use listen::LISTENER_APPLICATION_NAME;
+
+use crate::column::KeyColumn;
+use crate::follow::{follower_api, Clock, Database, Follower, LoadError, Read, Stored, WakeUps};
+use crate::watch::Watch;
+
+#[doc = include_str!("../follow/protocol.md")]
+///
+/// # Example
+///
+/// ```no_run
+/// use bloom_guard::BloomGuard;
+/// use bloom_guard_sqlx::{PgFollower, Watch};
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+/// let items = Watch::table("items").key("key");
+/// bloom_guard_sqlx::install(&pool).await?; // at migration time
+/// items.install(&pool).await?;
+///
+/// let guard = BloomGuard::builder().expected_items(1_000_000).build();
+/// tokio::spawn(PgFollower::new(guard.clone(), pool, items).run());
+/// # Ok(()) }
+/// ```
+pub struct PgFollower {
+    engine: Follower<PgBackend>,
+}
+
+follower_api!(PgFollower);
+
+impl PgFollower {
+    /// A follower for `guard`, holding the keys of `watch`'s table, reading
+    /// through `pool`.
+    pub fn new(guard: BloomGuard, pool: PgPool, watch: Watch) -> Self {
+        Self {
+            engine: Follower::new(guard, PgBackend { pool, watch }),
+        }
+    }
+
+    /// The pause after a read that found no changes (default 50 ms):
+    /// wake-ups that arrive meanwhile are served by one read, so a NOTIFY
+    /// flood from any role costs at most one read per pause. A read that
+    /// found changes (real writes) is followed at once.
+    #[must_use]
+    pub fn min_read_gap(mut self, gap: Duration) -> Self {
+        self.engine.min_read_gap = gap;
+        self
+    }
+}
+
+/// A Postgres database holding a watched table and its change feed.
+#[derive(Debug, Clone)]
+pub(crate) struct PgBackend {
+    pool: PgPool,
+    watch: Watch,
+}
+
+impl PgBackend {
+    pub(crate) fn new(pool: PgPool, watch: Watch) -> Self {
+        Self { pool, watch }
+    }
+}
+
+impl Database for PgBackend {
+    type Position = String;
+    type Source = PgCopySource;
+    type Lock = snapshot::PgBuildLock;
+
+    fn watch(&self) -> &Watch {
+        &self.watch
+    }
+
+    fn parse_position(text: &str) -> Option<String> {
+        Some(text.to_owned())
+    }
+
+    async fn key_source(&self) -> Result<(PgCopySource, String), sqlx::Error> {
+        let query = self.watch.key_query(&self.pool).await?;
+        let fingerprint = snapshot::fingerprint(&self.pool, &query).await?;
+        Ok((PgCopySource::new(self.pool.clone(), query), fingerprint))
+    }
+
+    async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
+        catalog::key_columns(&self.pool, &self.watch).await
+    }
+
+    async fn position(&self) -> Result<Clock<String>, sqlx::Error> {
+        snapshot::position_now(&self.pool).await
+    }
+
+    async fn read(&self, since: &String) -> Result<Read<String>, sqlx::Error> {
+        feed::read_since(&self.pool, self.watch.feed_name(), since).await
+    }
+
+    async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
+        feed::prune(&self.pool, retention).await
+    }
+
+    async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
+        catalog::gaps(&self.pool, self.watch.feed_name()).await
+    }
+
+    fn wake_ups(
+        &self,
+        wake: WakeUps,
+        stop: CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        listen::listen(listen::options(&self.pool.connect_options()), wake, stop)
+    }
+
+    async fn newest_snapshot(
+        &self,
+        guard: &str,
+        fingerprint: &str,
+    ) -> Result<Option<Stored>, sqlx::Error> {
+        snapshot::newest(&self.pool, guard, fingerprint).await
+    }
+
+    async fn load_snapshot(&self, stored: &Stored) -> Result<Snapshot, LoadError> {
+        snapshot::load(&self.pool, stored).await
+    }
+
+    async fn publish(&self, writer: SnapshotWriter, scanned_at: i64) -> Result<i64, sqlx::Error> {
+        snapshot::publish(&self.pool, writer, scanned_at).await
+    }
+
+    async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {
+        snapshot::PgBuildLock::acquire(&self.pool, guard).await
+    }
+
+    async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, sqlx::Error> {
+        snapshot::PgBuildLock::try_acquire(&self.pool, guard).await
+    }
+}

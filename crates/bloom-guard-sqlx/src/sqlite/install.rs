@@ -1,0 +1,102 @@
+//! Installing the change feed in a SQLite database: the feed and snapshot
+//! tables, and row triggers on the watched table.
+
+use sqlx::{AssertSqlSafe, SqlitePool};
+
+use super::snapshot;
+use crate::error::FeedError;
+use crate::watch::Watch;
+
+pub(super) const FEED_TABLE: &str = "
+create table if not exists bloom_guard_changes (
+    id integer primary key autoincrement,
+    guard text not null,
+    kind text not null,
+    key,
+    at integer not null default (cast(strftime('%s', 'now') as integer))
+);
+create table if not exists bloom_guard_horizon (below integer not null);
+insert into bloom_guard_horizon (below) select 0 where not exists (select 1 from bloom_guard_horizon);
+";
+
+/// `"name"` with inner quotes doubled: an SQLite identifier.
+pub(super) fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// `'text'` with inner quotes doubled: an SQLite string literal.
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+impl Watch {
+    /// The canonical key of row `alias` in SQLite: as for Postgres (see
+    /// [`Watch`]), a BLOB left as it is, for the reader to skip.
+    fn sqlite_key(&self, alias: &str) -> String {
+        let part = |column: &String| format!("{alias}.{}", ident(column));
+        match self.key_columns.as_slice() {
+            [one] => format!(
+                "case typeof({0}) when 'blob' then {0} else cast({0} as text) end",
+                part(one)
+            ),
+            columns => columns
+                .iter()
+                .map(|c| {
+                    format!(
+                        "cast(length(cast(cast({0} as text) as blob)) as text) || ':' || cast({0} as text)",
+                        part(c)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" || "),
+        }
+    }
+
+    /// Installs the feed's table and this table's triggers in a SQLite
+    /// database: every key written by any client (another instance, the
+    /// `sqlite3` shell) reaches [`SqliteFollower`]s. Idempotent.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Database`] if the table or a column does not exist.
+    pub async fn install_sqlite(&self, pool: &SqlitePool) -> Result<(), FeedError> {
+        let table = ident(&self.table);
+        let name = literal(self.feed_name());
+        let trigger = |event: &str| ident(&format!("bloom_guard_{}_{event}", self.feed_name()));
+        let (new_key, old_key) = (self.sqlite_key("new"), self.sqlite_key("old"));
+        let snapshot_tables = snapshot::TABLES;
+        let script = format!(
+            "{FEED_TABLE}
+            {snapshot_tables}
+            drop trigger if exists {inserted};
+            create trigger {inserted} after insert on {table} when ({new_key}) is not null begin
+                insert into bloom_guard_changes (guard, kind, key) values ({name}, 'i', {new_key});
+            end;
+            drop trigger if exists {updated};
+            create trigger {updated} after update on {table} when ({new_key}) is not ({old_key}) begin
+                insert into bloom_guard_changes (guard, kind, key)
+                select {name}, 'd', {old_key} where ({old_key}) is not null;
+                insert into bloom_guard_changes (guard, kind, key)
+                select {name}, 'i', {new_key} where ({new_key}) is not null;
+            end;
+            drop trigger if exists {deleted};
+            create trigger {deleted} after delete on {table} when ({old_key}) is not null begin
+                insert into bloom_guard_changes (guard, kind, key) values ({name}, 'd', {old_key});
+            end;",
+            inserted = trigger("inserted"),
+            updated = trigger("updated"),
+            deleted = trigger("deleted"),
+        );
+        // Idempotent: a failure half-way is repaired by the next call.
+        sqlx::raw_sql(AssertSqlSafe(script)).execute(pool).await?;
+        Ok(())
+    }
+
+    pub(super) fn sqlite_key_query(&self) -> String {
+        format!(
+            "select {} from {} as t",
+            self.sqlite_key("t"),
+            ident(&self.table)
+        )
+    }
+}

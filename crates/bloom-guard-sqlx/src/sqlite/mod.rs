@@ -1,0 +1,148 @@
+//! The follower engine's SQLite backend: the feed read by row id,
+//! `PRAGMA data_version` wake-ups, the trigger check, snapshots under a
+//! leased lock row, the feed's tables and triggers, and the scan.
+
+mod feed;
+mod install;
+mod scan;
+mod snapshot;
+mod wake;
+
+use std::time::Duration;
+
+use bloom_guard::{BloomGuard, Snapshot, SnapshotWriter};
+use sqlx::SqlitePool;
+use tokio_util::sync::CancellationToken;
+
+use crate::column::KeyColumn;
+use crate::follow::{follower_api, Clock, Database, Follower, LoadError, Read, Stored, WakeUps};
+use crate::watch::Watch;
+use scan::SqliteScan;
+
+#[doc = include_str!("../follow/protocol.md")]
+///
+/// On SQLite the feed's rows after the position are read whenever
+/// `PRAGMA data_version` (on a connection of its own) says another
+/// connection committed, and at least every
+/// [`poll_interval`](Self::poll_interval). Needs [`Watch::install_sqlite`]
+/// first.
+///
+/// # Example
+///
+/// ```no_run
+/// use bloom_guard::BloomGuard;
+/// use bloom_guard_sqlx::{SqliteFollower, Watch};
+///
+/// # async fn run(pool: sqlx::SqlitePool) -> Result<(), bloom_guard_sqlx::FeedError> {
+/// let items = Watch::table("items").key("key");
+/// items.install_sqlite(&pool).await?;
+/// let guard = BloomGuard::builder().build();
+/// tokio::spawn(SqliteFollower::new(guard.clone(), pool, items).run());
+/// # Ok(()) }
+/// ```
+pub struct SqliteFollower {
+    engine: Follower<SqliteBackend>,
+}
+
+follower_api!(SqliteFollower);
+
+impl SqliteFollower {
+    /// A follower for `guard`, holding the keys of `watch`'s table.
+    pub fn new(guard: BloomGuard, pool: SqlitePool, watch: Watch) -> Self {
+        Self {
+            engine: Follower::new(guard, SqliteBackend { pool, watch }),
+        }
+    }
+}
+
+/// A SQLite database holding a watched table and its change feed.
+#[derive(Debug, Clone)]
+pub(crate) struct SqliteBackend {
+    pool: SqlitePool,
+    watch: Watch,
+}
+
+impl SqliteBackend {
+    pub(crate) fn new(pool: SqlitePool, watch: Watch) -> Self {
+        Self { pool, watch }
+    }
+}
+
+impl Database for SqliteBackend {
+    type Position = i64;
+    type Source = SqliteScan;
+    type Lock = snapshot::SqliteBuildLock;
+
+    fn watch(&self) -> &Watch {
+        &self.watch
+    }
+
+    fn parse_position(text: &str) -> Option<i64> {
+        text.parse().ok()
+    }
+
+    async fn key_source(&self) -> Result<(SqliteScan, String), sqlx::Error> {
+        let query = self.watch.sqlite_key_query();
+        let fingerprint = snapshot::fingerprint(&query);
+        let source = SqliteScan {
+            pool: self.pool.clone(),
+            count_query: format!("select count(*) from ({query})"),
+            query,
+        };
+        Ok((source, fingerprint))
+    }
+
+    async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
+        feed::key_columns(&self.pool, &self.watch).await
+    }
+
+    async fn position(&self) -> Result<Clock<i64>, sqlx::Error> {
+        let at = snapshot::now_micros();
+        let position = feed::position(&self.pool).await?;
+        Ok(Clock { position, at })
+    }
+
+    async fn read(&self, since: &i64) -> Result<Read<i64>, sqlx::Error> {
+        feed::read_since(&self.pool, self.watch.feed_name(), *since).await
+    }
+
+    async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
+        feed::prune(&self.pool, retention).await
+    }
+
+    async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
+        feed::gaps(&self.pool, &self.watch).await
+    }
+
+    fn wake_ups(
+        &self,
+        wake: WakeUps,
+        stop: CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        wake::watch((*self.pool.connect_options()).clone(), wake, stop)
+    }
+
+    async fn newest_snapshot(
+        &self,
+        guard: &str,
+        fingerprint: &str,
+    ) -> Result<Option<Stored>, sqlx::Error> {
+        snapshot::newest(&self.pool, guard, fingerprint).await
+    }
+
+    async fn load_snapshot(&self, stored: &Stored) -> Result<Snapshot, LoadError> {
+        snapshot::load(&self.pool, stored).await
+    }
+
+    async fn publish(&self, writer: SnapshotWriter, scanned_at: i64) -> Result<i64, sqlx::Error> {
+        snapshot::publish(&self.pool, writer, scanned_at).await
+    }
+
+    async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {
+        snapshot::SqliteBuildLock::acquire(&self.pool, guard).await
+    }
+
+    async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, sqlx::Error> {
+        snapshot::SqliteBuildLock::try_acquire(&self.pool, guard).await
+    }
+}

@@ -1,0 +1,66 @@
+//! Every key of a watched SQLite table, for a scan.
+
+use bloom_guard::{KeyBatch, KeySource};
+use futures_util::stream::BoxStream;
+use futures_util::TryStreamExt;
+use sqlx::{AssertSqlSafe, Row, SqlitePool, TypeInfo, ValueRef};
+
+use crate::batches::{spawn_scan, BatchSender};
+use crate::error::SourceError;
+
+/// A stored key's bytes: `None` for a BLOB, which no request can name,
+/// and for NULL.
+pub(super) fn key_bytes<'r>(
+    value: sqlx::sqlite::SqliteValueRef<'r>,
+) -> Result<Option<&'r [u8]>, sqlx::Error> {
+    if value.is_null() || value.type_info().name() == "BLOB" {
+        return Ok(None);
+    }
+    <&[u8] as sqlx::Decode<'_, sqlx::Sqlite>>::decode(value)
+        .map(Some)
+        .map_err(sqlx::Error::Decode)
+}
+
+/// Every key of a watched SQLite table, BLOB keys counted as skipped.
+#[derive(Debug, Clone)]
+pub(crate) struct SqliteScan {
+    pub(super) pool: SqlitePool,
+    pub(super) query: String,
+    pub(super) count_query: String,
+}
+
+impl KeySource for SqliteScan {
+    type Error = SourceError;
+
+    async fn count_hint(&self) -> Result<Option<u64>, SourceError> {
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(self.count_query.as_str()))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(Some(count.max(0) as u64))
+    }
+
+    fn keys(&self) -> BoxStream<'static, Result<KeyBatch, SourceError>> {
+        let (pool, query) = (self.pool.clone(), self.query.clone());
+        spawn_scan(move |batches| async move {
+            let mut rows = sqlx::query(AssertSqlSafe(query)).fetch(&pool);
+            let mut batch = BatchSender::new_batch();
+            while let Some(row) = rows.try_next().await? {
+                {
+                    let value = row.try_get_raw(0)?;
+                    // A NULL key names no row; a BLOB is a key no request names.
+                    let null = value.is_null();
+                    match key_bytes(value)? {
+                        Some(key) => batch.push_text(key),
+                        None if null => {}
+                        None => batch.skip(),
+                    }
+                }
+                if !batches.send_if_full(&mut batch).await {
+                    return Ok(());
+                }
+            }
+            batches.finish(batch).await;
+            Ok(())
+        })
+    }
+}
