@@ -190,10 +190,9 @@ impl Adoption<'_> {
     /// the guard's stats.
     pub fn promote(mut self) -> Stats {
         let shared = &*self.guard.shared;
-        let generation = self
-            .registration
-            .take()
-            .map_or(0, |registration| registration.promote(FilterOrigin::Snapshot));
+        let generation = self.registration.take().map_or(0, |registration| {
+            registration.promote(FilterOrigin::Snapshot)
+        });
         let elapsed = self.started.elapsed();
         shared.metrics.build_finished("snapshot", elapsed, true);
         tracing::info!(
