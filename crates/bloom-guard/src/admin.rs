@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::BuildError;
 use crate::guard::BloomGuard;
-use crate::shared::lock;
+use crate::lock::lock;
 use crate::source::KeySource;
 use crate::stats::Stats;
 

@@ -18,6 +18,7 @@ mod journal;
 mod key;
 mod key_type;
 mod layer;
+mod lock;
 mod methods;
 mod metrics;
 mod mode;

@@ -2,7 +2,7 @@
 //! being built, and the counters.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use arc_swap::ArcSwapOption;
 use tokio::sync::watch;
@@ -13,6 +13,7 @@ use crate::error::BuildError;
 use crate::filter::Filter;
 use crate::journal::Journal;
 use crate::key::{Key, KeyError};
+use crate::lock::{lock, read_lock, write_lock};
 use crate::metrics::{FilterFigures, GuardMetrics, UNCHECKED_REASONS};
 use crate::mode::Mode;
 use crate::source::KeyBatch;
@@ -86,11 +87,6 @@ fn unchecked_index(why: &KeyError) -> Option<usize> {
         KeyError::Uncomparable => 4,
         KeyError::Unguardable(_) => return None,
     })
-}
-
-/// Locks a mutex whose data stays valid even if a holder panicked.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Shared {
@@ -276,7 +272,7 @@ impl Shared {
     /// every filter being built, and the journal.
     pub(crate) fn insert(&self, key: &Key<'_>) {
         let key = &self.config.key_type.canonical_or_same(Key::from(key));
-        let building = self.building.read().unwrap_or_else(PoisonError::into_inner);
+        let building = read_lock(&self.building);
         if let Some(filter) = &*self.current.load() {
             filter.insert(key);
             self.metrics.keys(filter.keys(), filter.skipped());
@@ -292,7 +288,7 @@ impl Shared {
     /// scans their rows.
     pub(crate) fn insert_batch(&self, batch: &KeyBatch) {
         let batch = &*self.config.key_type.canonical_batch(batch);
-        let building = self.building.read().unwrap_or_else(PoisonError::into_inner);
+        let building = read_lock(&self.building);
         let mut hashes = Vec::new();
         if let Some(filter) = &*self.current.load() {
             filter.insert_batch(batch, &mut hashes);
@@ -305,19 +301,13 @@ impl Shared {
 
     /// Makes `filter` receive every insert from now on, plus the journal.
     pub(crate) fn register(&self, filter: &Arc<Filter>) {
-        let mut building = self
-            .building
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut building = write_lock(&self.building);
         self.journal.replay(filter);
         building.push(Arc::clone(filter));
     }
 
     pub(crate) fn unregister(&self, filter: &Arc<Filter>) {
-        let mut building = self
-            .building
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut building = write_lock(&self.building);
         building.retain(|f| !Arc::ptr_eq(f, filter));
     }
 
@@ -325,10 +315,7 @@ impl Shared {
     /// and unregistering happen under the write lock so no insert can fall
     /// between the two.
     pub(crate) fn promote(&self, filter: &Arc<Filter>, origin: FilterOrigin) -> u64 {
-        let mut building = self
-            .building
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut building = write_lock(&self.building);
         self.current.store(Some(Arc::clone(filter)));
         building.retain(|f| !Arc::ptr_eq(f, filter));
         drop(building);
