@@ -34,6 +34,15 @@ pub struct Builder {
     config: Config,
 }
 
+impl BloomGuard {
+    /// A builder with the defaults: text keys, 1000 expected items, a 0.1% false-positive rate, keys of at
+    /// most 512 bytes, and [`not_found_response`](crate::not_found_response)
+    /// for absent keys.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+}
+
 impl Builder {
     /// What the keys are, and so the one form in which stored and request
     /// keys are compared (default [`KeyType::Text`]). See [`KeyType`].

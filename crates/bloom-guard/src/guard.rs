@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use http::Request;
 
-use crate::builder::Builder;
 use crate::extract::KeyExtractor;
 use crate::key::Key;
 use crate::layer::GuardLayer;
@@ -61,13 +60,6 @@ pub struct BloomGuard {
 }
 
 impl BloomGuard {
-    /// A builder with the defaults: text keys, 1000 expected items, a 0.1% false-positive rate, keys of at
-    /// most 512 bytes, and [`not_found_response`](crate::not_found_response)
-    /// for absent keys.
-    pub fn builder() -> Builder {
-        Builder::default()
-    }
-
     /// A tower [`Layer`](tower_layer::Layer) that guards the routes it wraps with this guard,
     /// reading each request's key with `extractor` (a [`PathParam`](crate::PathParam),
     /// [`PathSegment`](crate::PathSegment), [`QueryParam`](crate::QueryParam),
