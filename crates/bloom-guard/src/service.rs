@@ -1,5 +1,6 @@
 //! The middleware `Service`.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
@@ -10,7 +11,7 @@ use crate::extract::KeyExtractor;
 use crate::future::ResponseFuture;
 use crate::layer::GuardLayer;
 use crate::response::CannedResponse;
-use crate::verdict::Verdict;
+use crate::verdict::{AuditToken, Verdict};
 
 /// Answers requests whose key is absent from the filter; passes the rest to
 /// the inner service.
@@ -66,8 +67,8 @@ where
         let response = match self.layer.guard.check(&self.layer.extractor, &req) {
             Verdict::Pass => return ResponseFuture::inner(self.inner.call(req)),
             Verdict::Audit(key) => {
-                let guard = self.layer.guard.clone();
-                return ResponseFuture::audited(self.inner.call(req), guard, key);
+                let audit = AuditToken::new(Arc::clone(&self.layer.guard.shared), key);
+                return ResponseFuture::audited(self.inner.call(req), audit);
             }
             Verdict::Reject(absent) => absent.to_response(),
             Verdict::Refuse(error) => {
