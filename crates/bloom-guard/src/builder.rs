@@ -158,8 +158,9 @@ impl Builder {
         self
     }
 
-    /// The longest pause between two attempts of [`BloomGuard::warm`]
-    /// (default 30 s); pauses start at 100 ms and double.
+    /// The cap of the pause between two attempts of [`BloomGuard::warm`]
+    /// (default 30 s); pauses start at 100 ms and double up to it, each
+    /// lengthened by a random part of up to as much again.
     #[must_use]
     pub fn max_retry_delay(mut self, delay: Duration) -> Self {
         self.config.max_retry_delay = delay;

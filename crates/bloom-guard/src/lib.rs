@@ -2,7 +2,6 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod adopt;
-mod backoff;
 mod body;
 mod builder;
 #[cfg(feature = "axum")]
