@@ -11,6 +11,7 @@ mod counter;
 mod error;
 mod extract;
 mod filter;
+mod filter_set;
 mod future;
 mod guard;
 mod journal;
