@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::key::Key;
+use crate::key_type::KeyType;
 use crate::mode::Mode;
 use crate::shared::Shared;
 use crate::source::KeyBatch;
@@ -222,7 +223,7 @@ impl BloomGuard {
     }
 
     /// The guard's key type (see [`Builder::key_type`](crate::Builder::key_type)).
-    pub fn key_type(&self) -> crate::KeyType {
+    pub fn key_type(&self) -> KeyType {
         self.shared.config.key_type
     }
 
