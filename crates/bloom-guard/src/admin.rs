@@ -16,7 +16,8 @@ use sha2::{Digest, Sha256};
 
 use crate::error::BuildError;
 use crate::guard::BloomGuard;
-use crate::shared::lock;
+use crate::lock::lock;
+use crate::mode::Mode;
 use crate::source::KeySource;
 use crate::stats::Stats;
 
@@ -37,7 +38,7 @@ type RebuildFn = Arc<dyn Fn() -> BoxFuture<'static, Result<Stats, BuildError>> +
 /// - `POST /admin/bloom/rebuild`: the same for every guard with a source,
 ///   one after the other; answers as `GET /admin/bloom`.
 /// - `PUT /admin/bloom/{guard}/mode` with `{"mode": "enforce" | "shadow" |
-///   "off"}`: switches the guard's [`Mode`](crate::Mode) at once; answers
+///   "off"}`: switches the guard's [`Mode`] at once; answers
 ///   the stats.
 /// - `GET /metrics`: the Prometheus text of the application's recorder
 ///   (see [`metrics`](Self::metrics)); the guards record their figures
@@ -253,7 +254,7 @@ async fn rebuild(State(state): State<Arc<AdminState>>, Path(name): Path<String>)
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ModeChange {
-    mode: crate::Mode,
+    mode: Mode,
 }
 
 async fn set_mode(

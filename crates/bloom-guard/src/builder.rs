@@ -34,6 +34,15 @@ pub struct Builder {
     config: Config,
 }
 
+impl BloomGuard {
+    /// A builder with the defaults: text keys, 1000 expected items, a 0.1% false-positive rate, keys of at
+    /// most 512 bytes, and [`not_found_response`](crate::not_found_response)
+    /// for absent keys.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+}
+
 impl Builder {
     /// What the keys are, and so the one form in which stored and request
     /// keys are compared (default [`KeyType::Text`]). See [`KeyType`].
@@ -149,8 +158,9 @@ impl Builder {
         self
     }
 
-    /// The longest pause between two attempts of [`BloomGuard::warm`]
-    /// (default 30 s); pauses start at 100 ms and double.
+    /// The cap of the pause between two attempts of [`BloomGuard::warm`]
+    /// (default 30 s); pauses start at 100 ms and double up to it, each
+    /// lengthened by a random part of up to as much again.
     #[must_use]
     pub fn max_retry_delay(mut self, delay: Duration) -> Self {
         self.config.max_retry_delay = delay;

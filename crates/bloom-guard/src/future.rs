@@ -8,7 +8,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 
 use crate::body::ResponseBody;
-use crate::guard::BloomGuard;
+use crate::verdict::AuditToken;
 
 pin_project! {
     /// The inner service's future, or the guard's own answer.
@@ -22,7 +22,7 @@ pin_project! {
     #[project = KindProj]
     enum Kind<F, B> {
         Inner { #[pin] future: F },
-        Audited { #[pin] future: F, audit: Option<(BloomGuard, Box<[u8]>)> },
+        Audited { #[pin] future: F, audit: Option<AuditToken> },
         Answered { response: Option<Response<ResponseBody<B>>> },
     }
 }
@@ -34,13 +34,12 @@ impl<F, B> ResponseFuture<F, B> {
         }
     }
 
-    /// The inner service's future, whose answer tells whether the filter
-    /// missed `key`.
-    pub(crate) fn audited(future: F, guard: BloomGuard, key: Box<[u8]>) -> Self {
+    /// The inner service's future, whose answer `audit` checks.
+    pub(crate) fn audited(future: F, audit: AuditToken) -> Self {
         Self {
             kind: Kind::Audited {
                 future,
-                audit: Some((guard, key)),
+                audit: Some(audit),
             },
         }
     }
@@ -67,10 +66,8 @@ where
                 .map(|result| result.map(|response| response.map(ResponseBody::inner))),
             KindProj::Audited { future, audit } => {
                 let result = std::task::ready!(future.poll(cx));
-                if let (Ok(response), Some((guard, key))) = (&result, audit.take()) {
-                    if response.status().is_success() {
-                        guard.shared.record_false_negative(&key);
-                    }
+                if let (Ok(response), Some(audit)) = (&result, audit.take()) {
+                    audit.report(response.status());
                 }
                 Poll::Ready(result.map(|response| response.map(ResponseBody::inner)))
             }

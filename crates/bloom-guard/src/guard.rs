@@ -2,18 +2,12 @@
 
 use std::sync::Arc;
 
-use http::Request;
-
-use crate::builder::Builder;
-use crate::extract::KeyExtractor;
 use crate::key::Key;
-use crate::layer::GuardLayer;
-use crate::methods::Methods;
+use crate::key_type::KeyType;
 use crate::mode::Mode;
 use crate::shared::Shared;
 use crate::source::KeyBatch;
 use crate::stats::{FeedStatus, Stats};
-use crate::verdict::{self, Verdict};
 
 /// A Bloom filter of every key of a database table, shared by the layers
 /// that answer requests for keys it does not hold.
@@ -61,41 +55,6 @@ pub struct BloomGuard {
 }
 
 impl BloomGuard {
-    /// A builder with the defaults: text keys, 1000 expected items, a 0.1% false-positive rate, keys of at
-    /// most 512 bytes, and [`not_found_response`](crate::not_found_response)
-    /// for absent keys.
-    pub fn builder() -> Builder {
-        Builder::default()
-    }
-
-    /// A tower [`Layer`](tower_layer::Layer) that guards the routes it wraps with this guard,
-    /// reading each request's key with `extractor` (a [`PathParam`](crate::PathParam),
-    /// [`PathSegment`](crate::PathSegment), [`QueryParam`](crate::QueryParam),
-    /// [`Header`](crate::Header), or a closure). Only `GET` and `HEAD` are
-    /// checked unless [`GuardLayer::methods`] says otherwise. Use it with
-    /// `route_layer`, so unknown routes keep their normal 404.
-    ///
-    /// # Example
-    ///
-    /// ```
-    /// use axum::{routing::get, Router};
-    /// use bloom_guard::{BloomGuard, PathParam, QueryParam};
-    ///
-    /// let users = BloomGuard::builder().name("users").build();
-    /// let app: Router = Router::new()
-    ///     .route("/users/{id}", get(|| async { "a user" }))
-    ///     .route_layer(users.layer(PathParam("id")))
-    ///     .route("/profile", get(|| async { "a profile" }))
-    ///     .route_layer(users.layer(QueryParam("user")));
-    /// ```
-    pub fn layer<K>(&self, extractor: K) -> GuardLayer<K> {
-        GuardLayer {
-            guard: self.clone(),
-            extractor,
-            methods: Methods::READS,
-        }
-    }
-
     /// The mode the guard is in.
     pub fn mode(&self) -> Mode {
         self.shared.mode()
@@ -264,25 +223,13 @@ impl BloomGuard {
     }
 
     /// The guard's key type (see [`Builder::key_type`](crate::Builder::key_type)).
-    pub fn key_type(&self) -> crate::KeyType {
+    pub fn key_type(&self) -> KeyType {
         self.shared.config.key_type
     }
 
     /// A snapshot of the filter's figures and the guard's counters.
     pub fn stats(&self) -> Stats {
         self.shared.stats()
-    }
-
-    /// Decides a request: pass it on, answer it as absent, or refuse its key.
-    pub(crate) fn check<B, K>(&self, extractor: &K, req: &Request<B>) -> Verdict<'_>
-    where
-        K: KeyExtractor<B>,
-    {
-        // Off: not even the key is read.
-        if self.shared.mode() == crate::mode::Mode::Off {
-            return Verdict::Pass;
-        }
-        verdict::decide(&self.shared, extractor.extract(req))
     }
 }
 

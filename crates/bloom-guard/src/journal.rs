@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::filter::Filter;
 use crate::key::Key;
-use crate::shared::lock;
+use crate::lock::lock;
 
 /// The longest the journal gets, whatever the write rate.
 const CAPACITY: usize = 100_000;

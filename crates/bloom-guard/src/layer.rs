@@ -1,10 +1,13 @@
 //! The tower `Layer` that binds a guard to where the key is.
 
+use std::sync::Arc;
+
 use tower_layer::Layer;
 
 use crate::guard::BloomGuard;
 use crate::methods::Methods;
 use crate::service::BloomGuardService;
+use crate::shared::Shared;
 
 /// Guards the routes it wraps with a [`BloomGuard`], reading each
 /// request's key with `K`. Made by [`BloomGuard::layer`].
@@ -58,9 +61,39 @@ use crate::service::BloomGuardService;
 /// ```
 #[derive(Debug, Clone)]
 pub struct GuardLayer<K> {
-    pub(crate) guard: BloomGuard,
-    pub(crate) extractor: K,
-    pub(crate) methods: Methods,
+    shared: Arc<Shared>,
+    extractor: K,
+    methods: Methods,
+}
+
+impl BloomGuard {
+    /// A tower [`Layer`](tower_layer::Layer) that guards the routes it wraps with this guard,
+    /// reading each request's key with `extractor` (a [`PathParam`](crate::PathParam),
+    /// [`PathSegment`](crate::PathSegment), [`QueryParam`](crate::QueryParam),
+    /// [`Header`](crate::Header), or a closure). Only `GET` and `HEAD` are
+    /// checked unless [`GuardLayer::methods`] says otherwise. Use it with
+    /// `route_layer`, so unknown routes keep their normal 404.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use axum::{routing::get, Router};
+    /// use bloom_guard::{BloomGuard, PathParam, QueryParam};
+    ///
+    /// let users = BloomGuard::builder().name("users").build();
+    /// let app: Router = Router::new()
+    ///     .route("/users/{id}", get(|| async { "a user" }))
+    ///     .route_layer(users.layer(PathParam("id")))
+    ///     .route("/profile", get(|| async { "a profile" }))
+    ///     .route_layer(users.layer(QueryParam("user")));
+    /// ```
+    pub fn layer<K>(&self, extractor: K) -> GuardLayer<K> {
+        GuardLayer {
+            shared: Arc::clone(&self.shared),
+            extractor,
+            methods: Methods::READS,
+        }
+    }
 }
 
 impl<K> GuardLayer<K> {
@@ -79,5 +112,12 @@ impl<S, K: Clone> Layer<S> for GuardLayer<K> {
 
     fn layer(&self, inner: S) -> Self::Service {
         BloomGuardService::new(inner, self.clone())
+    }
+}
+
+impl<S, K> BloomGuardService<S, K> {
+    /// Guards `inner` as `layer` says.
+    pub fn new(inner: S, layer: GuardLayer<K>) -> Self {
+        Self::from_parts(inner, layer.shared, layer.extractor, layer.methods)
     }
 }

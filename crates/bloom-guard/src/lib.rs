@@ -2,7 +2,6 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod adopt;
-mod backoff;
 mod body;
 mod builder;
 #[cfg(feature = "axum")]
@@ -12,12 +11,14 @@ mod counter;
 mod error;
 mod extract;
 mod filter;
+mod filter_set;
 mod future;
 mod guard;
 mod journal;
 mod key;
 mod key_type;
 mod layer;
+mod lock;
 mod methods;
 mod metrics;
 mod mode;

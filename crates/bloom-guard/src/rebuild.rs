@@ -3,14 +3,14 @@
 
 use std::time::{Duration, Instant};
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::backoff::Backoff;
 use crate::error::{error_chain, BuildError};
 use crate::guard::BloomGuard;
+use crate::lock::lock;
 use crate::scan::{scan, Built};
-use crate::shared::lock;
 use crate::single_flight::InFlight;
 use crate::source::KeySource;
 use crate::stats::Stats;
@@ -40,10 +40,7 @@ impl BloomGuard {
     /// # }
     /// ```
     pub async fn warm<S: KeySource>(self, source: S) {
-        let mut backoff = Backoff::new(
-            Duration::from_millis(100),
-            self.shared.config.max_retry_delay,
-        );
+        let mut pauses = retry_pauses(self.shared.config.max_retry_delay);
         loop {
             match self.build(&source, 0).await {
                 Ok(built) => {
@@ -58,7 +55,7 @@ impl BloomGuard {
                     return;
                 }
                 Err(_) => {
-                    let pause = backoff.next_pause();
+                    let pause = pauses.next().unwrap_or(self.shared.config.max_retry_delay);
                     tracing::info!(guard = self.name(), retry_in = ?pause, "bloom filter warm-up will retry");
                     tokio::time::sleep(pause).await;
                 }
@@ -232,6 +229,18 @@ impl BloomGuard {
         }
         result
     }
+}
+
+/// The pauses between attempts: from 100 ms, doubling up to `max`, each
+/// lengthened by a random part of up to as much again, so a fleet
+/// restarting together does not retry in step.
+fn retry_pauses(max: Duration) -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::new()
+        .with_jitter()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(max)
+        .without_max_times()
+        .build()
 }
 
 #[cfg(test)]
@@ -411,10 +420,27 @@ pub(crate) mod tests {
         };
         let started = tokio::time::Instant::now();
         guard.clone().warm(source).await;
-        // Pauses of 0.1, 0.2, 0.4, 0.8, 1.6, 2, 2, 2 s, each jittered by ±50%.
+        // Pauses of 0.1, 0.2, 0.4, 0.8, 1.6, 2, 2, 2 s, each lengthened by
+        // jitter of less than itself (and the timer's millisecond each).
         let elapsed = started.elapsed();
-        assert!(elapsed >= Duration::from_secs_f64(9.1 * 0.5), "{elapsed:?}");
-        assert!(elapsed <= Duration::from_secs_f64(9.1 * 1.5), "{elapsed:?}");
+        assert!(elapsed >= Duration::from_secs_f64(9.1), "{elapsed:?}");
+        assert!(
+            elapsed < Duration::from_secs_f64(9.1 * 2.0 + 0.01),
+            "{elapsed:?}"
+        );
+    }
+
+    #[test]
+    fn retry_pauses_start_at_100_ms_and_double_up_to_the_cap() {
+        let cap = Duration::from_secs(2);
+        let mut unjittered = Duration::from_millis(100);
+        for pause in super::retry_pauses(cap).take(12) {
+            // The doubling is computed in f32: allow it a microsecond.
+            let floor = unjittered.saturating_sub(Duration::from_micros(1));
+            assert!(pause >= floor, "{pause:?} < {unjittered:?}");
+            assert!(pause < unjittered * 2, "{pause:?} >= 2 x {unjittered:?}");
+            unjittered = (unjittered * 2).min(cap);
+        }
     }
 
     /// Yields one batch, then waits for a signal before the next: the window

@@ -35,7 +35,7 @@ pub(crate) async fn scan<S: KeySource>(
         .unwrap_or(0)
         .max(config.expected_items)
         .max(floor)
-        .max(shared.keys_to_carry());
+        .max(shared.filters.keys_to_carry());
     let capacity = (wanted as f64 * (1.0 + config.headroom)).ceil() as u64;
     let filter = Arc::new(Filter::new(capacity, config.target_fpp));
     tracing::info!(count_hint = ?hint, capacity, bits = filter.bits(), "bloom filter build started");
@@ -107,7 +107,7 @@ pub(crate) struct Registration<'a> {
 
 impl<'a> Registration<'a> {
     pub(crate) fn new(shared: &'a Shared, filter: Arc<Filter>) -> Self {
-        shared.register(&filter);
+        shared.filters.register(&filter);
         Self {
             shared,
             filter: Some(filter),
@@ -125,7 +125,7 @@ impl<'a> Registration<'a> {
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         if let Some(filter) = self.filter.take() {
-            self.shared.unregister(&filter);
+            self.shared.filters.unregister(&filter);
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The middleware `Service`.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
@@ -8,26 +9,39 @@ use tower_service::Service;
 use crate::body::ResponseBody;
 use crate::extract::KeyExtractor;
 use crate::future::ResponseFuture;
-use crate::layer::GuardLayer;
+use crate::methods::Methods;
+use crate::mode::Mode;
 use crate::response::CannedResponse;
-use crate::verdict::Verdict;
+use crate::shared::Shared;
+use crate::verdict::{self, AuditToken, Verdict};
 
 /// Answers requests whose key is absent from the filter; passes the rest to
 /// the inner service.
 ///
-/// Made by a [`GuardLayer`]. Requests of methods the layer does not check,
-/// requests without a key, and every request while no filter is in place go
-/// to the inner service.
+/// Made by a [`GuardLayer`](crate::GuardLayer). Requests of methods the
+/// layer does not check, requests without a key, and every request while no
+/// filter is in place go to the inner service.
 #[derive(Debug, Clone)]
 pub struct BloomGuardService<S, K> {
     inner: S,
-    layer: GuardLayer<K>,
+    shared: Arc<Shared>,
+    extractor: K,
+    methods: Methods,
 }
 
 impl<S, K> BloomGuardService<S, K> {
-    /// Guards `inner` as `layer` says.
-    pub fn new(inner: S, layer: GuardLayer<K>) -> Self {
-        Self { inner, layer }
+    pub(crate) fn from_parts(
+        inner: S,
+        shared: Arc<Shared>,
+        extractor: K,
+        methods: Methods,
+    ) -> Self {
+        Self {
+            inner,
+            shared,
+            extractor,
+            methods,
+        }
     }
 
     /// The inner service.
@@ -60,14 +74,15 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        if !self.layer.methods.contains(req.method()) {
+        // Off: not even the key is read.
+        if !self.methods.contains(req.method()) || self.shared.mode() == Mode::Off {
             return ResponseFuture::inner(self.inner.call(req));
         }
-        let response = match self.layer.guard.check(&self.layer.extractor, &req) {
+        let response = match verdict::decide(&self.shared, self.extractor.extract(&req)) {
             Verdict::Pass => return ResponseFuture::inner(self.inner.call(req)),
             Verdict::Audit(key) => {
-                let guard = self.layer.guard.clone();
-                return ResponseFuture::audited(self.inner.call(req), guard, key);
+                let audit = AuditToken::new(Arc::clone(&self.shared), key);
+                return ResponseFuture::audited(self.inner.call(req), audit);
             }
             Verdict::Reject(absent) => absent.to_response(),
             Verdict::Refuse(error) => {

@@ -2,17 +2,17 @@
 //! being built, and the counters.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex};
 
-use arc_swap::ArcSwapOption;
 use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::counter::Counter;
 use crate::error::BuildError;
 use crate::filter::Filter;
-use crate::journal::Journal;
+use crate::filter_set::FilterSet;
 use crate::key::{Key, KeyError};
+use crate::lock::lock;
 use crate::metrics::{FilterFigures, GuardMetrics, UNCHECKED_REASONS};
 use crate::mode::Mode;
 use crate::source::KeyBatch;
@@ -30,13 +30,8 @@ pub(crate) type RebuildSlot = Option<(tokio::time::Instant, watch::Receiver<Rebu
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) config: Config,
-    current: ArcSwapOption<Filter>,
-    /// Filters being built. Inserts take the read lock, registration and
-    /// promotion the write lock: once a filter is registered, every insert
-    /// that started earlier has finished and is in the journal, and no
-    /// insert falls between a filter's registration and its promotion.
-    building: RwLock<Vec<Arc<Filter>>>,
-    journal: Journal,
+    /// The filter in use and the filters being built.
+    pub(crate) filters: FilterSet,
     /// Reasons to let every request through although a filter is in use
     /// (a follower catching up on lost notifications).
     held_open: AtomicUsize,
@@ -88,20 +83,13 @@ fn unchecked_index(why: &KeyError) -> Option<usize> {
     })
 }
 
-/// Locks a mutex whose data stays valid even if a holder panicked.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl Shared {
     pub(crate) fn new(config: Config) -> Self {
         Self {
-            journal: Journal::new(config.write_window),
+            filters: FilterSet::new(config.write_window),
             metrics: GuardMetrics::new(config.name, config.target_fpp, config.mode),
             mode: std::sync::atomic::AtomicU8::new(config.mode.to_u8()),
             config,
-            current: ArcSwapOption::empty(),
-            building: RwLock::new(Vec::new()),
             held_open: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
             passed: Counter::default(),
@@ -130,26 +118,14 @@ impl Shared {
         if self.held_open.load(Ordering::Acquire) > 0 || self.suspect.load(Ordering::Acquire) {
             return true;
         }
-        match &*self.current.load() {
+        match &*self.filters.current() {
             Some(filter) => filter.contains(key),
             None => true,
         }
     }
 
-    /// About how many keys the next filter must hold besides its source's:
-    /// the distinct keys of the filter in use (estimated from its fill) and
-    /// the journal that will be replayed into it.
-    pub(crate) fn keys_to_carry(&self) -> u64 {
-        let in_use = self
-            .current
-            .load()
-            .as_deref()
-            .map_or(0, Filter::estimated_keys);
-        in_use.max(self.journal.len() as u64)
-    }
-
     pub(crate) fn has_filter(&self) -> bool {
-        self.current.load().is_some()
+        self.filters.current().is_some()
     }
 
     pub(crate) fn count_passed(&self) {
@@ -276,62 +252,23 @@ impl Shared {
     /// every filter being built, and the journal.
     pub(crate) fn insert(&self, key: &Key<'_>) {
         let key = &self.config.key_type.canonical_or_same(Key::from(key));
-        let building = self.building.read().unwrap_or_else(PoisonError::into_inner);
-        if let Some(filter) = &*self.current.load() {
-            filter.insert(key);
+        if let Some(filter) = &*self.filters.insert(key) {
             self.metrics.keys(filter.keys(), filter.skipped());
         }
-        for filter in building.iter() {
-            filter.insert(key);
-        }
-        self.journal.record(key);
     }
 
     /// Inserts committed keys (a change feed's) into the filter in use and
-    /// every filter being built. No journal: a build that starts later
-    /// scans their rows.
+    /// every filter being built.
     pub(crate) fn insert_batch(&self, batch: &KeyBatch) {
         let batch = &*self.config.key_type.canonical_batch(batch);
-        let building = self.building.read().unwrap_or_else(PoisonError::into_inner);
-        let mut hashes = Vec::new();
-        if let Some(filter) = &*self.current.load() {
-            filter.insert_batch(batch, &mut hashes);
+        if let Some(filter) = &*self.filters.insert_batch(batch) {
             self.metrics.keys(filter.keys(), filter.skipped());
         }
-        for filter in building.iter() {
-            filter.insert_batch(batch, &mut hashes);
-        }
     }
 
-    /// Makes `filter` receive every insert from now on, plus the journal.
-    pub(crate) fn register(&self, filter: &Arc<Filter>) {
-        let mut building = self
-            .building
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        self.journal.replay(filter);
-        building.push(Arc::clone(filter));
-    }
-
-    pub(crate) fn unregister(&self, filter: &Arc<Filter>) {
-        let mut building = self
-            .building
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        building.retain(|f| !Arc::ptr_eq(f, filter));
-    }
-
-    /// Puts a registered filter in use and returns its generation. Swapping
-    /// and unregistering happen under the write lock so no insert can fall
-    /// between the two.
+    /// Puts a registered filter in use and returns its generation.
     pub(crate) fn promote(&self, filter: &Arc<Filter>, origin: FilterOrigin) -> u64 {
-        let mut building = self
-            .building
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        self.current.store(Some(Arc::clone(filter)));
-        building.retain(|f| !Arc::ptr_eq(f, filter));
-        drop(building);
+        self.filters.promote(filter);
         *lock(&self.last_error) = None;
         *lock(&self.last_build) = Some((tokio::time::Instant::now(), origin));
         self.suspect.store(false, Ordering::Release);
@@ -390,19 +327,19 @@ impl Shared {
         if self.state() != GuardState::Ready {
             return None;
         }
-        self.current.load_full()
+        self.filters.current().as_ref().map(Arc::clone)
     }
 
     /// The estimated false-positive rate of the filter in use, 0 if none.
     pub(crate) fn estimated_fpp(&self) -> f64 {
-        self.current
-            .load()
+        self.filters
+            .current()
             .as_deref()
             .map_or(0.0, Filter::estimated_fpp)
     }
 
     pub(crate) fn stats(&self) -> Stats {
-        let current = self.current.load();
+        let current = self.filters.current();
         let filter = current.as_deref();
         let fill = filter.map_or(0.0, Filter::fill);
         let hashes = filter.map_or(0, Filter::hashes);

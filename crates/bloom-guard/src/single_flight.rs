@@ -3,7 +3,8 @@
 use tokio::sync::watch;
 
 use crate::error::BuildError;
-use crate::shared::{lock, RebuildResult, Shared};
+use crate::lock::lock;
+use crate::shared::{RebuildResult, Shared};
 use crate::stats::Stats;
 
 /// The leader of a rebuild: publishes its result to the callers that

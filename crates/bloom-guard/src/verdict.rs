@@ -1,6 +1,10 @@
 //! What the guard decides for one request's key: the one place that turns
 //! an extracted key into "pass", "absent" or a refusal.
 
+use std::sync::Arc;
+
+use http::StatusCode;
+
 use crate::key::{Key, KeyError};
 use crate::mode::Mode;
 use crate::response::CannedResponse;
@@ -11,7 +15,8 @@ pub(crate) enum Verdict<'a> {
     /// Pass it on.
     Pass,
     /// Pass it on, and check the answer: the filter said absent, but the
-    /// guard is in shadow mode or the request was drawn for an audit.
+    /// guard is in shadow mode or the request was drawn for an audit. Holds
+    /// the key in canonical form, for an [`AuditToken`].
     Audit(Box<[u8]>),
     /// Answer it as absent.
     Reject(&'a CannedResponse),
@@ -73,4 +78,25 @@ pub(crate) fn decide<'s>(
         return Verdict::Reject(&shared.config.absent);
     }
     Verdict::Audit(key.as_bytes().into())
+}
+
+/// What checking the answer to an audited request takes: the guard's core
+/// and the key the filter said was absent.
+#[derive(Debug)]
+pub(crate) struct AuditToken {
+    shared: Arc<Shared>,
+    key: Box<[u8]>,
+}
+
+impl AuditToken {
+    pub(crate) fn new(shared: Arc<Shared>, key: Box<[u8]>) -> Self {
+        Self { shared, key }
+    }
+
+    /// Records a false negative if the inner service found the key.
+    pub(crate) fn report(self, status: StatusCode) {
+        if status.is_success() {
+            self.shared.record_false_negative(&self.key);
+        }
+    }
 }
