@@ -17,6 +17,8 @@ mod lock;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod query;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod snapshot_store;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod watch;

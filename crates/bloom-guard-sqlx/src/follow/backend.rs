@@ -81,6 +81,8 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// The fleet's lock on building the guard's filter, released when
     /// dropped (a crashed holder frees it too).
     type Lock: Send + Sync + 'static;
+    /// Where snapshots are kept.
+    type Snapshots: SnapshotStore;
 
     /// The watched table and key columns.
     fn watch(&self) -> &Watch;
@@ -126,26 +128,8 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
         stop: CancellationToken,
     ) -> impl Future<Output = ()> + Send + 'static;
 
-    /// The newest snapshot of `guard` for `fingerprint`.
-    fn newest_snapshot(
-        &self,
-        guard: &str,
-        fingerprint: &str,
-    ) -> impl Future<Output = Result<Option<Stored>, sqlx::Error>> + Send;
-
-    /// A stored snapshot, read chunk by chunk and checked.
-    fn load_snapshot(
-        &self,
-        stored: &Stored,
-    ) -> impl Future<Output = Result<Snapshot, LoadError>> + Send;
-
-    /// Stores `writer`'s snapshot, keeps the newest few, wakes the
-    /// other instances; the new snapshot's id.
-    fn publish(
-        &self,
-        writer: SnapshotWriter,
-        scanned_at: i64,
-    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+    /// Where the guard's snapshots are kept.
+    fn snapshots(&self) -> &Self::Snapshots;
 
     /// Waits for the fleet's build lock of `guard`.
     fn lock(&self, guard: &str) -> impl Future<Output = Result<Self::Lock, sqlx::Error>> + Send;
@@ -155,4 +139,25 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
         &self,
         guard: &str,
     ) -> impl Future<Output = Result<Option<Self::Lock>, sqlx::Error>> + Send;
+}
+
+/// Where a backend keeps its snapshots.
+pub(crate) trait SnapshotStore: Send + Sync + 'static {
+    /// The newest snapshot of `guard` for `fingerprint`.
+    fn newest(
+        &self,
+        guard: &str,
+        fingerprint: &str,
+    ) -> impl Future<Output = Result<Option<Stored>, sqlx::Error>> + Send;
+
+    /// A stored snapshot, read chunk by chunk and checked.
+    fn load(&self, stored: &Stored) -> impl Future<Output = Result<Snapshot, LoadError>> + Send;
+
+    /// Stores `writer`'s snapshot, keeps the newest few, wakes the other
+    /// instances; the new snapshot's id.
+    fn publish(
+        &self,
+        writer: SnapshotWriter,
+        scanned_at: i64,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 }

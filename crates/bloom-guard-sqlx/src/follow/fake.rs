@@ -9,7 +9,7 @@ use futures_util::stream::{self, BoxStream, StreamExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{Clock, Database, Follower, LoadError, Read, Stored, WakeUps};
+use super::{Clock, Database, Follower, LoadError, Read, SnapshotStore, Stored, WakeUps};
 use crate::changes::Changes;
 use crate::column::KeyColumn;
 use crate::error::SourceError;
@@ -113,6 +113,7 @@ impl Database for Fake {
     type Position = usize;
     type Source = Scan;
     type Lock = FakeLock;
+    type Snapshots = Fake;
 
     fn watch(&self) -> &Watch {
         &self.watch
@@ -180,30 +181,8 @@ impl Database for Fake {
         }
     }
 
-    async fn newest_snapshot(&self, _: &str, _: &str) -> Result<Option<Stored>, sqlx::Error> {
-        let state = self.state();
-        Ok(state.snapshots.last().map(|(bytes, scanned_at)| Stored {
-            id: state.snapshots.len() as i64,
-            len: bytes.len() as i64,
-            scanned_at: *scanned_at,
-            age_secs: 0.0,
-        }))
-    }
-
-    async fn load_snapshot(&self, stored: &Stored) -> Result<Snapshot, LoadError> {
-        let mut state = self.state();
-        state.loads += 1;
-        let (bytes, _) = &state.snapshots[stored.id as usize - 1];
-        let mut reader = SnapshotReader::new(bytes.len() as u64);
-        reader.push(bytes)?;
-        Ok(reader.finish()?)
-    }
-
-    async fn publish(&self, writer: SnapshotWriter, scanned_at: i64) -> Result<i64, sqlx::Error> {
-        let bytes = writer.chunks(1 << 20).flatten().collect();
-        let mut state = self.state();
-        state.snapshots.push((bytes, scanned_at));
-        Ok(state.snapshots.len() as i64)
+    fn snapshots(&self) -> &Fake {
+        self
     }
 
     async fn lock(&self, guard: &str) -> Result<FakeLock, sqlx::Error> {
@@ -222,6 +201,34 @@ impl Database for Fake {
         }
         state.lock_held = true;
         Ok(Some(FakeLock(Arc::clone(&self.db))))
+    }
+}
+
+impl SnapshotStore for Fake {
+    async fn newest(&self, _: &str, _: &str) -> Result<Option<Stored>, sqlx::Error> {
+        let state = self.state();
+        Ok(state.snapshots.last().map(|(bytes, scanned_at)| Stored {
+            id: state.snapshots.len() as i64,
+            len: bytes.len() as i64,
+            scanned_at: *scanned_at,
+            age_secs: 0.0,
+        }))
+    }
+
+    async fn load(&self, stored: &Stored) -> Result<Snapshot, LoadError> {
+        let mut state = self.state();
+        state.loads += 1;
+        let (bytes, _) = &state.snapshots[stored.id as usize - 1];
+        let mut reader = SnapshotReader::new(bytes.len() as u64);
+        reader.push(bytes)?;
+        Ok(reader.finish()?)
+    }
+
+    async fn publish(&self, writer: SnapshotWriter, scanned_at: i64) -> Result<i64, sqlx::Error> {
+        let bytes = writer.chunks(1 << 20).flatten().collect();
+        let mut state = self.state();
+        state.snapshots.push((bytes, scanned_at));
+        Ok(state.snapshots.len() as i64)
     }
 }
 

@@ -7,7 +7,7 @@ use std::fmt;
 use bloom_guard::BloomGuard;
 use tokio::time::Instant;
 
-use super::{Clock, Database, Follower, LoadError, Read, Stored};
+use super::{Clock, Database, Follower, LoadError, Read, SnapshotStore, Stored};
 
 /// What the follower knows of the fleet's snapshots.
 #[derive(Debug)]
@@ -95,7 +95,8 @@ impl<B: Database> Follower<B> {
         };
         let stored = match self
             .backend
-            .newest_snapshot(self.guard.name(), &fingerprint)
+            .snapshots()
+            .newest(self.guard.name(), &fingerprint)
             .await
         {
             Ok(Some(stored)) => stored,
@@ -109,7 +110,7 @@ impl<B: Database> Follower<B> {
             return false;
         }
         let started = Instant::now();
-        let snapshot = match self.backend.load_snapshot(&stored).await {
+        let snapshot = match self.backend.snapshots().load(&stored).await {
             Ok(snapshot) => snapshot,
             Err(LoadError::Snapshot(error)) => return self.refuse(&stored, &error),
             Err(error) => {
@@ -227,7 +228,8 @@ impl<B: Database> Follower<B> {
         };
         let fresh = match self
             .backend
-            .newest_snapshot(self.guard.name(), &fingerprint)
+            .snapshots()
+            .newest(self.guard.name(), &fingerprint)
             .await
         {
             Ok(newest) => {
@@ -258,7 +260,7 @@ pub(super) async fn publish<B: Database>(
     };
     let started = std::time::Instant::now();
     let bytes = writer.info().len;
-    match backend.publish(writer, at.at).await {
+    match backend.snapshots().publish(writer, at.at).await {
         Ok(id) => tracing::info!(
             snapshot = id,
             bytes,

@@ -22,7 +22,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
 pub(crate) use api::follower_api;
-pub(crate) use backend::{Clock, Database, LoadError, Read, Stored, WakeUps};
+pub(crate) use backend::{Clock, Database, LoadError, Read, SnapshotStore, Stored, WakeUps};
 pub(crate) use rebuild::Rebuild;
 
 use crate::changes::Hooks;

@@ -6,7 +6,7 @@ use bloom_guard::{BloomGuard, BuildError, Stats};
 use tokio::time::Instant;
 
 use super::fleet::publish;
-use super::Database;
+use super::{Database, SnapshotStore};
 
 /// The engine of [`FleetRebuild`](crate::FleetRebuild) over one backend.
 #[derive(Debug)]
@@ -46,7 +46,8 @@ impl<B: Database> Rebuild<B> {
         let requested = backend.position().await.map_err(failed)?;
         let build_lock = backend.lock(name).await.map_err(failed)?;
         let newer = backend
-            .newest_snapshot(name, &fingerprint)
+            .snapshots()
+            .newest(name, &fingerprint)
             .await
             .map_err(failed)?
             .is_some_and(|stored| stored.scanned_at >= requested.at);

@@ -84,9 +84,9 @@ impl Watch {
     ///
     /// # Errors
     ///
-    /// [`FeedError::Database`](crate::FeedError::Database) if the table or a column does not exist, the
+    /// [`FeedError::Database`](FeedError::Database) if the table or a column does not exist, the
     /// feed is not installed, or the role does not own the table.
-    pub async fn install(&self, pool: &sqlx::PgPool) -> Result<(), crate::FeedError> {
+    pub async fn install(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
         sqlx::query("select bloom_guard.watch($1::regclass, $2, $3)")
             .bind(&self.table)
             .bind(&self.key_columns)

@@ -11,8 +11,8 @@ mod snapshot;
 
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, Snapshot, SnapshotWriter};
-use sqlx::PgPool;
+use bloom_guard::BloomGuard;
+use sqlx::{PgPool, Postgres};
 use tokio_util::sync::CancellationToken;
 
 pub use copy::PgCopySource;
@@ -20,7 +20,8 @@ pub use install::{install, POSTGRES_SQL, SCHEMA_VERSION};
 pub use listen::LISTENER_APPLICATION_NAME;
 
 use crate::column::KeyColumn;
-use crate::follow::{follower_api, Clock, Database, Follower, LoadError, Read, Stored, WakeUps};
+use crate::follow::{follower_api, Clock, Database, Follower, Read, WakeUps};
+use crate::snapshot_store::Tables;
 use crate::watch::Watch;
 
 #[doc = include_str!("../follow/protocol.md")]
@@ -51,7 +52,7 @@ impl PgFollower {
     /// through `pool`.
     pub fn new(guard: BloomGuard, pool: PgPool, watch: Watch) -> Self {
         Self {
-            engine: Follower::new(guard, PgBackend { pool, watch }),
+            engine: Follower::new(guard, PgBackend::new(pool, watch)),
         }
     }
 
@@ -71,17 +72,24 @@ impl PgFollower {
 pub(crate) struct PgBackend {
     pool: PgPool,
     watch: Watch,
+    snapshots: Tables<Postgres>,
 }
 
 impl PgBackend {
     pub(crate) fn new(pool: PgPool, watch: Watch) -> Self {
-        Self { pool, watch }
+        let snapshots = Tables::new(&pool, &snapshot::STATEMENTS);
+        Self {
+            pool,
+            watch,
+            snapshots,
+        }
     }
 }
 
 impl Database for PgBackend {
     type Position = String;
     type Source = PgCopySource;
+    type Snapshots = Tables<Postgres>;
     type Lock = snapshot::PgBuildLock;
 
     fn watch(&self) -> &Watch {
@@ -126,20 +134,8 @@ impl Database for PgBackend {
         listen::listen(listen::options(&self.pool.connect_options()), wake, stop)
     }
 
-    async fn newest_snapshot(
-        &self,
-        guard: &str,
-        fingerprint: &str,
-    ) -> Result<Option<Stored>, sqlx::Error> {
-        snapshot::newest(&self.pool, guard, fingerprint).await
-    }
-
-    async fn load_snapshot(&self, stored: &Stored) -> Result<Snapshot, LoadError> {
-        snapshot::load(&self.pool, stored).await
-    }
-
-    async fn publish(&self, writer: SnapshotWriter, scanned_at: i64) -> Result<i64, sqlx::Error> {
-        snapshot::publish(&self.pool, writer, scanned_at).await
+    fn snapshots(&self) -> &Tables<Postgres> {
+        &self.snapshots
     }
 
     async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {

@@ -10,12 +10,13 @@ mod wake;
 
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, Snapshot, SnapshotWriter};
-use sqlx::SqlitePool;
+use bloom_guard::BloomGuard;
+use sqlx::{Sqlite, SqlitePool};
 use tokio_util::sync::CancellationToken;
 
 use crate::column::KeyColumn;
-use crate::follow::{follower_api, Clock, Database, Follower, LoadError, Read, Stored, WakeUps};
+use crate::follow::{follower_api, Clock, Database, Follower, Read, WakeUps};
+use crate::snapshot_store::Tables;
 use crate::watch::Watch;
 use scan::SqliteScan;
 
@@ -50,7 +51,7 @@ impl SqliteFollower {
     /// A follower for `guard`, holding the keys of `watch`'s table.
     pub fn new(guard: BloomGuard, pool: SqlitePool, watch: Watch) -> Self {
         Self {
-            engine: Follower::new(guard, SqliteBackend { pool, watch }),
+            engine: Follower::new(guard, SqliteBackend::new(pool, watch)),
         }
     }
 }
@@ -60,17 +61,24 @@ impl SqliteFollower {
 pub(crate) struct SqliteBackend {
     pool: SqlitePool,
     watch: Watch,
+    snapshots: Tables<Sqlite>,
 }
 
 impl SqliteBackend {
     pub(crate) fn new(pool: SqlitePool, watch: Watch) -> Self {
-        Self { pool, watch }
+        let snapshots = Tables::new(&pool, &snapshot::STATEMENTS);
+        Self {
+            pool,
+            watch,
+            snapshots,
+        }
     }
 }
 
 impl Database for SqliteBackend {
     type Position = i64;
     type Source = SqliteScan;
+    type Snapshots = Tables<Sqlite>;
     type Lock = snapshot::SqliteBuildLock;
 
     fn watch(&self) -> &Watch {
@@ -84,12 +92,7 @@ impl Database for SqliteBackend {
     async fn key_source(&self) -> Result<(SqliteScan, String), sqlx::Error> {
         let query = self.watch.sqlite_key_query();
         let fingerprint = snapshot::fingerprint(&query);
-        let source = SqliteScan {
-            pool: self.pool.clone(),
-            count_query: format!("select count(*) from ({query})"),
-            query,
-        };
-        Ok((source, fingerprint))
+        Ok((SqliteScan::new(self.pool.clone(), query), fingerprint))
     }
 
     async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
@@ -122,20 +125,8 @@ impl Database for SqliteBackend {
         wake::watch((*self.pool.connect_options()).clone(), wake, stop)
     }
 
-    async fn newest_snapshot(
-        &self,
-        guard: &str,
-        fingerprint: &str,
-    ) -> Result<Option<Stored>, sqlx::Error> {
-        snapshot::newest(&self.pool, guard, fingerprint).await
-    }
-
-    async fn load_snapshot(&self, stored: &Stored) -> Result<Snapshot, LoadError> {
-        snapshot::load(&self.pool, stored).await
-    }
-
-    async fn publish(&self, writer: SnapshotWriter, scanned_at: i64) -> Result<i64, sqlx::Error> {
-        snapshot::publish(&self.pool, writer, scanned_at).await
+    fn snapshots(&self) -> &Tables<Sqlite> {
+        &self.snapshots
     }
 
     async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {

@@ -3,10 +3,11 @@
 use bloom_guard::{KeyBatch, KeySource};
 use futures_util::stream::BoxStream;
 use futures_util::TryStreamExt;
-use sqlx::{AssertSqlSafe, Row, SqlitePool, TypeInfo, ValueRef};
+use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool, TypeInfo, ValueRef};
 
 use crate::batches::{spawn_scan, BatchSender};
 use crate::error::SourceError;
+use crate::query::QuerySource;
 
 /// A stored key's bytes: `None` for a BLOB, which no request can name,
 /// and for NULL.
@@ -24,19 +25,27 @@ pub(super) fn key_bytes<'r>(
 /// Every key of a watched SQLite table, BLOB keys counted as skipped.
 #[derive(Debug, Clone)]
 pub(crate) struct SqliteScan {
-    pub(super) pool: SqlitePool,
-    pub(super) query: String,
-    pub(super) count_query: String,
+    pool: SqlitePool,
+    query: String,
+    /// Counts the rows of the key query.
+    count: QuerySource<Sqlite>,
+}
+
+impl SqliteScan {
+    pub(super) fn new(pool: SqlitePool, query: String) -> Self {
+        Self {
+            count: QuerySource::new(pool.clone(), query.clone()),
+            pool,
+            query,
+        }
+    }
 }
 
 impl KeySource for SqliteScan {
     type Error = SourceError;
 
     async fn count_hint(&self) -> Result<Option<u64>, SourceError> {
-        let count: i64 = sqlx::query_scalar(AssertSqlSafe(self.count_query.as_str()))
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(Some(count.max(0) as u64))
+        self.count.count_hint().await
     }
 
     fn keys(&self) -> BoxStream<'static, Result<KeyBatch, SourceError>> {

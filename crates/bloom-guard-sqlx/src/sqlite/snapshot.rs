@@ -4,14 +4,12 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bloom_guard::{Snapshot, SnapshotReader, SnapshotWriter, SNAPSHOT_FORMAT};
-use futures_util::TryStreamExt;
 use sha2::{Digest, Sha256};
 use sqlx::SqlitePool;
 
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::follow::{LoadError, Stored};
+use crate::snapshot_store::Statements;
 
 /// The snapshot tables and the lock table. Idempotent.
 pub(super) const TABLES: &str = "
@@ -39,9 +37,6 @@ create table if not exists bloom_guard_locks (
 );
 ";
 
-/// Bytes per stored chunk.
-const CHUNK_BYTES: usize = 4 << 20;
-
 /// A lock's lease, renewed while held: a holder that dies frees it when
 /// the lease runs out.
 const LEASE: Duration = Duration::from_secs(30);
@@ -64,96 +59,25 @@ pub(super) fn fingerprint(key_query: &str) -> String {
         .collect()
 }
 
-/// The newest snapshot of `guard` for `fingerprint` in this format.
-pub(super) async fn newest(
-    pool: &SqlitePool,
-    guard: &str,
-    fingerprint: &str,
-) -> Result<Option<Stored>, sqlx::Error> {
-    let row: Option<(i64, i64, i64, i64)> = sqlx::query_as(
-        "select id, len, scanned_at, cast(strftime('%s', 'now') as integer) - created_at
+/// The snapshot tables' statements.
+pub(super) const STATEMENTS: Statements = Statements {
+    newest: "select id, len, scanned_at, cast(strftime('%s', 'now') as integer) - created_at + 0.0
            from bloom_guard_snapshots
-          where guard = ? and format = ? and fingerprint = ?
+          where guard = ?1 and format = ?2 and fingerprint = ?3
           order by id desc limit 1",
-    )
-    .bind(guard)
-    .bind(i64::from(SNAPSHOT_FORMAT))
-    .bind(fingerprint)
-    .fetch_optional(pool)
-    .await?;
-    Ok(row.map(|(id, len, scanned_at, age_secs)| Stored {
-        id,
-        len,
-        scanned_at,
-        age_secs: age_secs as f64,
-    }))
-}
-
-/// Reads a stored snapshot's chunks in one statement (one consistent read).
-pub(super) async fn load(pool: &SqlitePool, stored: &Stored) -> Result<Snapshot, LoadError> {
-    let mut reader = SnapshotReader::new(u64::try_from(stored.len).unwrap_or(0));
-    let mut chunks = sqlx::query_scalar::<_, Vec<u8>>(
-        "select data from bloom_guard_snapshot_chunks where snapshot = ? order by seq",
-    )
-    .bind(stored.id)
-    .fetch(pool);
-    while let Some(chunk) = chunks.try_next().await? {
-        reader.push(&chunk)?;
-    }
-    Ok(reader.finish()?)
-}
-
-/// Stores `writer`'s snapshot in one transaction, keeping the two newest
-/// snapshots of the guard; the new snapshot's id.
-pub(super) async fn publish(
-    pool: &SqlitePool,
-    writer: SnapshotWriter,
-    scanned_at: i64,
-) -> Result<i64, sqlx::Error> {
-    let info = writer.info().clone();
-    let mut tx = pool.begin().await?;
-    let id: i64 = sqlx::query_scalar(
-        "insert into bloom_guard_snapshots (guard, format, fingerprint, position, scanned_at, len, keys)
-         values (?, ?, ?, ?, ?, ?, ?) returning id",
-    )
-    .bind(&info.guard)
-    .bind(i64::from(SNAPSHOT_FORMAT))
-    .bind(&info.fingerprint)
-    .bind(&info.position)
-    .bind(scanned_at)
-    .bind(i64::try_from(info.len).unwrap_or(i64::MAX))
-    .bind(i64::try_from(info.keys).unwrap_or(i64::MAX))
-    .fetch_one(&mut *tx)
-    .await?;
-    for (seq, chunk) in writer.chunks(CHUNK_BYTES).enumerate() {
-        sqlx::query(
-            "insert into bloom_guard_snapshot_chunks (snapshot, seq, data) values (?, ?, ?)",
-        )
-        .bind(id)
-        .bind(seq as i64)
-        .bind(chunk)
-        .execute(&mut *tx)
-        .await?;
-    }
-    let kept = "select id from bloom_guard_snapshots where guard = ? order by id desc limit 2";
-    sqlx::query(sqlx::AssertSqlSafe(format!(
+    chunks: "select data from bloom_guard_snapshot_chunks where snapshot = ?1 order by seq",
+    insert: "insert into bloom_guard_snapshots (guard, format, fingerprint, position, scanned_at, len, keys)
+             values (?1, ?2, ?3, ?4, ?5, ?6, ?7) returning id",
+    insert_chunk: "insert into bloom_guard_snapshot_chunks (snapshot, seq, data) values (?1, ?2, ?3)",
+    // The newest two are kept, chunks first.
+    after: &[
         "delete from bloom_guard_snapshot_chunks where snapshot in
-           (select id from bloom_guard_snapshots where guard = ? and id not in ({kept}))"
-    )))
-    .bind(&info.guard)
-    .bind(&info.guard)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "delete from bloom_guard_snapshots where guard = ? and id not in ({kept})"
-    )))
-    .bind(&info.guard)
-    .bind(&info.guard)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(id)
-}
+           (select id from bloom_guard_snapshots where guard = ?1 and id not in
+              (select id from bloom_guard_snapshots where guard = ?1 order by id desc limit 2))",
+        "delete from bloom_guard_snapshots where guard = ?1 and id not in
+           (select id from bloom_guard_snapshots where guard = ?1 order by id desc limit 2)",
+    ],
+};
 
 /// The lock on building a guard's filter, held by one instance of those
 /// sharing the file; renewed while held, released on drop (a follower

@@ -1,0 +1,171 @@
+//! Snapshots kept in SQL tables, the same way on every database: a row per
+//! snapshot and its bytes in chunks, written in one transaction and read
+//! back chunk by chunk into the filter's memory. Each backend brings its
+//! own statements.
+
+use bloom_guard::{Snapshot, SnapshotReader, SnapshotWriter, SNAPSHOT_FORMAT};
+use futures_util::TryStreamExt;
+use sqlx::{AssertSqlSafe, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
+
+use crate::follow::{LoadError, SnapshotStore, Stored};
+
+/// Bytes per stored chunk: rows stay small, and a load holds one chunk
+/// besides the filter.
+const CHUNK_BYTES: usize = 4 << 20;
+
+/// A backend's statements for its snapshot tables.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    /// The newest snapshot of guard `$1` in format `$2` for fingerprint
+    /// `$3`: id, length, scan time (µs), age in seconds (a float).
+    pub(crate) newest: &'static str,
+    /// Selects the chunks' bytes of snapshot `$1`, in order.
+    pub(crate) chunks: &'static str,
+    /// Inserts a snapshot (guard, format, fingerprint, position, scan time
+    /// in µs, length, keys) and returns its id.
+    pub(crate) insert: &'static str,
+    /// Inserts chunk (snapshot, sequence number, bytes).
+    pub(crate) insert_chunk: &'static str,
+    /// Run last in the publishing transaction with the guard's name as the
+    /// one parameter: dropping old snapshots, waking other instances.
+    pub(crate) after: &'static [&'static str],
+}
+
+/// The snapshot tables of one database.
+#[derive(Debug)]
+pub(crate) struct Tables<DB: Database> {
+    pub(crate) pool: Pool<DB>,
+    pub(crate) statements: &'static Statements,
+}
+
+impl<DB: Database> Tables<DB> {
+    pub(crate) fn new(pool: &Pool<DB>, statements: &'static Statements) -> Self {
+        Self {
+            pool: pool.clone(),
+            statements,
+        }
+    }
+}
+
+impl<DB: Database> Clone for Tables<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            statements: self.statements,
+        }
+    }
+}
+
+impl<DB> SnapshotStore for Tables<DB>
+where
+    DB: Database,
+    for<'c> &'c Pool<DB>: Executor<'c, Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    <DB as Database>::Arguments: IntoArguments<DB>,
+    for<'r> Vec<u8>: Decode<'r, DB> + Type<DB>,
+    for<'r> (i64, i64, i64, f64): sqlx::FromRow<'r, DB::Row>,
+    for<'r> i64: Decode<'r, DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> i32: Encode<'q, DB> + Type<DB>,
+    for<'q> String: Encode<'q, DB> + Type<DB>,
+    for<'q> Vec<u8>: Encode<'q, DB> + Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    async fn newest(&self, guard: &str, fingerprint: &str) -> Result<Option<Stored>, sqlx::Error> {
+        let row: Option<(i64, i64, i64, f64)> =
+            sqlx::query_as::<DB, _>(AssertSqlSafe(self.statements.newest))
+                .bind(guard.to_owned())
+                .bind(i32::try_from(SNAPSHOT_FORMAT).unwrap_or(i32::MAX))
+                .bind(fingerprint.to_owned())
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(id, len, scanned_at, age_secs)| Stored {
+            id,
+            len,
+            scanned_at,
+            age_secs,
+        }))
+    }
+
+    async fn load(&self, stored: &Stored) -> Result<Snapshot, LoadError> {
+        load(&self.pool, self.statements, stored).await
+    }
+
+    async fn publish(&self, writer: SnapshotWriter, scanned_at: i64) -> Result<i64, sqlx::Error> {
+        publish(&self.pool, self.statements, writer, scanned_at).await
+    }
+}
+
+/// Reads `stored`'s chunks in one statement (one consistent read), into the
+/// filter's memory, and checks the whole.
+async fn load<DB>(
+    pool: &Pool<DB>,
+    statements: &Statements,
+    stored: &Stored,
+) -> Result<Snapshot, LoadError>
+where
+    DB: Database,
+    for<'c> &'c Pool<DB>: Executor<'c, Database = DB>,
+    <DB as Database>::Arguments: IntoArguments<DB>,
+    for<'r> Vec<u8>: Decode<'r, DB> + Type<DB>,
+    i64: for<'q> Encode<'q, DB> + Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let mut reader = SnapshotReader::new(u64::try_from(stored.len).unwrap_or(0));
+    let mut chunks = sqlx::query_scalar::<DB, Vec<u8>>(AssertSqlSafe(statements.chunks))
+        .bind(stored.id)
+        .fetch(pool);
+    while let Some(chunk) = chunks.try_next().await? {
+        reader.push(&chunk)?;
+    }
+    Ok(reader.finish()?)
+}
+
+/// Stores `writer`'s snapshot in one transaction (a failure half-way leaves
+/// the previous snapshots as they were); the new snapshot's id.
+async fn publish<DB>(
+    pool: &Pool<DB>,
+    statements: &Statements,
+    writer: SnapshotWriter,
+    scanned_at: i64,
+) -> Result<i64, sqlx::Error>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    <DB as Database>::Arguments: IntoArguments<DB>,
+    for<'r> i64: Decode<'r, DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> i32: Encode<'q, DB> + Type<DB>,
+    for<'q> String: Encode<'q, DB> + Type<DB>,
+    for<'q> Vec<u8>: Encode<'q, DB> + Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let info = writer.info().clone();
+    let mut tx = pool.begin().await?;
+    let id: i64 = sqlx::query_scalar::<DB, i64>(AssertSqlSafe(statements.insert))
+        .bind(info.guard.clone())
+        .bind(i32::try_from(SNAPSHOT_FORMAT).unwrap_or(i32::MAX))
+        .bind(info.fingerprint.clone())
+        .bind(info.position.clone())
+        .bind(scanned_at)
+        .bind(i64::try_from(info.len).unwrap_or(i64::MAX))
+        .bind(i64::try_from(info.keys).unwrap_or(i64::MAX))
+        .fetch_one(&mut *tx)
+        .await?;
+    for (seq, chunk) in writer.chunks(CHUNK_BYTES).enumerate() {
+        sqlx::query::<DB>(AssertSqlSafe(statements.insert_chunk))
+            .bind(id)
+            .bind(i32::try_from(seq).unwrap_or(i32::MAX))
+            .bind(chunk)
+            .execute(&mut *tx)
+            .await?;
+    }
+    for statement in statements.after {
+        sqlx::query::<DB>(AssertSqlSafe(*statement))
+            .bind(info.guard.clone())
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(id)
+}
