@@ -72,6 +72,20 @@ impl FleetRebuild {
         }
     }
 
+    /// Whether the rebuild is shared through a snapshot (default on, as
+    /// the followers' [`snapshots`](crate::PgFollower::snapshots)). Off, it
+    /// rebuilds this instance's filter only, from the same keys.
+    #[must_use]
+    pub fn snapshots(mut self, enabled: bool) -> Self {
+        match &mut self.engine {
+            #[cfg(feature = "postgres")]
+            Engine::Postgres(engine) => engine.snapshots = enabled,
+            #[cfg(feature = "sqlite")]
+            Engine::Sqlite(engine) => engine.snapshots = enabled,
+        }
+        self
+    }
+
     /// Rebuilds once for the fleet and returns this instance's stats.
     ///
     /// # Errors

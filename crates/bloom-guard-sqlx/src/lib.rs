@@ -27,6 +27,8 @@ pub use copy_text::{CopyTextDecoder, CopyTextError};
 pub use error::{FeedError, SourceError};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub use fleet_rebuild::FleetRebuild;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use follow::Follow;
 #[cfg(feature = "postgres")]
 pub use postgres::{
     install, PgCopySource, PgFollower, LISTENER_APPLICATION_NAME, POSTGRES_SQL, SCHEMA_VERSION,

@@ -221,3 +221,99 @@ async fn a_key_type_stricter_than_its_column_keeps_the_guard_open() {
     wait_for(&case_insensitive, "EDGECASE").await;
     assert!(!case_insensitive.may_contain("nobody"));
 }
+
+/// A table rebuilt the SQLite way (new table, copy, drop, rename) loses the
+/// feed's triggers: the guard fails open, names the trigger, and once the
+/// watch is installed again rebuilds with the keys written meanwhile.
+#[tokio::test]
+async fn a_dropped_trigger_fails_the_guard_open_until_the_watch_is_repaired() {
+    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let pool = open(&dir.join("items.db")).await;
+    sqlx::raw_sql(
+        "create table items (id integer primary key, key not null unique);
+         insert into items (key) values ('seeded');",
+    )
+    .execute(&pool)
+    .await
+    .expect("schema");
+    let items = Watch::table("items").key("key");
+    items.install_sqlite(&pool).await.expect("install");
+    let guard = BloomGuard::builder().build();
+    tokio::spawn(
+        SqliteFollower::new(guard.clone(), pool.clone(), items.clone())
+            .check_interval(Duration::from_millis(20))
+            .run(),
+    );
+    wait_for(&guard, "seeded").await;
+    sqlx::raw_sql(
+        "create table items_new (id integer primary key, key not null unique);
+         insert into items_new select * from items;
+         drop table items;
+         alter table items_new rename to items;
+         insert into items (key) values ('unseen');",
+    )
+    .execute(&pool)
+    .await
+    .expect("the SQLite way of altering a table");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while guard.stats().state != GuardState::Degraded {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gap was not noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let error = guard.stats().last_error.unwrap_or_default();
+    assert!(error.contains("bloom_guard_items_inserted"), "{error}");
+    assert!(guard.may_contain("unseen"), "failing open");
+    items.install_sqlite(&pool).await.expect("repair");
+    wait_for(&guard, "unseen").await;
+    assert!(!guard.may_contain("never-written"));
+}
+
+/// An operator's rebuild on one instance is adopted by another on the same
+/// file, which scans no more.
+#[tokio::test]
+async fn a_fleet_rebuild_on_one_instance_reaches_the_other() {
+    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("items.db");
+    let (one, two) = (open(&path).await, open(&path).await);
+    sqlx::raw_sql(
+        "create table items (id integer primary key, key not null unique);
+         insert into items (key) values ('seeded'), (x'ff00');",
+    )
+    .execute(&one)
+    .await
+    .expect("schema");
+    let items = Watch::table("items").key("key");
+    items.install_sqlite(&one).await.expect("install");
+    let guards = [BloomGuard::builder().build(), BloomGuard::builder().build()];
+    for (guard, pool) in guards.iter().zip([&one, &two]) {
+        tokio::spawn(
+            SqliteFollower::new(guard.clone(), pool.clone(), items.clone())
+                .check_interval(Duration::from_millis(20))
+                .run(),
+        );
+        wait_for(guard, "seeded").await;
+    }
+    let generation = guards[1].stats().generation;
+    let rebuilt =
+        bloom_guard_sqlx::FleetRebuild::sqlite(guards[0].clone(), one.clone(), items.clone())
+            .rebuild()
+            .await
+            .expect("a rebuild, BLOB key and all");
+    assert_eq!(rebuilt.skipped_keys, 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while guards[1].stats().generation == generation {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the rebuild was not adopted"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let adopted = guards[1].stats();
+    assert_eq!(adopted.origin, Some(bloom_guard::FilterOrigin::Snapshot));
+    assert!(guards[1].may_contain("seeded"));
+}

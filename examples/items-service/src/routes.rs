@@ -1,6 +1,4 @@
-//! The public API and the admin API.
-
-use std::sync::{Arc, Mutex, PoisonError};
+//! The public API: items and users behind their guards, and readiness.
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
@@ -9,18 +7,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use bloom_guard::admin::Admin;
-use bloom_guard::{BloomGuard, PathParam, ReadThroughCache};
-use bloom_guard_sqlx::{FleetRebuild, PgCopySource, QuerySource};
-use metrics_exporter_prometheus::PrometheusHandle;
+use bloom_guard::PathParam;
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
-use crate::db::{Database, Item, Pool};
 use crate::error::{not_found, ApiError};
-use crate::{KEY_QUERY, USER_ID_QUERY};
+use crate::state::AppState;
 
 /// The longest key, in bytes: the handlers refuse longer ones with a 400
 /// (the guard passes them on unchecked, and checks every shorter key).
@@ -28,84 +20,6 @@ pub const MAX_KEY_LEN: usize = 512;
 
 /// The largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
-
-/// The service's guards, one per resource.
-#[derive(Debug, Clone)]
-pub struct Guards {
-    /// `items`, text keys.
-    pub items: BloomGuard,
-    /// `users`, UUID keys.
-    pub users: BloomGuard,
-    /// Whether their followers share filters through snapshots in the
-    /// database (`BLOOM_SNAPSHOTS`).
-    pub snapshots: bool,
-}
-
-impl Guards {
-    /// Both guards.
-    pub fn all(&self) -> [&BloomGuard; 2] {
-        [&self.items, &self.users]
-    }
-}
-
-/// What the handlers share.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    /// The items and users tables.
-    pub db: Database,
-    /// The read-through cache in front of the items table.
-    pub cache: ReadThroughCache<String, Item>,
-    /// The guards, or `None` when run with `BLOOM_GUARD=off`.
-    pub guards: Option<Guards>,
-    /// Set on shutdown, for the background tasks.
-    stop: Arc<watch::Sender<bool>>,
-    /// The tasks keeping the filters complete, awaited on shutdown.
-    keepers: Arc<Mutex<Vec<JoinHandle<()>>>>,
-}
-
-impl AppState {
-    /// State for `db`, guarded by `guards`, with the service's cache settings.
-    pub fn new(db: Database, guards: Option<Guards>) -> Self {
-        Self {
-            db,
-            cache: ReadThroughCache::builder().max_capacity(100_000).build(),
-            guards,
-            stop: Arc::new(watch::channel(false).0),
-            keepers: Arc::default(),
-        }
-    }
-
-    /// Completes once [`shut_down`](Self::shut_down) is called.
-    pub fn stopping(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut stop = self.stop.subscribe();
-        async move {
-            let _ = stop.wait_for(|stopped| *stopped).await;
-        }
-    }
-
-    pub(crate) fn keep(&self, task: JoinHandle<()>) {
-        self.keepers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(task);
-    }
-
-    /// Stops the background tasks (the followers close their connections)
-    /// and closes the database pool.
-    pub async fn shut_down(&self) {
-        self.stop.send_replace(true);
-        let keepers =
-            std::mem::take(&mut *self.keepers.lock().unwrap_or_else(PoisonError::into_inner));
-        for keeper in keepers {
-            let _ = keeper.await;
-        }
-        self.db.close().await;
-    }
-
-    fn items_guard(&self) -> Option<&BloomGuard> {
-        self.guards.as_ref().map(|guards| &guards.items)
-    }
-}
 
 /// The public API: `/items/{key}` and `/users/{id}` behind their guards
 /// (only `GET` and `HEAD` are checked), `POST /items`, `POST /users`,
@@ -125,50 +39,6 @@ pub fn app(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
-}
-
-/// The admin API behind `token`: `GET /admin/bloom` and
-/// `/admin/bloom/{guard}`, `POST /admin/bloom/rebuild` and
-/// `/admin/bloom/{guard}/rebuild`, and, given a Prometheus handle,
-/// `GET /metrics`. Serve it on its own address.
-pub fn admin_app(state: &AppState, token: &str, prometheus: Option<PrometheusHandle>) -> Router {
-    let Some(guards) = &state.guards else {
-        return Router::new();
-    };
-    let admin = Admin::new(token);
-    let mut admin = match state.db.pool().clone() {
-        // With snapshots, a rebuild asked of any instance scans once and
-        // every instance adopts it.
-        Pool::Postgres(pool) if guards.snapshots => {
-            let items = FleetRebuild::new(guards.items.clone(), pool.clone(), crate::items_feed());
-            let users = FleetRebuild::new(guards.users.clone(), pool, crate::users_feed());
-            admin
-                .guard_with_rebuild(guards.items.clone(), move || {
-                    let items = items.clone();
-                    async move { items.rebuild().await }
-                })
-                .guard_with_rebuild(guards.users.clone(), move || {
-                    let users = users.clone();
-                    async move { users.rebuild().await }
-                })
-        }
-        Pool::Postgres(pool) => admin
-            .guard_with_source(
-                guards.items.clone(),
-                PgCopySource::new(pool.clone(), KEY_QUERY),
-            )
-            .guard_with_source(guards.users.clone(), PgCopySource::new(pool, USER_ID_QUERY)),
-        Pool::Sqlite(pool) => admin
-            .guard_with_source(
-                guards.items.clone(),
-                QuerySource::new(pool.clone(), KEY_QUERY),
-            )
-            .guard_with_source(guards.users.clone(), QuerySource::new(pool, USER_ID_QUERY)),
-    };
-    if let Some(handle) = prometheus {
-        admin = admin.metrics(move || handle.render());
-    }
-    admin.into_router()
 }
 
 fn check_key(key: &str) -> Result<(), ApiError> {

@@ -430,9 +430,6 @@ async fn the_admin_api_is_only_on_the_admin_router() {
     assert!(!unauthorized.body.contains("secret"));
 }
 
-/// The guard never refuses what the same service serves without it: a path
-/// the unguarded service answers 200 gets the same answer through the
-/// guard, and any other path is a 4xx either way.
 /// Writes `key` by plain SQL, as any other client of the database would.
 async fn insert_by_sql(db: &Database, key: &str) {
     let sql = "insert into items (key) values ($1)";
@@ -447,8 +444,9 @@ async fn insert_by_sql(db: &Database, key: &str) {
     .expect("insert by SQL");
 }
 
-/// Every path is answered as the unguarded service answers it, and every
-/// stored key is served: keys the guard once refused (dot segments,
+/// The guard never refuses what the same service serves without it: every
+/// path is answered as the unguarded service answers it, and every stored
+/// key is served: keys the guard once refused (dot segments,
 /// malformed escapes) included, written by POST or by plain SQL.
 async fn the_guard_answers_every_path_as_the_unguarded_service_does(db: Database) {
     let unguarded = app(AppState::new(db.clone(), None));
@@ -527,6 +525,65 @@ async fn sqlite_the_guard_answers_every_path_as_the_unguarded_service_does() {
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn postgres_the_guard_answers_every_path_as_the_unguarded_service_does(pool: PgPool) {
     the_guard_answers_every_path_as_the_unguarded_service_does(postgres(pool).await).await;
+}
+
+/// An admin request with the token.
+fn admin_request(uri: &str, method: &str) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::AUTHORIZATION, "Bearer secret")
+        .body(Body::empty())
+        .expect("valid request")
+}
+
+/// A rebuild asked through the admin API reads the keys as the follower
+/// does: a BLOB key another SQLite client wrote is left out, not an error.
+#[tokio::test]
+async fn sqlite_admin_rebuilds_read_keys_as_the_follower_does() {
+    let db = sqlite().await;
+    let state = AppState::new(db.clone(), Some(items_service::guards(&test_config())));
+    prepare(state.clone()).await;
+    let Pool::Sqlite(pool) = db.pool() else {
+        panic!("a SQLite database");
+    };
+    sqlx::query("insert into items (key) values (x'ff00')")
+        .execute(pool)
+        .await
+        .expect("a BLOB key");
+    let admin = items_service::admin_app(&state, "secret", None);
+    let rebuilt = send(&admin, admin_request("/admin/bloom/rebuild", "POST")).await;
+    assert_eq!(rebuilt.status, StatusCode::OK, "{}", rebuilt.body);
+    let stats = send(&admin, admin_request("/admin/bloom/items", "GET")).await;
+    assert!(stats.body.contains(r#""skipped_keys":1"#), "{}", stats.body);
+    state.shut_down().await;
+}
+
+/// A rebuild that fails says why in the guard's stats, which its 503
+/// points to.
+#[sqlx::test(migrations = "../../migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_a_failed_admin_rebuild_shows_in_last_error(pool: PgPool) {
+    let db = postgres(pool.clone()).await;
+    let state = AppState::new(db, Some(items_service::guards(&test_config())));
+    prepare(state.clone()).await;
+    sqlx::query("alter table items rename to items_elsewhere")
+        .execute(&pool)
+        .await
+        .expect("rename");
+    let admin = items_service::admin_app(&state, "secret", None);
+    let rebuilt = send(&admin, admin_request("/admin/bloom/items/rebuild", "POST")).await;
+    assert_eq!(
+        rebuilt.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        rebuilt.body
+    );
+    let stats = send(&admin, admin_request("/admin/bloom/items", "GET")).await;
+    let stats: serde_json::Value = serde_json::from_str(&stats.body).expect("JSON");
+    let error = stats["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("items"), "{stats}");
+    state.shut_down().await;
 }
 
 async fn send_json(app: &Router, method: &str, path: &str, body: &str) -> Response {

@@ -1,5 +1,54 @@
 //! The public followers' shared API, written once: each is a thin wrapper
-//! around the engine, and this macro gives it the engine's knobs.
+//! around the engine, and this macro gives it the engine's knobs, as
+//! inherent methods and as the [`Follow`] trait for code generic over the
+//! database.
+
+use std::future::Future;
+use std::time::Duration;
+
+/// What every follower ([`PgFollower`](crate::PgFollower),
+/// [`SqliteFollower`](crate::SqliteFollower)) can be told and do, for code
+/// that starts followers whatever the database. Each method is also the
+/// follower's own (no import needed); see them there.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use bloom_guard_sqlx::Follow;
+///
+/// fn start(follower: impl Follow, shutdown: impl Future<Output = ()> + Send + 'static) {
+///     tokio::spawn(follower.poll_interval(Duration::from_millis(500)).run_until(shutdown));
+/// }
+/// ```
+pub trait Follow: Sized + Send + 'static {
+    /// See [`PgFollower::snapshots`](crate::PgFollower::snapshots).
+    #[must_use]
+    fn snapshots(self, enabled: bool) -> Self;
+    /// See [`PgFollower::snapshot_interval`](crate::PgFollower::snapshot_interval).
+    #[must_use]
+    fn snapshot_interval(self, every: Duration) -> Self;
+    /// See [`PgFollower::poll_interval`](crate::PgFollower::poll_interval).
+    #[must_use]
+    fn poll_interval(self, every: Duration) -> Self;
+    /// See [`PgFollower::check_interval`](crate::PgFollower::check_interval).
+    #[must_use]
+    fn check_interval(self, every: Duration) -> Self;
+    /// See [`PgFollower::retention`](crate::PgFollower::retention).
+    #[must_use]
+    fn retention(self, retention: Duration) -> Self;
+    /// See [`PgFollower::on_key`](crate::PgFollower::on_key).
+    #[must_use]
+    fn on_key(self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self;
+    /// See [`PgFollower::on_catch_up`](crate::PgFollower::on_catch_up).
+    #[must_use]
+    fn on_catch_up(self, hook: impl Fn() + Send + Sync + 'static) -> Self;
+    /// See [`PgFollower::run_until`](crate::PgFollower::run_until).
+    fn run_until(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = ()> + Send + 'static;
+}
 
 /// Writes `Debug`, the knobs every backend has, `run` and `run_until` for
 /// a follower type with an `engine` field.
@@ -95,6 +144,36 @@ macro_rules! follower_api {
             /// closes its connections cleanly and returns.
             pub async fn run_until(self, shutdown: impl std::future::Future<Output = ()>) {
                 self.engine.run_until(shutdown).await;
+            }
+        }
+
+        impl $crate::Follow for $follower {
+            fn snapshots(self, enabled: bool) -> Self {
+                $follower::snapshots(self, enabled)
+            }
+            fn snapshot_interval(self, every: std::time::Duration) -> Self {
+                $follower::snapshot_interval(self, every)
+            }
+            fn poll_interval(self, every: std::time::Duration) -> Self {
+                $follower::poll_interval(self, every)
+            }
+            fn check_interval(self, every: std::time::Duration) -> Self {
+                $follower::check_interval(self, every)
+            }
+            fn retention(self, retention: std::time::Duration) -> Self {
+                $follower::retention(self, retention)
+            }
+            fn on_key(self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self {
+                $follower::on_key(self, hook)
+            }
+            fn on_catch_up(self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+                $follower::on_catch_up(self, hook)
+            }
+            fn run_until(
+                self,
+                shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+            ) -> impl std::future::Future<Output = ()> + Send + 'static {
+                self.engine.run_until(shutdown)
             }
         }
     };

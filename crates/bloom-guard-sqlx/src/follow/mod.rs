@@ -22,6 +22,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
 pub(crate) use api::follower_api;
+pub use api::Follow;
 pub(crate) use backend::{Clock, Database, LoadError, Read, SnapshotStore, Stored, WakeUps};
 pub(crate) use rebuild::Rebuild;
 

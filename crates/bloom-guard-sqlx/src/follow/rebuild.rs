@@ -13,6 +13,8 @@ use super::{Database, SnapshotStore};
 pub(crate) struct Rebuild<B> {
     guard: BloomGuard,
     backend: Arc<B>,
+    /// Off: a rebuild of this instance's filter only, from the same keys.
+    pub(crate) snapshots: bool,
 }
 
 impl<B> Clone for Rebuild<B> {
@@ -20,6 +22,7 @@ impl<B> Clone for Rebuild<B> {
         Self {
             guard: self.guard.clone(),
             backend: Arc::clone(&self.backend),
+            snapshots: self.snapshots,
         }
     }
 }
@@ -29,6 +32,7 @@ impl<B: Database> Rebuild<B> {
         Self {
             guard,
             backend: Arc::new(backend),
+            snapshots: true,
         }
     }
 
@@ -43,6 +47,9 @@ impl<B: Database> Rebuild<B> {
         let backend = &*self.backend;
         let name = self.guard.name();
         let (source, fingerprint) = backend.key_source().await.map_err(failed)?;
+        if !self.snapshots {
+            return self.guard.rebuild(&source).await;
+        }
         let requested = backend.position().await.map_err(failed)?;
         let build_lock = backend.lock(name).await.map_err(failed)?;
         let newer = backend

@@ -1,0 +1,64 @@
+//! The service's guards and how the configuration builds them.
+
+use std::time::Duration;
+
+use bloom_guard::{BloomGuard, KeyType};
+
+use crate::config::Config;
+use crate::routes::MAX_KEY_LEN;
+
+/// The service's guards, one per resource.
+#[derive(Debug, Clone)]
+pub struct Guards {
+    /// `items`, text keys.
+    pub items: BloomGuard,
+    /// `users`, UUID keys.
+    pub users: BloomGuard,
+    /// Whether their followers share filters through snapshots in the
+    /// database (`BLOOM_SNAPSHOTS`).
+    pub snapshots: bool,
+}
+
+impl Guards {
+    /// Both guards.
+    pub fn all(&self) -> [&BloomGuard; 2] {
+        [&self.items, &self.users]
+    }
+}
+
+/// The guards as the service configures them: `items` (text keys) and
+/// `users` (UUID keys), both sized and tuned by the `BLOOM_*` settings.
+///
+/// # Example
+///
+/// ```
+/// let config = items_service::Config::from_env()?;
+/// let guards = items_service::guards(&config);
+/// assert!(!guards.items.is_ready(), "fails open until warm");
+/// assert_eq!(guards.users.name(), "users");
+/// # Ok::<(), items_service::config::ConfigError>(())
+/// ```
+pub fn guards(config: &Config) -> Guards {
+    let guard = |name: &'static str, key_type: KeyType| {
+        let mut builder = BloomGuard::builder()
+            .name(name)
+            .key_type(key_type)
+            .expected_items(config.bloom_expected_items)
+            .false_positive_rate(config.bloom_fpp)
+            .max_key_len(MAX_KEY_LEN)
+            .debug_header(config.debug_header)
+            .mode(config.mode)
+            .audit_rate(config.audit_rate)
+            // Back within seconds of the database.
+            .max_retry_delay(Duration::from_secs(5));
+        if config.rebuild_every_secs > 0 {
+            builder = builder.rebuild_interval(Duration::from_secs(config.rebuild_every_secs));
+        }
+        builder.build()
+    };
+    Guards {
+        items: guard("items", KeyType::Text),
+        users: guard("users", KeyType::Uuid),
+        snapshots: config.snapshots,
+    }
+}

@@ -1,0 +1,92 @@
+//! Start-up: the database migrated, the change feeds followed, the guards
+//! warm.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use bloom_guard_sqlx::{Follow, PgFollower, SqliteFollower};
+
+use crate::db::Pool;
+use crate::feeds::{items_feed, users_feed};
+use crate::guards::Guards;
+use crate::state::AppState;
+
+/// Brings the database up and the guard warm: applies the migrations and
+/// installs the change feed (retrying while the database is unreachable),
+/// starts the follower that keeps the filter complete ([`PgFollower`] or
+/// [`SqliteFollower`]: warm-up, every key written by any instance or SQL
+/// client, scheduled rebuilds), and returns once the guard is ready. The
+/// service fails open until then.
+pub async fn prepare(state: AppState) {
+    // 200 ms doubling up to 10 s, jittered: a fleet restarting together
+    // does not retry in step.
+    let mut pauses = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(10))
+        .with_jitter()
+        .without_max_times()
+        .build();
+    while let Err(error) = state.db.migrate().await {
+        let delay = pauses.next().unwrap_or(Duration::from_secs(10));
+        tracing::warn!(error = %error, retry_in = ?delay, "database migration failed; retrying");
+        if let Some(guards) = &state.guards {
+            for guard in guards.all() {
+                guard.report_unavailable(&error);
+            }
+        }
+        tokio::time::sleep(delay).await;
+    }
+    let Some(guards) = state.guards.clone() else {
+        return;
+    };
+    // A key created or deleted elsewhere: its cache entry (a negative one
+    // would hide a new item) is stale.
+    let cache = state.cache.clone();
+    let invalidate = move |key: &str| {
+        let (cache, key) = (cache.clone(), key.to_owned());
+        tokio::spawn(async move { cache.invalidate(&key).await });
+    };
+    let all = state.cache.clone();
+    let drop_all = move || all.invalidate_all();
+    let (items, users) = (guards.items.clone(), guards.users.clone());
+    match state.db.pool().clone() {
+        Pool::Postgres(pool) => follow(
+            &state,
+            &guards,
+            PgFollower::new(items, pool.clone(), items_feed()),
+            PgFollower::new(users, pool, users_feed()),
+            invalidate,
+            drop_all,
+        ),
+        Pool::Sqlite(pool) => follow(
+            &state,
+            &guards,
+            SqliteFollower::new(items, pool.clone(), items_feed()),
+            SqliteFollower::new(users, pool, users_feed()),
+            invalidate,
+            drop_all,
+        ),
+    }
+    for guard in guards.all() {
+        guard.ready().await;
+    }
+}
+
+/// Runs the followers of both guards until the service stops; the items'
+/// follower keeps the cache in step with the feed.
+fn follow<F: Follow>(
+    state: &AppState,
+    guards: &Guards,
+    items: F,
+    users: F,
+    invalidate: impl Fn(&str) + Send + Sync + 'static,
+    drop_all: impl Fn() + Send + Sync + 'static,
+) {
+    let items = items
+        .snapshots(guards.snapshots)
+        .on_key(invalidate)
+        .on_catch_up(drop_all);
+    state.keep(tokio::spawn(items.run_until(state.stopping())));
+    let users = users.snapshots(guards.snapshots);
+    state.keep(tokio::spawn(users.run_until(state.stopping())));
+}

@@ -1,0 +1,69 @@
+//! What the handlers share, and the background tasks to stop with them.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bloom_guard::{BloomGuard, ReadThroughCache};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::db::{Database, Item};
+use crate::guards::Guards;
+
+/// What the handlers share.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The items and users tables.
+    pub db: Database,
+    /// The read-through cache in front of the items table.
+    pub cache: ReadThroughCache<String, Item>,
+    /// The guards, or `None` when run with `BLOOM_GUARD=off`.
+    pub guards: Option<Guards>,
+    /// Set on shutdown, for the background tasks.
+    stop: Arc<watch::Sender<bool>>,
+    /// The tasks keeping the filters complete, awaited on shutdown.
+    keepers: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl AppState {
+    /// State for `db`, guarded by `guards`, with the service's cache settings.
+    pub fn new(db: Database, guards: Option<Guards>) -> Self {
+        Self {
+            db,
+            cache: ReadThroughCache::builder().max_capacity(100_000).build(),
+            guards,
+            stop: Arc::new(watch::channel(false).0),
+            keepers: Arc::default(),
+        }
+    }
+
+    /// Completes once [`shut_down`](Self::shut_down) is called.
+    pub fn stopping(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut stop = self.stop.subscribe();
+        async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        }
+    }
+
+    pub(crate) fn keep(&self, task: JoinHandle<()>) {
+        self.keepers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(task);
+    }
+
+    /// Stops the background tasks (the followers close their connections)
+    /// and closes the database pool.
+    pub async fn shut_down(&self) {
+        self.stop.send_replace(true);
+        let keepers =
+            std::mem::take(&mut *self.keepers.lock().unwrap_or_else(PoisonError::into_inner));
+        for keeper in keepers {
+            let _ = keeper.await;
+        }
+        self.db.close().await;
+    }
+
+    pub(crate) fn items_guard(&self) -> Option<&BloomGuard> {
+        self.guards.as_ref().map(|guards| &guards.items)
+    }
+}
