@@ -1,4 +1,4 @@
--- bloom-guard's change feed and filter snapshots for Postgres, schema version 2.
+-- bloom-guard's change feed and filter snapshots for Postgres, schema version 3.
 --
 -- Idempotent: installing twice is a no-op, and every statement can run over
 -- an earlier install of this version. `bloom_guard_sqlx::install` runs it in
@@ -15,16 +15,80 @@ comment on schema bloom_guard is
     'bloom-guard: the change feed that keeps every instance''s Bloom filter complete';
 
 -- One row per new key ('i'), key gone ('d') or table truncated ('t'), written
--- in the writer's transaction. Readers select the rows of the transactions
--- that committed between two snapshots of theirs, by `xid`.
+-- in the writer's transaction, and nothing else: no lock, no NOTIFY, no wait
+-- for our sake in a writer's commit. Readers select the rows of the
+-- transactions that committed between two snapshots of theirs, by `xid`.
+--
+-- Partitioned by `part`, a slot that rotates: new rows go to the current
+-- slot, and a slot retired for longer than the retention is emptied by
+-- TRUNCATE, never by row deletes, so the feed leaves no dead tuples.
+--
+-- Version 2 had one plain table: it becomes slot 0, rows and all, so no
+-- change is lost across the upgrade (writers wait for it, none fails).
+do $upgrade$
+begin
+    if exists (
+        select from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+        where n.nspname = 'bloom_guard' and c.relname = 'changes' and c.relkind = 'r'
+    ) then
+        alter table bloom_guard.changes rename to changes_0;
+        alter index if exists bloom_guard.changes_xid rename to changes_0_xid;
+        alter table bloom_guard.changes_0 add column part smallint not null default 0;
+    end if;
+end
+$upgrade$;
+
+-- The slot new rows go to, and when each slot was retired: the snapshot
+-- then, and when.
+create table if not exists bloom_guard.slots (
+    slot smallint primary key,
+    current boolean not null default false,
+    since timestamptz not null default pg_catalog.now(),
+    retired pg_snapshot
+);
+
+insert into bloom_guard.slots (slot, current) values (0, true), (1, false), (2, false)
+on conflict do nothing;
+
+-- The slot new feed rows go to.
+create or replace function bloom_guard.current_slot()
+returns smallint
+language sql stable
+set search_path = pg_catalog, pg_temp
+as $$ select coalesce((select slot from bloom_guard.slots where current limit 1), 0::smallint) $$;
+
 create table if not exists bloom_guard.changes (
     xid xid8 not null default pg_catalog.pg_current_xact_id(),
     guard text not null,
     kind "char" not null,
-    key text not null
-);
+    key text not null,
+    -- The default serves writers still running version 2's trigger
+    -- functions during the upgrade; version 3's pass the slot.
+    part smallint not null default bloom_guard.current_slot()
+) partition by list (part);
 
 create index if not exists changes_xid on bloom_guard.changes (xid);
+
+do $slots$
+declare
+    slot integer;
+begin
+    for slot in 0..2 loop
+        if pg_catalog.to_regclass('bloom_guard.changes_' || slot) is null then
+            execute pg_catalog.format(
+                'create table bloom_guard.%I partition of bloom_guard.changes for values in (%s)',
+                'changes_' || slot, slot);
+        elsif not exists (
+            select from pg_catalog.pg_inherits
+            where inhrelid = pg_catalog.to_regclass('bloom_guard.changes_' || slot)
+        ) then
+            execute pg_catalog.format(
+                'alter table bloom_guard.changes attach partition bloom_guard.%I for values in (%s)',
+                'changes_' || slot, slot);
+        end if;
+    end loop;
+end
+$slots$;
 
 -- Rows below `below` are pruned: a reader whose snapshot's xmin is lower may
 -- have missed some and must rebuild.
@@ -35,12 +99,8 @@ create table if not exists bloom_guard.horizon (
 
 insert into bloom_guard.horizon default values on conflict do nothing;
 
--- The xmin of a snapshot taken at `at`: every transaction below it had
--- ended by then. Pruning cuts at the newest mark older than the retention.
-create table if not exists bloom_guard.marks (
-    at timestamptz not null,
-    oldest xid8 not null
-);
+-- Version 2 pruned by row deletes at marks; slots replace both.
+drop table if exists bloom_guard.marks;
 
 -- The tables each guard watches, and their key columns.
 create table if not exists bloom_guard.watched (
@@ -87,11 +147,10 @@ declare
     rows text := case when inserted then 'new_rows' else 'old_rows' end;
 begin
     execute pg_catalog.format(
-        'insert into bloom_guard.changes (guard, kind, key)
-         select distinct $1, $2, k from (select %s as k from %I r) s where k is not null',
+        'insert into bloom_guard.changes (guard, kind, key, part)
+         select distinct $1, $2, k, $3 from (select %s as k from %I r) s where k is not null',
         bloom_guard.key_expression(tg_argv[1:], 'r'), rows)
-    using tg_argv[0], case when inserted then 'i' else 'd' end;
-    perform pg_catalog.pg_notify('bloom_guard', tg_argv[0]);
+    using tg_argv[0], case when inserted then 'i' else 'd' end, bloom_guard.current_slot();
     return null;
 end
 $$;
@@ -109,15 +168,12 @@ declare
 begin
     execute pg_catalog.format(
         'with n as (select %s as k from new_rows n), o as (select %s as k from old_rows o)
-         insert into bloom_guard.changes (guard, kind, key)
-         select $1, ''i'', k from (select k from n where k is not null except select k from o) added
+         insert into bloom_guard.changes (guard, kind, key, part)
+         select $1, ''i'', k, $2 from (select k from n where k is not null except select k from o) added
          union all
-         select $1, ''d'', k from (select k from o where k is not null except select k from n) removed',
+         select $1, ''d'', k, $2 from (select k from o where k is not null except select k from n) removed',
         new_key, old_key)
-    using tg_argv[0];
-    if found then
-        perform pg_catalog.pg_notify('bloom_guard', tg_argv[0]);
-    end if;
+    using tg_argv[0], bloom_guard.current_slot();
     return null;
 end
 $$;
@@ -127,8 +183,8 @@ language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 begin
-    insert into bloom_guard.changes (guard, kind, key) values (tg_argv[0], 't', '');
-    perform pg_catalog.pg_notify('bloom_guard', tg_argv[0]);
+    insert into bloom_guard.changes (guard, kind, key, part)
+    values (tg_argv[0], 't', '', bloom_guard.current_slot());
     return null;
 end
 $$;
@@ -223,8 +279,31 @@ begin
     end loop;
     -- Keys written before the triggers existed are not in the feed: readers
     -- rebuild on this.
-    insert into bloom_guard.changes (guard, kind, key) values (guard, 'r', '');
+    insert into bloom_guard.changes (guard, kind, key, part)
+    values (guard, 'r', '', bloom_guard.current_slot());
     perform pg_catalog.pg_notify('bloom_guard', guard);
+end
+$$;
+
+-- Stops recording `guard`'s keys from `target` and its children and
+-- partitions: drops the feed's triggers. A follower of the guard that still
+-- runs reports a gap and lets every request through. The caller must own
+-- the tables.
+create or replace function bloom_guard.unwatch(target regclass, guard text)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    rel regclass;
+    event text;
+begin
+    for rel in select bloom_guard.family(target) loop
+        foreach event in array array['inserted', 'updated', 'deleted', 'truncated'] loop
+            execute pg_catalog.format('drop trigger if exists %I on %s', bloom_guard.trigger_name(guard, event), rel);
+        end loop;
+    end loop;
+    delete from bloom_guard.watched w where w.guard = unwatch.guard and w.rel = target;
 end
 $$;
 
@@ -250,31 +329,53 @@ as $$
     where not exists (select from bloom_guard.watched w where w.guard = gaps.guard)
 $$;
 
--- Deletes the rows every reader has had for at least `retention`, once a
--- mark that old exists. One caller at a time; others return at once.
+-- Retention without row deletes, one caller at a time (others return at
+-- once): retires the current slot once it has been current for the
+-- retention (if the next slot is empty), and empties a slot retired for
+-- longer than the retention with TRUNCATE. The truncate waits at most 50 ms
+-- for its lock (a long read holds it; it is tried again later), and the
+-- horizon moves past every row it removes under that lock: a reader whose
+-- position is older rebuilds. Returns the rows removed.
 create or replace function bloom_guard.prune(retention interval)
 returns bigint
 language plpgsql security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
+    old record;
     cut xid8;
-    pruned bigint := 0;
+    removed bigint := 0;
 begin
     if not pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.prune')) then
         return 0;
     end if;
-    insert into bloom_guard.marks (at, oldest)
-    values (pg_catalog.now(), pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()));
-    select m.oldest into cut from bloom_guard.marks m
-    where m.at <= pg_catalog.now() - retention order by m.at desc limit 1;
-    if cut is not null then
-        delete from bloom_guard.changes c where c.xid < cut;
-        get diagnostics pruned = row_count;
-        update bloom_guard.horizon set below = greatest(below, cut);
-        delete from bloom_guard.marks m where m.oldest < cut;
-    end if;
-    return pruned;
+    for old in
+        select s.slot, s.retired from bloom_guard.slots s
+        where not s.current and s.retired is not null and s.since <= pg_catalog.now() - retention
+    loop
+        begin
+            perform pg_catalog.set_config('lock_timeout', '50ms', true);
+            execute pg_catalog.format('lock table bloom_guard.%I in access exclusive mode', 'changes_' || old.slot);
+            -- No writer holds the slot now: every row in it is settled.
+            execute pg_catalog.format('select pg_catalog.max(xid), pg_catalog.count(*) from bloom_guard.%I', 'changes_' || old.slot)
+            into cut, removed;
+            update bloom_guard.horizon set below = greatest(
+                below, pg_catalog.pg_snapshot_xmax(old.retired),
+                coalesce((cut::text::numeric + 1)::text::xid8, '0'::xid8));
+            execute pg_catalog.format('truncate bloom_guard.%I', 'changes_' || old.slot);
+            update bloom_guard.slots set retired = null where slot = old.slot;
+        exception when lock_not_available then
+            removed := 0;
+        end;
+    end loop;
+    -- Rotate once the current slot is old enough and the next one is empty.
+    update bloom_guard.slots s set current = s.slot = n.next, since = pg_catalog.now(),
+           retired = case when s.current then pg_catalog.pg_current_snapshot() else s.retired end
+    from (select (c.slot + 1) % 3 as next from bloom_guard.slots c
+          where c.current and c.since <= pg_catalog.now() - retention) n
+    where (s.current or s.slot = n.next)
+      and exists (select from bloom_guard.slots f where f.slot = n.next and not f.current and f.retired is null);
+    return removed;
 end
 $$;
 
@@ -312,6 +413,7 @@ revoke all on function bloom_guard.record_updated() from public;
 revoke all on function bloom_guard.record_truncated() from public;
 revoke all on function bloom_guard.prune(interval) from public;
 revoke all on function bloom_guard.watch(regclass, text[], text) from public;
+revoke all on function bloom_guard.unwatch(regclass, text) from public;
 
-insert into bloom_guard.schema_version (version) values (2)
+insert into bloom_guard.schema_version (version) values (3)
 on conflict (singleton) do update set version = excluded.version;

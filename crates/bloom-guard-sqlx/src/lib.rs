@@ -31,7 +31,8 @@ pub use fleet_rebuild::FleetRebuild;
 pub use follow::Follow;
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    install, PgCopySource, PgFollower, LISTENER_APPLICATION_NAME, POSTGRES_SQL, SCHEMA_VERSION,
+    install, uninstall, PgCopySource, PgFollower, LISTENER_APPLICATION_NAME,
+    NOTIFIER_APPLICATION_NAME, POSTGRES_SQL, SCHEMA_VERSION,
 };
 pub use query::QuerySource;
 #[cfg(feature = "sqlite")]

@@ -14,6 +14,7 @@ use std::time::Duration;
 /// # Example
 ///
 /// ```no_run
+/// use std::future::Future;
 /// use std::time::Duration;
 /// use bloom_guard_sqlx::Follow;
 ///

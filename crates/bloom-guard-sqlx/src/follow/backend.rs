@@ -120,6 +120,12 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// disabled triggers, the feed not installed); empty when none.
     fn gaps(&self) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
 
+    /// The watched tables' identities and their feed triggers' row
+    /// versions: it changes when a table is recreated or a trigger altered
+    /// (disabled and enabled again, even within one transaction), when
+    /// writes may have bypassed the feed although no gap shows now.
+    fn trigger_versions(&self) -> impl Future<Output = Result<String, sqlx::Error>> + Send;
+
     /// Wakes the engine until `stop`: on every commit that may concern
     /// the feed, and when another instance publishes a snapshot.
     fn wake_ups(

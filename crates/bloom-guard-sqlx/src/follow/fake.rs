@@ -165,6 +165,10 @@ impl Database for Fake {
         Ok(Vec::new())
     }
 
+    async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
+        Ok(String::new())
+    }
+
     fn wake_ups(
         &self,
         wake: WakeUps,

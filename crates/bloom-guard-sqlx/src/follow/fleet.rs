@@ -22,6 +22,8 @@ pub(super) struct Fleet<P> {
     pub(super) scanned_at: Option<i64>,
     /// Snapshots refused once, never tried again.
     pub(super) refused: HashSet<i64>,
+    /// The feed triggers' versions at the last check.
+    pub(super) trigger_versions: Option<String>,
 }
 
 impl<P> Default for Fleet<P> {
@@ -31,6 +33,7 @@ impl<P> Default for Fleet<P> {
             position: None,
             scanned_at: None,
             refused: HashSet::new(),
+            trigger_versions: None,
         }
     }
 }

@@ -83,6 +83,9 @@ impl<B: Database> Follower<B> {
                 return;
             }
         };
+        if gaps.is_empty() && gap.is_none() {
+            self.check_trigger_versions(source).await;
+        }
         if gaps.is_empty() {
             if gap.is_some() {
                 tracing::info!(feed, "the change feed's triggers are back; rebuilding before answering absent keys again");
@@ -107,6 +110,38 @@ impl<B: Database> Follower<B> {
             *gap = Some(self.guard.hold_open());
         }
         self.guard.report_unavailable(&problem);
+    }
+
+    /// Rebuilds if a watched table was recreated or a feed trigger altered
+    /// since the last check: a trigger disabled for a bulk load and enabled
+    /// again shows no gap, but the keys loaded meanwhile are not in the
+    /// feed. The guard fails open until the rebuild is in place.
+    async fn check_trigger_versions(&self, source: &B::Source) {
+        let Ok(versions) = self.backend.trigger_versions().await else {
+            return;
+        };
+        let previous = self.fleet().trigger_versions.replace(versions.clone());
+        if previous
+            .as_ref()
+            .is_none_or(|previous| *previous == versions)
+        {
+            return;
+        }
+        tracing::error!(feed = self.backend.feed(), "a watched table was recreated or a feed trigger altered since the last check (disabled and enabled again?): writes may have bypassed the change feed; rebuilding, the guard lets every request through meanwhile");
+        let _hold = self.guard.hold_open();
+        // Snapshots from before the change are not this guard's any more.
+        if let Ok((_, fingerprint)) = self.backend.key_source().await {
+            self.fleet().fingerprint = Some(fingerprint);
+        }
+        if self
+            .guard
+            .rebuild_newer_than(source, Instant::now())
+            .await
+            .is_err()
+        {
+            // Try again at the next check.
+            self.fleet().trigger_versions = previous;
+        }
     }
 
     /// Holds the guard open if its key type could refuse a key stored in

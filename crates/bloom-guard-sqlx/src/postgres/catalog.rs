@@ -29,6 +29,24 @@ pub(super) async fn gaps(pool: &PgPool, name: &str) -> Result<Vec<String>, sqlx:
     }
 }
 
+/// The identity (OID) of every table of feed `name` and the row version
+/// (`xmin`) of each of its feed triggers' `pg_trigger` rows: any ALTER of a
+/// trigger rewrites its row.
+pub(super) async fn trigger_versions(pool: &PgPool, name: &str) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(
+        "select coalesce(pg_catalog.string_agg(f.rel::oid::text || ':' || coalesce(t.tgname::text || '@' || t.xmin::text, ''),
+                                               ',' order by f.rel::oid, t.tgname), '')
+           from bloom_guard.watched w
+          cross join lateral bloom_guard.family(w.rel) f(rel)
+           left join pg_catalog.pg_trigger t
+             on t.tgrelid = f.rel and pg_catalog.left(t.tgname, 12) = 'bloom_guard_'
+          where w.guard = $1",
+    )
+    .bind(name)
+    .fetch_one(pool)
+    .await
+}
+
 /// The watched key columns, in the watch's order.
 pub(super) async fn key_columns(
     pool: &PgPool,

@@ -6,7 +6,7 @@ use crate::error::FeedError;
 use crate::watch::Watch;
 
 /// The version of the feed's schema that this crate installs and reads.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// The feed's SQL: schema `bloom_guard`, its tables, trigger functions and
 /// `bloom_guard.watch(table, key_columns, name)`. Idempotent.
@@ -60,6 +60,34 @@ pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
     Ok(())
 }
 
+/// Removes the change feed from the database: schema `bloom_guard` with
+/// its tables, functions and snapshots, and (through them) the feed's
+/// triggers on every watched table. Followers still running report a gap
+/// and let every request through. Run it with the feed's owner.
+///
+/// # Errors
+///
+/// [`FeedError::Database`] if the database refuses the DDL.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+/// bloom_guard_sqlx::uninstall(&pool).await?;
+/// # Ok(()) }
+/// ```
+pub async fn uninstall(pool: &PgPool) -> Result<(), FeedError> {
+    sqlx::raw_sql(
+        "set local client_min_messages = warning;
+         select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'));
+         drop schema if exists bloom_guard cascade;",
+    )
+    .execute(pool)
+    .await?;
+    tracing::info!("removed the bloom-guard change feed");
+    Ok(())
+}
+
 /// The feed's schema version in the database, if it is installed.
 async fn installed_version(pool: &PgPool) -> Result<Option<i32>, sqlx::Error> {
     let present: bool = sqlx::query_scalar(
@@ -90,6 +118,24 @@ impl Watch {
         sqlx::query("select bloom_guard.watch($1::regclass, $2, $3)")
             .bind(&self.table)
             .bind(&self.key_columns)
+            .bind(self.feed_name())
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Stops recording this table's keys (`select bloom_guard.unwatch(...)`):
+    /// drops the feed's triggers from the table and its children and
+    /// partitions. A follower of the guard that still runs reports a gap
+    /// and lets every request through.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Database`] if the table does not exist, the feed is not
+    /// installed, or the role does not own the table.
+    pub async fn uninstall(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
+        sqlx::query("select bloom_guard.unwatch($1::regclass, $2)")
+            .bind(&self.table)
             .bind(self.feed_name())
             .execute(pool)
             .await?;

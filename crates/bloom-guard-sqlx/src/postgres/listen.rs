@@ -18,8 +18,8 @@ pub const LISTENER_APPLICATION_NAME: &str = "bloom-guard-listener";
 /// payload.
 pub(super) const CHANNEL: &str = "bloom_guard";
 
-/// The listener's connection options: named so operators can find it, with
-/// TCP keepalives from the server's side (Postgres drops the backend of a
+/// The listener's (and the notifier's) connection options: named so
+/// operators can find it, with TCP keepalives from the server's side (Postgres drops the backend of a
 /// listener whose host vanished). A listener that is silently gone costs
 /// only latency: the feed is also read on an interval.
 pub(super) fn options(pool_options: &PgConnectOptions) -> PgConnectOptions {

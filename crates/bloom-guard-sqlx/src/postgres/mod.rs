@@ -7,6 +7,7 @@ mod copy;
 mod feed;
 mod install;
 mod listen;
+mod notifier;
 mod snapshot;
 
 use std::time::Duration;
@@ -16,8 +17,9 @@ use sqlx::{PgPool, Postgres};
 use tokio_util::sync::CancellationToken;
 
 pub use copy::PgCopySource;
-pub use install::{install, POSTGRES_SQL, SCHEMA_VERSION};
+pub use install::{install, uninstall, POSTGRES_SQL, SCHEMA_VERSION};
 pub use listen::LISTENER_APPLICATION_NAME;
+pub use notifier::NOTIFIER_APPLICATION_NAME;
 
 use crate::column::KeyColumn;
 use crate::follow::{follower_api, Clock, Database, Follower, Read, WakeUps};
@@ -56,6 +58,17 @@ impl PgFollower {
         }
     }
 
+    /// How often the one instance elected to wake the others looks for
+    /// newly committed changes (default 10 ms): a change reaches every
+    /// instance about this long after its commit. One look is one cheap
+    /// query on the primary, from one instance of the whole fleet; the
+    /// writers' transactions send nothing.
+    #[must_use]
+    pub fn notify_interval(mut self, every: Duration) -> Self {
+        self.engine.backend.notify_interval = every;
+        self
+    }
+
     /// The pause after a read that found no changes (default 50 ms):
     /// wake-ups that arrive meanwhile are served by one read, so a NOTIFY
     /// flood from any role costs at most one read per pause. A read that
@@ -73,6 +86,8 @@ pub(crate) struct PgBackend {
     pool: PgPool,
     watch: Watch,
     snapshots: Tables<Postgres>,
+    /// How often the elected notifier looks for new changes.
+    notify_interval: Duration,
 }
 
 impl PgBackend {
@@ -82,6 +97,7 @@ impl PgBackend {
             pool,
             watch,
             snapshots,
+            notify_interval: Duration::from_millis(10),
         }
     }
 }
@@ -102,7 +118,11 @@ impl Database for PgBackend {
 
     async fn key_source(&self) -> Result<(PgCopySource, String), sqlx::Error> {
         let query = self.watch.key_query(&self.pool).await?;
-        let fingerprint = snapshot::fingerprint(&self.pool, &query).await?;
+        // A snapshot names the tables and triggers it was built under: one
+        // from before a table was recreated or a trigger altered is not
+        // adopted.
+        let versions = self.trigger_versions().await.unwrap_or_default();
+        let fingerprint = snapshot::fingerprint(&self.pool, &query, &versions).await?;
         Ok((PgCopySource::new(self.pool.clone(), query), fingerprint))
     }
 
@@ -126,12 +146,21 @@ impl Database for PgBackend {
         catalog::gaps(&self.pool, self.watch.feed_name()).await
     }
 
+    async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
+        catalog::trigger_versions(&self.pool, self.watch.feed_name()).await
+    }
+
     fn wake_ups(
         &self,
         wake: WakeUps,
         stop: CancellationToken,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        listen::listen(listen::options(&self.pool.connect_options()), wake, stop)
+        let options = listen::options(&self.pool.connect_options());
+        let notify = notifier::run(options.clone(), self.notify_interval, stop.clone());
+        let listen = listen::listen(options, wake, stop);
+        async move {
+            tokio::join!(listen, notify);
+        }
     }
 
     fn snapshots(&self) -> &Tables<Postgres> {

@@ -11,7 +11,11 @@ use crate::snapshot_store::Statements;
 
 /// What names a guard's key set: the database (cluster and database, as a
 /// feed position means nothing elsewhere) and the key query.
-pub(super) async fn fingerprint(pool: &PgPool, key_query: &str) -> Result<String, sqlx::Error> {
+pub(super) async fn fingerprint(
+    pool: &PgPool,
+    key_query: &str,
+    versions: &str,
+) -> Result<String, sqlx::Error> {
     let database: String = sqlx::query_scalar(
         "select (select system_identifier from pg_catalog.pg_control_system())::text
                 || '/' || (select oid from pg_catalog.pg_database where datname = pg_catalog.current_database())::text",
@@ -22,6 +26,8 @@ pub(super) async fn fingerprint(pool: &PgPool, key_query: &str) -> Result<String
         .chain_update(database.as_bytes())
         .chain_update([0])
         .chain_update(key_query.as_bytes())
+        .chain_update([0])
+        .chain_update(versions.as_bytes())
         .finalize();
     Ok(digest.iter().map(|byte| format!("{byte:02x}")).collect())
 }

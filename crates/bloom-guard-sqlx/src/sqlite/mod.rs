@@ -117,6 +117,11 @@ impl Database for SqliteBackend {
         feed::gaps(&self.pool, &self.watch).await
     }
 
+    async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
+        // SQLite cannot disable a trigger; the trigger check sees drops.
+        Ok(String::new())
+    }
+
     fn wake_ups(
         &self,
         wake: WakeUps,

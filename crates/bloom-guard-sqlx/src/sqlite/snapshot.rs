@@ -92,10 +92,16 @@ pub(crate) struct SqliteBuildLock {
 
 impl SqliteBuildLock {
     /// Waits for the lock.
+    /// Waits for the lock. A busy database (another connection writing)
+    /// is waited out too, for up to a lease.
     pub(super) async fn acquire(pool: &SqlitePool, guard: &str) -> Result<Self, sqlx::Error> {
+        let deadline = tokio::time::Instant::now() + LEASE;
         loop {
-            if let Some(lock) = Self::try_acquire(pool, guard).await? {
-                return Ok(lock);
+            match Self::try_acquire(pool, guard).await {
+                Ok(Some(lock)) => return Ok(lock),
+                Ok(None) => {}
+                Err(error) if tokio::time::Instant::now() >= deadline => return Err(error),
+                Err(error) => tracing::debug!(%error, "cannot take the build lock yet"),
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -1,0 +1,81 @@
+//! The feed's wake-ups, sent from outside the writers' transactions: one
+//! instance per database, elected by an advisory lock held on a connection
+//! of its own, looks for newly committed changes every few milliseconds and
+//! sends one NOTIFY per batch, in its own transaction. Writers never
+//! notify, so their commits never queue behind the lock a NOTIFY takes.
+//! When the elected instance dies, its connection closes, the lock is
+//! free, and another instance takes over within a second; meanwhile the
+//! readers' interval reads carry on.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::Connection;
+use tokio::time::sleep;
+use tokio_util::sync::CancellationToken;
+
+use super::listen::CHANNEL;
+
+/// The `application_name` of the elected notifier's connection.
+pub const NOTIFIER_APPLICATION_NAME: &str = "bloom-guard-notifier";
+
+/// How often a candidate tries to be elected.
+const CANDIDACY: Duration = Duration::from_secs(1);
+
+const ELECT: &str =
+    "select pg_catalog.pg_try_advisory_lock(pg_catalog.hashtext('bloom_guard.notifier'))";
+
+/// One round trip: the snapshot now, and a NOTIFY if any change committed
+/// between `$1` and it (sent when this statement's transaction commits).
+const LOOK: &str = "
+with now as (select pg_catalog.pg_current_snapshot() as snapshot),
+fresh as (
+    select from now
+     where exists (select from bloom_guard.changes c
+                    where c.xid >= pg_catalog.pg_snapshot_xmin($1::pg_snapshot)
+                      and not pg_catalog.pg_visible_in_snapshot(c.xid, $1::pg_snapshot))
+),
+sent as (select pg_catalog.pg_notify($2, '*') from fresh)
+select (select snapshot::text from now), (select pg_catalog.count(*) from sent) > 0";
+
+/// Stands for election until `stop`; once elected, looks for changes every
+/// `every` and wakes the readers.
+pub(super) async fn run(options: PgConnectOptions, every: Duration, stop: CancellationToken) {
+    let options = options.application_name(NOTIFIER_APPLICATION_NAME);
+    loop {
+        let term = async {
+            let mut connection = PgConnection::connect_with(&options).await?;
+            let elected: bool = sqlx::query_scalar(ELECT).fetch_one(&mut connection).await?;
+            if !elected {
+                let _ = connection.close().await;
+                return Ok::<_, sqlx::Error>(());
+            }
+            tracing::info!("this instance sends the change feed's wake-ups");
+            let mut seen: String =
+                sqlx::query_scalar("select pg_catalog.pg_current_snapshot()::text")
+                    .fetch_one(&mut connection)
+                    .await?;
+            loop {
+                let (now, _): (String, bool) = sqlx::query_as(LOOK)
+                    .bind(&seen)
+                    .bind(CHANNEL)
+                    .fetch_one(&mut connection)
+                    .await?;
+                seen = now;
+                sleep(every).await;
+            }
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            outcome = term => {
+                if let Err(error) = outcome {
+                    tracing::debug!(%error, "the change feed's notifier lost its connection; standing again");
+                }
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = sleep(CANDIDACY) => {}
+        }
+    }
+}

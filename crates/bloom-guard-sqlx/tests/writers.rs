@@ -1,0 +1,348 @@
+//! Writers pay nothing: the triggers only append change rows (no NOTIFY,
+//! no lock), one elected instance wakes the others, retention truncates
+//! whole slots, and the schema upgrades in place under running writers.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bloom_guard_sqlx::NOTIFIER_APPLICATION_NAME;
+use common::{arrives, exec, follower, guard, install, spawn, wait_until};
+use sqlx::PgPool;
+
+/// Writes `items` rows with keys `{prefix}-{n}` on `writers` connections
+/// until stopped; each with a short `lock_timeout`, so a write that had to
+/// wait on a lock of ours fails. Returns the committed keys and the errors.
+struct Writers {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    committed: Arc<Mutex<Vec<String>>>,
+    failed: Arc<Mutex<Vec<String>>>,
+}
+
+impl Writers {
+    fn start(pool: &PgPool, prefix: &'static str, writers: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let committed = Arc::new(Mutex::new(Vec::new()));
+        let failed = Arc::new(Mutex::new(Vec::new()));
+        let tasks = (0..writers)
+            .map(|writer| {
+                let (pool, stop) = (pool.clone(), stop.clone());
+                let (committed, failed) = (committed.clone(), failed.clone());
+                tokio::spawn(async move {
+                    let mut conn = pool.acquire().await.expect("connection");
+                    sqlx::query("set lock_timeout = '200ms'")
+                        .execute(&mut *conn)
+                        .await
+                        .expect("lock_timeout");
+                    let mut i = 0;
+                    while !stop.load(Ordering::SeqCst) {
+                        i += 1;
+                        let key = format!("{prefix}-{writer}-{i}");
+                        match sqlx::query("insert into items (key) values ($1)")
+                            .bind(&key)
+                            .execute(&mut *conn)
+                            .await
+                        {
+                            Ok(_) => committed.lock().expect("keys").push(key),
+                            Err(error) => failed.lock().expect("errors").push(error.to_string()),
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            tasks,
+            committed,
+            failed,
+        }
+    }
+
+    async fn finish(self) -> (Vec<String>, Vec<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        for task in self.tasks {
+            task.await.expect("writer");
+        }
+        let committed = self.committed.lock().expect("keys").clone();
+        let failed = self.failed.lock().expect("errors").clone();
+        (committed, failed)
+    }
+}
+
+/// No function the feed's triggers run sends a notification: a NOTIFY in a
+/// writer's transaction takes a database-wide lock at commit.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn no_function_the_triggers_run_sends_a_notification(pool: PgPool) {
+    install(&pool).await;
+    let called: Vec<(String, String)> = sqlx::query_as(
+        "select p.proname::text, p.prosrc
+           from pg_catalog.pg_trigger t
+           join pg_catalog.pg_proc p on p.oid = t.tgfoid
+          where t.tgrelid = 'items'::regclass
+         union
+         select p.proname::text, p.prosrc
+           from pg_catalog.pg_proc p join pg_catalog.pg_namespace n on n.oid = p.pronamespace
+          where n.nspname = 'bloom_guard' and p.proname in ('key_expression', 'current_slot')",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("the trigger functions");
+    assert!(called.len() >= 4, "{called:?}");
+    for (name, source) in called {
+        let source = source.to_lowercase();
+        assert!(
+            !source.contains("notify") && !source.contains("advisory"),
+            "{name} notifies or locks: {source}"
+        );
+    }
+}
+
+/// Every kind of write arrives without a NOTIFY from the writer: the
+/// elected notifier wakes the readers.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn writes_arrive_by_the_elected_notifier(pool: PgPool) {
+    install(&pool).await;
+    exec(
+        &pool,
+        "insert into items (key) values ('old'), ('upsert-me')",
+    )
+    .await;
+    let guard = guard();
+    // Without the notifier, an hour between reads.
+    let _task = spawn(follower(&guard, &pool).poll_interval(Duration::from_secs(3600)));
+    wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
+    exec(&pool, "insert into items (key) values ('inserted')").await;
+    arrives(&guard, &["inserted"]).await;
+    exec(
+        &pool,
+        "update items set id = default, key = 'renamed' where key = 'old'",
+    )
+    .await;
+    arrives(&guard, &["renamed"]).await;
+    exec(
+        &pool,
+        "insert into items (key) values ('upsert-me') on conflict (key) do update set key = 'upserted'",
+    )
+    .await;
+    arrives(&guard, &["upserted"]).await;
+    let elected: i64 = sqlx::query_scalar(
+        "select count(*) from pg_stat_activity where application_name = $1 and datname = current_database()",
+    )
+    .bind(NOTIFIER_APPLICATION_NAME)
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert!(elected >= 1, "no notifier connection");
+}
+
+/// The elected notifier's connection killed mid-work: another candidate is
+/// elected, and no change is lost meanwhile (the readers' interval reads).
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_killed_notifier_is_replaced_and_nothing_is_lost(pool: PgPool) {
+    install(&pool).await;
+    let (a, b) = (guard(), guard());
+    let _a = spawn(follower(&a, &pool));
+    let _b = spawn(follower(&b, &pool));
+    wait_until("ready", Duration::from_secs(10), || {
+        a.is_ready() && b.is_ready()
+    })
+    .await;
+    let writers = Writers::start(&pool, "w", 4);
+    for _ in 0..3 {
+        elected(&pool).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let killed: i64 = sqlx::query_scalar(
+            "select count(*) from (select pg_terminate_backend(pid) from pg_stat_activity
+              where application_name = $1 and datname = current_database()) k",
+        )
+        .bind(NOTIFIER_APPLICATION_NAME)
+        .fetch_one(&pool)
+        .await
+        .expect("kill");
+        assert_eq!(killed, 1, "one notifier at a time");
+    }
+    let (committed, failed) = writers.finish().await;
+    assert!(failed.is_empty(), "{failed:?}");
+    let keys: Vec<&str> = committed.iter().map(String::as_str).collect();
+    wait_until("every key", Duration::from_secs(5), || {
+        keys.iter()
+            .all(|key| a.may_contain(key) && b.may_contain(key))
+    })
+    .await;
+    elected(&pool).await;
+}
+
+/// Waits until one instance is the elected notifier.
+async fn elected(pool: &PgPool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let notifiers: i64 = sqlx::query_scalar(
+            "select count(*) from pg_stat_activity where application_name = $1
+                and datname = current_database() and state is not null",
+        )
+        .bind(NOTIFIER_APPLICATION_NAME)
+        .fetch_one(pool)
+        .await
+        .expect("count");
+        if notifiers == 1 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no notifier elected ({notifiers})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A trigger disabled for a bulk load and enabled again, all between two
+/// checks: no gap is ever seen, but the trigger's row version changed, so
+/// the follower rebuilds and the loaded keys are found.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_trigger_disabled_and_enabled_between_checks_leads_to_a_rebuild(pool: PgPool) {
+    install(&pool).await;
+    let guard = guard();
+    let _task = spawn(follower(&guard, &pool));
+    wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
+    exec(
+        &pool,
+        "begin;
+         alter table items disable trigger bloom_guard_items_inserted;
+         insert into items (key) select 'bulk-' || g from generate_series(1, 100) g;
+         alter table items enable always trigger bloom_guard_items_inserted;
+         commit",
+    )
+    .await;
+    wait_until("the rebuild", Duration::from_secs(10), || {
+        guard.stats().generation >= 2 && common::holds_all(&guard, &["bulk-1", "bulk-100"])
+    })
+    .await;
+}
+
+/// Retention by truncation: with writers running through many rotations
+/// (retention zero, so every check rotates), no writer waits on a lock of
+/// ours, and every key committed reaches the reader (read, or rebuilt when
+/// the reader fell behind the horizon).
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn rotations_under_writers_block_no_writer_and_lose_nothing(pool: PgPool) {
+    install(&pool).await;
+    let guard = guard();
+    let _task = spawn(
+        follower(&guard, &pool)
+            .check_interval(Duration::from_millis(50))
+            .retention(Duration::ZERO),
+    );
+    wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
+    let writers = Writers::start(&pool, "r", 4);
+    for _ in 0..40 {
+        exec(&pool, "select bloom_guard.prune('0 s')").await;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let (committed, failed) = writers.finish().await;
+    assert!(failed.is_empty(), "writers waited on our locks: {failed:?}");
+    assert!(committed.len() > 100, "the writers barely ran");
+    let horizon: String = sqlx::query_scalar("select below::text from bloom_guard.horizon")
+        .fetch_one(&pool)
+        .await
+        .expect("horizon");
+    assert_ne!(horizon, "0", "no slot was emptied");
+    let keys: Vec<&str> = committed.iter().map(String::as_str).collect();
+    wait_until("every key", Duration::from_secs(20), || {
+        common::holds_all(&guard, &keys)
+    })
+    .await;
+    // Statistics reach the view within a second of a session going idle.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let dead: i64 = sqlx::query_scalar(
+        "select coalesce(sum(n_dead_tup + n_tup_del), 0)::int8 from pg_stat_user_tables
+          where schemaname = 'bloom_guard' and relname like 'changes%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("dead tuples");
+    assert_eq!(dead, 0, "the feed left dead tuples");
+}
+
+/// Version 2 (a plain change table, NOTIFY in the triggers) upgraded to 3
+/// by `install` while writers and a follower run: no change is lost, and
+/// installing again is a no-op.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn the_upgrade_from_version_2_loses_no_change_under_writers(pool: PgPool) {
+    let v2 = include_str!("fixtures/postgres_v2.sql");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("begin; {v2}; commit;")))
+        .execute(&pool)
+        .await
+        .expect("version 2");
+    exec(
+        &pool,
+        "select bloom_guard.watch('items', array['key'], 'items')",
+    )
+    .await;
+    exec(&pool, "insert into items (key) values ('before')").await;
+    let guard = guard();
+    let _task = spawn(follower(&guard, &pool));
+    wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
+    let writers = Writers::start(&pool, "u", 4);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    bloom_guard_sqlx::install(&pool)
+        .await
+        .expect("upgrade to 3");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (committed, failed) = writers.finish().await;
+    assert!(failed.is_empty(), "{failed:?}");
+    let version: i32 = sqlx::query_scalar("select version from bloom_guard.schema_version")
+        .fetch_one(&pool)
+        .await
+        .expect("version");
+    assert_eq!(version, bloom_guard_sqlx::SCHEMA_VERSION);
+    let mut keys: Vec<&str> = committed.iter().map(String::as_str).collect();
+    keys.push("before");
+    wait_until("every key", Duration::from_secs(10), || {
+        common::holds_all(&guard, &keys)
+    })
+    .await;
+    bloom_guard_sqlx::install(&pool).await.expect("a no-op");
+    let partitions: i64 = sqlx::query_scalar(
+        "select count(*) from pg_inherits where inhparent = 'bloom_guard.changes'::regclass",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("partitions");
+    assert_eq!(partitions, 3);
+}
+
+/// `Watch::uninstall` and `uninstall` leave the table as it was: writes
+/// succeed, and the feed is gone.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn unwatching_and_uninstalling_leave_writes_working(pool: PgPool) {
+    install(&pool).await;
+    common::items().uninstall(&pool).await.expect("unwatch");
+    let triggers: i64 = sqlx::query_scalar(
+        "select count(*) from pg_trigger where tgrelid = 'items'::regclass and not tgisinternal",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("triggers");
+    assert_eq!(triggers, 0);
+    exec(&pool, "insert into items (key) values ('unwatched')").await;
+    common::items().install(&pool).await.expect("watch again");
+    bloom_guard_sqlx::uninstall(&pool).await.expect("uninstall");
+    exec(&pool, "insert into items (key) values ('uninstalled')").await;
+    let schema: Option<String> =
+        sqlx::query_scalar("select nspname::text from pg_namespace where nspname = 'bloom_guard'")
+            .fetch_optional(&pool)
+            .await
+            .expect("schema");
+    assert_eq!(schema, None);
+}
