@@ -70,6 +70,60 @@ pub(crate) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::
     Ok(())
 }
 
+/// Draws one bar per cell: the watched table's throughput over the
+/// unwatched twin's, with the 0.8 target marked.
+pub(crate) fn draw_ratios(
+    path: &Path,
+    cells: &[(String, f64)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let height = 90 + 30 * cells.len() as u32;
+    let root = SVGBackend::new(path, (900, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "writers: watched ÷ unwatched throughput",
+            ("sans-serif", 20),
+        )
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(220)
+        .build_cartesian_2d(0.0..1.2, (0..cells.len() - 1).into_segmented())?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .x_desc("ratio")
+        .y_labels(cells.len())
+        .y_label_style(("sans-serif", 13))
+        .y_label_formatter(&|segment| match segment {
+            SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => cells
+                .get(*i)
+                .map(|(label, _)| label.clone())
+                .unwrap_or_default(),
+            SegmentValue::Last => String::new(),
+        })
+        .draw()?;
+    chart.draw_series(cells.iter().enumerate().map(|(i, (_, ratio))| {
+        let color = if *ratio >= 0.8 {
+            BLUE.mix(0.6)
+        } else {
+            RED.mix(0.6)
+        };
+        Rectangle::new(
+            [
+                (0.0, SegmentValue::Exact(i)),
+                (*ratio, SegmentValue::Exact(i + 1)),
+            ],
+            color.filled(),
+        )
+    }))?;
+    chart.draw_series(std::iter::once(PathElement::new(
+        vec![(0.8, SegmentValue::Exact(0)), (0.8, SegmentValue::Last)],
+        BLACK.stroke_width(1),
+    )))?;
+    root.present()?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

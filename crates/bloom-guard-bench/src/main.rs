@@ -14,6 +14,11 @@
 //! `bloom-load warmup` loads 10M keys with `PgCopySource` and `QuerySource`
 //! and compares keys/s and peak RSS with `psql`'s `\copy` of the same query.
 //!
+//! `bloom-load writers`, `propagation`, `idle` and `retention` measure the
+//! change feed: what it costs writers (watched table ÷ unwatched twin, 1 to
+//! 32 writers), commit-to-filter latency, the primary's load from idle
+//! instances, and the feed's size and dead tuples under a short retention.
+//!
 //! Run with `cargo run --release -p bloom-guard-bench -- run` (after
 //! `cargo build --release -p items-service`).
 
@@ -23,6 +28,7 @@ mod chart;
 mod load;
 mod services;
 mod warmup;
+mod writers;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -85,6 +91,28 @@ enum Command {
         /// Rows in the items table.
         #[arg(long, default_value_t = 10_000_000)]
         keys: u64,
+    },
+    /// What the change feed costs writers: 1, 8, 32 writers × four kinds
+    /// of statement, watched table against its unwatched twin.
+    Writers {
+        /// Seconds per measured run (each cell runs four).
+        #[arg(long, default_value_t = 4)]
+        seconds: u64,
+    },
+    /// Commit → another instance's filter, idle and under 2 000 writes/s.
+    Propagation {
+        /// Samples per kind of write and load.
+        #[arg(long, default_value_t = 300)]
+        samples: usize,
+    },
+    /// The primary's transactions per second from idle instances.
+    Idle,
+    /// The feed's size and dead tuples after writing with a 1-minute
+    /// retention.
+    Retention {
+        /// Minutes of writing at 2 000 writes/s.
+        #[arg(long, default_value_t = 10)]
+        minutes: u64,
     },
     /// Draws chart.svg again from a results.json.
     Chart {
@@ -172,6 +200,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         Command::Warmup { keys } => warmup::compare(&cli.database_url, keys, &cli.out).await,
+        Command::Writers { seconds } => {
+            writers::compare(&cli.database_url, &cli.out, seconds).await
+        }
+        Command::Propagation { samples } => {
+            writers::propagation(&cli.database_url, &cli.out, samples).await
+        }
+        Command::Idle => writers::idle(&cli.database_url, &cli.out).await,
+        Command::Retention { minutes } => {
+            writers::retention(&cli.database_url, &cli.out, minutes).await
+        }
         Command::WarmupOne { source, url } => warmup::one(source, &url).await,
         Command::Chart { from } => {
             let rows: Vec<Row> = serde_json::from_slice(&std::fs::read(&from)?)?;

@@ -335,7 +335,7 @@ $$;
 -- longer than the retention with TRUNCATE. The truncate waits at most 50 ms
 -- for its lock (a long read holds it; it is tried again later), and the
 -- horizon moves past every row it removes under that lock: a reader whose
--- position is older rebuilds. Returns the rows removed.
+-- position is older rebuilds. Returns about how many rows it removed.
 create or replace function bloom_guard.prune(retention interval)
 returns bigint
 language plpgsql security definer
@@ -356,12 +356,23 @@ begin
         begin
             perform pg_catalog.set_config('lock_timeout', '50ms', true);
             execute pg_catalog.format('lock table bloom_guard.%I in access exclusive mode', 'changes_' || old.slot);
-            -- No writer holds the slot now: every row in it is settled.
-            execute pg_catalog.format('select pg_catalog.max(xid), pg_catalog.count(*) from bloom_guard.%I', 'changes_' || old.slot)
+            -- No writer holds the slot now. Its rows go only once every
+            -- transaction that wrote them is older than every transaction
+            -- still running: then a reader has read them all unless its
+            -- position's xmin is at most the newest of them (a long
+            -- transaction anywhere in the cluster holds the truncation
+            -- back, as it holds back vacuum).
+            execute pg_catalog.format(
+                'select pg_catalog.max(xid), (select greatest(c.reltuples, 0)::int8 from pg_catalog.pg_class c
+                  where c.oid = %L::regclass) from bloom_guard.%I',
+                'bloom_guard.changes_' || old.slot, 'changes_' || old.slot)
             into cut, removed;
-            update bloom_guard.horizon set below = greatest(
-                below, pg_catalog.pg_snapshot_xmax(old.retired),
-                coalesce((cut::text::numeric + 1)::text::xid8, '0'::xid8));
+            if cut >= pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()) then
+                removed := 0;
+                continue;
+            end if;
+            update bloom_guard.horizon
+               set below = greatest(below, coalesce((cut::text::numeric + 1)::text::xid8, '0'::xid8));
             execute pg_catalog.format('truncate bloom_guard.%I', 'changes_' || old.slot);
             update bloom_guard.slots set retired = null where slot = old.slot;
         exception when lock_not_available then

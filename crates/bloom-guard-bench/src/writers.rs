@@ -1,0 +1,459 @@
+//! What the change feed costs the database and how fast it carries keys:
+//!
+//! - `bloom-load writers`: 1, 8 and 32 concurrent writers × {single-row
+//!   insert, 100-row insert, key-changing update, delete}, each against the
+//!   watched `items` table and its unwatched twin `items_plain`, the two
+//!   alternating, statements per second and their ratio;
+//! - `bloom-load propagation`: commit → the key in another instance's
+//!   filter, for insert, COPY, key- and id-changing update and upsert, with
+//!   the database idle and under 2 000 writes/s from 16 writers;
+//! - `bloom-load idle`: the primary's transactions per second from 1 and 8
+//!   idle instances (two guards each);
+//! - `bloom-load retention`: 2 000 writes/s for a while with a 1-minute
+//!   retention, then the feed's size and dead tuples.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bloom_guard::BloomGuard;
+use bloom_guard_sqlx::{PgFollower, Watch};
+use serde::Serialize;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+use crate::services::Database;
+
+/// One cell of the writers' table.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct WriterCell {
+    writers: usize,
+    statement: &'static str,
+    watched_per_sec: f64,
+    unwatched_per_sec: f64,
+    ratio: f64,
+}
+
+const STATEMENTS: [&str; 4] = ["insert", "insert_100", "update_key", "delete"];
+
+/// A database with the feed installed, `items` watched and `items_plain`
+/// its unwatched twin, each holding `rows` rows to update and delete.
+async fn feed_database(
+    server_url: &str,
+    name: &str,
+    rows: i64,
+) -> Result<(Database, PgPool), Box<dyn std::error::Error>> {
+    let db = Database::create(server_url, name).await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(48)
+        .connect(&db.url)
+        .await?;
+    bloom_guard_sqlx::install(&pool).await?;
+    Watch::table("items").key("key").install(&pool).await?;
+    sqlx::raw_sql("create table items_plain (like items including all)")
+        .execute(&pool)
+        .await?;
+    for table in ["items", "items_plain"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "insert into {table} (key) select 'row-' || g from generate_series(1::bigint, $1) g"
+        )))
+        .bind(rows)
+        .execute(&pool)
+        .await?;
+    }
+    sqlx::raw_sql("vacuum analyze").execute(&pool).await?;
+    Ok((db, pool))
+}
+
+/// Statements per second of `writers` connections running `statement` on
+/// `table` for `duration`.
+async fn drive(
+    pool: &PgPool,
+    table: &str,
+    statement: &'static str,
+    writers: usize,
+    duration: Duration,
+    next_row: &Arc<AtomicU64>,
+    run: u64,
+) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let (pool, stop, done, next_row) =
+            (pool.clone(), stop.clone(), done.clone(), next_row.clone());
+        let table = table.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let Ok(mut conn) = pool.acquire().await else { return };
+            let mut i = 0_u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let key = format!("{statement}-{run}-{writer}-{i}");
+                let sql = match statement {
+                    "insert" => format!("insert into {table} (key) values ($1) on conflict do nothing"),
+                    "insert_100" => format!("insert into {table} (key) select $1 || '-' || g from generate_series(1, 100) g on conflict do nothing"),
+                    "update_key" => format!("update {table} set key = $1 where key = 'row-' || $2"),
+                    _ => format!("delete from {table} where key = 'row-' || $2"),
+                };
+                let row = next_row.fetch_add(1, Ordering::Relaxed);
+                let result = sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(&key)
+                    .bind(row.to_string())
+                    .execute(&mut *conn)
+                    .await;
+                if result.is_ok() {
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(duration).await;
+    let count = done.load(Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        let _ = task.await;
+    }
+    count as f64 / elapsed.as_secs_f64()
+}
+
+/// `bloom-load writers`.
+pub(crate) async fn compare(
+    server_url: &str,
+    out: &Path,
+    seconds: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    // Rows to update and delete: more than any cell uses.
+    let rows = 3_000_000;
+    let (_db, pool) = feed_database(server_url, "bloom_guard_writers", rows).await?;
+    let duration = Duration::from_secs(seconds);
+    let mut cells = Vec::new();
+    let mut run = 0;
+    // Updates and deletes take each row once: a counter per table.
+    let rows_taken: HashMap<&str, Arc<AtomicU64>> = [
+        ("items", Arc::new(AtomicU64::new(1))),
+        ("items_plain", Arc::new(AtomicU64::new(1))),
+    ]
+    .into();
+    for writers in [1, 8, 32] {
+        for statement in STATEMENTS {
+            let mut rates: HashMap<&str, Vec<f64>> = HashMap::new();
+            // The two tables in turn, twice: drifts of the machine hit both.
+            for _ in 0..2 {
+                for table in ["items", "items_plain"] {
+                    run += 1;
+                    let rate = drive(
+                        &pool,
+                        table,
+                        statement,
+                        writers,
+                        duration,
+                        &rows_taken[table],
+                        run,
+                    )
+                    .await;
+                    rates.entry(table).or_default().push(rate);
+                }
+            }
+            let mean = |table| rates[table].iter().sum::<f64>() / rates[table].len() as f64;
+            let (watched, unwatched) = (mean("items"), mean("items_plain"));
+            let cell = WriterCell {
+                writers,
+                statement,
+                watched_per_sec: watched,
+                unwatched_per_sec: unwatched,
+                ratio: watched / unwatched,
+            };
+            println!(
+                "{writers:>2} writers {statement:<10} watched {watched:>8.0}/s unwatched {unwatched:>8.0}/s ratio {:.2}",
+                cell.ratio
+            );
+            cells.push(cell);
+        }
+    }
+    std::fs::write(out.join("writers.json"), serde_json::to_vec_pretty(&cells)?)?;
+    crate::chart::draw_ratios(
+        &out.join("writers.svg"),
+        &cells
+            .iter()
+            .map(|c| (format!("{} writers, {}", c.writers, c.statement), c.ratio))
+            .collect::<Vec<_>>(),
+    )?;
+    Ok(())
+}
+
+/// Percentiles of `samples`, in milliseconds.
+fn percentiles(samples: &mut [f64]) -> (f64, f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        samples
+            .get(((samples.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    (at(0.5), at(0.99), at(1.0))
+}
+
+/// `bloom-load propagation`.
+pub(crate) async fn propagation(
+    server_url: &str,
+    out: &Path,
+    samples: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (_db, pool) =
+        feed_database(server_url, "bloom_guard_propagation", samples as i64 * 8).await?;
+    let arrived: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let guard = BloomGuard::builder()
+        .name("items")
+        .expected_items(1_000_000)
+        .build();
+    let seen = arrived.clone();
+    let follower = PgFollower::new(
+        guard.clone(),
+        pool.clone(),
+        Watch::table("items").key("key"),
+    )
+    .on_key(move |key| {
+        if let Ok(mut seen) = seen.lock() {
+            seen.entry(key.to_owned()).or_insert_with(Instant::now);
+        }
+    });
+    tokio::spawn(follower.run());
+    guard.ready().await;
+    let mut report = Vec::new();
+    for load in ["idle", "2000 writes/s from 16 writers"] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut background = Vec::new();
+        if load != "idle" {
+            for writer in 0..16 {
+                let (pool, stop) = (pool.clone(), stop.clone());
+                background.push(tokio::spawn(async move {
+                    let mut ticks = tokio::time::interval(Duration::from_millis(8));
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        ticks.tick().await;
+                        i += 1;
+                        let _ = sqlx::query("insert into items (key) values ($1)")
+                            .bind(format!("load-{writer}-{i}"))
+                            .execute(&pool)
+                            .await;
+                    }
+                }));
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let mut conn = pool.acquire().await?;
+        for kind in ["insert", "copy", "update_key", "update_id", "upsert"] {
+            let mut latencies = Vec::with_capacity(samples);
+            for i in 0..samples {
+                let key = format!("{kind}-{}-{i}", load.len());
+                let row = (i + 1) as i64
+                    + if load == "idle" {
+                        0
+                    } else {
+                        samples as i64 * 4
+                    }
+                    + match kind {
+                        "update_key" => 0,
+                        "update_id" => samples as i64,
+                        _ => samples as i64 * 2,
+                    };
+                match kind {
+                    "insert" => {
+                        sqlx::query("insert into items (key) values ($1)")
+                            .bind(&key)
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    "copy" => {
+                        let mut copy = conn.copy_in_raw("copy items (key) from stdin").await?;
+                        copy.send(format!("{key}\n").into_bytes()).await?;
+                        copy.finish().await?;
+                    }
+                    "update_key" => {
+                        sqlx::query("update items set key = $1 where key = 'row-' || $2")
+                            .bind(&key)
+                            .bind(row.to_string())
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    "update_id" => {
+                        sqlx::query(
+                            "update items set id = default, key = $1 where key = 'row-' || $2",
+                        )
+                        .bind(&key)
+                        .bind(row.to_string())
+                        .execute(&mut *conn)
+                        .await?;
+                    }
+                    _ => {
+                        sqlx::query("insert into items (key) values ('row-' || $2) on conflict (key) do update set key = $1").bind(&key).bind(row.to_string()).execute(&mut *conn).await?;
+                    }
+                }
+                let committed = Instant::now();
+                let deadline = committed + Duration::from_secs(5);
+                let arrival = loop {
+                    if let Some(at) = arrived.lock().ok().and_then(|seen| seen.get(&key).copied()) {
+                        break at;
+                    }
+                    if Instant::now() > deadline {
+                        return Err(format!("{key} did not arrive").into());
+                    }
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                };
+                latencies.push(arrival.saturating_duration_since(committed).as_secs_f64() * 1000.0);
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(5..25))).await;
+            }
+            let (p50, p99, max) = percentiles(&mut latencies);
+            println!(
+                "{load:<32} {kind:<10} p50 {p50:>6.1} ms  p99 {p99:>6.1} ms  max {max:>6.1} ms"
+            );
+            report.push(serde_json::json!({ "load": load, "write": kind, "p50_ms": p50, "p99_ms": p99, "max_ms": max, "samples": samples }));
+        }
+        stop.store(true, Ordering::Relaxed);
+        for task in background {
+            let _ = task.await;
+        }
+    }
+    std::fs::write(
+        out.join("propagation.json"),
+        serde_json::to_vec_pretty(&report)?,
+    )?;
+    Ok(())
+}
+
+/// Transactions per second on the database, over `window`.
+async fn transactions_per_sec(pool: &PgPool, window: Duration) -> Result<f64, sqlx::Error> {
+    let count = || async {
+        sqlx::query_scalar::<_, i64>("select (xact_commit + xact_rollback)::int8 from pg_stat_database where datname = current_database()")
+            .fetch_one(pool)
+            .await
+    };
+    let before = count().await?;
+    tokio::time::sleep(window).await;
+    let after = count().await?;
+    // The two counting queries are not the instances'.
+    Ok((after - before - 2).max(0) as f64 / window.as_secs_f64())
+}
+
+/// `bloom-load idle`.
+pub(crate) async fn idle(server_url: &str, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let (db, _pool) = feed_database(server_url, "bloom_guard_idle", 1000).await?;
+    Watch::table("users").key("id").install(db.pool()).await?;
+    let mut report = Vec::new();
+    for instances in [1, 8] {
+        let mut stops = Vec::new();
+        for instance in 0..instances {
+            // Each instance its own pool, as separate processes would have.
+            let pool = PgPoolOptions::new()
+                .max_connections(4)
+                .connect(&db.url)
+                .await?;
+            for (name, watch) in [
+                ("items", Watch::table("items").key("key")),
+                ("users", Watch::table("users").key("id")),
+            ] {
+                let guard = BloomGuard::builder().name(name).build();
+                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+                tokio::spawn(
+                    PgFollower::new(guard.clone(), pool.clone(), watch).run_until(async move {
+                        let _ = stopped.await;
+                    }),
+                );
+                guard.ready().await;
+                stops.push(stop);
+            }
+            let _ = instance;
+        }
+        // Past the start-up's scans and first checks.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        sqlx::query("select pg_stat_clear_snapshot()")
+            .execute(db.pool())
+            .await?;
+        let rate = transactions_per_sec(db.pool(), Duration::from_secs(20)).await?;
+        println!(
+            "{instances} idle instances (2 guards each): {rate:.1} transactions/s on the primary"
+        );
+        report.push(serde_json::json!({ "instances": instances, "guards_per_instance": 2, "transactions_per_sec": rate }));
+        drop(stops);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    std::fs::write(out.join("idle.json"), serde_json::to_vec_pretty(&report)?)?;
+    Ok(())
+}
+
+/// `bloom-load retention`.
+pub(crate) async fn retention(
+    server_url: &str,
+    out: &Path,
+    minutes: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (_db, pool) = feed_database(server_url, "bloom_guard_retention", 1000).await?;
+    let guard = BloomGuard::builder()
+        .name("items")
+        .expected_items(10_000_000)
+        .build();
+    tokio::spawn(
+        PgFollower::new(
+            guard.clone(),
+            pool.clone(),
+            Watch::table("items").key("key"),
+        )
+        .retention(Duration::from_secs(60))
+        .check_interval(Duration::from_secs(5))
+        .run(),
+    );
+    guard.ready().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::new();
+    for writer in 0..16 {
+        let (pool, stop, written) = (pool.clone(), stop.clone(), written.clone());
+        writers.push(tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(Duration::from_millis(8));
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                ticks.tick().await;
+                i += 1;
+                if sqlx::query("insert into items (key) values ($1)")
+                    .bind(format!("r-{writer}-{i}"))
+                    .execute(&pool)
+                    .await
+                    .is_ok()
+                {
+                    written.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(minutes * 60)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in writers {
+        let _ = task.await;
+    }
+    let writes_per_sec = written.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (bytes, rows, dead, deleted): (i64, i64, i64, i64) = sqlx::query_as(
+        "select coalesce(sum(pg_total_relation_size(s.relid)), 0)::int8,
+                (select count(*) from bloom_guard.changes)::int8,
+                coalesce(sum(s.n_dead_tup), 0)::int8, coalesce(sum(s.n_tup_del), 0)::int8
+           from pg_stat_user_tables s where s.schemaname = 'bloom_guard' and s.relname like 'changes%'",
+    )
+    .fetch_one(&pool)
+    .await?;
+    let guard_keys = guard.stats().keys;
+    println!("{minutes} min at {writes_per_sec:.0} writes/s, 1 min retention: feed {:.1} MiB, {rows} rows, {dead} dead tuples, {deleted} row deletes; the guard holds {guard_keys} keys", bytes as f64 / 1048576.0);
+    std::fs::write(
+        out.join("retention.json"),
+        serde_json::to_vec_pretty(&serde_json::json!({
+            "minutes": minutes, "writes_per_sec": writes_per_sec, "retention_secs": 60,
+            "feed_bytes": bytes, "feed_rows": rows, "n_dead_tup": dead, "n_tup_del": deleted,
+        }))?,
+    )?;
+    Ok(())
+}
