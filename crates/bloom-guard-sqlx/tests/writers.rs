@@ -13,8 +13,8 @@ use common::{arrives, exec, follower, guard, install, spawn, wait_until};
 use sqlx::PgPool;
 
 /// Writes `items` rows with keys `{prefix}-{n}` on `writers` connections
-/// until stopped; each with a short `lock_timeout`, so a write that had to
-/// wait on a lock of ours fails. Returns the committed keys and the errors.
+/// until stopped, with `lock_timeout` set (a write that waits longer on a
+/// lock fails). Returns the committed keys and the errors.
 struct Writers {
     stop: Arc<AtomicBool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -23,7 +23,12 @@ struct Writers {
 }
 
 impl Writers {
-    fn start(pool: &PgPool, prefix: &'static str, writers: usize) -> Self {
+    fn start(
+        pool: &PgPool,
+        prefix: &'static str,
+        writers: usize,
+        lock_timeout: &'static str,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let committed = Arc::new(Mutex::new(Vec::new()));
         let failed = Arc::new(Mutex::new(Vec::new()));
@@ -33,7 +38,8 @@ impl Writers {
                 let (committed, failed) = (committed.clone(), failed.clone());
                 tokio::spawn(async move {
                     let mut conn = pool.acquire().await.expect("connection");
-                    sqlx::query("set lock_timeout = '200ms'")
+                    sqlx::query("select set_config('lock_timeout', $1, false)")
+                        .bind(lock_timeout)
                         .execute(&mut *conn)
                         .await
                         .expect("lock_timeout");
@@ -131,14 +137,7 @@ async fn writes_arrive_by_the_elected_notifier(pool: PgPool) {
     )
     .await;
     arrives(&guard, &["upserted"]).await;
-    let elected: i64 = sqlx::query_scalar(
-        "select count(*) from pg_stat_activity where application_name = $1 and datname = current_database()",
-    )
-    .bind(NOTIFIER_APPLICATION_NAME)
-    .fetch_one(&pool)
-    .await
-    .expect("count");
-    assert!(elected >= 1, "no notifier connection");
+    elected(&pool, &[]).await;
 }
 
 /// The elected notifier's connection killed mid-work: another candidate is
@@ -154,19 +153,18 @@ async fn a_killed_notifier_is_replaced_and_nothing_is_lost(pool: PgPool) {
         a.is_ready() && b.is_ready()
     })
     .await;
-    let writers = Writers::start(&pool, "w", 4);
+    let writers = Writers::start(&pool, "w", 4, "200ms");
+    let mut killed = Vec::new();
     for _ in 0..3 {
-        elected(&pool).await;
+        let pid = elected(&pool, &killed).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let killed: i64 = sqlx::query_scalar(
-            "select count(*) from (select pg_terminate_backend(pid) from pg_stat_activity
-              where application_name = $1 and datname = current_database()) k",
-        )
-        .bind(NOTIFIER_APPLICATION_NAME)
-        .fetch_one(&pool)
-        .await
-        .expect("kill");
-        assert_eq!(killed, 1, "one notifier at a time");
+        let terminated: bool = sqlx::query_scalar("select pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(&pool)
+            .await
+            .expect("kill");
+        assert!(terminated, "the notifier was gone before it was killed");
+        killed.push(pid);
     }
     let (committed, failed) = writers.finish().await;
     assert!(failed.is_empty(), "{failed:?}");
@@ -176,27 +174,31 @@ async fn a_killed_notifier_is_replaced_and_nothing_is_lost(pool: PgPool) {
             .all(|key| a.may_contain(key) && b.may_contain(key))
     })
     .await;
-    elected(&pool).await;
+    elected(&pool, &killed).await;
 }
 
-/// Waits until one instance is the elected notifier.
-async fn elected(pool: &PgPool) {
+/// Waits until one instance is the elected notifier, not one of `killed`:
+/// its backend's pid.
+async fn elected(pool: &PgPool, killed: &[i32]) -> i32 {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let notifiers: i64 = sqlx::query_scalar(
-            "select count(*) from pg_stat_activity where application_name = $1
-                and datname = current_database() and state is not null",
+        let notifiers: Vec<i32> = sqlx::query_scalar(
+            "select pid from pg_stat_activity where application_name = $1
+                and datname = current_database() and not (pid = any($2))",
         )
         .bind(NOTIFIER_APPLICATION_NAME)
-        .fetch_one(pool)
+        .bind(killed)
+        .fetch_all(pool)
         .await
-        .expect("count");
-        if notifiers == 1 {
-            return;
+        .expect("notifiers");
+        match notifiers.as_slice() {
+            [pid] => return *pid,
+            [] => {}
+            more => panic!("{} notifiers at once", more.len()),
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no notifier elected ({notifiers})"
+            "no notifier elected"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -242,7 +244,7 @@ async fn rotations_under_writers_block_no_writer_and_lose_nothing(pool: PgPool) 
             .retention(Duration::ZERO),
     );
     wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
-    let writers = Writers::start(&pool, "r", 4);
+    let writers = Writers::start(&pool, "r", 4, "200ms");
     for _ in 0..40 {
         exec(&pool, "select bloom_guard.prune('0 s')").await;
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -292,7 +294,8 @@ async fn the_upgrade_from_version_2_loses_no_change_under_writers(pool: PgPool) 
     let guard = guard();
     let _task = spawn(follower(&guard, &pool));
     wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
-    let writers = Writers::start(&pool, "u", 4);
+    // The upgrade's DDL makes writers wait (not fail) for its transaction.
+    let writers = Writers::start(&pool, "u", 4, "0");
     tokio::time::sleep(Duration::from_millis(300)).await;
     bloom_guard_sqlx::install(&pool)
         .await

@@ -19,6 +19,9 @@ use super::listen::CHANNEL;
 /// The `application_name` of the elected notifier's connection.
 pub const NOTIFIER_APPLICATION_NAME: &str = "bloom-guard-notifier";
 
+/// The `application_name` of a candidate's connection, until elected.
+const CANDIDATE_APPLICATION_NAME: &str = "bloom-guard-notifier-candidate";
+
 /// How often a candidate tries to be elected.
 const CANDIDACY: Duration = Duration::from_secs(1);
 
@@ -41,41 +44,55 @@ select (select snapshot::text from now), (select pg_catalog.count(*) from sent) 
 /// Stands for election until `stop`; once elected, looks for changes every
 /// `every` and wakes the readers.
 pub(super) async fn run(options: PgConnectOptions, every: Duration, stop: CancellationToken) {
-    let options = options.application_name(NOTIFIER_APPLICATION_NAME);
+    let options = options.application_name(CANDIDATE_APPLICATION_NAME);
+    let mut candidate: Option<PgConnection> = None;
     loop {
         let term = async {
-            let mut connection = PgConnection::connect_with(&options).await?;
-            let elected: bool = sqlx::query_scalar(ELECT).fetch_one(&mut connection).await?;
+            // One connection for the candidacy and the term: a try costs
+            // one query a second, not a new connection.
+            let connection = match candidate.as_mut() {
+                Some(connection) => connection,
+                None => candidate.insert(PgConnection::connect_with(&options).await?),
+            };
+            let elected: bool = sqlx::query_scalar(ELECT)
+                .fetch_one(&mut *connection)
+                .await?;
             if !elected {
-                let _ = connection.close().await;
                 return Ok::<_, sqlx::Error>(());
             }
+            sqlx::query("select pg_catalog.set_config('application_name', $1, false)")
+                .bind(NOTIFIER_APPLICATION_NAME)
+                .execute(&mut *connection)
+                .await?;
             tracing::info!("this instance sends the change feed's wake-ups");
             let mut seen: String =
                 sqlx::query_scalar("select pg_catalog.pg_current_snapshot()::text")
-                    .fetch_one(&mut connection)
+                    .fetch_one(&mut *connection)
                     .await?;
             loop {
                 let (now, _): (String, bool) = sqlx::query_as(LOOK)
                     .bind(&seen)
                     .bind(CHANNEL)
-                    .fetch_one(&mut connection)
+                    .fetch_one(&mut *connection)
                     .await?;
                 seen = now;
                 sleep(every).await;
             }
         };
-        tokio::select! {
-            () = stop.cancelled() => return,
-            outcome = term => {
-                if let Err(error) = outcome {
-                    tracing::debug!(%error, "the change feed's notifier lost its connection; standing again");
-                }
-            }
+        let outcome = tokio::select! {
+            () = stop.cancelled() => break,
+            outcome = term => outcome,
+        };
+        if let Err(error) = outcome {
+            tracing::debug!(%error, "the change feed's notifier lost its connection; standing again");
+            candidate = None;
         }
         tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => break,
             () = sleep(CANDIDACY) => {}
         }
+    }
+    if let Some(connection) = candidate {
+        let _ = connection.close().await;
     }
 }
