@@ -98,6 +98,12 @@ enum Command {
         /// Seconds per measured run (each cell runs four).
         #[arg(long, default_value_t = 4)]
         seconds: u64,
+        /// Only these numbers of writers (default 1, 8 and 32).
+        #[arg(long, value_delimiter = ',')]
+        writers: Vec<usize>,
+        /// Only these statements: insert, insert_100, update_key, delete.
+        #[arg(long, value_delimiter = ',')]
+        statements: Vec<String>,
     },
     /// Commit → another instance's filter, idle and under 2 000 writes/s.
     Propagation {
@@ -200,9 +206,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         Command::Warmup { keys } => warmup::compare(&cli.database_url, keys, &cli.out).await,
-        Command::Writers { seconds } => {
-            writers::compare(&cli.database_url, &cli.out, seconds).await
-        }
+        Command::Writers {
+            seconds,
+            writers,
+            statements,
+        } => writers::compare(&cli.database_url, &cli.out, seconds, &writers, &statements).await,
         Command::Propagation { samples } => {
             writers::propagation(&cli.database_url, &cli.out, samples).await
         }

@@ -125,6 +125,8 @@ pub(crate) async fn compare(
     server_url: &str,
     out: &Path,
     seconds: u64,
+    only_writers: &[usize],
+    only_statements: &[String],
 ) -> Result<(), Box<dyn std::error::Error>> {
     // Rows to update and delete: more than any cell uses.
     let rows = 3_000_000;
@@ -139,7 +141,13 @@ pub(crate) async fn compare(
     ]
     .into();
     for writers in [1, 8, 32] {
+        if !only_writers.is_empty() && !only_writers.contains(&writers) {
+            continue;
+        }
         for statement in STATEMENTS {
+            if !only_statements.is_empty() && !only_statements.iter().any(|s| s == statement) {
+                continue;
+            }
             let mut rates: HashMap<&str, Vec<f64>> = HashMap::new();
             // The two tables in turn, twice: drifts of the machine hit both.
             for _ in 0..2 {

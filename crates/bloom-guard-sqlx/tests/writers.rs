@@ -349,3 +349,39 @@ async fn unwatching_and_uninstalling_leave_writes_working(pool: PgPool) {
             .expect("schema");
     assert_eq!(schema, None);
 }
+
+/// A transaction that writes a key and commits seconds later, across reads
+/// and rotations: its slot cannot be emptied while it runs (it holds the
+/// slot's lock), and its key arrives once it commits.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_late_commit_across_rotations_arrives(pool: PgPool) {
+    install(&pool).await;
+    let guard = guard();
+    let _task = spawn(
+        follower(&guard, &pool)
+            .check_interval(Duration::from_millis(50))
+            .retention(Duration::ZERO),
+    );
+    wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
+    let mut late = pool.begin().await.expect("begin");
+    sqlx::query("insert into items (key) values ('late')")
+        .execute(&mut *late)
+        .await
+        .expect("insert");
+    for _ in 0..20 {
+        exec(&pool, "select bloom_guard.prune('0 s')").await;
+        exec(
+            &pool,
+            "insert into items (key) select 'meanwhile-' || pg_catalog.gen_random_uuid()",
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!guard.may_contain("late") || guard.stats().state != bloom_guard::GuardState::Ready);
+    late.commit().await.expect("commit");
+    wait_until("the late key", Duration::from_secs(10), || {
+        common::holds_all(&guard, &["late"])
+    })
+    .await;
+}
