@@ -19,6 +19,11 @@ pub enum ApiError {
         /// What is wrong with the request.
         message: String,
     },
+    /// A key the service never stores, answered exactly as the guard
+    /// answers it when it refuses a key itself (status and body declared by
+    /// [`KeyError`](bloom_guard::KeyError)).
+    #[error("{0}")]
+    Key(#[from] bloom_guard::KeyError),
     /// An item with this key exists already.
     #[error("an item with this key exists")]
     Conflict,
@@ -70,6 +75,15 @@ impl From<JsonRejection> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, message) = match self {
+            ApiError::Key(error) => {
+                let mut response = Response::new(axum::body::Body::from(error.body()));
+                *response.status_mut() = error.status();
+                response.headers_mut().insert(
+                    axum::http::header::CONTENT_TYPE,
+                    axum::http::HeaderValue::from_static("application/json"),
+                );
+                return response;
+            }
             ApiError::BadRequest { status, message } => (status, message),
             ApiError::Conflict => (StatusCode::CONFLICT, self.to_string()),
             ApiError::Database(error) => {

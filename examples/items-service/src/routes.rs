@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use bloom_guard::PathParam;
+use bloom_guard::{KeyError, PathParam};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -46,7 +46,11 @@ fn check_key(key: &str) -> Result<(), ApiError> {
         return Err(ApiError::bad_request("key must not be empty"));
     }
     if key.len() > MAX_KEY_LEN {
-        return Err(ApiError::bad_request("key too long"));
+        return Err(KeyError::TooLong {
+            len: key.len(),
+            max: MAX_KEY_LEN,
+        }
+        .into());
     }
     if key.contains('\0') {
         return Err(ApiError::bad_request("key must not contain NUL"));

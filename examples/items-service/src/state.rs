@@ -45,18 +45,14 @@ impl AppState {
     }
 
     pub(crate) fn keep(&self, task: JoinHandle<()>) {
-        self.keepers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(task);
+        lock(&self.keepers).push(task);
     }
 
     /// Stops the background tasks (the followers close their connections)
     /// and closes the database pool.
     pub async fn shut_down(&self) {
         self.stop.send_replace(true);
-        let keepers =
-            std::mem::take(&mut *self.keepers.lock().unwrap_or_else(PoisonError::into_inner));
+        let keepers = std::mem::take(&mut *lock(&self.keepers));
         for keeper in keepers {
             let _ = keeper.await;
         }
@@ -66,4 +62,9 @@ impl AppState {
     pub(crate) fn items_guard(&self) -> Option<&BloomGuard> {
         self.guards.as_ref().map(|guards| &guards.items)
     }
+}
+
+/// Locks a mutex whose data stays valid even if a holder panicked.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

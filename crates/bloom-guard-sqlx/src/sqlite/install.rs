@@ -54,7 +54,7 @@ impl Watch {
 
     /// Installs the feed's table and this table's triggers in a SQLite
     /// database: every key written by any client (another instance, the
-    /// `sqlite3` shell) reaches [`SqliteFollower`]s. Idempotent.
+    /// `sqlite3` shell) reaches [`SqliteFollower`](crate::SqliteFollower)s. Idempotent.
     ///
     /// # Errors
     ///
