@@ -46,11 +46,13 @@ impl<B: Database> Rebuild<B> {
         };
         let backend = &*self.backend;
         let name = self.guard.name();
+        // The request's time first: a rebuild that another instance starts
+        // after it serves this request too.
+        let requested = backend.position().await.map_err(failed)?;
         let (source, fingerprint) = backend.key_source().await.map_err(failed)?;
         if !self.snapshots {
             return self.guard.rebuild(&source).await;
         }
-        let requested = backend.position().await.map_err(failed)?;
         let build_lock = backend.lock(name).await.map_err(failed)?;
         let newer = backend
             .snapshots()
