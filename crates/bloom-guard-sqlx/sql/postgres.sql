@@ -139,7 +139,7 @@ as $$
             pg_catalog.format('case when %s then null else pg_catalog.concat(%s) end',
                 pg_catalog.string_agg(pg_catalog.format('%I.%I is null', alias, c), ' or ' order by n),
                 pg_catalog.string_agg(
-                    pg_catalog.format('pg_catalog.octet_length((%1$I.%2$I)::pg_catalog.text), '':'', (%1$I.%2$I)::pg_catalog.text', alias, c),
+                    pg_catalog.format('pg_catalog.octet_length(pg_catalog.convert_to((%1$I.%2$I)::pg_catalog.text, ''UTF8'')), '':'', (%1$I.%2$I)::pg_catalog.text', alias, c),
                     ', ' order by n))
     end
     from pg_catalog.unnest(key_columns) with ordinality as u(c, n)
@@ -222,6 +222,20 @@ language sql immutable strict
 set search_path = pg_catalog, pg_temp
 as $$ select pg_catalog.left('bloom_guard_' || guard || '_' || event, 63)::name $$;
 
+-- The name of the function that records `event` ('inserted', 'updated',
+-- 'deleted') for `guard` over `key_columns`: one set per guard and key, so
+-- two tables watched under one guard with different key columns each get
+-- their own.
+create or replace function bloom_guard.record_function(guard text, key_columns text[], event text)
+returns name
+language sql immutable strict
+set search_path = pg_catalog, pg_temp
+as $$
+    select pg_catalog.left(
+        'bloom_guard_' || guard || '_' || pg_catalog.left(pg_catalog.md5(key_columns::text), 8) || '_' || event,
+        63)::name
+$$;
+
 -- The functions of `guard`'s triggers, with its key expression written in:
 -- static SQL, planned once per session, so a writer's statement pays one
 -- cached insert into the feed and nothing else. SECURITY DEFINER: writers
@@ -242,13 +256,13 @@ declare
     header constant text := 'create or replace function bloom_guard.%I() returns trigger
         language plpgsql security definer as %L';
 begin
-    execute pg_catalog.format(header, bloom_guard.trigger_name(guard, 'inserted'), pg_catalog.format(
+    execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'inserted'), pg_catalog.format(
         'begin
              insert into bloom_guard.changes (guard, kind, key, part)
              select %L, ''i'', k, %s from (select %s as k from new_rows r) x where k is not null;
              return null;
          end', guard, slot, bloom_guard.key_expression(key_columns, 'r')));
-    execute pg_catalog.format(header, bloom_guard.trigger_name(guard, 'deleted'), pg_catalog.format(
+    execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'deleted'), pg_catalog.format(
         'begin
              insert into bloom_guard.changes (guard, kind, key, part)
              select %L, ''d'', k, %s from (select %s as k from old_rows r) x where k is not null;
@@ -256,7 +270,7 @@ begin
          end', guard, slot, bloom_guard.key_expression(key_columns, 'r')));
     -- Keys of the new rows that no old row had, whatever the rows' ids (an
     -- update may change both), and keys that went away.
-    execute pg_catalog.format(header, bloom_guard.trigger_name(guard, 'updated'), pg_catalog.format(
+    execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'updated'), pg_catalog.format(
         'begin
              with n as (select %3$s as k from new_rows n), o as (select %4$s as k from old_rows o)
              insert into bloom_guard.changes (guard, kind, key, part)
@@ -265,9 +279,9 @@ begin
              select %1$L, ''d'', k, %2$s from (select k from o where k is not null except select k from n) removed;
              return null;
          end', guard, slot, bloom_guard.key_expression(key_columns, 'n'), bloom_guard.key_expression(key_columns, 'o')));
-    execute pg_catalog.format('revoke all on function bloom_guard.%I() from public', bloom_guard.trigger_name(guard, 'inserted'));
-    execute pg_catalog.format('revoke all on function bloom_guard.%I() from public', bloom_guard.trigger_name(guard, 'deleted'));
-    execute pg_catalog.format('revoke all on function bloom_guard.%I() from public', bloom_guard.trigger_name(guard, 'updated'));
+    execute pg_catalog.format('revoke all on function bloom_guard.%I() from public', bloom_guard.record_function(guard, key_columns, 'inserted'));
+    execute pg_catalog.format('revoke all on function bloom_guard.%I() from public', bloom_guard.record_function(guard, key_columns, 'deleted'));
+    execute pg_catalog.format('revoke all on function bloom_guard.%I() from public', bloom_guard.record_function(guard, key_columns, 'updated'));
 end
 $$;
 
@@ -289,17 +303,17 @@ begin
             execute pg_catalog.format('drop trigger if exists %I on %s', bloom_guard.trigger_name(guard, event), rel);
         end loop;
         execute pg_catalog.format(
-            'create trigger %1$I after insert on %2$s referencing new table as new_rows
-             for each statement execute function bloom_guard.%1$I()',
-            bloom_guard.trigger_name(guard, 'inserted'), rel);
+            'create trigger %I after insert on %s referencing new table as new_rows
+             for each statement execute function bloom_guard.%I()',
+            bloom_guard.trigger_name(guard, 'inserted'), rel, bloom_guard.record_function(guard, key_columns, 'inserted'));
         execute pg_catalog.format(
-            'create trigger %1$I after update on %2$s referencing old table as old_rows new table as new_rows
-             for each statement execute function bloom_guard.%1$I()',
-            bloom_guard.trigger_name(guard, 'updated'), rel);
+            'create trigger %I after update on %s referencing old table as old_rows new table as new_rows
+             for each statement execute function bloom_guard.%I()',
+            bloom_guard.trigger_name(guard, 'updated'), rel, bloom_guard.record_function(guard, key_columns, 'updated'));
         execute pg_catalog.format(
-            'create trigger %1$I after delete on %2$s referencing old table as old_rows
-             for each statement execute function bloom_guard.%1$I()',
-            bloom_guard.trigger_name(guard, 'deleted'), rel);
+            'create trigger %I after delete on %s referencing old table as old_rows
+             for each statement execute function bloom_guard.%I()',
+            bloom_guard.trigger_name(guard, 'deleted'), rel, bloom_guard.record_function(guard, key_columns, 'deleted'));
         execute pg_catalog.format(
             'create trigger %I after truncate on %s
              for each statement execute function bloom_guard.record_truncated(%s)',
@@ -366,16 +380,21 @@ as $$
 declare
     rel regclass;
     event text;
+    unwatched text[];
 begin
     for rel in select bloom_guard.family(target) loop
         foreach event in array array['inserted', 'updated', 'deleted', 'truncated'] loop
             execute pg_catalog.format('drop trigger if exists %I on %s', bloom_guard.trigger_name(guard, event), rel);
         end loop;
     end loop;
-    delete from bloom_guard.watched w where w.guard = unwatch.guard and w.rel = target;
-    if not exists (select from bloom_guard.watched w where w.guard = unwatch.guard) then
+    delete from bloom_guard.watched w where w.guard = unwatch.guard and w.rel = target
+    returning w.key_columns into unwatched;
+    if unwatched is not null and not exists (
+        select from bloom_guard.watched w where w.guard = unwatch.guard and w.key_columns = unwatched
+    ) then
         foreach event in array array['inserted', 'updated', 'deleted'] loop
-            execute pg_catalog.format('drop function if exists bloom_guard.%I()', bloom_guard.trigger_name(guard, event));
+            execute pg_catalog.format('drop function if exists bloom_guard.%I()',
+                bloom_guard.record_function(guard, unwatched, event));
         end loop;
     end if;
 end

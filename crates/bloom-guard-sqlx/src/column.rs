@@ -166,7 +166,10 @@ pub(crate) fn postgres_comparison(
         "uuid" => Comparison::Uuid,
         "citext" => Comparison::CaseInsensitive,
         "bpchar" => Comparison::Unmatched(format!("{declared} ignores trailing spaces")),
-        "text" | "varchar" | "name" => match nondeterministic_locale {
+        "name" => Comparison::Unmatched(format!(
+            "{declared} truncates what it is compared with to 63 bytes"
+        )),
+        "text" | "varchar" => match nondeterministic_locale {
             None => Comparison::Exact,
             Some(locale) => icu_comparison(locale),
         },
@@ -181,6 +184,11 @@ pub(crate) fn postgres_comparison(
 fn icu_comparison(locale: &str) -> Comparison {
     let locale = locale.to_ascii_lowercase();
     let has = |needle: &str| locale.contains(needle);
+    if has("kn-true") || has("colnumeric=yes") {
+        return Comparison::Unmatched(format!(
+            "collation {locale} compares digits as numbers (007 is 7)"
+        ));
+    }
     if has("ka-shifted") || has("alternate=shifted") {
         return Comparison::Unmatched(format!("collation {locale} ignores punctuation and spaces"));
     }
@@ -385,6 +393,15 @@ mod tests {
         assert_eq!(icu("und-u-ks-level3"), Comparison::IgnoresCharacters);
         assert!(matches!(icu("und-u-ks-level1"), Comparison::Unmatched(_)));
         assert!(matches!(icu("und-u-ka-shifted"), Comparison::Unmatched(_)));
+        assert!(matches!(icu("und-u-kn-true"), Comparison::Unmatched(_)));
+        assert!(matches!(
+            icu("und-u-ks-level2-kn-true"),
+            Comparison::Unmatched(_)
+        ));
+        assert!(matches!(
+            postgres_comparison("name", false, "name", None),
+            Comparison::Unmatched(_)
+        ));
     }
 
     #[test]

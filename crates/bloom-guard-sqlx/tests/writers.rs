@@ -385,3 +385,34 @@ async fn a_late_commit_across_rotations_arrives(pool: PgPool) {
     })
     .await;
 }
+
+/// Two tables watched under one guard with different key columns each get
+/// the functions of their own key, and a database whose default isolation
+/// is REPEATABLE READ changes nothing: the follower reads and prunes at
+/// READ COMMITTED.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn one_guard_over_two_tables_with_different_keys(pool: PgPool) {
+    install(&pool).await;
+    exec(
+        &pool,
+        "create table codes (code text primary key, label text);
+         select bloom_guard.watch('codes', array['code'], 'items');
+         do $$ begin
+             execute format('alter database %I set default_transaction_isolation = %L',
+                            current_database(), 'repeatable read');
+         end $$",
+    )
+    .await;
+    let guard = guard();
+    let _task = spawn(follower(&guard, &pool));
+    wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
+    exec(&pool, "insert into items (key) values ('an-item')").await;
+    exec(
+        &pool,
+        "insert into codes (code, label) values ('a-code', 'not-a-key')",
+    )
+    .await;
+    arrives(&guard, &["an-item", "a-code"]).await;
+    assert!(!guard.may_contain("not-a-key"));
+}

@@ -33,12 +33,12 @@ use crate::source::KeyBatch;
 /// | column type and collation | key type |
 /// |---|---|
 /// | `text`, `varchar(n)` with a deterministic collation (the default) | `Text` |
-/// | `citext` | `CaseInsensitiveText` |
-/// | a nondeterministic ICU collation at level 2 or 3 (`und-u-ks-level2`: case-insensitive; level 3 ignores control characters) | `CaseInsensitiveText`, for columns of ASCII keys: ICU also equates some non-ASCII spellings with ASCII ones (`ß` and `ss`, ligatures, full-width letters) |
+/// | `citext` | `CaseInsensitiveText` (exact for ASCII keys: `lower()` also maps some non-ASCII letters to ASCII ones, `İ` to `i`, the Kelvin sign to `k`) |
+/// | a nondeterministic ICU collation at level 2 or 3 (`und-u-ks-level2`: case-insensitive; level 3 ignores control characters) | `CaseInsensitiveText`, exact for columns of ASCII keys only: ICU also equates non-ASCII spellings with ASCII ones (`ß` and `ss`, ligatures, full-width letters and digits, soft hyphens and zero-width spaces), and the guard keeps such stored keys as they are |
 /// | SQLite `COLLATE NOCASE` | `CaseInsensitiveText` |
 /// | `smallint`, `integer`, `bigint` (SQLite `INTEGER`) | `Integer` |
 /// | `uuid` | `Uuid` |
-/// | `char(n)` (trailing spaces ignored), accent-insensitive collations (level 1) | none: the follower keeps the guard open; store the key in a column of a row above |
+/// | `char(n)` (trailing spaces ignored), `name` (truncates to 63 bytes), accent-insensitive (level 1), punctuation-ignoring (`ka-shifted`) and numeric (`kn-true`) collations | none: the follower keeps the guard open; store the key in a column of a row above |
 ///
 /// A type that compares more loosely than the column is safe (only false
 /// positives): `CaseInsensitiveText` over a case-sensitive `text`, for one.

@@ -42,7 +42,9 @@ impl<B> KeyExtractor<B> for PathParam {
                 "PathParam found no axum MatchedPath: put the layer on the router with route_layer",
             ));
         };
-        Ok(path_param(matched.as_str(), req.uri().path(), self.0).map(Key::from_percent_encoded))
+        path_param(matched.as_str(), req.uri().path(), self.0)
+            .map(|raw| raw.map(Key::from_percent_encoded))
+            .map_err(KeyError::Unguardable)
     }
 }
 
@@ -82,36 +84,70 @@ impl<B> KeyExtractor<B> for PathParams {
 }
 
 /// Finds the raw (still percent-encoded) value of parameter `name` of the
-/// route `template` in `path`.
+/// route `template` in `path`: `Ok(None)` if the route has no such
+/// parameter, an error if the path cannot be lined up with the route.
 ///
-/// Segments are counted from the end, because a nested router sees its own
-/// part of the path while `MatchedPath` holds the whole route.
-fn path_param<'p>(template: &str, path: &'p str, name: &str) -> Option<&'p str> {
+/// A nested router sees its own part of the path while `MatchedPath` holds
+/// the whole route, so the segments are lined up from the start when the
+/// route's literal segments match there, else from the end; a route with a
+/// catch-all can only be lined up from the start.
+fn path_param<'p>(
+    template: &str,
+    path: &'p str,
+    name: &str,
+) -> Result<Option<&'p str>, &'static str> {
     // The common route, `/.../{name}`: the last segment, found from the end.
     if let Some(last) = template.strip_suffix('}') {
         if last.ends_with(name) && last[..last.len() - name.len()].ends_with("/{") {
-            return path.rsplit_once('/').map(|(_, value)| value);
+            return Ok(path.rsplit_once('/').map(|(_, value)| value));
         }
     }
-    let is_param = |segment: &str, wildcard: bool| {
-        let inner = segment.strip_prefix('{')?.strip_suffix('}')?;
-        let inner = if wildcard {
-            inner.strip_prefix('*')?
-        } else {
-            inner
-        };
-        (inner == name).then_some(())
+    let route: Vec<&str> = template.split('/').collect();
+    let Some(at) = route.iter().position(|s| param_name(s) == Some(name)) else {
+        return Ok(None);
     };
-    if let Some(last) = template.rsplit('/').next() {
-        if is_param(last, true).is_some() {
-            let before = template.split('/').count() - 1;
-            return path.splitn(before + 1, '/').nth(before);
+    let wildcard = route.last().is_some_and(|s| s.starts_with("{*"));
+    let segments: Vec<&str> = path.split('/').collect();
+    let literal_matches = |route_segment: &str, path_segment: &str| {
+        route_segment.starts_with('{') || route_segment == path_segment
+    };
+    // From the start: every literal in place, the catch-all taking the rest.
+    let fixed = if wildcard {
+        route.len() - 1
+    } else {
+        route.len()
+    };
+    let from_start = segments.len() >= fixed
+        && (wildcard || segments.len() == route.len())
+        && route[..fixed]
+            .iter()
+            .zip(&segments)
+            .all(|(r, p)| literal_matches(r, p));
+    if from_start {
+        if wildcard && at == route.len() - 1 {
+            return Ok(path.splitn(route.len(), '/').nth(at));
+        }
+        return Ok(segments.get(at).copied());
+    }
+    // From the end, for a router nested under a prefix.
+    if !wildcard && segments.len() < route.len() {
+        let from_end = route.len() - at;
+        let overlap = segments.len() - 1;
+        let lined_up = route[route.len() - overlap..]
+            .iter()
+            .zip(&segments[1..])
+            .all(|(r, p)| literal_matches(r, p));
+        if lined_up && from_end <= overlap {
+            return Ok(segments.get(segments.len() - from_end).copied());
         }
     }
-    let from_end = template
-        .rsplit('/')
-        .position(|s| is_param(s, false).is_some())?;
-    path.rsplit('/').nth(from_end)
+    Err("PathParam cannot line the path up with its route (a catch-all in a nested router?)")
+}
+
+/// The name of a `{name}` or `{*name}` route segment.
+fn param_name(segment: &str) -> Option<&str> {
+    let inner = segment.strip_prefix('{')?.strip_suffix('}')?;
+    Some(inner.strip_prefix('*').unwrap_or(inner))
 }
 
 #[cfg(test)]
@@ -120,25 +156,41 @@ mod tests {
 
     #[test]
     fn path_param_finds_the_named_segment() {
+        let found = |template, path, name| path_param(template, path, name);
         assert_eq!(
-            path_param("/items/{key}", "/items/a%2Fb", "key"),
-            Some("a%2Fb")
+            found("/items/{key}", "/items/a%2Fb", "key"),
+            Ok(Some("a%2Fb"))
         );
         assert_eq!(
-            path_param("/t/{tenant}/items/{key}", "/t/x/items/y", "tenant"),
-            Some("x")
+            found("/t/{tenant}/items/{key}", "/t/x/items/y", "tenant"),
+            Ok(Some("x"))
         );
         assert_eq!(
-            path_param("/t/{tenant}/items/{key}", "/t/x/items/y", "key"),
-            Some("y")
+            found("/t/{tenant}/items/{key}", "/t/x/items/y", "key"),
+            Ok(Some("y"))
         );
         // nested: the router saw `/items/y` while the route is `/api/items/{key}`
-        assert_eq!(path_param("/api/items/{key}", "/items/y", "key"), Some("y"));
+        assert_eq!(found("/api/items/{key}", "/items/y", "key"), Ok(Some("y")));
         assert_eq!(
-            path_param("/files/{*key}", "/files/a/b%20c", "key"),
-            Some("a/b%20c")
+            found("/api/t/{tenant}/items/{key}", "/t/x/items/y", "tenant"),
+            Ok(Some("x"))
         );
-        assert_eq!(path_param("/items/{id}", "/items/y", "key"), None);
-        assert_eq!(path_param("/items/key", "/items/key", "key"), None);
+        assert_eq!(
+            found("/files/{*key}", "/files/a/b%20c", "key"),
+            Ok(Some("a/b%20c"))
+        );
+        // a parameter before a catch-all
+        assert_eq!(
+            found("/t/{tenant}/files/{*path}", "/t/acme/files/a/b", "tenant"),
+            Ok(Some("acme"))
+        );
+        assert_eq!(
+            found("/t/{tenant}/files/{*path}", "/t/acme/files/a/b", "path"),
+            Ok(Some("a/b"))
+        );
+        // a catch-all in a nested router cannot be lined up: unguarded, not guessed
+        assert!(found("/api/files/{*key}", "/files/a/b", "key").is_err());
+        assert_eq!(found("/items/{id}", "/items/y", "key"), Ok(None));
+        assert_eq!(found("/items/key", "/items/key", "key"), Ok(None));
     }
 }

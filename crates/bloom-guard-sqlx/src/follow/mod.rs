@@ -142,8 +142,15 @@ impl<B: Database> Follower<B> {
         let mut pauses = retry_pauses();
         loop {
             let attempt = async {
+                // The trigger check's baseline before the fingerprint that
+                // names them: a change in between leads to a rebuild.
+                let versions = self.backend.trigger_versions().await?;
                 let (source, fingerprint) = self.backend.key_source().await?;
-                self.fleet().fingerprint = Some(fingerprint);
+                {
+                    let mut fleet = self.fleet();
+                    fleet.fingerprint = Some(fingerprint);
+                    fleet.trigger_versions = Some(versions);
+                }
                 let start = self.backend.position().await?;
                 Ok::<_, sqlx::Error>((source, start))
             };

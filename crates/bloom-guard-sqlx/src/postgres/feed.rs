@@ -31,19 +31,30 @@ from now left join bloom_guard.changes c
  and c.xid >= pg_catalog.pg_snapshot_xmin($2::pg_snapshot)
  and not pg_catalog.pg_visible_in_snapshot(c.xid, $2::pg_snapshot)";
 
+/// Reads and retention run at this level, whatever the database's or the
+/// role's default: under REPEATABLE READ a statement's snapshot would
+/// predate the lock it waits for.
+const READ_COMMITTED: &str = "begin isolation level read committed";
+
 /// Reads the changes of feed `name` committed after position `seen`.
 pub(super) async fn read_since(
     pool: &PgPool,
     name: &str,
     seen: &str,
 ) -> Result<Read<String>, sqlx::Error> {
-    let mut rows = sqlx::query(READ).bind(name).bind(seen).fetch(pool);
+    // READ COMMITTED whatever the database's default: the statement's
+    // snapshot is then taken after it waits for a truncation's lock, so it
+    // sees the horizon that truncation moved.
+    let mut tx = pool.begin_with(READ_COMMITTED).await?;
+    let mut rows = sqlx::query(READ).bind(name).bind(seen).fetch(&mut *tx);
     let mut position = None;
     let mut changes = Changes::default();
     while let Some(row) = rows.try_next().await? {
         if position.is_none() {
             position = Some(row.try_get(0)?);
             if row.try_get::<bool, _>(1)? {
+                drop(rows);
+                tx.commit().await?;
                 return Ok(Read::Pruned);
             }
         }
@@ -58,6 +69,8 @@ pub(super) async fn read_since(
         };
         changes.record(&kind, Some(key));
     }
+    drop(rows);
+    tx.commit().await?;
     let position = position.ok_or(sqlx::Error::RowNotFound)?;
     Ok(Read::Changes { position, changes })
 }
@@ -65,8 +78,13 @@ pub(super) async fn read_since(
 /// Prunes the rows every reader has had for `retention`; one instance at a
 /// time does the work.
 pub(super) async fn prune(pool: &PgPool, retention: Duration) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("select bloom_guard.prune(make_interval(secs => $1))")
+    // READ COMMITTED: the function's statements see what committed while
+    // it waited for a slot's lock (a writer finishing in the slot).
+    let mut tx = pool.begin_with(READ_COMMITTED).await?;
+    let removed = sqlx::query_scalar("select bloom_guard.prune(make_interval(secs => $1))")
         .bind(retention.as_secs_f64())
-        .fetch_one(pool)
-        .await
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(removed)
 }

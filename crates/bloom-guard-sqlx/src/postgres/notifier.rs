@@ -64,6 +64,11 @@ pub(super) async fn run(options: PgConnectOptions, every: Duration, stop: Cancel
                 .bind(NOTIFIER_APPLICATION_NAME)
                 .execute(&mut *connection)
                 .await?;
+            sqlx::query(
+                "set session characteristics as transaction isolation level read committed",
+            )
+            .execute(&mut *connection)
+            .await?;
             tracing::info!("this instance sends the change feed's wake-ups");
             let mut seen: String =
                 sqlx::query_scalar("select pg_catalog.pg_current_snapshot()::text")
