@@ -14,9 +14,11 @@ use crate::watch::Watch;
 pub(crate) enum Comparison {
     /// Text compared byte for byte.
     Exact,
-    /// Text compared without case (`citext`, an ICU collation at level 2,
-    /// SQLite's `NOCASE`).
+    /// Text compared without case (`citext`, an ICU collation at level 2).
     CaseInsensitive,
+    /// Text compared without ASCII case only (SQLite's `NOCASE`): other
+    /// characters compare as themselves.
+    AsciiCaseInsensitive,
     /// Text under a nondeterministic collation that keeps case but ignores
     /// some characters (control characters, under ICU at level 3).
     IgnoresCharacters,
@@ -67,6 +69,30 @@ pub(crate) fn enforce(
     }
 }
 
+/// Whether the guard is exact only while every stored key is printable
+/// ASCII: a case-insensitive key type over a column whose comparison also
+/// equates some non-ASCII spellings with ASCII ones (`citext` maps `İ` to
+/// `i`; ICU collations fold full-width letters and ignore soft hyphens).
+pub(crate) fn needs_ascii_keys(key_type: KeyType, columns: &[KeyColumn]) -> bool {
+    key_type == KeyType::CaseInsensitiveText
+        && matches!(
+            columns,
+            [KeyColumn {
+                comparison: Comparison::CaseInsensitive | Comparison::IgnoresCharacters,
+                ..
+            }]
+        )
+}
+
+/// Whether a stored key holds a byte `needs_ascii_keys` guards against:
+/// anything but printable ASCII, tab and line breaks.
+pub(crate) fn is_unsafe_key(key: &[u8]) -> bool {
+    key.iter().any(|&b| !matches!(b, 9..=13 | 32..=126))
+}
+
+/// Why the guard stays open once such a key is stored.
+pub(crate) const UNSAFE_KEY: &str = "a stored key holds characters other than printable ASCII under a case-insensitive column, which the database may equate with other spellings the guard cannot reproduce (citext maps İ to i, ICU folds full-width letters): the guard lets every request through";
+
 /// Checks `key_type` against the watched `columns` of `table`.
 pub(crate) fn check(table: &str, key_type: KeyType, columns: &[KeyColumn]) -> Verdict {
     match columns {
@@ -84,9 +110,9 @@ fn check_one(table: &str, key_type: KeyType, column: &KeyColumn) -> Verdict {
                 column.name
             ))
         }
-        Comparison::CaseInsensitive | Comparison::IgnoresCharacters => {
-            KeyType::CaseInsensitiveText
-        }
+        Comparison::CaseInsensitive
+        | Comparison::AsciiCaseInsensitive
+        | Comparison::IgnoresCharacters => KeyType::CaseInsensitiveText,
         Comparison::Integer => KeyType::Integer,
         Comparison::Uuid => KeyType::Uuid,
     };
@@ -95,7 +121,9 @@ fn check_one(table: &str, key_type: KeyType, column: &KeyColumn) -> Verdict {
     let fits = match (&column.comparison, key_type) {
         (_, found) if found == needed => true,
         (
-            Comparison::CaseInsensitive | Comparison::IgnoresCharacters,
+            Comparison::CaseInsensitive
+            | Comparison::AsciiCaseInsensitive
+            | Comparison::IgnoresCharacters,
             KeyType::Integer | KeyType::Uuid,
         ) => true,
         (Comparison::Integer, KeyType::Uuid) | (Comparison::Uuid, KeyType::Integer) => true,
@@ -142,7 +170,7 @@ fn check_composite(table: &str, columns: &[KeyColumn]) -> Verdict {
 fn describe(comparison: &Comparison) -> &str {
     match comparison {
         Comparison::Exact => "byte for byte",
-        Comparison::CaseInsensitive => "without case",
+        Comparison::CaseInsensitive | Comparison::AsciiCaseInsensitive => "without case",
         Comparison::IgnoresCharacters => {
             "ignoring control characters (a nondeterministic collation)"
         }
@@ -223,7 +251,7 @@ pub(crate) fn sqlite_comparison(declared: &str, definition: &str) -> Comparison 
         .nth(1)
         .map(|name| name.trim_matches(|c: char| !c.is_ascii_alphanumeric()));
     match collation {
-        Some("nocase") => Comparison::CaseInsensitive,
+        Some("nocase") => Comparison::AsciiCaseInsensitive,
         Some("rtrim") => Comparison::Unmatched("COLLATE RTRIM ignores trailing spaces".to_owned()),
         Some("binary") | None => Comparison::Exact,
         Some(other) => Comparison::Unmatched(format!("COLLATE {other} is the application's own")),
@@ -408,7 +436,10 @@ mod tests {
     fn sqlite_affinities_and_collations() {
         let create = r#"CREATE TABLE "items" (id integer primary key, "key" text not null collate NOCASE unique, n numeric(10, 2), b)"#;
         let key = sqlite_column_definition(create, "key").expect("found");
-        assert_eq!(sqlite_comparison("text", key), Comparison::CaseInsensitive);
+        assert_eq!(
+            sqlite_comparison("text", key),
+            Comparison::AsciiCaseInsensitive
+        );
         assert_eq!(
             sqlite_column_definition(create, "n"),
             Some("n numeric(10, 2)")

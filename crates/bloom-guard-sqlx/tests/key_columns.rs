@@ -209,3 +209,33 @@ async fn fitting_key_types_answer(pool: PgPool) {
     assert_eq!((stats.state, stats.rejected), (GuardState::Ready, 1));
     assert_eq!(stats.last_error, None);
 }
+
+/// `citext` equates `İstanbul` with `istanbul`, which a case-insensitive key
+/// type cannot reproduce: once such a key is stored (found at start, or
+/// brought by the feed) the guard stays open, saying why.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_stored_key_the_key_type_cannot_compare_keeps_the_guard_open(pool: PgPool) {
+    profiles(&pool, "citext", &["EdgeCase"]).await;
+    let (guard, _task) = followed(&pool, KeyType::CaseInsensitiveText).await;
+    wait_until("ready", Duration::from_secs(5), || guard.is_ready()).await;
+    assert_eq!(guard.stats().state, GuardState::Ready);
+    assert!(!guard.may_contain("istanbul"));
+    exec(&pool, "insert into profiles (username) values ('İstanbul')").await;
+    wait_until("held open", Duration::from_secs(5), || {
+        guard.stats().state == GuardState::Degraded
+    })
+    .await;
+    let app = app(pool.clone(), &guard, "citext");
+    assert_eq!(status(&app, "/profiles/istanbul").await, StatusCode::OK);
+    let error = guard.stats().last_error.unwrap_or_default();
+    assert!(error.contains("printable ASCII"), "{error}");
+
+    // Found at start too.
+    let (again, _again) = followed(&pool, KeyType::CaseInsensitiveText).await;
+    wait_until("held open at start", Duration::from_secs(5), || {
+        again.stats().state == GuardState::Degraded
+    })
+    .await;
+    assert!(again.may_contain("istanbul"));
+}

@@ -33,8 +33,8 @@ use crate::source::KeyBatch;
 /// | column type and collation | key type |
 /// |---|---|
 /// | `text`, `varchar(n)` with a deterministic collation (the default) | `Text` |
-/// | `citext` | `CaseInsensitiveText` (exact for ASCII keys: `lower()` also maps some non-ASCII letters to ASCII ones, `İ` to `i`, the Kelvin sign to `k`) |
-/// | a nondeterministic ICU collation at level 2 or 3 (`und-u-ks-level2`: case-insensitive; level 3 ignores control characters) | `CaseInsensitiveText`, exact for columns of ASCII keys only: ICU also equates non-ASCII spellings with ASCII ones (`ß` and `ss`, ligatures, full-width letters and digits, soft hyphens and zero-width spaces), and the guard keeps such stored keys as they are |
+/// | `citext` | `CaseInsensitiveText` (exact for ASCII keys: `lower()` also maps some non-ASCII letters to ASCII ones, `İ` to `i`, the Kelvin sign to `k`, so the follower keeps the guard open once a stored key is not printable ASCII) |
+/// | a nondeterministic ICU collation at level 2 or 3 (`und-u-ks-level2`: case-insensitive; level 3 ignores control characters) | `CaseInsensitiveText`, exact for columns of ASCII keys only: ICU also equates non-ASCII spellings with ASCII ones (`ß` and `ss`, ligatures, full-width letters and digits, soft hyphens and zero-width spaces), so the follower keeps the guard open once a stored key is not printable ASCII |
 /// | SQLite `COLLATE NOCASE` | `CaseInsensitiveText` |
 /// | `smallint`, `integer`, `bigint` (SQLite `INTEGER`) | `Integer` |
 /// | `uuid` | `Uuid` |

@@ -103,6 +103,10 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// The watched key columns, for the key type check.
     fn key_columns(&self) -> impl Future<Output = Result<Vec<KeyColumn>, sqlx::Error>> + Send;
 
+    /// Whether any stored key holds a character other than printable
+    /// ASCII, tab or a line break (one scan of the key column).
+    fn has_unsafe_keys(&self) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
     /// The feed's position now, with the database's clock.
     fn position(&self) -> impl Future<Output = Result<Clock<Self::Position>, sqlx::Error>> + Send;
 

@@ -131,6 +131,10 @@ impl Database for Fake {
         Ok(Vec::new())
     }
 
+    async fn has_unsafe_keys(&self) -> Result<bool, sqlx::Error> {
+        Ok(false)
+    }
+
     async fn position(&self) -> Result<Clock<usize>, sqlx::Error> {
         let mut state = self.state();
         state.events.push("position");

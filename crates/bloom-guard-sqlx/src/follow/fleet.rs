@@ -229,22 +229,28 @@ impl<B: Database> Follower<B> {
                 _ => return,
             }
         };
-        let fresh = match self
-            .backend
-            .snapshots()
-            .newest(self.guard.name(), &fingerprint)
-            .await
-        {
-            Ok(newest) => {
-                newest.is_some_and(|stored| stored.age_secs < self.snapshot_interval.as_secs_f64())
+        let fresh = || async {
+            match self
+                .backend
+                .snapshots()
+                .newest(self.guard.name(), &fingerprint)
+                .await
+            {
+                Ok(newest) => newest
+                    .is_some_and(|stored| stored.age_secs < self.snapshot_interval.as_secs_f64()),
+                // Unknown: do not publish.
+                Err(_) => true,
             }
-            Err(_) => return,
         };
-        if fresh {
+        if fresh().await {
             return;
         }
+        // Under the lock, again: another instance (or this one's first
+        // filter) may have published meanwhile.
         if let Ok(Some(build_lock)) = self.backend.try_lock(self.guard.name()).await {
-            publish(&self.backend, &self.guard, &fingerprint, &at).await;
+            if !fresh().await {
+                publish(&self.backend, &self.guard, &fingerprint, &at).await;
+            }
             drop(build_lock);
         }
     }

@@ -147,12 +147,43 @@ impl<B: Database> Follower<B> {
     /// Holds the guard open if its key type could refuse a key stored in
     /// the watched column(s).
     pub(super) async fn check_key_type(&self) -> Option<HoldOpen> {
-        match self.backend.key_columns().await {
-            Ok(columns) => column::enforce(&self.guard, self.backend.watch(), &columns),
+        let columns = match self.backend.key_columns().await {
+            Ok(columns) => columns,
             Err(error) => {
                 tracing::warn!(%error, "cannot read the watched key columns' types");
-                None
+                return None;
             }
+        };
+        if let Some(hold) = column::enforce(&self.guard, self.backend.watch(), &columns) {
+            return Some(hold);
+        }
+        if column::needs_ascii_keys(self.guard.key_type(), &columns) {
+            self.ascii_only
+                .store(true, std::sync::atomic::Ordering::Release);
+            // Until the check has answered, no key is known to be safe.
+            let checking = self
+                .guard
+                .hold_open_because("checking the stored keys' characters");
+            let unsafe_keys = self.backend.has_unsafe_keys().await;
+            drop(checking);
+            if !matches!(unsafe_keys, Ok(false)) {
+                self.hold_for_unsafe_key();
+            }
+        }
+        None
+    }
+
+    /// Keeps the guard open from now on: a stored key may be equal, for the
+    /// database, to spellings the key type cannot reproduce.
+    pub(super) fn hold_for_unsafe_key(&self) {
+        let mut held = crate::lock::lock(&self.unsafe_key);
+        if held.is_none() {
+            tracing::error!(
+                guard = self.guard.name(),
+                problem = column::UNSAFE_KEY,
+                "the guard's key type cannot compare every stored key as the watched column does"
+            );
+            *held = Some(self.guard.hold_open_because(column::UNSAFE_KEY));
         }
     }
 }

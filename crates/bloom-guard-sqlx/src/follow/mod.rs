@@ -15,7 +15,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bloom_guard::BloomGuard;
+use bloom_guard::{BloomGuard, HoldOpen};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -42,6 +42,10 @@ pub(crate) struct Follower<B: Database> {
     pub(crate) snapshot_interval: Duration,
     pub(crate) hooks: Hooks,
     fleet: Mutex<Fleet<B::Position>>,
+    /// Set at start when the key type is exact only for ASCII keys; the
+    /// hold once a stored key is not.
+    ascii_only: std::sync::atomic::AtomicBool,
+    unsafe_key: Mutex<Option<HoldOpen>>,
 }
 
 impl<B: Database> std::fmt::Debug for Follower<B> {
@@ -72,6 +76,8 @@ impl<B: Database> Follower<B> {
             snapshot_interval: Duration::from_secs(600),
             hooks: Hooks::default(),
             fleet: Mutex::default(),
+            ascii_only: std::sync::atomic::AtomicBool::new(false),
+            unsafe_key: Mutex::new(None),
         }
     }
 

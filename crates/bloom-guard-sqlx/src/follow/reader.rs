@@ -34,6 +34,14 @@ impl<B: Database> Follower<B> {
                     // The keys first, then the position: a snapshot
                     // published at the position holds every key before it.
                     self.hooks.apply(&self.guard, feed, &changes);
+                    if self.ascii_only.load(std::sync::atomic::Ordering::Acquire)
+                        && changes
+                            .added
+                            .iter()
+                            .any(|key| crate::column::is_unsafe_key(key.as_bytes()))
+                    {
+                        self.hold_for_unsafe_key();
+                    }
                     position = reached;
                     self.fleet().position = Some(position.clone());
                     if changes.resync {

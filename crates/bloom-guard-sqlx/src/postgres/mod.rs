@@ -130,6 +130,15 @@ impl Database for PgBackend {
         catalog::key_columns(&self.pool, &self.watch).await
     }
 
+    async fn has_unsafe_keys(&self) -> Result<bool, sqlx::Error> {
+        let query = self.watch.key_query(&self.pool).await?;
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "select exists (select from ({query}) k(key) where (k.key collate pg_catalog.\"C\") ~ '[^\\t-\\r -~]')"
+        )))
+        .fetch_one(&self.pool)
+        .await
+    }
+
     async fn position(&self) -> Result<Clock<String>, sqlx::Error> {
         snapshot::position_now(&self.pool).await
     }

@@ -99,6 +99,15 @@ impl Database for SqliteBackend {
         feed::key_columns(&self.pool, &self.watch).await
     }
 
+    async fn has_unsafe_keys(&self) -> Result<bool, sqlx::Error> {
+        let query = self.watch.sqlite_key_query();
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "select exists (select 1 from ({query}) k(key) where k.key glob '*[^ -~]*')"
+        )))
+        .fetch_one(&self.pool)
+        .await
+    }
+
     async fn position(&self) -> Result<Clock<i64>, sqlx::Error> {
         let at = snapshot::now_micros();
         let position = feed::position(&self.pool).await?;
