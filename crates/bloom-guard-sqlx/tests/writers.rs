@@ -79,6 +79,20 @@ impl Writers {
     }
 }
 
+/// The feed installed and a follower ready whose every check rotates the
+/// slots (retention zero).
+async fn rotating(pool: &PgPool) -> (bloom_guard::BloomGuard, common::Running) {
+    install(pool).await;
+    let guard = guard();
+    let task = spawn(
+        follower(&guard, pool)
+            .check_interval(Duration::from_millis(50))
+            .retention(Duration::ZERO),
+    );
+    wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
+    (guard, task)
+}
+
 /// No function the feed's triggers run sends a notification: a NOTIFY in a
 /// writer's transaction takes a database-wide lock at commit.
 #[sqlx::test(migrations = "tests/migrations")]
@@ -236,14 +250,7 @@ async fn a_trigger_disabled_and_enabled_between_checks_leads_to_a_rebuild(pool: 
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn rotations_under_writers_block_no_writer_and_lose_nothing(pool: PgPool) {
-    install(&pool).await;
-    let guard = guard();
-    let _task = spawn(
-        follower(&guard, &pool)
-            .check_interval(Duration::from_millis(50))
-            .retention(Duration::ZERO),
-    );
-    wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
+    let (guard, _task) = rotating(&pool).await;
     let writers = Writers::start(&pool, "r", 4, "200ms");
     for _ in 0..40 {
         exec(&pool, "select bloom_guard.prune('0 s')").await;
@@ -356,14 +363,7 @@ async fn unwatching_and_uninstalling_leave_writes_working(pool: PgPool) {
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_late_commit_across_rotations_arrives(pool: PgPool) {
-    install(&pool).await;
-    let guard = guard();
-    let _task = spawn(
-        follower(&guard, &pool)
-            .check_interval(Duration::from_millis(50))
-            .retention(Duration::ZERO),
-    );
-    wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
+    let (guard, _task) = rotating(&pool).await;
     let mut late = pool.begin().await.expect("begin");
     sqlx::query("insert into items (key) values ('late')")
         .execute(&mut *late)

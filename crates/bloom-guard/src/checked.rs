@@ -177,7 +177,7 @@ where
             }
             return Ok(Checked(value));
         };
-        let answer = match verdict::decide(&guard.shared, value.as_key().map(Some)) {
+        let answer = match verdict::decide(&guard.shared, || value.as_key().map(Some)) {
             Verdict::Pass | Verdict::Audit(_) => return Ok(Checked(value)),
             Verdict::Reject(absent) => absent.to_plain_response(),
             Verdict::Refuse(error) => CannedResponse::refusal(&error).to_plain_response(),

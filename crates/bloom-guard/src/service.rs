@@ -10,7 +10,6 @@ use crate::body::ResponseBody;
 use crate::extract::KeyExtractor;
 use crate::future::ResponseFuture;
 use crate::methods::Methods;
-use crate::mode::Mode;
 use crate::response::CannedResponse;
 use crate::shared::Shared;
 use crate::verdict::{self, AuditToken, Verdict};
@@ -74,11 +73,10 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // Off: not even the key is read.
-        if !self.methods.contains(req.method()) || self.shared.mode() == Mode::Off {
+        if !self.methods.contains(req.method()) {
             return ResponseFuture::inner(self.inner.call(req));
         }
-        let response = match verdict::decide(&self.shared, self.extractor.extract(&req)) {
+        let response = match verdict::decide(&self.shared, || self.extractor.extract(&req)) {
             Verdict::Pass => return ResponseFuture::inner(self.inner.call(req)),
             Verdict::Audit(key) => {
                 let audit = AuditToken::new(Arc::clone(&self.shared), key);

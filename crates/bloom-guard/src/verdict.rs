@@ -29,15 +29,16 @@ pub(crate) enum Verdict<'a> {
 ///
 /// Only a key put in canonical form with certainty can be answered
 /// "absent"; every other request goes on, counted by why.
-pub(crate) fn decide<'s>(
+pub(crate) fn decide<'s, 'k>(
     shared: &'s Shared,
-    extracted: Result<Option<Key<'_>>, KeyError>,
+    extract: impl FnOnce() -> Result<Option<Key<'k>>, KeyError>,
 ) -> Verdict<'s> {
     let mode = shared.mode();
+    // Off: not even the key is read.
     if mode == Mode::Off {
         return Verdict::Pass;
     }
-    let key = match extracted {
+    let key = match extract() {
         Ok(Some(key)) => key,
         Ok(None) => return Verdict::Pass,
         Err(why) => {

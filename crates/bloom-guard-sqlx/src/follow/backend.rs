@@ -15,6 +15,17 @@ use crate::column::KeyColumn;
 use crate::error::SourceError;
 use crate::watch::Watch;
 
+/// Every key of the watched table, and what names that key set.
+#[derive(Debug, Clone)]
+pub(crate) struct KeySet<S> {
+    pub(crate) source: S,
+    /// Names the key set: a snapshot of another is not adopted.
+    pub(crate) fingerprint: String,
+    /// The feed triggers' versions the fingerprint includes: the baseline
+    /// of the trigger check.
+    pub(crate) trigger_versions: String,
+}
+
 /// A feed position, with the database's clock when it was taken.
 #[derive(Debug, Clone)]
 pub(crate) struct Clock<P> {
@@ -95,17 +106,19 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// A position read back from a snapshot.
     fn parse_position(text: &str) -> Option<Self::Position>;
 
-    /// The key source, and the fingerprint that names its key set.
-    fn key_source(
-        &self,
-    ) -> impl Future<Output = Result<(Self::Source, String), sqlx::Error>> + Send;
+    /// The key source, the fingerprint that names its key set, and the
+    /// trigger versions that fingerprint was taken under.
+    fn key_source(&self) -> impl Future<Output = Result<KeySet<Self::Source>, sqlx::Error>> + Send;
 
     /// The watched key columns, for the key type check.
     fn key_columns(&self) -> impl Future<Output = Result<Vec<KeyColumn>, sqlx::Error>> + Send;
 
-    /// Whether any stored key holds a character other than printable
+    /// Whether any key of `source` holds a character other than printable
     /// ASCII, tab or a line break (one scan of the key column).
-    fn has_unsafe_keys(&self) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+    fn has_unsafe_keys(
+        &self,
+        source: &Self::Source,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
     /// The feed's position now, with the database's clock.
     fn position(&self) -> impl Future<Output = Result<Clock<Self::Position>, sqlx::Error>> + Send;

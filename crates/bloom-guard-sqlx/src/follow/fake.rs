@@ -9,7 +9,7 @@ use futures_util::stream::{self, BoxStream, StreamExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{Clock, Database, Follower, LoadError, Read, SnapshotStore, Stored, WakeUps};
+use super::{Clock, Database, Follower, KeySet, LoadError, Read, SnapshotStore, Stored, WakeUps};
 use crate::changes::Changes;
 use crate::column::KeyColumn;
 use crate::error::SourceError;
@@ -123,15 +123,19 @@ impl Database for Fake {
         text.parse().ok()
     }
 
-    async fn key_source(&self) -> Result<(Scan, String), sqlx::Error> {
-        Ok((Scan(self.clone()), "fingerprint".to_owned()))
+    async fn key_source(&self) -> Result<KeySet<Scan>, sqlx::Error> {
+        Ok(KeySet {
+            source: Scan(self.clone()),
+            fingerprint: "fingerprint".to_owned(),
+            trigger_versions: String::new(),
+        })
     }
 
     async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
         Ok(Vec::new())
     }
 
-    async fn has_unsafe_keys(&self) -> Result<bool, sqlx::Error> {
+    async fn has_unsafe_keys(&self, _: &Scan) -> Result<bool, sqlx::Error> {
         Ok(false)
     }
 

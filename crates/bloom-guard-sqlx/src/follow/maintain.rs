@@ -130,8 +130,8 @@ impl<B: Database> Follower<B> {
         tracing::error!(feed = self.backend.feed(), "a watched table was recreated or a feed trigger altered since the last check (disabled and enabled again?): writes may have bypassed the change feed; rebuilding, the guard lets every request through meanwhile");
         let _hold = self.guard.hold_open();
         // Snapshots from before the change are not this guard's any more.
-        if let Ok((_, fingerprint)) = self.backend.key_source().await {
-            self.fleet().fingerprint = Some(fingerprint);
+        if let Ok(keys) = self.backend.key_source().await {
+            self.fleet().fingerprint = Some(keys.fingerprint);
         }
         if self
             .guard
@@ -146,7 +146,7 @@ impl<B: Database> Follower<B> {
 
     /// Holds the guard open if its key type could refuse a key stored in
     /// the watched column(s).
-    pub(super) async fn check_key_type(&self) -> Option<HoldOpen> {
+    pub(super) async fn check_key_type(&self, source: &B::Source) -> Option<HoldOpen> {
         let columns = match self.backend.key_columns().await {
             Ok(columns) => columns,
             Err(error) => {
@@ -164,7 +164,7 @@ impl<B: Database> Follower<B> {
             let checking = self
                 .guard
                 .hold_open_because("checking the stored keys' characters");
-            let unsafe_keys = self.backend.has_unsafe_keys().await;
+            let unsafe_keys = self.backend.has_unsafe_keys(source).await;
             drop(checking);
             if !matches!(unsafe_keys, Ok(false)) {
                 self.hold_for_unsafe_key();

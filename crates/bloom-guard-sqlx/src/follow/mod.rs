@@ -23,7 +23,9 @@ use tracing::Instrument;
 
 pub(crate) use api::follower_api;
 pub use api::Follow;
-pub(crate) use backend::{Clock, Database, LoadError, Read, SnapshotStore, Stored, WakeUps};
+pub(crate) use backend::{
+    Clock, Database, KeySet, LoadError, Read, SnapshotStore, Stored, WakeUps,
+};
 pub(crate) use rebuild::Rebuild;
 
 use crate::changes::Hooks;
@@ -115,7 +117,7 @@ impl<B: Database> Follower<B> {
         if let Some((source, start)) = started {
             // For as long as the follower runs, a key type that does not
             // fit its column keeps the guard open.
-            let _key_type = this.check_key_type().await;
+            let _key_type = this.check_key_type(&source).await;
             // Before the first filter: with a gap, it comes already held open.
             let mut gap = None;
             this.check(&source, &mut gap).await;
@@ -148,17 +150,14 @@ impl<B: Database> Follower<B> {
         let mut pauses = retry_pauses();
         loop {
             let attempt = async {
-                // The trigger check's baseline before the fingerprint that
-                // names them: a change in between leads to a rebuild.
-                let versions = self.backend.trigger_versions().await?;
-                let (source, fingerprint) = self.backend.key_source().await?;
+                let keys = self.backend.key_source().await?;
                 {
                     let mut fleet = self.fleet();
-                    fleet.fingerprint = Some(fingerprint);
-                    fleet.trigger_versions = Some(versions);
+                    fleet.fingerprint = Some(keys.fingerprint);
+                    fleet.trigger_versions = Some(keys.trigger_versions);
                 }
                 let start = self.backend.position().await?;
-                Ok::<_, sqlx::Error>((source, start))
+                Ok::<_, sqlx::Error>((keys.source, start))
             };
             match attempt.await {
                 Ok(started) => return started,

@@ -6,7 +6,7 @@ use bloom_guard::{BloomGuard, BuildError, Stats};
 use tokio::time::Instant;
 
 use super::fleet::publish;
-use super::{Database, SnapshotStore};
+use super::{Database, KeySet, SnapshotStore};
 
 /// The engine of [`FleetRebuild`](crate::FleetRebuild) over one backend.
 #[derive(Debug)]
@@ -49,7 +49,11 @@ impl<B: Database> Rebuild<B> {
         // The request's time first: a rebuild that another instance starts
         // after it serves this request too.
         let requested = backend.position().await.map_err(failed)?;
-        let (source, fingerprint) = backend.key_source().await.map_err(failed)?;
+        let KeySet {
+            source,
+            fingerprint,
+            ..
+        } = backend.key_source().await.map_err(failed)?;
         if !self.snapshots {
             return self.guard.rebuild(&source).await;
         }

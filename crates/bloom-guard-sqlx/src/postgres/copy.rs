@@ -37,6 +37,11 @@ pub struct PgCopySource {
 }
 
 impl PgCopySource {
+    /// The key query.
+    pub(crate) fn query(&self) -> &str {
+        &self.query
+    }
+
     /// A source for `query`, which must select exactly one text column:
     /// the key, in the same form requests carry it.
     pub fn new(pool: PgPool, query: impl Into<String>) -> Self {

@@ -22,7 +22,7 @@ pub use listen::LISTENER_APPLICATION_NAME;
 pub use notifier::NOTIFIER_APPLICATION_NAME;
 
 use crate::column::KeyColumn;
-use crate::follow::{follower_api, Clock, Database, Follower, Read, WakeUps};
+use crate::follow::{follower_api, Clock, Database, Follower, KeySet, Read, WakeUps};
 use crate::snapshot_store::Tables;
 use crate::watch::Watch;
 
@@ -116,22 +116,26 @@ impl Database for PgBackend {
         Some(text.to_owned())
     }
 
-    async fn key_source(&self) -> Result<(PgCopySource, String), sqlx::Error> {
+    async fn key_source(&self) -> Result<KeySet<PgCopySource>, sqlx::Error> {
         let query = self.watch.key_query(&self.pool).await?;
         // A snapshot names the tables and triggers it was built under: one
         // from before a table was recreated or a trigger altered is not
         // adopted.
-        let versions = self.trigger_versions().await.unwrap_or_default();
-        let fingerprint = snapshot::fingerprint(&self.pool, &query, &versions).await?;
-        Ok((PgCopySource::new(self.pool.clone(), query), fingerprint))
+        let trigger_versions = self.trigger_versions().await?;
+        let fingerprint = snapshot::fingerprint(&self.pool, &query, &trigger_versions).await?;
+        Ok(KeySet {
+            source: PgCopySource::new(self.pool.clone(), query),
+            fingerprint,
+            trigger_versions,
+        })
     }
 
     async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
         catalog::key_columns(&self.pool, &self.watch).await
     }
 
-    async fn has_unsafe_keys(&self) -> Result<bool, sqlx::Error> {
-        let query = self.watch.key_query(&self.pool).await?;
+    async fn has_unsafe_keys(&self, source: &PgCopySource) -> Result<bool, sqlx::Error> {
+        let query = source.query();
         sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "select exists (select from ({query}) k(key) where (k.key collate pg_catalog.\"C\") ~ '[^\\t-\\r -~]')"
         )))

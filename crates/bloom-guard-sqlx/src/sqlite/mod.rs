@@ -15,7 +15,7 @@ use sqlx::{Sqlite, SqlitePool};
 use tokio_util::sync::CancellationToken;
 
 use crate::column::KeyColumn;
-use crate::follow::{follower_api, Clock, Database, Follower, Read, WakeUps};
+use crate::follow::{follower_api, Clock, Database, Follower, KeySet, Read, WakeUps};
 use crate::snapshot_store::Tables;
 use crate::watch::Watch;
 use scan::SqliteScan;
@@ -89,18 +89,21 @@ impl Database for SqliteBackend {
         text.parse().ok()
     }
 
-    async fn key_source(&self) -> Result<(SqliteScan, String), sqlx::Error> {
+    async fn key_source(&self) -> Result<KeySet<SqliteScan>, sqlx::Error> {
         let query = self.watch.sqlite_key_query();
-        let fingerprint = snapshot::fingerprint(&query);
-        Ok((SqliteScan::new(self.pool.clone(), query), fingerprint))
+        Ok(KeySet {
+            fingerprint: snapshot::fingerprint(&query),
+            source: SqliteScan::new(self.pool.clone(), query),
+            trigger_versions: String::new(),
+        })
     }
 
     async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
         feed::key_columns(&self.pool, &self.watch).await
     }
 
-    async fn has_unsafe_keys(&self) -> Result<bool, sqlx::Error> {
-        let query = self.watch.sqlite_key_query();
+    async fn has_unsafe_keys(&self, source: &SqliteScan) -> Result<bool, sqlx::Error> {
+        let query = source.query();
         sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "select exists (select 1 from ({query}) k(key) where k.key glob '*[^ -~]*')"
         )))

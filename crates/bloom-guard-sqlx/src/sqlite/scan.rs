@@ -32,6 +32,11 @@ pub(crate) struct SqliteScan {
 }
 
 impl SqliteScan {
+    /// The key query.
+    pub(super) fn query(&self) -> &str {
+        &self.query
+    }
+
     pub(super) fn new(pool: SqlitePool, query: String) -> Self {
         Self {
             count: QuerySource::new(pool.clone(), query.clone()),
