@@ -431,7 +431,10 @@ async fn composite_and_typed_keys_are_canonical_text(pool: PgPool) {
     by_number.install(&pool).await.expect("watch");
     by_id.install(&pool).await.expect("watch");
     let numbers = guard();
-    let ids = guard();
+    // A uuid column: any spelling of a UUID finds its row.
+    let ids = bloom_guard::BloomGuard::builder()
+        .key_type(bloom_guard::KeyType::Uuid)
+        .build();
     let _a = spawn(bloom_guard_sqlx::PgFollower::new(
         numbers.clone(),
         pool.clone(),
@@ -448,6 +451,7 @@ async fn composite_and_typed_keys_are_canonical_text(pool: PgPool) {
     .await;
     assert!(numbers.may_contain("1:73:a:1"));
     assert!(ids.may_contain("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"));
+    assert!(ids.may_contain("{A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11}"));
     exec(
         &pool,
         "insert into orders (tenant, number) values (12, 'b')",
@@ -640,6 +644,15 @@ async fn a_gap_found_at_start_holds_the_first_filter_open(pool: PgPool) {
     })
     .await;
     let stats = guard.stats();
-    assert_eq!(stats.state, GuardState::Degraded, "{stats:?}");
+    // Never ready while it may lack keys: still warming, and saying why.
+    assert_eq!(stats.state, GuardState::Warming, "{stats:?}");
+    assert!(
+        stats
+            .reason
+            .as_deref()
+            .is_some_and(|why| why.contains("bypass")),
+        "{stats:?}"
+    );
+    assert!(!guard.is_ready());
     assert!(guard.may_contain("anything"), "failing open");
 }

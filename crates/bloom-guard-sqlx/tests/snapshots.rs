@@ -310,3 +310,62 @@ async fn an_admin_rebuild_asked_of_two_instances_at_once_scans_once(pool: PgPool
     );
     assert!(holds_all(&a, &["before-the-rebuild"]) && holds_all(&b, &["before-the-rebuild"]));
 }
+
+/// Of 1 000 keys no row holds, how many the guard answers absent.
+fn absent_rejected(guard: &BloomGuard) -> usize {
+    (0..1_000)
+        .filter(|i| !guard.may_contain(format!("never-stored-{i}")))
+        .count()
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn an_instance_started_after_a_bulk_load_protects_from_its_first_filter(pool: PgPool) {
+    install(&pool).await;
+    // The instance that ran the migrations published the empty table.
+    published(&pool).await;
+    // A bulk load in one statement, without ANALYZE.
+    exec(
+        &pool,
+        "insert into items (key) select 'k' || i from generate_series(1, 200000) i",
+    )
+    .await;
+    let before = seq_scans(&pool).await;
+    let guard = guard();
+    let _task = spawn(follower(&guard, &pool));
+    wait_until("ready", Duration::from_secs(30), || guard.is_ready()).await;
+    // The first filter it answers with protects: no saturated snapshot
+    // replayed into, no second scan to size it right.
+    let rejected = absent_rejected(&guard);
+    assert!(rejected >= 990, "{rejected} of 1000 absent keys rejected");
+    let stats = guard.stats();
+    assert_eq!(
+        (stats.generation, stats.origin),
+        (1, Some(FilterOrigin::Scan)),
+        "{stats:?}"
+    );
+    assert!(stats.estimated_fpp <= stats.target_fpp, "{stats:?}");
+    assert!((1..=200_000)
+        .step_by(997)
+        .all(|i| guard.may_contain(format!("k{i}"))));
+    assert_eq!(seq_scans(&pool).await - before, 1, "one scan");
+    assert_eq!(guard.stats().generation, 1, "and no rebuild after it");
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_snapshot_of_an_older_format_leads_to_a_scan(pool: PgPool) {
+    install(&pool).await;
+    seed(&pool, 500).await;
+    published(&pool).await;
+    // As format 1 wrote it: the format in its row and in its bytes.
+    exec(
+        &pool,
+        "update bloom_guard.snapshots set format = 1;
+         update bloom_guard.snapshot_chunks
+            set data = overlay(data placing '\\x01000000'::bytea from 9 for 4)
+          where seq = 0",
+    )
+    .await;
+    refused(&pool, guard()).await;
+}

@@ -214,7 +214,8 @@ async fn a_key_type_stricter_than_its_column_keeps_the_guard_open() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let stats = text.stats();
-    assert_eq!(stats.state, GuardState::Degraded);
+    assert_eq!(stats.state, GuardState::Warming);
+    assert!(!text.is_ready());
     assert!(text.may_contain("edgecase") && text.may_contain("nobody"));
     let error = stats.last_error.unwrap_or_default();
     assert!(error.contains("KeyType::CaseInsensitiveText"), "{error}");
@@ -316,4 +317,66 @@ async fn a_fleet_rebuild_on_one_instance_reaches_the_other() {
     let adopted = guards[1].stats();
     assert_eq!(adopted.origin, Some(bloom_guard::FilterOrigin::Snapshot));
     assert!(guards[1].may_contain("seeded"));
+}
+
+#[tokio::test]
+async fn an_instance_started_after_a_bulk_load_protects_from_its_first_filter() {
+    use bloom_guard::FilterOrigin;
+    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("items.db");
+    let pool = open(&path).await;
+    sqlx::raw_sql("create table items (id integer primary key, key text not null unique)")
+        .execute(&pool)
+        .await
+        .expect("schema");
+    Watch::table("items")
+        .key("key")
+        .install_sqlite(&pool)
+        .await
+        .expect("install");
+    // The instance that ran the migrations published the empty table.
+    let first = BloomGuard::builder().build();
+    let stop = follow(&first, &pool);
+    ready(&first).await;
+    for _ in 0..500 {
+        let published: i64 = sqlx::query_scalar("select count(*) from bloom_guard_snapshots")
+            .fetch_one(&pool)
+            .await
+            .expect("count");
+        if published > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(stop);
+    // A bulk load in one statement.
+    sqlx::raw_sql(
+        "with recursive n(i) as (select 1 union all select i + 1 from n where i < 200000)
+         insert into items (key) select 'k' || i from n",
+    )
+    .execute(&pool)
+    .await
+    .expect("bulk load");
+
+    let guard = BloomGuard::builder().build();
+    let _stop = follow(&guard, &open(&path).await);
+    ready(&guard).await;
+    let rejected = (0..1_000)
+        .filter(|i| !guard.may_contain(format!("never-stored-{i}")))
+        .count();
+    assert!(rejected >= 990, "{rejected} of 1000 absent keys rejected");
+    let stats = guard.stats();
+    assert_eq!(
+        (stats.generation, stats.origin),
+        (1, Some(FilterOrigin::Scan)),
+        "one scan, not the snapshot: {stats:?}"
+    );
+    assert!(stats.estimated_fpp <= stats.target_fpp, "{stats:?}");
+    assert!((1..=200_000)
+        .step_by(997)
+        .all(|i| guard.may_contain(format!("k{i}"))));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(guard.stats().generation, 1, "and no rebuild after it");
+    let _ = std::fs::remove_dir_all(&dir);
 }

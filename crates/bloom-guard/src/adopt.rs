@@ -84,7 +84,7 @@ impl BloomGuard {
     {
         let adoption = self.begin_adoption(snapshot, fingerprint).await?;
         match catch_up.await {
-            Ok(()) => Ok(adoption.promote()),
+            Ok(()) => adoption.promote(),
             Err(error) => Err(AdoptError::CatchUp(Arc::new(error))),
         }
     }
@@ -123,7 +123,7 @@ impl BloomGuard {
     /// let adoption = other.begin_adoption(Snapshot::decode(&bytes)?, "select key from items").await?;
     /// assert_eq!(adoption.info().position, "42");
     /// other.insert("pear"); // replayed from the feed since position 42
-    /// let stats = adoption.promote();
+    /// let stats = adoption.promote()?;
     /// assert_eq!(stats.generation, 1);
     /// assert!(other.may_contain("apple") && other.may_contain("pear"));
     /// # Ok(()) }
@@ -186,24 +186,78 @@ impl Adoption<'_> {
         &self.info
     }
 
+    /// How many more keys the snapshot's filter takes before a rebuild is
+    /// due to make its sub-filters one again (see
+    /// [`Builder::compact_above`](crate::Builder::compact_above)). If the
+    /// change feed since the snapshot holds more, replaying it costs a
+    /// second build: scanning is the better start.
+    ///
+    /// ```
+    /// use bloom_guard::{BloomGuard, KeyList, Snapshot};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let guard = BloomGuard::builder().name("items").expected_items(100).headroom(0.0).build();
+    /// guard.rebuild(&KeyList::new(["apple"])).await?;
+    /// let bytes: Vec<u8> = guard.snapshot("42", "q").expect("complete").chunks(4096).flatten().collect();
+    ///
+    /// let other = BloomGuard::builder().name("items").compact_above(3).build();
+    /// let adoption = other.begin_adoption(Snapshot::decode(&bytes)?, "q").await?;
+    /// // Sub-filters of 100, 200 and 400 keys, one key in.
+    /// assert_eq!(adoption.room(), 699);
+    /// # Ok(()) }
+    /// ```
+    pub fn room(&self) -> u64 {
+        let config = &self.guard.shared.config;
+        self.filter
+            .capacity_within(config.compact_above)
+            .saturating_sub(self.filter.keys())
+    }
+
     /// Puts the snapshot's filter in place of the one in use, and returns
     /// the guard's stats.
-    pub fn promote(mut self) -> Stats {
+    ///
+    /// # Errors
+    ///
+    /// [`AdoptError::Overfull`] if the filter, with what was replayed into
+    /// it, is above its false-positive bound: it is dropped and the filter
+    /// in use stays. A filter grows sub-filters as keys arrive, so this
+    /// takes a snapshot that had already grown past every one it can add.
+    pub fn promote(mut self) -> Result<Stats, AdoptError> {
         let shared = &*self.guard.shared;
-        let generation = self.registration.take().map_or(0, |registration| {
-            registration.promote(FilterOrigin::Snapshot)
-        });
+        let generation = match self.registration.take() {
+            Some(registration) => registration.promote(FilterOrigin::Snapshot),
+            None => Ok(0),
+        };
+        let generation = match generation {
+            Ok(generation) => generation,
+            Err(overfull) => {
+                shared
+                    .metrics
+                    .build_finished("snapshot", self.started.elapsed(), false);
+                tracing::warn!(
+                    guard = shared.config.name,
+                    estimated_fpp = overfull.estimated_fpp,
+                    bound = overfull.bound,
+                    "the adopted filter is above its false-positive bound; not put in use"
+                );
+                return Err(AdoptError::Overfull {
+                    estimated_fpp: overfull.estimated_fpp,
+                    bound: overfull.bound,
+                });
+            }
+        };
         let elapsed = self.started.elapsed();
         shared.metrics.build_finished("snapshot", elapsed, true);
         tracing::info!(
             guard = shared.config.name,
             generation,
             keys = self.filter.keys(),
+            sub_filters = self.filter.stage_count(),
             position = %self.info.position,
             elapsed_ms = elapsed.as_millis() as u64,
             "bloom filter adopted from a snapshot"
         );
-        self.guard.stats()
+        Ok(self.guard.stats())
     }
 }
 

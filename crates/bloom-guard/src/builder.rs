@@ -77,8 +77,8 @@ impl Builder {
     }
 
     /// Extra room for keys inserted after a build, as a fraction of the
-    /// build's count (default 0.25: 25% more keys before the rate passes
-    /// its target).
+    /// build's count (default 0.25: 25% more keys before the filter grows
+    /// a second sub-filter).
     ///
     /// # Panics
     ///
@@ -175,9 +175,11 @@ impl Builder {
         self
     }
 
-    /// Rebuild once the estimated false-positive rate is above `factor`
-    /// times the target (default 2.0), as inserts outgrow the filter. See
-    /// [`BloomGuard::maintain`].
+    /// The bound on the estimated false-positive rate, as a factor of the
+    /// target (default 2.0). A filter above it is never put in use, the
+    /// guard is not [ready](crate::BloomGuard::is_ready) until its filter is
+    /// within it, and a filter in use that passes it (one grown past every
+    /// sub-filter it can add) is rebuilt. See [`BloomGuard::maintain`].
     ///
     /// # Panics
     ///
@@ -189,6 +191,23 @@ impl Builder {
             "rebuild_above must be at least 1, got {factor}"
         );
         self.config.rebuild_above = factor;
+        self
+    }
+
+    /// Rebuild once the filter has grown into more than this many
+    /// sub-filters (default 4), to make them one again: each one costs a
+    /// probe per lookup. A filter grows a sub-filter, twice as large as the
+    /// one before, each time more keys arrive than it was sized for, so
+    /// the default absorbs up to about 15 times the planned keys (an
+    /// estimate 10 times too low) without a rebuild.
+    ///
+    /// # Panics
+    ///
+    /// If `sub_filters` is 0.
+    #[must_use]
+    pub fn compact_above(mut self, sub_filters: usize) -> Self {
+        assert!(sub_filters > 0, "compact_above must be at least 1");
+        self.config.compact_above = sub_filters;
         self
     }
 

@@ -25,6 +25,18 @@ pub enum BuildError {
     /// call again.
     #[error("the rebuild in flight was cancelled")]
     Cancelled,
+    /// The new filter's estimated false-positive rate is above its bound
+    /// ([`Builder::rebuild_above`](crate::Builder::rebuild_above) × the
+    /// target), so it was not put in use.
+    #[error(
+        "the new filter's estimated false-positive rate {estimated_fpp} is above its bound {bound}"
+    )]
+    Overfull {
+        /// The new filter's estimated rate.
+        estimated_fpp: f64,
+        /// The highest rate a filter in use may have.
+        bound: f64,
+    },
 }
 
 /// Why a snapshot was not adopted. The guard keeps the filter it had.
@@ -45,6 +57,16 @@ pub enum AdoptError {
     /// Replaying the changes since the snapshot failed.
     #[error("catching up from the snapshot's position failed")]
     CatchUp(#[source] Arc<dyn StdError + Send + Sync>),
+    /// The snapshot's filter, with the changes replayed into it, has an
+    /// estimated false-positive rate above its bound: it was not put in
+    /// use. Scan instead.
+    #[error("the adopted filter's estimated false-positive rate {estimated_fpp} is above its bound {bound}")]
+    Overfull {
+        /// The filter's estimated rate.
+        estimated_fpp: f64,
+        /// The highest rate a filter in use may have.
+        bound: f64,
+    },
 }
 
 impl BuildError {

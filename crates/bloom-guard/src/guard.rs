@@ -136,9 +136,15 @@ impl BloomGuard {
             .may_contain(&self.shared.config.key_type.canonical_or_same(key))
     }
 
-    /// Whether a filter is in place and the guard answers absent keys.
+    /// Whether the guard has protected: a filter that holds every key
+    /// (no hold, no false negative seen), within its false-positive bound
+    /// ([`Builder::rebuild_above`](crate::Builder::rebuild_above) × the
+    /// target), was in use. Once true it stays true: a later degradation
+    /// fails the guard open and shows in [`Stats::state`] and the metrics,
+    /// for a readiness probe must not take a fleet out of rotation for a
+    /// database blip.
     pub fn is_ready(&self) -> bool {
-        self.shared.has_filter()
+        self.shared.is_ready()
     }
 
     /// Reports a false positive: the guard let a key through and the
@@ -188,13 +194,16 @@ impl BloomGuard {
         self.shared.hold_open();
         HoldOpen {
             shared: Arc::clone(&self.shared),
-            with_reason: false,
+            reason: None,
         }
     }
 
-    /// As [`hold_open`](Self::hold_open), for a problem no rebuild fixes
-    /// (such as a key type that does not compare keys as the database
-    /// does): [`Stats::last_error`] shows `reason` while the hold lives.
+    /// As [`hold_open`](Self::hold_open), saying why: [`Stats::reason`]
+    /// and [`Stats::last_error`] show `reason` while the hold lives (the
+    /// reasons of every such hold, oldest first). For a gap in a change
+    /// feed, or a problem no rebuild fixes, such as a key type that does not
+    /// compare keys as the database does. A guard held open from its start
+    /// does not turn [ready](Self::is_ready) until the hold is dropped.
     ///
     /// # Example
     ///
@@ -214,11 +223,11 @@ impl BloomGuard {
     /// ```
     #[must_use = "the guard fails open only while the hold lives"]
     pub fn hold_open_because(&self, reason: impl Into<String>) -> HoldOpen {
-        self.shared.set_hold_reason(Some(reason.into()));
+        let reason = self.shared.add_hold_reason(reason.into());
         self.shared.hold_open();
         HoldOpen {
             shared: Arc::clone(&self.shared),
-            with_reason: true,
+            reason: Some(reason),
         }
     }
 
@@ -237,13 +246,14 @@ impl BloomGuard {
 #[derive(Debug)]
 pub struct HoldOpen {
     shared: Arc<Shared>,
-    with_reason: bool,
+    /// The id of its reason, if it gave one.
+    reason: Option<u64>,
 }
 
 impl Drop for HoldOpen {
     fn drop(&mut self) {
-        if self.with_reason {
-            self.shared.set_hold_reason(None);
+        if let Some(reason) = self.reason {
+            self.shared.remove_hold_reason(reason);
         }
         self.shared.release_open();
     }

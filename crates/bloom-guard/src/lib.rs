@@ -32,6 +32,7 @@ mod shared;
 mod single_flight;
 mod snapshot;
 mod source;
+mod stage;
 mod stats;
 mod verdict;
 

@@ -65,13 +65,16 @@ pub const DURATION_BUCKETS: &[f64] = &[
 /// | `bloom_guard_skipped_keys` | gauge | keys |
 /// | `bloom_guard_bits` | gauge | bits |
 /// | `bloom_guard_hashes` | gauge | |
+/// | `bloom_guard_sub_filters` | gauge | |
+/// | `bloom_guard_estimated_fpp` | gauge | ratio |
 /// | `bloom_guard_target_fpp` | gauge | ratio |
 /// | `bloom_guard_generation` | gauge | |
 /// | `bloom_guard_ready` | gauge | 1 or 0 |
 /// | `bloom_guard_mode` (label `mode`) | gauge | 1 for the mode in force |
 ///
-/// The filter's estimated false-positive rate follows from three gauges:
-/// `(1 - exp(-hashes * keys / bits)) ^ hashes`.
+/// The filter figures (`keys` to `estimated_fpp`) are set when a filter is
+/// put in place and at every check of [`BloomGuard::maintain`](crate::BloomGuard::maintain)
+/// (or a follower's): a filter grows sub-filters as keys arrive.
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe_metrics() {
@@ -170,6 +173,15 @@ pub fn describe_metrics() {
         "Hash functions per key of the filter in use."
     );
     describe_gauge!(
+        "bloom_guard_sub_filters",
+        Unit::Count,
+        "Sub-filters the filter in use has grown into."
+    );
+    describe_gauge!(
+        "bloom_guard_estimated_fpp",
+        "The false-positive rate of the filter in use, estimated from its fill."
+    );
+    describe_gauge!(
         "bloom_guard_target_fpp",
         "The false-positive rate the filter is sized for."
     );
@@ -227,6 +239,8 @@ pub(crate) struct GuardMetrics {
     skipped_keys: Gauge,
     bits: Gauge,
     hashes: Gauge,
+    sub_filters: Gauge,
+    estimated_fpp: Gauge,
     generation: Gauge,
     ready: Gauge,
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
@@ -240,7 +254,8 @@ pub(crate) struct FilterFigures {
     pub(crate) skipped: u64,
     pub(crate) bits: u64,
     pub(crate) hashes: u32,
-    pub(crate) generation: u64,
+    pub(crate) sub_filters: usize,
+    pub(crate) estimated_fpp: f64,
 }
 
 impl GuardMetrics {
@@ -269,6 +284,8 @@ impl GuardMetrics {
             skipped_keys: gauge!("bloom_guard_skipped_keys", "guard" => guard),
             bits: gauge!("bloom_guard_bits", "guard" => guard),
             hashes: gauge!("bloom_guard_hashes", "guard" => guard),
+            sub_filters: gauge!("bloom_guard_sub_filters", "guard" => guard),
+            estimated_fpp: gauge!("bloom_guard_estimated_fpp", "guard" => guard),
             generation: gauge!("bloom_guard_generation", "guard" => guard),
             ready: gauge!("bloom_guard_ready", "guard" => guard),
             guard,
@@ -300,6 +317,8 @@ impl GuardMetrics {
             skipped_keys: Gauge,
             bits: Gauge,
             hashes: Gauge,
+            sub_filters: Gauge,
+            estimated_fpp: Gauge,
             generation: Gauge,
             ready: Gauge,
             guard,
@@ -328,14 +347,21 @@ impl GuardMetrics {
         self.skipped_keys.set(skipped as f64);
     }
 
-    /// A filter put in place.
-    pub(crate) fn built(&self, filter: &FilterFigures) {
+    /// A filter put in place as `generation`.
+    pub(crate) fn built(&self, filter: &FilterFigures, generation: u64) {
+        self.filter(filter);
+        self.generation.set(generation as f64);
+        self.built_at.set(unix_now());
+    }
+
+    /// The filter in use as it is now.
+    pub(crate) fn filter(&self, filter: &FilterFigures) {
         self.keys(filter.keys, filter.skipped);
         self.capacity.set(filter.capacity as f64);
         self.bits.set(filter.bits as f64);
         self.hashes.set(f64::from(filter.hashes));
-        self.generation.set(filter.generation as f64);
-        self.built_at.set(unix_now());
+        self.sub_filters.set(filter.sub_filters as f64);
+        self.estimated_fpp.set(filter.estimated_fpp);
     }
 
     /// A finished build from `source` (`scan` or `snapshot`).

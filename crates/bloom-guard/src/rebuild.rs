@@ -10,22 +10,24 @@ use tracing::Instrument;
 use crate::error::{error_chain, BuildError};
 use crate::guard::BloomGuard;
 use crate::lock::lock;
-use crate::scan::{scan, Built};
+use crate::scan::scan;
 use crate::single_flight::InFlight;
 use crate::source::KeySource;
 use crate::stats::Stats;
 
 impl BloomGuard {
     /// Loads every key of `source` into a first filter, retrying until it
-    /// succeeds, and returns once the guard is ready.
+    /// succeeds, and returns once the filter is in use.
     ///
     /// The guard fails open meanwhile. A failing source is retried with
     /// jittered exponential backoff from 100 ms up to
     /// [`Builder::max_retry_delay`](crate::Builder::max_retry_delay), each
     /// failure logged once and shown in [`Stats::last_error`]; the state is
     /// `degraded` until an attempt succeeds. Progress (keys, keys/s) is
-    /// logged every few seconds. If the source held far more keys than its
-    /// count hint said, the filter is built once more at the right size.
+    /// logged every few seconds. The filter is sized from the source's
+    /// count hint; if the source holds more keys, the filter grows
+    /// sub-filters for them as the scan reads them: one scan, whatever the
+    /// hint said.
     ///
     /// # Example
     ///
@@ -40,26 +42,18 @@ impl BloomGuard {
     /// # }
     /// ```
     pub async fn warm<S: KeySource>(self, source: S) {
+        self.warm_expecting(source, 0).await;
+    }
+
+    /// Like [`warm`](Self::warm), with the filter sized for at least
+    /// `keys`: for a caller that knows better than the source's count hint
+    /// (a snapshot's key count plus the change feed since it).
+    pub async fn warm_expecting<S: KeySource>(self, source: S, keys: u64) {
         let mut pauses = retry_pauses(self.shared.config.max_retry_delay);
-        loop {
-            match self.build(&source, 0).await {
-                Ok(built) => {
-                    if built.scanned > built.filter.capacity() {
-                        tracing::info!(
-                            keys = built.scanned,
-                            capacity = built.filter.capacity(),
-                            "the source held more keys than its count hint; resizing"
-                        );
-                        let _ = self.build(&source, built.scanned).await;
-                    }
-                    return;
-                }
-                Err(_) => {
-                    let pause = pauses.next().unwrap_or(self.shared.config.max_retry_delay);
-                    tracing::info!(guard = self.name(), retry_in = ?pause, "bloom filter warm-up will retry");
-                    tokio::time::sleep(pause).await;
-                }
-            }
+        while self.build(&source, keys).await.is_err() {
+            let pause = pauses.next().unwrap_or(self.shared.config.max_retry_delay);
+            tracing::info!(guard = self.name(), retry_in = ?pause, "bloom filter warm-up will retry");
+            tokio::time::sleep(pause).await;
         }
     }
 
@@ -190,15 +184,20 @@ impl BloomGuard {
     }
 
     /// Why the filter should be rebuilt now, if it should: a false negative
-    /// was seen (see [`Mode`](crate::Mode)), its estimated
-    /// false-positive rate passed [`Builder::rebuild_above`](crate::Builder::rebuild_above)
-    /// times the target (inserts outgrew it), or the
+    /// was seen (see [`Mode`](crate::Mode)), the
     /// [`Builder::rebuild_interval`](crate::Builder::rebuild_interval) has
-    /// passed since the last build (which purges deleted keys).
+    /// passed since the last build (which purges deleted keys), the filter
+    /// grew into more sub-filters than
+    /// [`Builder::compact_above`](crate::Builder::compact_above), or its
+    /// estimated false-positive rate passed
+    /// [`Builder::rebuild_above`](crate::Builder::rebuild_above) times the
+    /// target. Reads the filter's bits (for the estimate): call it on an
+    /// interval, not per request.
     pub fn rebuild_due(&self) -> Option<&'static str> {
-        let config = &self.shared.config;
-        let last_build = self.shared.last_build()?;
-        if self.shared.suspect() {
+        let shared = &*self.shared;
+        let config = &shared.config;
+        let last_build = shared.last_build()?;
+        if shared.suspect() {
             return Some("a false negative was seen");
         }
         if config
@@ -207,13 +206,16 @@ impl BloomGuard {
         {
             return Some("the rebuild interval passed");
         }
-        if self.shared.estimated_fpp() > config.rebuild_above * config.target_fpp {
-            return Some("the estimated false-positive rate passed its limit");
+        if shared.overfull() {
+            return Some("the estimated false-positive rate passed its bound");
+        }
+        if shared.sub_filters() > config.compact_above {
+            return Some("the filter grew more sub-filters than compact_above");
         }
         None
     }
 
-    async fn build<S: KeySource>(&self, source: &S, floor: u64) -> Result<Built, BuildError> {
+    async fn build<S: KeySource>(&self, source: &S, floor: u64) -> Result<(), BuildError> {
         let shared = &*self.shared;
         let _one_at_a_time = shared.build_lock.lock().await;
         let started = Instant::now();
@@ -330,7 +332,7 @@ pub(crate) mod tests {
     async fn maintain_rebuilds_on_schedule_and_when_outgrown() {
         let guard = BloomGuard::builder()
             .expected_items(100)
-            .headroom(0.0)
+            .headroom(0.1)
             .rebuild_interval(Duration::from_secs(60))
             .check_interval(Duration::from_secs(1))
             .build();
@@ -342,14 +344,64 @@ pub(crate) mod tests {
         tokio::time::sleep(Duration::from_secs(61)).await;
         assert_eq!(guard.stats().generation, 2, "scheduled rebuild");
 
-        for i in 0..1000 {
+        // 2 000 keys into a filter sized for 110: it grows sub-filters of
+        // 220, 440, 880 and 1 760 keys and keeps its rate, until it has more
+        // sub-filters than compact_above (4) allows.
+        for i in 0..2000 {
             guard.insert(format!("new-{i}"));
         }
-        assert!(guard.rebuild_due().is_some());
+        let grown = guard.stats();
+        assert_eq!(grown.sub_filters, 5, "{grown:?}");
+        assert!(grown.estimated_fpp <= grown.target_fpp, "{grown:?}");
+        assert_eq!(
+            guard.rebuild_due(),
+            Some("the filter grew more sub-filters than compact_above")
+        );
         tokio::time::sleep(Duration::from_secs(2)).await;
         let stats = guard.stats();
-        assert_eq!(stats.generation, 3, "rebuild of an outgrown filter");
-        assert!(stats.estimated_fpp < 0.002, "{stats:?}");
+        assert_eq!(stats.generation, 3, "a compaction");
+        assert_eq!(stats.sub_filters, 1, "{stats:?}");
+        assert!(stats.estimated_fpp < stats.target_fpp, "{stats:?}");
+        assert!((0..2000).all(|i| guard.may_contain(format!("new-{i}"))));
+    }
+
+    #[tokio::test]
+    async fn ready_means_protecting_and_stays_ready() {
+        let guard = BloomGuard::builder().build();
+        let hold = guard.hold_open();
+        guard
+            .rebuild(&KeyList::new(["a"]))
+            .await
+            .expect("first build");
+        let stats = guard.stats();
+        assert!(!guard.is_ready(), "a filter that may lack keys");
+        assert_eq!(stats.state, GuardState::Warming);
+        assert!(stats.reason.is_some(), "{stats:?}");
+        assert!(guard.may_contain("absent"), "fails open meanwhile");
+
+        let ready = tokio::spawn({
+            let guard = guard.clone();
+            async move { guard.ready().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!ready.is_finished());
+        drop(hold);
+        ready.await.expect("ready");
+        assert!(guard.is_ready());
+        assert_eq!(
+            (guard.stats().state, guard.stats().reason),
+            (GuardState::Ready, None)
+        );
+        assert!(!guard.may_contain("absent"));
+
+        // After the first ready, a degradation shows in the state only.
+        let hold = guard.hold_open_because("a gap in the feed");
+        let stats = guard.stats();
+        assert_eq!(stats.state, GuardState::Degraded);
+        assert_eq!(stats.reason.as_deref(), Some("a gap in the feed"));
+        assert!(guard.is_ready());
+        guard.ready().await;
+        drop(hold);
     }
 
     /// Fails its first `failures` scans, then yields `keys`.
@@ -567,13 +619,13 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
-    async fn an_undercounted_source_is_built_again_at_its_size() {
+    async fn an_undercounted_source_is_scanned_once() {
         let keys: Vec<String> = (0..20_000).map(|i| i.to_string()).collect();
         struct Undercounted(KeyList);
         impl KeySource for Undercounted {
             type Error = std::convert::Infallible;
             async fn count_hint(&self) -> Result<Option<u64>, Self::Error> {
-                Ok(Some(10))
+                Ok(Some(1_000))
             }
             fn keys(&self) -> BoxStream<'static, Result<KeyBatch, Self::Error>> {
                 self.0.keys()
@@ -582,10 +634,11 @@ pub(crate) mod tests {
         let guard = BloomGuard::builder().expected_items(1).build();
         guard.clone().warm(Undercounted(KeyList::new(&keys))).await;
         let stats = guard.stats();
-        assert_eq!(stats.generation, 2);
-        assert!(
-            stats.capacity >= 20_000 && stats.estimated_fpp < 0.002,
-            "{stats:?}"
-        );
+        assert_eq!(stats.generation, 1, "one scan");
+        // 1 250, 2 500, 5 000, 10 000 and 20 000 keys of room.
+        assert_eq!(stats.sub_filters, 5, "{stats:?}");
+        assert!(stats.estimated_fpp <= stats.target_fpp, "{stats:?}");
+        assert!(keys.iter().all(|key| guard.may_contain(key)));
+        assert!(guard.is_ready());
     }
 }

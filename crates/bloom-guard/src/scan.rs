@@ -8,24 +8,18 @@ use futures_util::StreamExt;
 use crate::error::BuildError;
 use crate::filter::Filter;
 use crate::key::Key;
-use crate::shared::Shared;
+use crate::shared::{Overfull, Shared};
 use crate::source::KeySource;
 use crate::stats::FilterOrigin;
 
 /// Keys checked against a new filter before it is put in use.
 const SAMPLE_SIZE: usize = 256;
 
-/// A filter put in use, and how many keys its scan read.
-pub(crate) struct Built {
-    pub(crate) filter: Arc<Filter>,
-    pub(crate) scanned: u64,
-}
-
 pub(crate) async fn scan<S: KeySource>(
     shared: &Shared,
     source: &S,
     floor: u64,
-) -> Result<Built, BuildError> {
+) -> Result<(), BuildError> {
     let started = Instant::now();
     let hint = source.count_hint().await.map_err(BuildError::source)?;
     let config = &shared.config;
@@ -39,6 +33,8 @@ pub(crate) async fn scan<S: KeySource>(
     let capacity = (wanted as f64 * (1.0 + config.headroom)).ceil() as u64;
     let filter = Arc::new(Filter::new(capacity, config.target_fpp));
     tracing::info!(count_hint = ?hint, capacity, bits = filter.bits(), "bloom filter build started");
+    // More keys than planned grow the filter's sub-filters: one scan,
+    // whatever the hint said.
 
     let registration = Registration::new(shared, Arc::clone(&filter));
     let mut keys = source.keys();
@@ -85,7 +81,12 @@ pub(crate) async fn scan<S: KeySource>(
             checked: sample.len(),
         });
     }
-    let generation = registration.promote(FilterOrigin::Scan);
+    let generation = registration
+        .promote(FilterOrigin::Scan)
+        .map_err(|overfull| BuildError::Overfull {
+            estimated_fpp: overfull.estimated_fpp,
+            bound: overfull.bound,
+        })?;
     let elapsed = started.elapsed();
     tracing::info!(
         generation,
@@ -93,9 +94,10 @@ pub(crate) async fn scan<S: KeySource>(
         elapsed_ms = elapsed.as_millis() as u64,
         keys_per_sec = (scanned as f64 / elapsed.as_secs_f64().max(1e-9)) as u64,
         estimated_fpp = filter.estimated_fpp(),
+        sub_filters = filter.stage_count(),
         "bloom filter ready"
     );
-    Ok(Built { filter, scanned })
+    Ok(())
 }
 
 /// A filter registered for write-through inserts; unregistered on drop
@@ -114,10 +116,18 @@ impl<'a> Registration<'a> {
         }
     }
 
-    pub(crate) fn promote(mut self, origin: FilterOrigin) -> u64 {
+    /// Puts the filter in use, unless it is overfull (then it is
+    /// unregistered).
+    pub(crate) fn promote(mut self, origin: FilterOrigin) -> Result<u64, Overfull> {
         match self.filter.take() {
-            Some(filter) => self.shared.promote(&filter, origin),
-            None => 0,
+            Some(filter) => {
+                let promoted = self.shared.promote(&filter, origin);
+                if promoted.is_err() {
+                    self.shared.filters.unregister(&filter);
+                }
+                promoted
+            }
+            None => Ok(0),
         }
     }
 }

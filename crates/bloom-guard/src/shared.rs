@@ -18,6 +18,26 @@ use crate::mode::Mode;
 use crate::source::KeyBatch;
 use crate::stats::{FeedStatus, FilterOrigin, GuardState, Stats, UncheckedCounts};
 
+/// The figures of `filter`, whose estimated rate is `estimated_fpp`.
+fn figures(filter: &Filter, estimated_fpp: f64) -> FilterFigures {
+    FilterFigures {
+        keys: filter.keys(),
+        capacity: filter.capacity(),
+        skipped: filter.skipped(),
+        bits: filter.bits(),
+        hashes: filter.hashes(),
+        sub_filters: filter.stage_count(),
+        estimated_fpp,
+    }
+}
+
+/// A filter above its false-positive bound, refused.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Overfull {
+    pub(crate) estimated_fpp: f64,
+    pub(crate) bound: f64,
+}
+
 /// False negatives logged with their key; the rest are only counted.
 const LOGGED_FALSE_NEGATIVES: u64 = 10;
 
@@ -50,6 +70,12 @@ pub(crate) struct Shared {
     /// A false negative was seen: the filter in use is not trusted until
     /// the next one is put in place.
     suspect: std::sync::atomic::AtomicBool,
+    /// Whether the guard has protected once: its first filter held every
+    /// key within the rate bound. Never reset (see [`Self::ready`]).
+    protected: std::sync::atomic::AtomicBool,
+    /// The filter in use passed the rate bound (seen by the last
+    /// [`Self::overfull`] check); it still answers, and a rebuild is due.
+    overfull: std::sync::atomic::AtomicBool,
     /// Whether the first unguarded request was logged.
     warned_unguarded: std::sync::atomic::AtomicBool,
     false_positives: Counter,
@@ -57,7 +83,9 @@ pub(crate) struct Shared {
     generations: watch::Sender<u64>,
     last_error: Mutex<Option<String>>,
     /// Why a hold keeps the guard open, if it said.
-    hold_reason: Mutex<Option<String>>,
+    hold_reasons: Mutex<Vec<(u64, String)>>,
+    /// The id of the next hold with a reason.
+    next_hold: AtomicU64,
     /// What the change feed reported last.
     feed: Mutex<Option<(FeedStatus, tokio::time::Instant)>>,
     /// When the filter in use was put in place (tokio's clock, which tests
@@ -101,11 +129,14 @@ impl Shared {
             audited: Counter::default(),
             false_negatives: Counter::default(),
             suspect: std::sync::atomic::AtomicBool::new(false),
+            protected: std::sync::atomic::AtomicBool::new(false),
+            overfull: std::sync::atomic::AtomicBool::new(false),
             warned_unguarded: std::sync::atomic::AtomicBool::new(false),
             false_positives: Counter::default(),
             generations: watch::Sender::new(0),
             last_error: Mutex::new(None),
-            hold_reason: Mutex::new(None),
+            hold_reasons: Mutex::new(Vec::new()),
+            next_hold: AtomicU64::new(0),
             feed: Mutex::new(None),
             last_build: Mutex::new(None),
             build_lock: tokio::sync::Mutex::new(()),
@@ -219,10 +250,57 @@ impl Shared {
         self.suspect.load(Ordering::Acquire)
     }
 
-    /// Waits until a filter is in use.
+    /// Waits until the guard protects: a filter in use that holds every
+    /// key (no hold, no false negative seen) within the rate bound. Once
+    /// it has, it stays ready: a later degradation fails the guard open and
+    /// shows in [`Self::state`], not here.
     pub(crate) async fn ready(&self) {
         let mut generations = self.generations.subscribe();
-        let _ = generations.wait_for(|&generation| generation > 0).await;
+        let _ = generations.wait_for(|_| self.is_ready()).await;
+    }
+
+    pub(crate) fn is_ready(&self) -> bool {
+        self.protected.load(Ordering::Acquire)
+    }
+
+    /// Marks the guard ready if it protects now, and wakes its waiters.
+    fn check_ready(&self) {
+        if self.is_ready() || self.state_now() != GuardState::Ready {
+            return;
+        }
+        if !self.protected.swap(true, Ordering::AcqRel) {
+            tracing::info!(guard = self.config.name, "the guard protects: ready");
+            self.generations.send_modify(|_| {});
+        }
+    }
+
+    /// The highest estimated false-positive rate a filter in use may have.
+    pub(crate) fn fpp_bound(&self) -> f64 {
+        self.config.rebuild_above * self.config.target_fpp
+    }
+
+    /// Whether the filter in use passed the rate bound (reads its bits:
+    /// for the maintenance interval, not for requests); refreshes the
+    /// filter's metrics.
+    pub(crate) fn overfull(&self) -> bool {
+        let Some(filter) = self.filters.current().as_ref().map(Arc::clone) else {
+            return false;
+        };
+        let fpp = filter.estimated_fpp();
+        self.metrics.filter(&figures(&filter, fpp));
+        let overfull = fpp > self.fpp_bound();
+        if overfull != self.overfull.swap(overfull, Ordering::AcqRel) {
+            if overfull {
+                tracing::warn!(
+                    guard = self.config.name,
+                    estimated_fpp = fpp,
+                    bound = self.fpp_bound(),
+                    "the filter passed its false-positive bound; a rebuild is due"
+                );
+            }
+            self.metrics.state(self.state());
+        }
+        overfull
     }
 
     /// Counts a false positive, unless every request passes anyway (no
@@ -239,13 +317,33 @@ impl Shared {
         self.metrics.state(self.state());
     }
 
-    pub(crate) fn set_hold_reason(&self, reason: Option<String>) {
-        *lock(&self.hold_reason) = reason;
+    /// Records why a hold keeps the guard open; its id, to forget it.
+    pub(crate) fn add_hold_reason(&self, reason: String) -> u64 {
+        let id = self.next_hold.fetch_add(1, Ordering::Relaxed);
+        lock(&self.hold_reasons).push((id, reason));
+        id
+    }
+
+    pub(crate) fn remove_hold_reason(&self, id: u64) {
+        lock(&self.hold_reasons).retain(|(held, _)| *held != id);
+    }
+
+    /// The reasons of the holds that gave one, oldest first.
+    fn hold_reason(&self) -> Option<String> {
+        let reasons = lock(&self.hold_reasons);
+        (!reasons.is_empty()).then(|| {
+            reasons
+                .iter()
+                .map(|(_, reason)| reason.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
     }
 
     pub(crate) fn release_open(&self) {
         self.held_open.fetch_sub(1, Ordering::AcqRel);
         self.metrics.state(self.state());
+        self.check_ready();
     }
 
     /// Inserts a key of this instance's write path into the filter in use,
@@ -266,24 +364,33 @@ impl Shared {
         }
     }
 
-    /// Puts a registered filter in use and returns its generation.
-    pub(crate) fn promote(&self, filter: &Arc<Filter>, origin: FilterOrigin) -> u64 {
+    /// Puts a registered filter in use and returns its generation, unless
+    /// its estimated false-positive rate is above the bound: an overfull
+    /// filter is never put in use.
+    pub(crate) fn promote(
+        &self,
+        filter: &Arc<Filter>,
+        origin: FilterOrigin,
+    ) -> Result<u64, Overfull> {
+        let estimated_fpp = filter.estimated_fpp();
+        if estimated_fpp > self.fpp_bound() {
+            return Err(Overfull {
+                estimated_fpp,
+                bound: self.fpp_bound(),
+            });
+        }
         self.filters.promote(filter);
+        self.overfull.store(false, Ordering::Release);
         *lock(&self.last_error) = None;
         *lock(&self.last_build) = Some((tokio::time::Instant::now(), origin));
         self.suspect.store(false, Ordering::Release);
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         self.generations.send_replace(generation);
-        self.metrics.built(&FilterFigures {
-            keys: filter.keys(),
-            capacity: filter.capacity(),
-            skipped: filter.skipped(),
-            bits: filter.bits(),
-            hashes: filter.hashes(),
-            generation,
-        });
+        self.metrics
+            .built(&figures(filter, estimated_fpp), generation);
         self.metrics.state(self.state());
-        generation
+        self.check_ready();
+        Ok(generation)
     }
 
     pub(crate) fn record_failure(&self, error: String) {
@@ -301,11 +408,24 @@ impl Shared {
     }
 
     /// Where the guard is in its life (cheap: no look at the filter's bits).
+    /// Until it has protected once, it is warming (or degraded, if a build
+    /// failed).
     pub(crate) fn state(&self) -> GuardState {
-        let has_filter = self.has_filter();
+        match self.state_now() {
+            GuardState::Ready if self.overfull.load(Ordering::Acquire) => GuardState::Degraded,
+            GuardState::Degraded if !self.is_ready() && lock(&self.last_error).is_none() => {
+                GuardState::Warming
+            }
+            state => state,
+        }
+    }
+
+    /// Whether a filter is in use that holds every key, as far as the
+    /// guard knows without reading its bits.
+    fn state_now(&self) -> GuardState {
         // Without a filter, a recorded failure means the first build failed;
         // with one, only a hold makes the guard let everything through.
-        if !has_filter {
+        if !self.has_filter() {
             if lock(&self.last_error).is_some() {
                 return GuardState::Degraded;
             }
@@ -315,6 +435,31 @@ impl Shared {
             return GuardState::Degraded;
         }
         GuardState::Ready
+    }
+
+    /// Why the guard lets every request through, or answers less well than
+    /// it should; `None` when it protects.
+    fn reason(&self) -> Option<String> {
+        if !self.has_filter() {
+            return Some(match lock(&self.last_error).clone() {
+                Some(error) => format!("the first filter cannot be built: {error}"),
+                None => "building the first filter".to_owned(),
+            });
+        }
+        if self.suspect() {
+            return Some(
+                "a false negative was seen: failing open until the next rebuild".to_owned(),
+            );
+        }
+        if self.held_open.load(Ordering::Acquire) > 0 {
+            return Some(self.hold_reason().unwrap_or_else(|| {
+                "held open: the filter may lack keys until the change feed is read".to_owned()
+            }));
+        }
+        if self.overfull.load(Ordering::Acquire) {
+            return Some("the filter passed its false-positive bound: a rebuild is due".to_owned());
+        }
+        None
     }
 
     pub(crate) fn last_build(&self) -> Option<tokio::time::Instant> {
@@ -330,12 +475,12 @@ impl Shared {
         self.filters.current().as_ref().map(Arc::clone)
     }
 
-    /// The estimated false-positive rate of the filter in use, 0 if none.
-    pub(crate) fn estimated_fpp(&self) -> f64 {
+    /// The sub-filters of the filter in use, 0 if none.
+    pub(crate) fn sub_filters(&self) -> usize {
         self.filters
             .current()
             .as_deref()
-            .map_or(0.0, Filter::estimated_fpp)
+            .map_or(0, Filter::stage_count)
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -343,16 +488,18 @@ impl Shared {
         let filter = current.as_deref();
         let fill = filter.map_or(0.0, Filter::fill);
         let hashes = filter.map_or(0, Filter::hashes);
+        let estimated_fpp = filter.map_or(0.0, Filter::estimated_fpp);
         let rejected = self.rejected.get();
         let false_positives = self.false_positives.get();
         let absent = rejected + false_positives;
         let last_error = lock(&self.last_error)
             .clone()
-            .or_else(|| lock(&self.hold_reason).clone());
+            .or_else(|| self.hold_reason());
         let last_build = *lock(&self.last_build);
         let state = self.state();
         Stats {
             state,
+            reason: self.reason(),
             generation: self.generation.load(Ordering::Acquire),
             keys: filter.map_or(0, Filter::keys),
             capacity: filter.map_or(0, Filter::capacity),
@@ -360,7 +507,8 @@ impl Shared {
             hashes,
             fill,
             target_fpp: self.config.target_fpp,
-            estimated_fpp: fill.powi(hashes as i32),
+            estimated_fpp,
+            sub_filters: filter.map_or(0, |filter| filter.stage_count() as u32),
             observed_fpp: if absent == 0 {
                 0.0
             } else {

@@ -9,13 +9,19 @@ use crate::mode::Mode;
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum GuardState {
-    /// The first filter is being built; every request passes (fail open).
+    /// The guard has not protected yet: the first filter is being built or
+    /// completed (fail open: every request passes). [`Stats::reason`]
+    /// says what it waits for.
     Warming,
-    /// A filter is in place; absent keys are answered by the guard.
+    /// A filter that holds every key, within its false-positive bound, is
+    /// in place; absent keys are answered by the guard.
     Ready,
-    /// Every request passes: the first filter could not be built yet (the
-    /// source fails, the guard retries), or the filter may be missing keys
-    /// for a while (a follower catching up on lost notifications).
+    /// The first filter could not be built yet (the source fails, the
+    /// guard retries), and every request passes; or, after the guard was
+    /// ready, the filter may be missing keys for a while (a follower
+    /// catching up, a gap in the feed) and every request passes, or it
+    /// passed its false-positive bound and a rebuild is due.
+    /// [`Stats::reason`] says which.
     Degraded,
 }
 
@@ -46,21 +52,30 @@ impl fmt::Display for GuardState {
 pub struct Stats {
     /// Where the guard is in its life.
     pub state: GuardState,
+    /// Why the guard lets every request through, or protects less than it
+    /// should (`state` is not `ready`); `None` while it protects.
+    pub reason: Option<String>,
     /// How many filters have been put in place; 0 until the first.
     pub generation: u64,
     /// Distinct keys in the filter (a close, slightly low, count).
     pub keys: u64,
-    /// The number of keys the filter was sized for, headroom included.
+    /// The number of keys the filter's sub-filters are sized for,
+    /// headroom included.
     pub capacity: u64,
+    /// The sub-filters the filter has grown into: 1 after a build, one
+    /// more each time more keys arrive than it was sized for.
+    pub sub_filters: u32,
     /// The filter's size in bits.
     pub bits: u64,
-    /// Hash functions per key.
+    /// Hash functions per key of the first sub-filter.
     pub hashes: u32,
-    /// The share of the filter's bits that are set (0.5 at capacity).
+    /// The share of the filter's bits that are set (about 0.5 at capacity).
     pub fill: f64,
-    /// The false-positive rate the filter is sized for.
+    /// The false-positive rate the filter is sized for: every sub-filter's
+    /// rates together stay below it.
     pub target_fpp: f64,
-    /// The false-positive rate of the filter as it is now, from its fill.
+    /// The false-positive rate of the filter as it is now, from the fill
+    /// of its sub-filters.
     pub estimated_fpp: f64,
     /// The false-positive rate seen: reported false positives over all
     /// lookups of absent keys (rejected or reported). See

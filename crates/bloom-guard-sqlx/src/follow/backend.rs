@@ -129,6 +129,14 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
         since: &Self::Position,
     ) -> impl Future<Output = Result<Read<Self::Position>, sqlx::Error>> + Send;
 
+    /// How many feed rows committed after `since`, counting up to `limit`
+    /// only: a bounded look at what a replay from there would read.
+    fn pending(
+        &self,
+        since: &Self::Position,
+        limit: u64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
     /// Removes the changes every reader has had for `retention`, on one
     /// instance at a time; how many.
     fn prune(&self, retention: Duration) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;

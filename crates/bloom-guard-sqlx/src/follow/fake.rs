@@ -165,6 +165,11 @@ impl Database for Fake {
         })
     }
 
+    async fn pending(&self, since: &usize, limit: u64) -> Result<u64, sqlx::Error> {
+        let state = self.state();
+        Ok((state.feed.len().saturating_sub(*since) as u64).min(limit))
+    }
+
     async fn prune(&self, _: Duration) -> Result<i64, sqlx::Error> {
         Ok(0)
     }

@@ -7,6 +7,7 @@ use std::fmt;
 use bloom_guard::BloomGuard;
 use tokio::time::Instant;
 
+use super::cost::Rates;
 use super::{Clock, Database, Follower, LoadError, Read, SnapshotStore, Stored};
 
 /// What the follower knows of the fleet's snapshots.
@@ -24,6 +25,11 @@ pub(super) struct Fleet<P> {
     pub(super) refused: HashSet<i64>,
     /// The feed triggers' versions at the last check.
     pub(super) trigger_versions: Option<String>,
+    /// Scan and replay rates, measured as they run.
+    pub(super) rates: Rates,
+    /// Keys a first scan should be sized for, when a snapshot said more
+    /// than the source's count hint can (its keys plus the feed since it).
+    pub(super) expected_keys: u64,
 }
 
 impl<P> Default for Fleet<P> {
@@ -34,6 +40,8 @@ impl<P> Default for Fleet<P> {
             scanned_at: None,
             refused: HashSet::new(),
             trigger_versions: None,
+            rates: Rates::default(),
+            expected_keys: 0,
         }
     }
 }
@@ -59,7 +67,7 @@ impl<B: Database> Follower<B> {
         start: Clock<B::Position>,
     ) {
         if !self.snapshots {
-            self.guard.clone().warm(source).await;
+            self.scan_first(source).await;
             self.fleet().scanned_at = Some(start.at);
             return;
         }
@@ -81,7 +89,7 @@ impl<B: Database> Follower<B> {
         // A position taken after the lock: the scan that follows has every
         // key committed before it, so the snapshot's replay starts late.
         let now = self.backend.position().await.ok();
-        self.guard.clone().warm(source).await;
+        self.scan_first(source).await;
         let scanned_at = now.as_ref().map_or(start.at, |now| now.at);
         self.fleet().scanned_at = Some(scanned_at);
         if let Some(now) = now {
@@ -90,8 +98,24 @@ impl<B: Database> Follower<B> {
         drop(build_lock);
     }
 
-    /// Adopts the newest snapshot if `wanted` says so and it was not
-    /// refused before; false if there is none, or it is refused now.
+    /// The first scan, sized from the best figure at hand, and timed.
+    async fn scan_first(&self, source: B::Source) {
+        let expected = self.fleet().expected_keys;
+        let started = Instant::now();
+        self.guard.clone().warm_expecting(source, expected).await;
+        self.scanned(started);
+    }
+
+    /// Records the rate of the scan that started at `started` and just
+    /// put its filter in use.
+    fn scanned(&self, started: Instant) {
+        let keys = self.guard.stats().keys;
+        self.fleet().rates.scanned(keys, started.elapsed());
+    }
+
+    /// Adopts the newest snapshot if `wanted` says so, it was not refused
+    /// before, and completing it from the feed beats a scan; false if
+    /// there is none, or it is refused or not worth it now.
     pub(super) async fn adopt_newest(&self, wanted: impl Fn(&Stored) -> bool) -> bool {
         let Some(fingerprint) = self.fleet().fingerprint.clone() else {
             return false;
@@ -130,8 +154,35 @@ impl<B: Database> Follower<B> {
         let Some(position) = B::parse_position(position) else {
             return self.refuse(&stored, &CatchUpError::Position(position.clone()));
         };
+        // Worth it only if the feed since fits the filter's room and its
+        // replay beats a scan: one bounded count tells.
+        let keys = adoption.info().keys;
+        let worth = self.fleet().rates.replay_limit(keys).min(adoption.room());
+        match self
+            .backend
+            .pending(&position, worth.saturating_add(1))
+            .await
+        {
+            Ok(pending) if pending > worth => {
+                tracing::info!(
+                    snapshot = stored.id,
+                    snapshot_keys = keys,
+                    feed_rows_since = %format_args!("more than {worth}"),
+                    "the change feed since the snapshot is longer than a scan; scanning"
+                );
+                let mut fleet = self.fleet();
+                fleet.expected_keys = fleet.expected_keys.max(keys.saturating_add(pending));
+                return false;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::debug!(%error, "cannot count the feed since the snapshot");
+                return false;
+            }
+        }
         // The adoption's filter takes every insert from here on: replay
         // what committed since the snapshot's position into it.
+        let replay = Instant::now();
         match self.backend.read(&position).await {
             Ok(Read::Pruned) => return self.refuse(&stored, &CatchUpError::Pruned),
             Ok(Read::Changes { changes, .. }) if changes.resync => {
@@ -139,13 +190,16 @@ impl<B: Database> Follower<B> {
             }
             Ok(Read::Changes { changes, .. }) => {
                 self.hooks.apply(&self.guard, self.backend.feed(), &changes);
+                self.fleet().rates.replayed(changes.rows, replay.elapsed());
             }
             Err(error) => {
                 tracing::debug!(%error, "cannot replay the feed since the snapshot");
                 return false;
             }
         }
-        adoption.promote();
+        if let Err(error) = adoption.promote() {
+            return self.refuse(&stored, &error);
+        }
         self.fleet().scanned_at = Some(stored.scanned_at);
         tracing::info!(
             snapshot = stored.id,
@@ -199,12 +253,9 @@ impl<B: Database> Follower<B> {
         if !self.adopt_newer().await {
             tracing::info!(reason, "rebuilding the bloom filter for the fleet");
             if let Ok(now) = self.backend.position().await {
-                if self
-                    .guard
-                    .rebuild_newer_than(source, Instant::now())
-                    .await
-                    .is_ok()
-                {
+                let started = Instant::now();
+                if self.guard.rebuild_newer_than(source, started).await.is_ok() {
+                    self.scanned(started);
                     self.fleet().scanned_at = Some(now.at);
                     self.publish(&now).await;
                 }

@@ -107,7 +107,7 @@ impl<B: Database> Follower<B> {
         let problem = GapError(gaps.join("; "));
         if gap.is_none() {
             tracing::error!(feed, gaps = %problem.0, "writes to a watched table can bypass the change feed; the guard lets every request through until this is repaired (run Watch::install or select bloom_guard.watch(...) again)");
-            *gap = Some(self.guard.hold_open());
+            *gap = Some(self.guard.hold_open_because(problem.to_string()));
         }
         self.guard.report_unavailable(&problem);
     }

@@ -3,6 +3,7 @@
 
 mod api;
 mod backend;
+mod cost;
 mod fleet;
 mod maintain;
 mod reader;

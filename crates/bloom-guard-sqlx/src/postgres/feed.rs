@@ -75,6 +75,32 @@ pub(super) async fn read_since(
     Ok(Read::Changes { position, changes })
 }
 
+/// Counts the rows of feed `name` committed after position `seen`, up to
+/// `limit`: what [`read_since`] would read, without reading it.
+pub(super) async fn pending(
+    pool: &PgPool,
+    name: &str,
+    seen: &str,
+    limit: u64,
+) -> Result<u64, sqlx::Error> {
+    let mut tx = pool.begin_with(READ_COMMITTED).await?;
+    let count: i64 = sqlx::query_scalar(
+        "select count(*) from (
+            select from bloom_guard.changes c
+            where c.guard = $1
+              and c.xid >= pg_catalog.pg_snapshot_xmin($2::pg_snapshot)
+              and not pg_catalog.pg_visible_in_snapshot(c.xid, $2::pg_snapshot)
+            limit $3) as pending",
+    )
+    .bind(name)
+    .bind(seen)
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(count.max(0) as u64)
+}
+
 /// Prunes the rows every reader has had for `retention`; one instance at a
 /// time does the work.
 pub(super) async fn prune(pool: &PgPool, retention: Duration) -> Result<i64, sqlx::Error> {

@@ -151,6 +151,10 @@ impl Database for PgBackend {
         feed::read_since(&self.pool, self.watch.feed_name(), since).await
     }
 
+    async fn pending(&self, since: &String, limit: u64) -> Result<u64, sqlx::Error> {
+        feed::pending(&self.pool, self.watch.feed_name(), since, limit).await
+    }
+
     async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
         feed::prune(&self.pool, retention).await
     }

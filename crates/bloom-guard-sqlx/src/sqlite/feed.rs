@@ -55,6 +55,25 @@ pub(super) async fn read_since(
     })
 }
 
+/// Counts the rows of feed `name` after `position`, up to `limit`.
+pub(super) async fn pending(
+    pool: &SqlitePool,
+    name: &str,
+    position: i64,
+    limit: u64,
+) -> Result<u64, sqlx::Error> {
+    let count: i64 = sqlx::query_scalar(
+        "select count(*) from (
+            select 1 from bloom_guard_changes where guard = ? and id > ? limit ?)",
+    )
+    .bind(name)
+    .bind(position)
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_one(pool)
+    .await?;
+    Ok(count.max(0) as u64)
+}
+
 /// Moves the horizon past the rows older than the retention, then deletes
 /// them; how many.
 pub(super) async fn prune(pool: &SqlitePool, retention: Duration) -> Result<i64, sqlx::Error> {

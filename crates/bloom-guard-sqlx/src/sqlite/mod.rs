@@ -121,6 +121,10 @@ impl Database for SqliteBackend {
         feed::read_since(&self.pool, self.watch.feed_name(), *since).await
     }
 
+    async fn pending(&self, since: &i64, limit: u64) -> Result<u64, sqlx::Error> {
+        feed::pending(&self.pool, self.watch.feed_name(), *since, limit).await
+    }
+
     async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
         feed::prune(&self.pool, retention).await
     }
