@@ -14,6 +14,10 @@
 //! `bloom-load warmup` loads 10M keys with `PgCopySource` and `QuerySource`
 //! and compares keys/s and peak RSS with `psql`'s `\copy` of the same query.
 //!
+//! `bloom-load deploy` starts an instance after a bulk load that followed
+//! a snapshot of the empty table: its time to ready and to protection, and
+//! its full scans.
+//!
 //! `bloom-load writers`, `propagation`, `idle` and `retention` measure the
 //! change feed: what it costs writers (watched table ÷ unwatched twin, 1 to
 //! 32 writers), commit-to-filter latency, the primary's load from idle
@@ -25,6 +29,7 @@
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
 mod chart;
+mod deploy;
 mod load;
 mod services;
 mod warmup;
@@ -91,6 +96,13 @@ enum Command {
         /// Rows in the items table.
         #[arg(long, default_value_t = 10_000_000)]
         keys: u64,
+    },
+    /// A deploy after a bulk load: a new instance's time to ready and to
+    /// protection, and its full scans, after a snapshot of the empty table.
+    Deploy {
+        /// Rows bulk-loaded, one run each.
+        #[arg(long, value_delimiter = ',', default_values_t = [200_000_u64, 5_000_000])]
+        keys: Vec<u64>,
     },
     /// What the change feed costs writers: 1, 8, 32 writers × four kinds
     /// of statement, watched table against its unwatched twin.
@@ -206,6 +218,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         Command::Warmup { keys } => warmup::compare(&cli.database_url, keys, &cli.out).await,
+        Command::Deploy { keys } => deploy::compare(&cli.database_url, &cli.out, &keys).await,
         Command::Writers {
             seconds,
             writers,

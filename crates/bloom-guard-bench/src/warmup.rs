@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use bloom_guard::{BloomGuard, FilterOrigin};
+use bloom_guard::{BloomGuard, FilterOrigin, KeySource};
 use bloom_guard_sqlx::{PgCopySource, PgFollower, QuerySource, Watch};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -20,6 +20,9 @@ const KEY_QUERY: &str = "select key from items";
 pub(crate) enum SourceKind {
     /// `PgCopySource`.
     Copy,
+    /// `PgCopySource` with a count hint ten times too low: the filter
+    /// grows sub-filters during its one scan.
+    Underestimated,
     /// `QuerySource`.
     Query,
     /// A `PgFollower` starting on a database without snapshots: it scans
@@ -48,6 +51,12 @@ pub(crate) struct WarmupResult {
     /// Whether the snapshot's adopter held the key written between starts.
     #[serde(default)]
     found_inserted_between: Option<bool>,
+    #[serde(default)]
+    sub_filters: u32,
+    #[serde(default)]
+    estimated_fpp: f64,
+    #[serde(default)]
+    generation: u64,
 }
 
 /// Warms a guard up in this process and prints the result as JSON.
@@ -62,6 +71,18 @@ pub(crate) async fn one(source: SourceKind, url: &str) -> Result<(), Box<dyn std
     let mut started = Instant::now();
     let stats = match source {
         SourceKind::Copy => guard.rebuild(&PgCopySource::new(pool, KEY_QUERY)).await?,
+        SourceKind::Underestimated => {
+            let source =
+                PgCopySource::new(pool, KEY_QUERY).count_query("select count(*) / 10 from items");
+            // Counted before the clock starts: only the hint is wrong.
+            let hint = source.count_hint().await?;
+            started = Instant::now();
+            guard
+                .clone()
+                .warm_expecting(source, hint.unwrap_or(0))
+                .await;
+            guard.stats()
+        }
         SourceKind::Query => guard.rebuild(&QuerySource::new(pool, KEY_QUERY)).await?,
         SourceKind::Scan | SourceKind::Snapshot => {
             let watch = Watch::table("items").key("key");
@@ -103,6 +124,9 @@ pub(crate) async fn one(source: SourceKind, url: &str) -> Result<(), Box<dyn std
             .map(|origin| FilterOrigin::as_str(origin).to_owned()),
         found_inserted_between: (source == SourceKind::Snapshot)
             .then(|| guard.may_contain(INSERTED_BETWEEN)),
+        sub_filters: stats.sub_filters,
+        estimated_fpp: stats.estimated_fpp,
+        generation: stats.generation,
     };
     println!("{}", serde_json::to_string(&result)?);
     Ok(())
@@ -149,7 +173,7 @@ pub(crate) async fn compare(
 
     let me = std::env::current_exe()?;
     let mut results = Vec::new();
-    for source in ["copy", "query", "scan", "snapshot"] {
+    for source in ["copy", "underestimated", "query", "scan", "snapshot"] {
         if source == "snapshot" {
             let inserted = tokio::process::Command::new("psql")
                 .arg(&db.url)
@@ -190,6 +214,10 @@ pub(crate) async fn compare(
             result.peak_rss_mib,
             result.filter_mib,
             result.peak_rss_mib - result.filter_mib
+        );
+        println!(
+            "  generation {}, {} sub-filters, estimated fpp {:.6}",
+            result.generation, result.sub_filters, result.estimated_fpp
         );
         if let Some(found) = result.found_inserted_between {
             println!(

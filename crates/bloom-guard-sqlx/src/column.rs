@@ -18,6 +18,7 @@ pub(crate) enum Comparison {
     CaseInsensitive,
     /// Text compared without ASCII case only (SQLite's `NOCASE`): other
     /// characters compare as themselves.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     AsciiCaseInsensitive,
     /// Text under a nondeterministic collation that keeps case but ignores
     /// some characters (control characters, under ICU at level 3).

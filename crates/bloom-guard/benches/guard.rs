@@ -1,5 +1,6 @@
 //! The guard's cost per request, against the same inner service without it;
-//! key extraction; filter lookups at 1M and 10M keys.
+//! key extraction; filter lookups at 1M and 10M keys, in one filter and in
+//! filters grown into 2 and 4 sub-filters.
 //!
 //! Run with `cargo bench -p bloom-guard --bench guard`.
 
@@ -20,6 +21,24 @@ use tower::{Layer, Service};
 /// `count` keys, generated batch by batch without holding them all.
 struct Generated {
     count: u64,
+}
+
+/// The same keys behind a count hint that may be wrong.
+struct Hinted {
+    keys: Generated,
+    hint: u64,
+}
+
+impl KeySource for Hinted {
+    type Error = Infallible;
+
+    async fn count_hint(&self) -> Result<Option<u64>, Infallible> {
+        Ok(Some(self.hint))
+    }
+
+    fn keys(&self) -> BoxStream<'static, Result<KeyBatch, Infallible>> {
+        self.keys.keys()
+    }
 }
 
 impl KeySource for Generated {
@@ -191,5 +210,41 @@ fn contains(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, service, extraction, contains);
+/// Lookups in a filter grown into 1, 2 and 4 sub-filters during its scan
+/// (sized for a half and a fifteenth of its keys), each sub-filter twice
+/// the one before: the cost of growth against one filter of the right size.
+fn sub_filters(c: &mut Criterion) {
+    let mut group = c.benchmark_group("sub_filters");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    for keys in [1_000_000_u64, 10_000_000] {
+        let present: Vec<String> = (0..4096)
+            .map(|i| format!("item-{:08}", (i * 7919) % keys))
+            .collect();
+        let absent: Vec<String> = (0..4096).map(|i| format!("absent-{i:08}")).collect();
+        for stages in [1_u32, 2, 4] {
+            let planned = keys / (2_u64.pow(stages) - 1);
+            let guard = BloomGuard::builder()
+                .expected_items(1)
+                .headroom(0.0)
+                .build();
+            let source = Hinted {
+                keys: Generated { count: keys },
+                hint: planned,
+            };
+            let stats = runtime.block_on(guard.rebuild(&source)).expect("build");
+            assert_eq!(stats.sub_filters, stages, "{stats:?}");
+            for (name, sample) in [("present", &present), ("absent", &absent)] {
+                let mut next = sample.iter().cycle();
+                group.bench_function(format!("{keys}/{stages}/{name}"), |b| {
+                    b.iter(|| black_box(guard.may_contain(next.next().map_or("", String::as_str))));
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, service, extraction, contains, sub_filters);
 criterion_main!(benches);

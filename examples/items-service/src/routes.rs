@@ -206,10 +206,14 @@ async fn readyz(State(state): State<AppState>) -> Response {
     match waiting {
         None => (StatusCode::OK, Json(json!({ "status": "ready" }))).into_response(),
         Some(guard) => {
-            let status = guard.stats().state.as_str();
+            let stats = guard.stats();
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({ "status": status })),
+                Json(json!({
+                    "status": stats.state.as_str(),
+                    "guard": guard.name(),
+                    "reason": stats.reason,
+                })),
             )
                 .into_response()
         }

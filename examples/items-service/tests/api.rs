@@ -357,7 +357,10 @@ async fn readyz_is_503_until_the_guard_is_warm() {
     let warming = get(&app, "/readyz").await;
     assert_eq!(
         (warming.status, warming.body.as_str()),
-        (StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"warming"}"#)
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"guard":"items","reason":"building the first filter","status":"warming"}"#
+        )
     );
     // Fail open meanwhile: an existing key is served.
     assert_eq!(get(&app, "/items/apple").await.status, StatusCode::OK);

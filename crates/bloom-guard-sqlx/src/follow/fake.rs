@@ -337,6 +337,35 @@ async fn a_published_snapshot_is_adopted_instead_of_a_scan() {
 }
 
 #[tokio::test]
+async fn a_snapshot_with_a_feed_longer_than_a_scan_is_not_replayed() {
+    let fake = Fake::new();
+    fake.commit("a");
+    let first = run(&fake, true);
+    until("ready", || first.guard.is_ready()).await;
+    drop(first);
+    // A bulk load after the snapshot: more feed rows than a replay is
+    // worth (a scan of 50 001 keys beats replaying 50 000 rows).
+    {
+        let mut state = fake.state();
+        for i in 0..50_000 {
+            let key = format!("bulk-{i}");
+            state.table.insert(key.clone());
+            state.feed.push(key);
+        }
+    }
+    let second = run(&fake, true);
+    until("ready", || second.guard.is_ready()).await;
+    let stats = second.guard.stats();
+    assert_eq!(
+        stats.origin,
+        Some(bloom_guard::FilterOrigin::Scan),
+        "{stats:?}"
+    );
+    assert_eq!((fake.state().scans, stats.generation), (2, 1));
+    assert!(second.guard.may_contain("bulk-49999") && !second.guard.may_contain("never"));
+}
+
+#[tokio::test]
 async fn a_reader_behind_the_horizon_rebuilds() {
     let fake = Fake::new();
     fake.commit("a");
