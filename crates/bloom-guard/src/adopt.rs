@@ -213,6 +213,14 @@ impl Adoption<'_> {
             .saturating_sub(self.filter.keys())
     }
 
+    /// Drops the adoption, keeping the filter in use, without counting it
+    /// as a failed build: for a caller that chose to scan instead (see
+    /// [`room`](Self::room)).
+    pub fn abandon(mut self) {
+        // The registration's drop unregisters the filter.
+        self.registration.take();
+    }
+
     /// Puts the snapshot's filter in place of the one in use, and returns
     /// the guard's stats.
     ///

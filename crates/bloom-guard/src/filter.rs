@@ -25,6 +25,9 @@ pub(crate) const TIGHTENING: f64 = 0.5;
 /// The most sub-filters a filter has: 2^32 times the first one's keys.
 /// Past that, the newest one fills up and the estimated rate says so.
 pub(crate) const MAX_STAGES: usize = 32;
+/// The lowest rate a sub-filter is sized for (fastbloom needs a positive
+/// one); a filter whose next sub-filter would need less grows no more.
+pub(crate) const MIN_FPP: f64 = 1e-15;
 
 /// A lock-free, growing Bloom filter.
 ///
@@ -60,11 +63,19 @@ impl Filter {
     }
 
     /// A filter restored from its parts (a snapshot's), which must hold
-    /// between one and [`MAX_STAGES`] stages.
+    /// between one and [`MAX_STAGES`] stages (the snapshot reader checks).
+    /// Each stage counts at least the keys its bits imply: keys inserted
+    /// while the snapshot was written are in its bits, not in its counts,
+    /// and a replay would not count them again.
     pub(crate) fn from_parts(parts: FilterParts) -> Self {
+        debug_assert!((1..=MAX_STAGES).contains(&parts.stages.len()));
         let filter = Self::empty(parts.seed, parts.skipped);
         for (slot, stage) in filter.stages.iter().zip(parts.stages) {
-            slot.get_or_init(|| Stage::from_parts(stage, parts.seed));
+            slot.get_or_init(|| {
+                let stage = Stage::from_parts(stage, parts.seed);
+                stage.count_at_least(stage.estimated_keys());
+                stage
+            });
         }
         filter
     }
@@ -149,12 +160,13 @@ impl Filter {
     #[cold]
     fn grow(&self, index: usize) -> &Stage {
         let full = self.stages[index].get_or_init(|| Stage::new(1, 0.5, self.seed));
-        let Some(slot) = self.stages.get(index + 1) else {
+        let fpp = full.fpp() * TIGHTENING;
+        let (Some(slot), true) = (self.stages.get(index + 1), fpp >= MIN_FPP) else {
             return full;
         };
         slot.get_or_init(|| {
             let capacity = full.capacity().saturating_mul(GROWTH);
-            let stage = Stage::new(capacity, full.fpp() * TIGHTENING, self.seed);
+            let stage = Stage::new(capacity, fpp, self.seed);
             tracing::debug!(
                 stage = index + 1,
                 capacity,
@@ -165,9 +177,10 @@ impl Filter {
         })
     }
 
-    /// Distinct keys (a close, slightly low, count).
+    /// Distinct keys (a close count).
     pub(crate) fn keys(&self) -> u64 {
-        self.stages().map(Stage::keys).sum()
+        self.stages()
+            .fold(0, |sum, stage| sum.saturating_add(stage.keys()))
     }
 
     /// Keys left out because no request can name them.
@@ -177,7 +190,8 @@ impl Filter {
 
     /// The keys its sub-filters are sized for, together.
     pub(crate) fn capacity(&self) -> u64 {
-        self.stages().map(Stage::capacity).sum()
+        self.stages()
+            .fold(0, |sum, stage| sum.saturating_add(stage.capacity()))
     }
 
     pub(crate) fn bits(&self) -> u64 {
@@ -363,17 +377,17 @@ mod tests {
     #[test]
     fn grown_ten_times_past_its_capacity_it_keeps_the_target_rate() {
         let target = 0.01;
-        let by_insert = Filter::new(1_000, target);
-        let by_batch = Filter::new(1_000, target);
-        let keys: Vec<String> = (0..10_000).map(key).collect();
+        let by_insert = Filter::new(10_000, target);
+        let by_batch = Filter::new(10_000, target);
+        let keys: Vec<String> = (0..100_000).map(key).collect();
         for k in &keys {
             by_insert.insert(&Key::from(k));
         }
-        for chunk in keys.chunks(700) {
+        for chunk in keys.chunks(7_000) {
             by_batch.insert_batch(&chunk.iter().collect(), &mut Vec::new());
         }
         for filter in [&by_insert, &by_batch] {
-            // 1 000 + 2 000 + 4 000 + 8 000 keys of room.
+            // 10 000 + 20 000 + 40 000 + 80 000 keys of room.
             assert_eq!(filter.stage_count(), 4, "{filter:?}");
             assert!(keys.iter().all(|k| filter.contains(&Key::from(k))));
             assert!(
@@ -383,7 +397,7 @@ mod tests {
             );
             let observed = observed_fpp(filter, 100_000);
             assert!(observed <= target, "{observed}");
-            assert!(filter.keys() > 9_900 && filter.capacity() == 15_000);
+            assert!(filter.keys() > 99_000 && filter.capacity() == 150_000);
         }
     }
 

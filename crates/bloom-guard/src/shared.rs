@@ -1,7 +1,7 @@
 //! The state every clone of a guard shares: the filter in use, the filters
 //! being built, and the counters.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -66,18 +66,18 @@ pub(crate) struct Shared {
     audited: Counter,
     false_negatives: Counter,
     /// The mode, as `Mode::to_u8`.
-    mode: std::sync::atomic::AtomicU8,
+    mode: AtomicU8,
     /// A false negative was seen: the filter in use is not trusted until
     /// the next one is put in place.
-    suspect: std::sync::atomic::AtomicBool,
+    suspect: AtomicBool,
     /// Whether the guard has protected once: its first filter held every
     /// key within the rate bound. Never reset (see [`Self::ready`]).
-    protected: std::sync::atomic::AtomicBool,
+    protected: AtomicBool,
     /// The filter in use passed the rate bound (seen by the last
     /// [`Self::overfull`] check); it still answers, and a rebuild is due.
-    overfull: std::sync::atomic::AtomicBool,
+    overfull: AtomicBool,
     /// Whether the first unguarded request was logged.
-    warned_unguarded: std::sync::atomic::AtomicBool,
+    warned_unguarded: AtomicBool,
     false_positives: Counter,
     /// The generation in use, for [`ready`](Self::ready) to wait on.
     generations: watch::Sender<u64>,
@@ -116,7 +116,7 @@ impl Shared {
         Self {
             filters: FilterSet::new(config.write_window),
             metrics: GuardMetrics::new(config.name, config.target_fpp, config.mode),
-            mode: std::sync::atomic::AtomicU8::new(config.mode.to_u8()),
+            mode: AtomicU8::new(config.mode.to_u8()),
             config,
             held_open: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
@@ -128,10 +128,10 @@ impl Shared {
             shadow_would_reject: Counter::default(),
             audited: Counter::default(),
             false_negatives: Counter::default(),
-            suspect: std::sync::atomic::AtomicBool::new(false),
-            protected: std::sync::atomic::AtomicBool::new(false),
-            overfull: std::sync::atomic::AtomicBool::new(false),
-            warned_unguarded: std::sync::atomic::AtomicBool::new(false),
+            suspect: AtomicBool::new(false),
+            protected: AtomicBool::new(false),
+            overfull: AtomicBool::new(false),
+            warned_unguarded: AtomicBool::new(false),
             false_positives: Counter::default(),
             generations: watch::Sender::new(0),
             last_error: Mutex::new(None),
@@ -265,7 +265,10 @@ impl Shared {
 
     /// Marks the guard ready if it protects now, and wakes its waiters.
     fn check_ready(&self) {
-        if self.is_ready() || self.state_now() != GuardState::Ready {
+        if self.is_ready()
+            || self.state_now() != GuardState::Ready
+            || self.overfull.load(Ordering::Acquire)
+        {
             return;
         }
         if !self.protected.swap(true, Ordering::AcqRel) {
@@ -408,14 +411,13 @@ impl Shared {
     }
 
     /// Where the guard is in its life (cheap: no look at the filter's bits).
-    /// Until it has protected once, it is warming (or degraded, if a build
-    /// failed).
+    /// Until it has protected once, it is warming (degraded while no filter
+    /// could be built).
     pub(crate) fn state(&self) -> GuardState {
         match self.state_now() {
             GuardState::Ready if self.overfull.load(Ordering::Acquire) => GuardState::Degraded,
-            GuardState::Degraded if !self.is_ready() && lock(&self.last_error).is_none() => {
-                GuardState::Warming
-            }
+            // A filter in use that does not protect yet: still warming.
+            GuardState::Degraded if !self.is_ready() && self.has_filter() => GuardState::Warming,
             state => state,
         }
     }

@@ -13,8 +13,9 @@ pub(crate) struct Stage {
     capacity: u64,
     /// The false-positive rate it is sized for at `capacity` keys.
     fpp: f64,
-    /// Keys whose insertion set at least one new bit: a close, slightly low,
-    /// count of distinct keys.
+    /// Keys whose insertion set at least one new bit: a close count of
+    /// distinct keys (low by the keys whose bits were all set already, high
+    /// by a key two threads inserted at once).
     keys: AtomicU64,
 }
 
@@ -83,6 +84,11 @@ impl Stage {
 
     pub(crate) fn keys(&self) -> u64 {
         self.keys.load(Ordering::Relaxed)
+    }
+
+    /// Raises the key count to at least `keys`.
+    pub(crate) fn count_at_least(&self, keys: u64) {
+        self.keys.fetch_max(keys, Ordering::Relaxed);
     }
 
     pub(crate) fn capacity(&self) -> u64 {

@@ -170,6 +170,7 @@ impl<B: Database> Follower<B> {
                     feed_rows_since = %format_args!("more than {worth}"),
                     "the change feed since the snapshot is longer than a scan; scanning"
                 );
+                adoption.abandon();
                 let mut fleet = self.fleet();
                 fleet.expected_keys = fleet.expected_keys.max(keys.saturating_add(pending));
                 return false;

@@ -31,9 +31,9 @@ impl<B: Database> Follower<B> {
                         pauses = retry_pauses();
                     }
                     total += changes.rows;
-                    // The keys first, then the position: a snapshot
-                    // published at the position holds every key before it.
-                    self.hooks.apply(&self.guard, feed, &changes);
+                    // A key the key type cannot compare holds the guard
+                    // open before it is in the filter: the guard never
+                    // turns ready on a filter with it.
                     if self.ascii_only.load(std::sync::atomic::Ordering::Acquire)
                         && changes
                             .added
@@ -42,6 +42,9 @@ impl<B: Database> Follower<B> {
                     {
                         self.hold_for_unsafe_key();
                     }
+                    // The keys first, then the position: a snapshot
+                    // published at the position holds every key before it.
+                    self.hooks.apply(&self.guard, feed, &changes);
                     position = reached;
                     self.fleet().position = Some(position.clone());
                     if changes.resync {

@@ -12,14 +12,14 @@
 //! | 8 | skipped keys |
 //! | 4 | sub-filters, `n` |
 //! | 36 × `n` | per sub-filter: hash functions (4), false-positive rate (8, `f64` bits), capacity, keys, 64-bit words of bits (8 each) |
-//! | 2 + text, three times | guard name, key-query fingerprint, feed position |
+//! | 4 + text, three times | guard name, key-query fingerprint, feed position (each at most [`MAX_TEXT`] bytes) |
 //! | 8 × words | the bits, sub-filter after sub-filter |
 //! | 32 | SHA-256 of everything before |
 //!
 //! Every field that steers a replay (the position among them) is inside
 //! the checksum.
 
-use crate::filter::MAX_STAGES;
+use crate::filter::{MAX_STAGES, MIN_FPP};
 use crate::key_type::KeyType;
 use crate::stage::StageParts;
 
@@ -39,7 +39,11 @@ const STAGE_LEN: usize = 4 + 8 * 4;
 pub(super) const CHECKSUM_LEN: usize = 32;
 /// The longest header any snapshot has.
 pub(super) const MAX_HEADER_LEN: usize =
-    FIXED_HEADER_LEN + STAGE_LEN * MAX_STAGES + 3 * (2 + u16::MAX as usize);
+    FIXED_HEADER_LEN + STAGE_LEN * MAX_STAGES + 3 * (4 + MAX_TEXT);
+/// The longest name, fingerprint or position a snapshot holds: a snapshot
+/// with a longer one is refused when read, never cut short (a cut position
+/// would replay from the wrong place).
+pub(super) const MAX_TEXT: usize = 1 << 20;
 
 /// A sub-filter as the header describes it.
 #[derive(Debug, Clone, Copy)]
@@ -89,14 +93,10 @@ impl Header {
         }
         let info = &self.info;
         for text in [&info.guard, &info.fingerprint, &info.position] {
-            // Names, fingerprints and positions are short; longer text is
-            // cut at a character boundary rather than refused.
-            let mut end = text.len().min(usize::from(u16::MAX));
-            while !text.is_char_boundary(end) {
-                end -= 1;
-            }
-            header.extend_from_slice(&(end as u16).to_le_bytes());
-            header.extend_from_slice(&text.as_bytes()[..end]);
+            // Whole, however long: the reader refuses what is too long.
+            let len = u32::try_from(text.len()).unwrap_or(u32::MAX);
+            header.extend_from_slice(&len.to_le_bytes());
+            header.extend_from_slice(text.as_bytes());
         }
         let mut head = Vec::with_capacity(PREFIX_LEN + header.len());
         head.extend_from_slice(MAGIC);
@@ -138,8 +138,12 @@ impl Header {
             if stage.hashes == 0 || stage.hashes > 64 {
                 return Err(SnapshotError::Field("hashes"));
             }
-            if !(stage.fpp > 0.0 && stage.fpp < 1.0) {
+            if !(MIN_FPP..1.0).contains(&stage.fpp) {
                 return Err(SnapshotError::Field("rate"));
+            }
+            // No sub-filter holds more keys than it has bits.
+            if stage.capacity == 0 || stage.capacity > stage.words.saturating_mul(64) {
+                return Err(SnapshotError::Field("capacity"));
             }
             stages.push(stage);
         }
@@ -150,14 +154,21 @@ impl Header {
             return Err(SnapshotError::Field("header length"));
         }
         let words = total_words(&stages).ok_or(SnapshotError::Field("words"))?;
+        let sum = |field: fn(&StageHead) -> u64, name| {
+            stages
+                .iter()
+                .try_fold(0_u64, |sum, stage| sum.checked_add(field(stage)))
+                .ok_or(SnapshotError::Field(name))
+        };
+        let (keys, capacity) = (sum(|s| s.keys, "keys")?, sum(|s| s.capacity, "capacity")?);
         Ok(Self {
             info: SnapshotInfo {
                 guard,
                 key_type,
                 fingerprint,
                 position,
-                keys: stages.iter().map(|stage| stage.keys).sum(),
-                capacity: stages.iter().map(|stage| stage.capacity).sum(),
+                keys,
+                capacity,
                 sub_filters: count as u32,
                 bits: words.saturating_mul(64),
                 len: 0,
@@ -222,8 +233,10 @@ fn u64_of(bytes: &mut &[u8], field: &'static str) -> Result<u64, SnapshotError> 
 }
 
 fn text(bytes: &mut &[u8], field: &'static str) -> Result<String, SnapshotError> {
-    let len = take(bytes, 2, field)?;
-    let len = usize::from(u16::from_le_bytes([len[0], len[1]]));
+    let len = u32_of(bytes, field)? as usize;
+    if len > MAX_TEXT {
+        return Err(SnapshotError::Field(field));
+    }
     let raw = take(bytes, len, field)?;
     String::from_utf8(raw.to_vec()).map_err(|_| SnapshotError::Field(field))
 }
