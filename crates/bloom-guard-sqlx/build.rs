@@ -1,10 +1,25 @@
 //! Tests that need Postgres run when `DATABASE_URL` is set at build time and
-//! show as ignored, with the reason, when it is not.
+//! show as ignored, with the reason, when it is not. Tests that start a
+//! Postgres server of their own (a publisher for logical replication) also
+//! need its binaries: in `PG_BIN`, by default `/usr/lib/postgresql/15/bin`.
+
+use std::path::PathBuf;
+
+const DEFAULT_PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(database)");
+    println!("cargo::rustc-check-cfg=cfg(pg_server)");
     println!("cargo::rerun-if-env-changed=DATABASE_URL");
+    println!("cargo::rerun-if-env-changed=PG_BIN");
     if std::env::var_os("DATABASE_URL").is_some_and(|url| !url.is_empty()) {
         println!("cargo::rustc-cfg=database");
+    }
+    let bin =
+        std::env::var_os("PG_BIN").map_or_else(|| PathBuf::from(DEFAULT_PG_BIN), PathBuf::from);
+    println!("cargo::rerun-if-changed={}", bin.display());
+    if bin.join("initdb").is_file() && bin.join("postgres").is_file() {
+        println!("cargo::rustc-cfg=pg_server");
+        println!("cargo::rustc-env=BLOOM_GUARD_PG_BIN={}", bin.display());
     }
 }

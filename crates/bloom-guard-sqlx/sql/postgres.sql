@@ -1,4 +1,4 @@
--- bloom-guard's change feed and filter snapshots for Postgres, schema version 3.
+-- bloom-guard's change feed and filter snapshots for Postgres, schema version 4.
 --
 -- Idempotent: installing twice is a no-op, and every statement can run over
 -- an earlier install of this version. `bloom_guard_sqlx::install` runs it in
@@ -25,21 +25,32 @@ comment on schema bloom_guard is
 --
 -- Version 2 had one plain table: it becomes slot 0, rows and all, so no
 -- change is lost across the upgrade (writers wait for it, none fails).
-do $upgrade$
+--
+-- An upgrade from any earlier version first locks the watched tables, then
+-- the feed, in the order a writer takes them (its table, then the feed from
+-- its trigger): writers wait for the upgrade instead of deadlocking with it.
+do $lock$
 declare
     rel regclass;
+begin
+    -- Nested: the inner test is planned only once the table is known.
+    if pg_catalog.to_regclass('bloom_guard.schema_version') is not null then
+        if exists (select from bloom_guard.schema_version where version < 4) then
+            for rel in select bloom_guard.family(w.rel) from bloom_guard.watched w order by 1 loop
+                execute pg_catalog.format('lock table %s in access exclusive mode', rel);
+            end loop;
+            lock table bloom_guard.changes in access exclusive mode;
+        end if;
+    end if;
+end
+$lock$;
+
+do $upgrade$
 begin
     if exists (
         select from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
         where n.nspname = 'bloom_guard' and c.relname = 'changes' and c.relkind = 'r'
     ) then
-        -- The watched tables first, then the feed, in the order a writer
-        -- takes them (its table, then the feed from its trigger): writers
-        -- wait for the upgrade instead of deadlocking with it.
-        for rel in select bloom_guard.family(w.rel) from bloom_guard.watched w order by 1 loop
-            execute pg_catalog.format('lock table %s in access exclusive mode', rel);
-        end loop;
-        lock table bloom_guard.changes in access exclusive mode;
         alter table bloom_guard.changes rename to changes_0;
         alter index if exists bloom_guard.changes_xid rename to changes_0_xid;
         alter table bloom_guard.changes_0 add column part smallint not null default 0;
@@ -279,6 +290,29 @@ begin
              select %1$L, ''d'', k, %2$s from (select k from o where k is not null except select k from n) removed;
              return null;
          end', guard, slot, bloom_guard.key_expression(key_columns, 'n'), bloom_guard.key_expression(key_columns, 'o')));
+    -- Row by row, for the replica role only: logical replication's apply
+    -- worker fires row triggers and never statement triggers. No operator
+    -- but pg_catalog's, named as such.
+    execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'row'), pg_catalog.format(
+        'declare
+             n alias for new;
+             o alias for old;
+         begin
+             if tg_op operator(pg_catalog.=) ''INSERT'' then
+                 insert into bloom_guard.changes (guard, kind, key, part)
+                 select %1$L, ''i'', k, %2$s from (select %3$s as k) x where k is not null;
+             elsif tg_op operator(pg_catalog.=) ''DELETE'' then
+                 insert into bloom_guard.changes (guard, kind, key, part)
+                 select %1$L, ''d'', k, %2$s from (select %4$s as k) x where k is not null;
+             else
+                 insert into bloom_guard.changes (guard, kind, key, part)
+                 select %1$L, ''i'', k, %2$s from (select %3$s as k except select %4$s) added where k is not null
+                 union all
+                 select %1$L, ''d'', k, %2$s from (select %4$s as k except select %3$s) removed where k is not null;
+             end if;
+             return null;
+         end', guard, slot, bloom_guard.key_expression(key_columns, 'n'), bloom_guard.key_expression(key_columns, 'o')));
+    execute pg_catalog.format('revoke all on function bloom_guard.%I() from public', bloom_guard.record_function(guard, key_columns, 'row'));
     execute pg_catalog.format('revoke all on function bloom_guard.%I() from public', bloom_guard.record_function(guard, key_columns, 'inserted'));
     execute pg_catalog.format('revoke all on function bloom_guard.%I() from public', bloom_guard.record_function(guard, key_columns, 'deleted'));
     execute pg_catalog.format('revoke all on function bloom_guard.%I() from public', bloom_guard.record_function(guard, key_columns, 'updated'));
@@ -286,8 +320,10 @@ end
 $$;
 
 -- Puts `guard`'s triggers on `target` and its children and partitions,
--- ENABLE ALWAYS so they fire for replication apply and
--- `session_replication_role = replica` sessions too, replacing any there.
+-- replacing any there: statement triggers ENABLE ALWAYS, so they fire in
+-- `session_replication_role = replica` sessions too, and a row trigger
+-- ENABLE REPLICA, which only logical replication's apply worker (and
+-- replica sessions) fire: the apply worker fires no statement trigger.
 create or replace function bloom_guard.create_triggers(target regclass, key_columns text[], guard text)
 returns void
 language plpgsql
@@ -299,9 +335,14 @@ declare
 begin
     perform bloom_guard.create_record_functions(guard, key_columns);
     for rel in select bloom_guard.family(target) loop
-        foreach event in array array['inserted', 'updated', 'deleted', 'truncated'] loop
+        foreach event in array array['inserted', 'updated', 'deleted', 'truncated', 'replica'] loop
             execute pg_catalog.format('drop trigger if exists %I on %s', bloom_guard.trigger_name(guard, event), rel);
         end loop;
+        execute pg_catalog.format(
+            'create trigger %I after insert or update or delete on %s
+             for each row execute function bloom_guard.%I()',
+            bloom_guard.trigger_name(guard, 'replica'), rel, bloom_guard.record_function(guard, key_columns, 'row'));
+        execute pg_catalog.format('alter table %s enable replica trigger %I', rel, bloom_guard.trigger_name(guard, 'replica'));
         execute pg_catalog.format(
             'create trigger %I after insert on %s referencing new table as new_rows
              for each statement execute function bloom_guard.%I()',
@@ -383,7 +424,7 @@ declare
     unwatched text[];
 begin
     for rel in select bloom_guard.family(target) loop
-        foreach event in array array['inserted', 'updated', 'deleted', 'truncated'] loop
+        foreach event in array array['inserted', 'updated', 'deleted', 'truncated', 'replica'] loop
             execute pg_catalog.format('drop trigger if exists %I on %s', bloom_guard.trigger_name(guard, event), rel);
         end loop;
     end loop;
@@ -392,7 +433,7 @@ begin
     if unwatched is not null and not exists (
         select from bloom_guard.watched w where w.guard = unwatch.guard and w.key_columns = unwatched
     ) then
-        foreach event in array array['inserted', 'updated', 'deleted'] loop
+        foreach event in array array['inserted', 'updated', 'deleted', 'row'] loop
             execute pg_catalog.format('drop function if exists bloom_guard.%I()',
                 bloom_guard.record_function(guard, unwatched, event));
         end loop;
@@ -400,23 +441,25 @@ begin
 end
 $$;
 
--- Every table of `guard` whose feed triggers are missing or not ENABLE
--- ALWAYS, with what is wrong. Empty when the feed is complete.
+-- Every table of `guard` whose feed triggers are missing, or not enabled
+-- as they must be (statement triggers ALWAYS, the row trigger REPLICA),
+-- with what is wrong. Empty when the feed is complete.
 create or replace function bloom_guard.gaps(guard text)
 returns table (rel regclass, problem text)
 language sql stable
 set search_path = pg_catalog, pg_temp
 as $$
     select f.rel, case when t.oid is null then 'trigger ' || e.name || ' is missing'
-                       else 'trigger ' || e.name || ' is not ENABLE ALWAYS' end
+                       else 'trigger ' || e.name || ' is not ENABLE ' || e.mode_name end
     from bloom_guard.watched w
     cross join lateral bloom_guard.family(w.rel) f(rel)
     cross join lateral (values
-        (bloom_guard.trigger_name(w.guard, 'inserted')),
-        (bloom_guard.trigger_name(w.guard, 'updated')),
-        (bloom_guard.trigger_name(w.guard, 'deleted'))) e(name)
+        (bloom_guard.trigger_name(w.guard, 'inserted'), 'A', 'ALWAYS'),
+        (bloom_guard.trigger_name(w.guard, 'updated'), 'A', 'ALWAYS'),
+        (bloom_guard.trigger_name(w.guard, 'deleted'), 'A', 'ALWAYS'),
+        (bloom_guard.trigger_name(w.guard, 'replica'), 'R', 'REPLICA')) e(name, mode, mode_name)
     left join pg_catalog.pg_trigger t on t.tgrelid = f.rel and t.tgname = e.name
-    where w.guard = gaps.guard and (t.oid is null or t.tgenabled <> 'A')
+    where w.guard = gaps.guard and (t.oid is null or t.tgenabled <> e.mode)
     union all
     select null, 'no table is watched for guard ' || guard
     where not exists (select from bloom_guard.watched w where w.guard = gaps.guard)
@@ -521,25 +564,26 @@ revoke all on function bloom_guard.create_triggers(regclass, text[], text) from 
 revoke all on function bloom_guard.create_record_functions(text, text[]) from public;
 revoke all on function bloom_guard.unwatch(regclass, text) from public;
 
--- Version 2's watched tables get version 3's triggers, in this transaction:
--- no write between the two goes unrecorded. A table the installing role
--- does not own keeps version 2's triggers (without their NOTIFY) until
--- `bloom_guard.watch` runs again for it.
+-- Earlier versions' watched tables get this version's triggers (version 4
+-- added the replica row trigger), in this transaction: no write between
+-- the two goes unrecorded. A table the installing role does not own keeps
+-- its triggers until `bloom_guard.watch` runs again for it, and its
+-- follower reports the missing one as a gap.
 do $retrigger$
 declare
     w record;
 begin
-    if exists (select from bloom_guard.schema_version where version < 3) then
+    if exists (select from bloom_guard.schema_version where version < 4) then
         for w in select * from bloom_guard.watched loop
             begin
                 perform bloom_guard.create_triggers(w.rel, w.key_columns, w.guard);
             exception when insufficient_privilege then
-                raise warning 'bloom_guard: keeping version 2 triggers on %: %', w.rel, sqlerrm;
+                raise warning 'bloom_guard: keeping the earlier triggers on %: %', w.rel, sqlerrm;
             end;
         end loop;
     end if;
 end
 $retrigger$;
 
-insert into bloom_guard.schema_version (version) values (3)
+insert into bloom_guard.schema_version (version) values (4)
 on conflict (singleton) do update set version = excluded.version;

@@ -26,7 +26,7 @@ async fn installing_twice_is_a_no_op_and_watching_twice_rebuilds_nothing(pool: P
             .await
             .expect("count");
     assert_eq!(resyncs, 1, "only the first watch asks readers to rebuild");
-    // The feed's four triggers, and nothing else.
+    // The feed's five triggers, and nothing else.
     let triggers: Vec<String> = sqlx::query_scalar(
         "select tgname::text from pg_trigger where tgrelid = 'items'::regclass and not tgisinternal order by 1",
     )
@@ -38,6 +38,7 @@ async fn installing_twice_is_a_no_op_and_watching_twice_rebuilds_nothing(pool: P
         [
             "bloom_guard_items_deleted",
             "bloom_guard_items_inserted",
+            "bloom_guard_items_replica",
             "bloom_guard_items_truncated",
             "bloom_guard_items_updated"
         ]

@@ -287,11 +287,36 @@ async fn rotations_under_writers_block_no_writer_and_lose_nothing(pool: PgPool) 
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn the_upgrade_from_version_2_loses_no_change_under_writers(pool: PgPool) {
-    let v2 = include_str!("fixtures/postgres_v2.sql");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("begin; {v2}; commit;")))
+    upgrade_under_writers(&pool, include_str!("fixtures/postgres_v2.sql")).await;
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn the_upgrade_from_version_3_adds_the_replica_trigger_under_writers(pool: PgPool) {
+    upgrade_under_writers(&pool, include_str!("fixtures/postgres_v3.sql")).await;
+    let replica: String = sqlx::query_scalar(
+        "select tgenabled::text from pg_trigger where tgrelid = 'items'::regclass and tgname = 'bloom_guard_items_replica'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("the replica row trigger");
+    assert_eq!(replica, "R");
+    let gaps: i64 = sqlx::query_scalar("select count(*) from bloom_guard.gaps('items')")
+        .fetch_one(&pool)
+        .await
+        .expect("gaps");
+    assert_eq!(gaps, 0);
+}
+
+/// Installs an earlier version's SQL and watches `items`, starts a
+/// follower and writers, upgrades under them: no writer fails and every
+/// committed key reaches the guard.
+async fn upgrade_under_writers(pool: &PgPool, earlier: &str) {
+    let pool = pool.clone();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("begin; {earlier}; commit;")))
         .execute(&pool)
         .await
-        .expect("version 2");
+        .expect("the earlier version");
     exec(
         &pool,
         "select bloom_guard.watch('items', array['key'], 'items')",
@@ -304,9 +329,7 @@ async fn the_upgrade_from_version_2_loses_no_change_under_writers(pool: PgPool) 
     // The upgrade's DDL makes writers wait (not fail) for its transaction.
     let writers = Writers::start(&pool, "u", 4, "0");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    bloom_guard_sqlx::install(&pool)
-        .await
-        .expect("upgrade to 3");
+    bloom_guard_sqlx::install(&pool).await.expect("the upgrade");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (committed, failed) = writers.finish().await;
     assert!(failed.is_empty(), "{failed:?}");

@@ -89,12 +89,20 @@ impl<B: Database> Follower<B> {
         if gaps.is_empty() {
             if gap.is_some() {
                 tracing::info!(feed, "the change feed's triggers are back; rebuilding before answering absent keys again");
+                // The rebuild has whatever the gap let through: the trigger
+                // check and the snapshots start from here.
+                let now = self.backend.key_source().await.ok();
                 if self
                     .guard
                     .rebuild_newer_than(source, Instant::now())
                     .await
                     .is_ok()
                 {
+                    if let Some(keys) = now {
+                        let mut fleet = self.fleet();
+                        fleet.fingerprint = Some(keys.fingerprint);
+                        fleet.trigger_versions = Some(keys.trigger_versions);
+                    }
                     *gap = None;
                     tracing::info!(
                         feed,
