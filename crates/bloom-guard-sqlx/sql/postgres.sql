@@ -398,6 +398,9 @@ begin
     ) and not exists (select from bloom_guard.gaps(guard)) then
         return;
     end if;
+    -- Tables of this guard dropped since (a restore, a swap): forgotten.
+    delete from bloom_guard.watched w
+    where w.guard = watch.guard and not exists (select from pg_catalog.pg_class c where c.oid = w.rel);
     insert into bloom_guard.watched (guard, rel, key_columns) values (guard, target, key_columns)
     on conflict on constraint watched_pkey do update set key_columns = excluded.key_columns;
     perform bloom_guard.create_triggers(target, key_columns, guard);
@@ -460,6 +463,11 @@ as $$
         (bloom_guard.trigger_name(w.guard, 'replica'), 'R', 'REPLICA')) e(name, mode, mode_name)
     left join pg_catalog.pg_trigger t on t.tgrelid = f.rel and t.tgname = e.name
     where w.guard = gaps.guard and (t.oid is null or t.tgenabled <> e.mode)
+      and exists (select from pg_catalog.pg_class c where c.oid = w.rel)
+    union all
+    select null, 'the watched table with OID ' || w.rel::oid || ' was dropped'
+    from bloom_guard.watched w
+    where w.guard = gaps.guard and not exists (select from pg_catalog.pg_class c where c.oid = w.rel)
     union all
     select null, 'no table is watched for guard ' || guard
     where not exists (select from bloom_guard.watched w where w.guard = gaps.guard)

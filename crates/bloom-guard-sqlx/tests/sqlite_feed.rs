@@ -380,3 +380,144 @@ async fn an_instance_started_after_a_bulk_load_protects_from_its_first_filter() 
     assert_eq!(guard.stats().generation, 1, "and no rebuild after it");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A file of its own, with `items` holding `seeded` keys and watched.
+async fn watched_file(seeded: usize) -> (std::path::PathBuf, SqlitePool) {
+    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("items.db");
+    let pool = open(&path).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "create table items (id integer primary key, key text not null unique);
+         with recursive n(i) as (select 1 union all select i + 1 from n where i < {seeded})
+         insert into items (key) select 'seeded-' || i from n;"
+    )))
+    .execute(&pool)
+    .await
+    .expect("schema");
+    Watch::table("items")
+        .key("key")
+        .install_sqlite(&pool)
+        .await
+        .expect("install");
+    (path, pool)
+}
+
+fn shell(path: &std::path::Path, command: &str) {
+    let status = std::process::Command::new("sqlite3")
+        .arg(path)
+        .arg(command)
+        .status()
+        .expect("the sqlite3 shell on PATH");
+    assert!(status.success(), "{command}");
+}
+
+/// Waits until `guard` answers from its filter and holds every key.
+async fn serves(guard: &BloomGuard, what: &str, keys: &[String]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !(guard.stats().state == GuardState::Ready && keys.iter().all(|k| guard.may_contain(k))) {
+        assert!(tokio::time::Instant::now() < deadline, "{what}: not served");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!guard.may_contain("never-written"), "{what}");
+}
+
+#[tokio::test]
+async fn a_restore_of_an_older_backup_is_noticed_and_rebuilt() {
+    let (path, pool) = watched_file(10).await;
+    let guard = BloomGuard::builder().build();
+    let _stop = follow(&guard, &pool);
+    ready(&guard).await;
+    let backup = path.with_file_name("backup.db");
+    shell(&path, &format!(".backup '{}'", backup.display()));
+    shell(
+        &path,
+        "insert into items (key) select 'after-backup-' || value from generate_series(1, 20);",
+    );
+    let after_backup: Vec<String> = (1..=20).map(|i| format!("after-backup-{i}")).collect();
+    serves(&guard, "the keys after the backup", &after_backup).await;
+    // The feed goes back under the reader: new rows take ids it has passed.
+    shell(&path, &format!(".restore '{}'", backup.display()));
+    shell(
+        &path,
+        "insert into items (key) select 'after-restore-' || value from generate_series(1, 10);",
+    );
+    let after_restore: Vec<String> = (1..=10).map(|i| format!("after-restore-{i}")).collect();
+    serves(&guard, "the keys written after the restore", &after_restore).await;
+    let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+}
+
+/// Publishes a snapshot of `pool`'s file from a first instance, then stops it.
+async fn publish_snapshot(pool: &SqlitePool) {
+    let first = BloomGuard::builder().build();
+    let stop = follow(&first, pool);
+    ready(&first).await;
+    for _ in 0..500 {
+        let published: i64 = sqlx::query_scalar("select count(*) from bloom_guard_snapshots")
+            .fetch_one(pool)
+            .await
+            .expect("count");
+        if published > 0 {
+            drop(stop);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no snapshot was published");
+}
+
+#[tokio::test]
+async fn a_snapshot_is_replayed_from_its_own_position_whatever_its_row_says() {
+    use bloom_guard::FilterOrigin;
+    let (path, pool) = watched_file(10).await;
+    publish_snapshot(&pool).await;
+    shell(
+        &path,
+        "insert into items (key) select 'after-' || value from generate_series(1, 30);",
+    );
+    // The position column says the snapshot has everything; its bytes
+    // (checksummed) say where to replay from.
+    sqlx::query("update bloom_guard_snapshots set position = '1000000'")
+        .execute(&pool)
+        .await
+        .expect("tamper");
+    let guard = BloomGuard::builder().build();
+    let _stop = follow(&guard, &pool);
+    ready(&guard).await;
+    assert_eq!(guard.stats().origin, Some(FilterOrigin::Snapshot));
+    let after: Vec<String> = (1..=30).map(|i| format!("after-{i}")).collect();
+    serves(&guard, "the keys after the snapshot", &after).await;
+    let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+}
+
+#[tokio::test]
+async fn a_snapshot_copied_from_another_file_is_refused() {
+    use bloom_guard::FilterOrigin;
+    let (other_path, other) = watched_file(5).await;
+    publish_snapshot(&other).await;
+    other.close().await;
+    let (path, pool) = watched_file(100).await;
+    // The other file's snapshot, rows and chunks, copied in.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "attach database '{}' as other;
+         insert into bloom_guard_snapshots
+         select id + 1000, guard, format, fingerprint, position, scanned_at, created_at, len, keys
+           from other.bloom_guard_snapshots;
+         insert into bloom_guard_snapshot_chunks
+         select snapshot + 1000, seq, data from other.bloom_guard_snapshot_chunks;
+         detach database other;",
+        other_path.display()
+    )))
+    .execute(&pool)
+    .await
+    .expect("copy the snapshot");
+    let guard = BloomGuard::builder().build();
+    let _stop = follow(&guard, &pool);
+    ready(&guard).await;
+    assert_eq!(guard.stats().origin, Some(FilterOrigin::Scan));
+    let seeded: Vec<String> = (1..=100).map(|i| format!("seeded-{i}")).collect();
+    serves(&guard, "this file's keys", &seeded).await;
+    for path in [path, other_path] {
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+}

@@ -145,6 +145,13 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// disabled triggers, the feed not installed); empty when none.
     fn gaps(&self) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
 
+    /// Puts the feed's triggers on the table the key query reads now, if
+    /// it is not watched (a table swapped, recreated or shadowed; on SQLite
+    /// one rebuilt, which drops its triggers) and the connection may; true
+    /// if it did. The gap stays until the next check finds it repaired,
+    /// and a rebuild follows.
+    fn repair(&self) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
     /// The watched tables' identities and their feed triggers' row
     /// versions: it changes when a table is recreated or a trigger altered
     /// (disabled and enabled again, even within one transaction), when

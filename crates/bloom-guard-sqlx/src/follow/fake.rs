@@ -178,6 +178,10 @@ impl Database for Fake {
         Ok(Vec::new())
     }
 
+    async fn repair(&self) -> Result<bool, sqlx::Error> {
+        Ok(false)
+    }
+
     async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
         Ok(String::new())
     }

@@ -113,11 +113,20 @@ impl<B: Database> Follower<B> {
             return;
         }
         let problem = GapError(gaps.join("; "));
-        if gap.is_none() {
+        let new_gap = gap.is_none();
+        if new_gap {
             tracing::error!(feed, gaps = %problem.0, "writes to a watched table can bypass the change feed; the guard lets every request through until this is repaired (run Watch::install or select bloom_guard.watch(...) again)");
             *gap = Some(self.guard.hold_open_because(problem.to_string()));
         }
         self.guard.report_unavailable(&problem);
+        // The table in use gets the triggers if this role may; the next
+        // check sees the repair and rebuilds.
+        match self.backend.repair().await {
+            Ok(true) => tracing::warn!(feed, "put the feed's triggers on the table the key query reads now; rebuilding at the next check"),
+            Ok(false) => {}
+            Err(error) if new_gap => tracing::warn!(feed, error = %crate::error::error_chain(&error), "cannot put the feed's triggers on the table the key query reads now; watch it as its owner"),
+            Err(_) => {}
+        }
     }
 
     /// Rebuilds if a watched table was recreated or a feed trigger altered

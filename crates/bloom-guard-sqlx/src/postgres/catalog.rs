@@ -29,6 +29,32 @@ pub(super) async fn gaps(pool: &PgPool, name: &str) -> Result<Vec<String>, sqlx:
     }
 }
 
+/// Whether the key query's table, resolved as the app's connections resolve
+/// it (this pool, its `search_path`), is one the feed watches: after a table
+/// swap, a `pg_restore --clean` or a schema put first in the `search_path`,
+/// the name means another table, whose writes no trigger records.
+pub(super) async fn unwatched_table(
+    pool: &PgPool,
+    watch: &Watch,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "select case
+             when pg_catalog.to_regclass($1) is null then 'table ' || $1 || ' does not exist'
+             when not exists (
+                 select from bloom_guard.watched w
+                  cross join lateral bloom_guard.family(w.rel) f(rel)
+                  where w.guard = $2 and f.rel::oid = pg_catalog.to_regclass($1)::oid)
+             then $1 || ' is now ' || pg_catalog.to_regclass($1)::oid::regclass::text
+                  || ' (OID ' || pg_catalog.to_regclass($1)::oid
+                  || '), which the feed does not watch: a table swapped, recreated, or shadowed by a schema earlier in the search_path'
+         end",
+    )
+    .bind(&watch.table)
+    .bind(watch.feed_name())
+    .fetch_one(pool)
+    .await
+}
+
 /// The identity (OID) of every table of feed `name` and the row version
 /// (`xmin`) of each of its feed triggers' `pg_trigger` rows: any ALTER of a
 /// trigger rewrites its row.

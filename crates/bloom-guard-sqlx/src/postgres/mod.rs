@@ -160,7 +160,26 @@ impl Database for PgBackend {
     }
 
     async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
-        catalog::gaps(&self.pool, self.watch.feed_name()).await
+        let mut gaps = catalog::gaps(&self.pool, self.watch.feed_name()).await?;
+        if gaps.iter().all(|gap| !gap.contains("not installed")) {
+            gaps.extend(catalog::unwatched_table(&self.pool, &self.watch).await?);
+        }
+        Ok(gaps)
+    }
+
+    async fn repair(&self) -> Result<bool, sqlx::Error> {
+        // Only a table the feed does not watch: triggers a DBA disabled stay
+        // as they are (a bulk load), reported until enabled again.
+        if catalog::unwatched_table(&self.pool, &self.watch)
+            .await?
+            .is_none()
+        {
+            return Ok(false);
+        }
+        match self.watch.install(&self.pool).await {
+            Ok(()) => Ok(true),
+            Err(crate::error::FeedError::Database(error)) => Err(error),
+        }
     }
 
     async fn trigger_versions(&self) -> Result<String, sqlx::Error> {

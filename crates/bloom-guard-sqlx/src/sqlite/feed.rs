@@ -5,40 +5,61 @@
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use sqlx::{Row, SqlitePool};
+use sqlx::{AssertSqlSafe, Row, SqlitePool};
 
 use super::install::ident;
+use super::mark::Mark;
 use super::scan::key_bytes;
 use crate::changes::Changes;
 use crate::column::{sqlite_column_definition, sqlite_comparison, KeyColumn};
 use crate::follow::Read;
 use crate::watch::Watch;
 
-/// The feed's position now: its last row id.
-pub(super) async fn position(pool: &SqlitePool) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("select coalesce(max(id), 0) from bloom_guard_changes")
+/// A feed row's columns as a position's digest covers them.
+const MARKED: &str = "id, guard, kind, quote(key), at";
+
+/// The mark of row `id`, if the feed holds it.
+async fn mark_of(pool: &SqlitePool, id: i64) -> Result<Option<Mark>, sqlx::Error> {
+    let row: Option<(i64, String, String, String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+        "select {MARKED} from bloom_guard_changes where id = ?"
+    )))
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|(id, guard, kind, key, at)| Mark::at(id, &guard, &kind, &key, at)))
+}
+
+/// The feed's position now: its last row.
+pub(super) async fn position(pool: &SqlitePool) -> Result<Mark, sqlx::Error> {
+    let last: i64 = sqlx::query_scalar("select coalesce(max(id), 0) from bloom_guard_changes")
         .fetch_one(pool)
-        .await
+        .await?;
+    Ok(mark_of(pool, last).await?.unwrap_or(Mark::START))
 }
 
 /// Reads the changes of feed `name` after `position`.
 pub(super) async fn read_since(
     pool: &SqlitePool,
     name: &str,
-    position: i64,
-) -> Result<Read<i64>, sqlx::Error> {
-    let mut rows = sqlx::query(
-        "select id, kind, key from bloom_guard_changes where guard = ? and id > ? order by id",
-    )
+    position: &Mark,
+) -> Result<Read<Mark>, sqlx::Error> {
+    let mut rows = sqlx::query(AssertSqlSafe(format!(
+        "select {MARKED}, key from bloom_guard_changes where guard = ? and id > ? order by id"
+    )))
     .bind(name)
-    .bind(position)
+    .bind(position.id)
     .fetch(pool);
     let mut changes = Changes::default();
-    let mut reached = position;
+    let mut reached = position.clone();
     while let Some(row) = rows.try_next().await? {
-        reached = row.try_get(0)?;
-        let kind: String = row.try_get(1)?;
-        changes.record(&kind, key_bytes(row.try_get_raw(2)?)?);
+        let (id, kind, quoted, at): (i64, String, String, i64) = (
+            row.try_get(0)?,
+            row.try_get(2)?,
+            row.try_get(3)?,
+            row.try_get(4)?,
+        );
+        changes.record(&kind, key_bytes(row.try_get_raw(5)?)?);
+        reached = Mark::at(id, name, &kind, &quoted, at);
     }
     drop(rows);
     // After the rows: pruning moves the horizon before it deletes, so a
@@ -46,8 +67,18 @@ pub(super) async fn read_since(
     let below: i64 = sqlx::query_scalar("select below from bloom_guard_horizon")
         .fetch_one(pool)
         .await?;
-    if position + 1 < below {
+    if position.id + 1 < below {
         return Ok(Read::Pruned);
+    }
+    // The row at the position must still be the one it was taken at, or
+    // gone by pruning: otherwise the feed was rewritten under the reader
+    // (a restore), and rows it never read may hold ids it has passed.
+    if position.id > 0 {
+        match mark_of(pool, position.id).await? {
+            Some(now) if now == *position => {}
+            None if position.id < below => {}
+            _ => return Ok(Read::Pruned),
+        }
     }
     Ok(Read::Changes {
         position: reached,
@@ -59,7 +90,7 @@ pub(super) async fn read_since(
 pub(super) async fn pending(
     pool: &SqlitePool,
     name: &str,
-    position: i64,
+    position: &Mark,
     limit: u64,
 ) -> Result<u64, sqlx::Error> {
     let count: i64 = sqlx::query_scalar(
@@ -67,7 +98,7 @@ pub(super) async fn pending(
             select 1 from bloom_guard_changes where guard = ? and id > ? limit ?)",
     )
     .bind(name)
-    .bind(position)
+    .bind(position.id)
     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
     .fetch_one(pool)
     .await?;

@@ -17,7 +17,26 @@ create table if not exists bloom_guard_changes (
 );
 create table if not exists bloom_guard_horizon (below integer not null);
 insert into bloom_guard_horizon (below) select 0 where not exists (select 1 from bloom_guard_horizon);
+create table if not exists bloom_guard_identity (id text not null);
+insert into bloom_guard_identity (id)
+select lower(hex(randomblob(16))) where not exists (select 1 from bloom_guard_identity);
 ";
+
+/// The database file's identity, written at install (empty before):
+/// snapshot fingerprints include it.
+pub(super) async fn identity(pool: &SqlitePool) -> Result<String, sqlx::Error> {
+    let installed: bool = sqlx::query_scalar(
+        "select exists(select 1 from sqlite_master where type = 'table' and name = 'bloom_guard_identity')",
+    )
+    .fetch_one(pool)
+    .await?;
+    if !installed {
+        return Ok(String::new());
+    }
+    sqlx::query_scalar("select coalesce((select id from bloom_guard_identity limit 1), '')")
+        .fetch_one(pool)
+        .await
+}
 
 /// `"name"` with inner quotes doubled: an SQLite identifier.
 pub(super) fn ident(name: &str) -> String {

@@ -4,6 +4,7 @@
 
 mod feed;
 mod install;
+mod mark;
 mod scan;
 mod snapshot;
 mod wake;
@@ -18,6 +19,7 @@ use crate::column::KeyColumn;
 use crate::follow::{follower_api, Clock, Database, Follower, KeySet, Read, WakeUps};
 use crate::snapshot_store::Tables;
 use crate::watch::Watch;
+use mark::Mark;
 use scan::SqliteScan;
 
 #[doc = include_str!("../follow/protocol.md")]
@@ -76,7 +78,7 @@ impl SqliteBackend {
 }
 
 impl Database for SqliteBackend {
-    type Position = i64;
+    type Position = Mark;
     type Source = SqliteScan;
     type Snapshots = Tables<Sqlite>;
     type Lock = snapshot::SqliteBuildLock;
@@ -85,14 +87,15 @@ impl Database for SqliteBackend {
         &self.watch
     }
 
-    fn parse_position(text: &str) -> Option<i64> {
-        text.parse().ok()
+    fn parse_position(text: &str) -> Option<Mark> {
+        Mark::parse(text)
     }
 
     async fn key_source(&self) -> Result<KeySet<SqliteScan>, sqlx::Error> {
         let query = self.watch.sqlite_key_query();
+        let identity = install::identity(&self.pool).await?;
         Ok(KeySet {
-            fingerprint: snapshot::fingerprint(&query),
+            fingerprint: snapshot::fingerprint(&identity, &query),
             source: SqliteScan::new(self.pool.clone(), query),
             trigger_versions: String::new(),
         })
@@ -111,18 +114,18 @@ impl Database for SqliteBackend {
         .await
     }
 
-    async fn position(&self) -> Result<Clock<i64>, sqlx::Error> {
+    async fn position(&self) -> Result<Clock<Mark>, sqlx::Error> {
         let at = snapshot::now_micros();
         let position = feed::position(&self.pool).await?;
         Ok(Clock { position, at })
     }
 
-    async fn read(&self, since: &i64) -> Result<Read<i64>, sqlx::Error> {
-        feed::read_since(&self.pool, self.watch.feed_name(), *since).await
+    async fn read(&self, since: &Mark) -> Result<Read<Mark>, sqlx::Error> {
+        feed::read_since(&self.pool, self.watch.feed_name(), since).await
     }
 
-    async fn pending(&self, since: &i64, limit: u64) -> Result<u64, sqlx::Error> {
-        feed::pending(&self.pool, self.watch.feed_name(), *since, limit).await
+    async fn pending(&self, since: &Mark, limit: u64) -> Result<u64, sqlx::Error> {
+        feed::pending(&self.pool, self.watch.feed_name(), since, limit).await
     }
 
     async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
@@ -131,6 +134,18 @@ impl Database for SqliteBackend {
 
     async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
         feed::gaps(&self.pool, &self.watch).await
+    }
+
+    async fn repair(&self) -> Result<bool, sqlx::Error> {
+        // A table rebuilt the SQLite way (new table, copy, drop, rename)
+        // lost its triggers: any connection may put them back.
+        if feed::gaps(&self.pool, &self.watch).await?.is_empty() {
+            return Ok(false);
+        }
+        match self.watch.install_sqlite(&self.pool).await {
+            Ok(()) => Ok(true),
+            Err(crate::error::FeedError::Database(error)) => Err(error),
+        }
     }
 
     async fn trigger_versions(&self) -> Result<String, sqlx::Error> {

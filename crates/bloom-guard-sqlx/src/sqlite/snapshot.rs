@@ -50,10 +50,18 @@ pub(super) fn now_micros() -> i64 {
         })
 }
 
-/// The key query's fingerprint (a feed position is only meaningful in the
-/// file that holds both the feed and the snapshot).
-pub(super) fn fingerprint(key_query: &str) -> String {
-    Sha256::digest(key_query.as_bytes())
+/// The fingerprint of the key query in the database file of `identity`
+/// (a random id written into the file at install): a snapshot copied in
+/// from another file, whose feed positions mean nothing here, is not this
+/// guard's.
+pub(super) fn fingerprint(identity: &str, key_query: &str) -> String {
+    let mut hasher = Sha256::new();
+    for part in [identity, key_query] {
+        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(part.as_bytes());
+    }
+    hasher
+        .finalize()
         .iter()
         .map(|byte| format!("{byte:02x}"))
         .collect()
