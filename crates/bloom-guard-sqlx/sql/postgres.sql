@@ -156,6 +156,38 @@ as $$
     from pg_catalog.unnest(key_columns) with ordinality as u(c, n)
 $$;
 
+-- The same canonical key, read by column name from `j`, an expression of a
+-- row as jsonb (whose text of text, integer, uuid, enum and citext values
+-- is their text form): a column renamed or dropped is missing from the
+-- row, not an error in a writer's statement.
+create or replace function bloom_guard.key_from_json(key_columns text[], j text)
+returns text
+language sql immutable strict
+set search_path = pg_catalog, pg_temp
+as $$
+    select case
+        when pg_catalog.cardinality(key_columns) = 1 then
+            pg_catalog.format('(%s operator(pg_catalog.->>) %L)', j, key_columns[1])
+        else
+            pg_catalog.format('case when %s then null else pg_catalog.concat(%s) end',
+                pg_catalog.string_agg(pg_catalog.format('(%s operator(pg_catalog.->>) %L) is null', j, c), ' or ' order by n),
+                pg_catalog.string_agg(
+                    pg_catalog.format('pg_catalog.octet_length(pg_catalog.convert_to(%1$s operator(pg_catalog.->>) %2$L, ''UTF8'')), '':'', %1$s operator(pg_catalog.->>) %2$L', j, c),
+                    ', ' order by n))
+    end
+    from pg_catalog.unnest(key_columns) with ordinality as u(c, n)
+$$;
+
+-- Whether the row `j` (jsonb) has every key column.
+create or replace function bloom_guard.key_present(key_columns text[], j text)
+returns text
+language sql immutable strict
+set search_path = pg_catalog, pg_temp
+as $$
+    select pg_catalog.string_agg(pg_catalog.format('%s operator(pg_catalog.?) %L', j, c), ' and ' order by n)
+    from pg_catalog.unnest(key_columns) with ordinality as u(c, n)
+$$;
+
 -- Version 2's trigger functions, read the key columns from the trigger's
 -- arguments with dynamic SQL; version 3 writes a function per guard. They
 -- stay, without their NOTIFY, for any trigger the upgrade could not replace.
@@ -267,51 +299,61 @@ declare
     header constant text := 'create or replace function bloom_guard.%I() returns trigger
         language plpgsql security definer as %L';
 begin
+    -- Keys are read from each row as jsonb, by name: a key column renamed
+    -- or dropped never makes a writer's statement fail. A row without it
+    -- records 'r', and readers fail open and rebuild (the trigger check
+    -- names the column).
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'inserted'), pg_catalog.format(
         'begin
              insert into bloom_guard.changes (guard, kind, key, part)
-             select %L, ''i'', k, %s from (select %s as k from new_rows r) x where k is not null;
+             select %1$L, case when p then ''i'' else ''r'' end, case when p then k else '''' end, %2$s
+             from (select %3$s as p, %4$s as k from (select pg_catalog.to_jsonb(r) as j from new_rows r) y) x
+             where k is not null or not p;
              return null;
-         end', guard, slot, bloom_guard.key_expression(key_columns, 'r')));
+         end', guard, slot, bloom_guard.key_present(key_columns, 'y.j'), bloom_guard.key_from_json(key_columns, 'y.j')));
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'deleted'), pg_catalog.format(
         'begin
              insert into bloom_guard.changes (guard, kind, key, part)
-             select %L, ''d'', k, %s from (select %s as k from old_rows r) x where k is not null;
+             select %L, ''d'', k, %s from (select %s as k from (select pg_catalog.to_jsonb(r) as j from old_rows r) y) x where k is not null;
              return null;
-         end', guard, slot, bloom_guard.key_expression(key_columns, 'r')));
+         end', guard, slot, bloom_guard.key_from_json(key_columns, 'y.j')));
     -- Keys of the new rows that no old row had, whatever the rows' ids (an
     -- update may change both), and keys that went away.
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'updated'), pg_catalog.format(
         'begin
-             with n as (select %3$s as k from new_rows n), o as (select %4$s as k from old_rows o)
+             with n as (select %3$s as p, %4$s as k from (select pg_catalog.to_jsonb(r) as j from new_rows r) y),
+                  o as (select %4$s as k from (select pg_catalog.to_jsonb(r) as j from old_rows r) y)
              insert into bloom_guard.changes (guard, kind, key, part)
-             select %1$L, ''i'', k, %2$s from (select k from n where k is not null except select k from o) added
+             select %1$L, ''i'', k, %2$s from (select k from n where p and k is not null except select k from o) added
              union all
-             select %1$L, ''d'', k, %2$s from (select k from o where k is not null except select k from n) removed;
+             select %1$L, ''d'', k, %2$s from (select k from o where k is not null except select k from n) removed
+             union all
+             select %1$L, ''r'', '''', %2$s where exists (select from n where not p);
              return null;
-         end', guard, slot, bloom_guard.key_expression(key_columns, 'n'), bloom_guard.key_expression(key_columns, 'o')));
+         end', guard, slot, bloom_guard.key_present(key_columns, 'y.j'), bloom_guard.key_from_json(key_columns, 'y.j')));
     -- Row by row, for the replica role only: logical replication's apply
     -- worker fires row triggers and never statement triggers. No operator
     -- but pg_catalog's, named as such.
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'row'), pg_catalog.format(
         'declare
-             n alias for new;
-             o alias for old;
+             n jsonb;
+             o jsonb;
          begin
-             if tg_op operator(pg_catalog.=) ''INSERT'' then
-                 insert into bloom_guard.changes (guard, kind, key, part)
-                 select %1$L, ''i'', k, %2$s from (select %3$s as k) x where k is not null;
-             elsif tg_op operator(pg_catalog.=) ''DELETE'' then
-                 insert into bloom_guard.changes (guard, kind, key, part)
-                 select %1$L, ''d'', k, %2$s from (select %4$s as k) x where k is not null;
-             else
-                 insert into bloom_guard.changes (guard, kind, key, part)
-                 select %1$L, ''i'', k, %2$s from (select %3$s as k except select %4$s) added where k is not null
-                 union all
-                 select %1$L, ''d'', k, %2$s from (select %4$s as k except select %3$s) removed where k is not null;
+             if tg_op operator(pg_catalog.<>) ''DELETE'' then
+                 n := pg_catalog.to_jsonb(new);
              end if;
+             if tg_op operator(pg_catalog.<>) ''INSERT'' then
+                 o := pg_catalog.to_jsonb(old);
+             end if;
+             insert into bloom_guard.changes (guard, kind, key, part)
+             select %1$L, ''i'', k, %2$s from (select %3$s as k except select %4$s) added where k is not null
+             union all
+             select %1$L, ''d'', k, %2$s from (select %4$s as k except select %3$s) removed where k is not null
+             union all
+             select %1$L, ''r'', '''', %2$s where n is not null and not (%5$s);
              return null;
-         end', guard, slot, bloom_guard.key_expression(key_columns, 'n'), bloom_guard.key_expression(key_columns, 'o')));
+         end', guard, slot, bloom_guard.key_from_json(key_columns, 'n'), bloom_guard.key_from_json(key_columns, 'o'),
+               bloom_guard.key_present(key_columns, 'n')));
     execute pg_catalog.format('revoke all on function bloom_guard.%I() from public', bloom_guard.record_function(guard, key_columns, 'row'));
     execute pg_catalog.format('revoke all on function bloom_guard.%I() from public', bloom_guard.record_function(guard, key_columns, 'inserted'));
     execute pg_catalog.format('revoke all on function bloom_guard.%I() from public', bloom_guard.record_function(guard, key_columns, 'deleted'));
@@ -464,6 +506,16 @@ as $$
     left join pg_catalog.pg_trigger t on t.tgrelid = f.rel and t.tgname = e.name
     where w.guard = gaps.guard and (t.oid is null or t.tgenabled <> e.mode)
       and exists (select from pg_catalog.pg_class c where c.oid = w.rel)
+    union all
+    select f.rel, 'key column ' || c.name || ' is gone (renamed or dropped): watch the table with its key columns again'
+    from bloom_guard.watched w
+    cross join lateral bloom_guard.family(w.rel) f(rel)
+    cross join lateral pg_catalog.unnest(w.key_columns) c(name)
+    where w.guard = gaps.guard
+      and exists (select from pg_catalog.pg_class k where k.oid = w.rel)
+      and not exists (
+          select from pg_catalog.pg_attribute a
+          where a.attrelid = f.rel and a.attname = c.name and a.attnum > 0 and not a.attisdropped)
     union all
     select null, 'the watched table with OID ' || w.rel::oid || ' was dropped'
     from bloom_guard.watched w

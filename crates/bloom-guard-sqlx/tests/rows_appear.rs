@@ -186,3 +186,74 @@ async fn a_pg_restore_clean_of_another_database_is_rebuilt_here_and_on_a_new_ins
     let (later, _later) = followed(&pool).await;
     served(&later, "the restored keys on a new instance", &restored).await;
 }
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn renaming_the_key_column_under_writers_fails_no_write_and_no_key(pool: PgPool) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    install(&pool).await;
+    let (guard, _task) = followed(&pool).await;
+    // Writers that name no column, so the rename does not break their SQL:
+    // only a trigger could.
+    let stop = Arc::new(AtomicBool::new(false));
+    let committed = Arc::new(Mutex::new(Vec::new()));
+    let failed = Arc::new(Mutex::new(Vec::new()));
+    let writers: Vec<_> = (0..4)
+        .map(|writer| {
+            let (pool, stop) = (pool.clone(), stop.clone());
+            let (committed, failed) = (committed.clone(), failed.clone());
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    i += 1;
+                    let key = format!("w{writer}-{i}");
+                    match sqlx::query("insert into items values (default, $1, default)")
+                        .bind(&key)
+                        .execute(&pool)
+                        .await
+                    {
+                        Ok(_) => committed.lock().expect("keys").push(key),
+                        Err(error) => failed.lock().expect("errors").push(error.to_string()),
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    exec(&pool, "alter table items rename column key to k").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every committed key is answered "maybe": the guard fails open.
+    let during: Vec<String> = committed.lock().expect("keys").clone();
+    let missing: Vec<&String> = during
+        .iter()
+        .filter(|key| !guard.may_contain(key))
+        .collect();
+    assert!(missing.is_empty(), "{missing:?} {:?}", guard.stats());
+    assert_eq!(guard.stats().state, GuardState::Degraded);
+    // The trigger check names the column.
+    wait_until("the check to name the column", WINDOW, || {
+        guard
+            .stats()
+            .reason
+            .is_some_and(|why| why.contains("key column key is gone"))
+    })
+    .await;
+    exec(&pool, "alter table items rename column k to key").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::SeqCst);
+    for writer in writers {
+        writer.await.expect("writer");
+    }
+    let failed = failed.lock().expect("errors").clone();
+    assert!(failed.is_empty(), "writes failed: {failed:?}");
+    let committed = committed.lock().expect("keys").clone();
+    assert!(committed.len() > during.len());
+    served(
+        &guard,
+        "every committed key, once the name is back",
+        &committed,
+    )
+    .await;
+}

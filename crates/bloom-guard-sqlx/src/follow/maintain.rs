@@ -45,9 +45,22 @@ impl<B: Database> Follower<B> {
                     continue;
                 }
             };
+            if resync_requested {
+                self.hold_for_unrecorded();
+            }
             self.check(&source, &mut gap).await;
-            if resync_requested && gap.is_none() {
-                let _ = self.guard.rebuild_newer_than(&source, Instant::now()).await;
+            // Writes the feed could not record keep the guard open until a
+            // rebuild has them, retried at every check.
+            let unrecorded = crate::lock::lock(&self.unrecorded).is_some();
+            if unrecorded
+                && gap.is_none()
+                && self
+                    .guard
+                    .rebuild_newer_than(&source, Instant::now())
+                    .await
+                    .is_ok()
+            {
+                crate::lock::lock(&self.unrecorded).take();
             }
             if last_prune.is_none_or(|at| at.elapsed() >= self.retention.min(PRUNE_EVERY)) {
                 match self.backend.prune(self.retention).await {
@@ -192,6 +205,21 @@ impl<B: Database> Follower<B> {
 
     /// Keeps the guard open from now on: a stored key may be equal, for the
     /// database, to spellings the key type cannot reproduce.
+    /// Holds the guard open for writes the feed could not record, until a
+    /// rebuild has them.
+    pub(super) fn hold_for_unrecorded(&self) {
+        let mut held = crate::lock::lock(&self.unrecorded);
+        if held.is_none() {
+            tracing::warn!(
+                guard = self.guard.name(),
+                "the change feed reports writes it could not record (its triggers installed again, or a key column renamed or dropped); the guard lets every request through until a rebuild has them"
+            );
+            *held = Some(self.guard.hold_open_because(
+                "writes the change feed could not record (its triggers installed again, or a key column renamed): rebuilding",
+            ));
+        }
+    }
+
     pub(super) fn hold_for_unsafe_key(&self) {
         let mut held = crate::lock::lock(&self.unsafe_key);
         if held.is_none() {

@@ -49,6 +49,10 @@ pub(crate) struct Follower<B: Database> {
     /// hold once a stored key is not.
     ascii_only: std::sync::atomic::AtomicBool,
     unsafe_key: Mutex<Option<HoldOpen>>,
+    /// Held from the read that found writes the feed could not record (its
+    /// triggers installed again, a key column gone) until a rebuild has
+    /// them.
+    unrecorded: Mutex<Option<HoldOpen>>,
 }
 
 impl<B: Database> std::fmt::Debug for Follower<B> {
@@ -81,6 +85,7 @@ impl<B: Database> Follower<B> {
             fleet: Mutex::default(),
             ascii_only: std::sync::atomic::AtomicBool::new(false),
             unsafe_key: Mutex::new(None),
+            unrecorded: Mutex::new(None),
         }
     }
 

@@ -42,6 +42,9 @@ impl<B: Database> Follower<B> {
                     {
                         self.hold_for_unsafe_key();
                     }
+                    if changes.resync {
+                        self.hold_for_unrecorded();
+                    }
                     // The keys first, then the position: a snapshot
                     // published at the position holds every key before it.
                     self.hooks.apply(&self.guard, feed, &changes);
