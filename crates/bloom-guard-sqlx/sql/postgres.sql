@@ -159,7 +159,7 @@ $$;
 -- The same canonical key, read by column name from `j`, an expression of a
 -- row as jsonb (whose text of text, integer, uuid, enum and citext values
 -- is their text form): a column renamed or dropped is missing from the
--- row, not an error in a writer's statement.
+-- row, not an error. For the replica role's row trigger.
 create or replace function bloom_guard.key_from_json(key_columns text[], j text)
 returns text
 language sql immutable strict
@@ -186,6 +186,21 @@ set search_path = pg_catalog, pg_temp
 as $$
     select pg_catalog.string_agg(pg_catalog.format('%s operator(pg_catalog.?) %L', j, c), ' and ' order by n)
     from pg_catalog.unnest(key_columns) with ordinality as u(c, n)
+$$;
+
+-- A test, for a statement trigger's function, that one of `key_columns` is
+-- no longer a column of the trigger's table under its name.
+create or replace function bloom_guard.key_columns_gone(key_columns text[])
+returns text
+language sql immutable strict
+set search_path = pg_catalog, pg_temp
+as $$
+    select pg_catalog.format(
+        '(select pg_catalog.count(*) from pg_catalog.pg_attribute a
+           where a.attrelid operator(pg_catalog.=) tg_relid and a.attnum operator(pg_catalog.>) 0
+             and not a.attisdropped and a.attname operator(pg_catalog.=) any (%L::pg_catalog.name[]))
+         operator(pg_catalog.<) %s',
+        key_columns, pg_catalog.cardinality(key_columns))
 $$;
 
 -- Version 2's trigger functions, read the key columns from the trigger's
@@ -299,41 +314,52 @@ declare
     header constant text := 'create or replace function bloom_guard.%I() returns trigger
         language plpgsql security definer as %L';
 begin
-    -- Keys are read from each row as jsonb, by name: a key column renamed
-    -- or dropped never makes a writer's statement fail. A row without it
-    -- records 'r', and readers fail open and rebuild (the trigger check
-    -- names the column).
+    -- Static SQL names the key columns, planned once per session. Before
+    -- it runs, one catalog look (an index probe of pg_attribute) checks the
+    -- columns are still there under their names: a key column renamed or
+    -- dropped never makes a writer's statement fail. The statement then
+    -- records 'r' instead, and readers fail open and rebuild (the trigger
+    -- check names the column).
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'inserted'), pg_catalog.format(
         'begin
+             if %3$s then
+                 insert into bloom_guard.changes (guard, kind, key, part) values (%1$L, ''r'', '''', %2$s);
+                 return null;
+             end if;
              insert into bloom_guard.changes (guard, kind, key, part)
-             select %1$L, case when p then ''i'' else ''r'' end, case when p then k else '''' end, %2$s
-             from (select %3$s as p, %4$s as k from (select pg_catalog.to_jsonb(r) as j from new_rows r) y) x
-             where k is not null or not p;
+             select %1$L, ''i'', k, %2$s from (select %4$s as k from new_rows r) x where k is not null;
              return null;
-         end', guard, slot, bloom_guard.key_present(key_columns, 'y.j'), bloom_guard.key_from_json(key_columns, 'y.j')));
+         end', guard, slot, bloom_guard.key_columns_gone(key_columns), bloom_guard.key_expression(key_columns, 'r')));
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'deleted'), pg_catalog.format(
         'begin
+             if %3$s then
+                 return null;
+             end if;
              insert into bloom_guard.changes (guard, kind, key, part)
-             select %L, ''d'', k, %s from (select %s as k from (select pg_catalog.to_jsonb(r) as j from old_rows r) y) x where k is not null;
+             select %1$L, ''d'', k, %2$s from (select %4$s as k from old_rows r) x where k is not null;
              return null;
-         end', guard, slot, bloom_guard.key_from_json(key_columns, 'y.j')));
+         end', guard, slot, bloom_guard.key_columns_gone(key_columns), bloom_guard.key_expression(key_columns, 'r')));
     -- Keys of the new rows that no old row had, whatever the rows' ids (an
     -- update may change both), and keys that went away.
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'updated'), pg_catalog.format(
         'begin
-             with n as (select %3$s as p, %4$s as k from (select pg_catalog.to_jsonb(r) as j from new_rows r) y),
-                  o as (select %4$s as k from (select pg_catalog.to_jsonb(r) as j from old_rows r) y)
+             if %5$s then
+                 insert into bloom_guard.changes (guard, kind, key, part) values (%1$L, ''r'', '''', %2$s);
+                 return null;
+             end if;
+             with n as (select %3$s as k from new_rows n), o as (select %4$s as k from old_rows o)
              insert into bloom_guard.changes (guard, kind, key, part)
-             select %1$L, ''i'', k, %2$s from (select k from n where p and k is not null except select k from o) added
+             select %1$L, ''i'', k, %2$s from (select k from n where k is not null except select k from o) added
              union all
-             select %1$L, ''d'', k, %2$s from (select k from o where k is not null except select k from n) removed
-             union all
-             select %1$L, ''r'', '''', %2$s where exists (select from n where not p);
+             select %1$L, ''d'', k, %2$s from (select k from o where k is not null except select k from n) removed;
              return null;
-         end', guard, slot, bloom_guard.key_present(key_columns, 'y.j'), bloom_guard.key_from_json(key_columns, 'y.j')));
+         end', guard, slot, bloom_guard.key_expression(key_columns, 'n'), bloom_guard.key_expression(key_columns, 'o'),
+               bloom_guard.key_columns_gone(key_columns)));
     -- Row by row, for the replica role only: logical replication's apply
-    -- worker fires row triggers and never statement triggers. No operator
-    -- but pg_catalog's, named as such.
+    -- worker fires row triggers and never statement triggers. It reads the
+    -- keys from each row as jsonb, by name (a missing column is then a
+    -- missing field, not an error). No operator but pg_catalog's, named as
+    -- such.
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'row'), pg_catalog.format(
         'declare
              n jsonb;

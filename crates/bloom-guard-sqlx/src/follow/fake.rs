@@ -370,6 +370,47 @@ async fn a_snapshot_with_a_feed_longer_than_a_scan_is_not_replayed() {
 }
 
 #[tokio::test]
+async fn a_snapshot_published_between_a_reads_keys_and_its_position_has_them() {
+    let fake = Fake::new();
+    fake.commit("a");
+    let guard = BloomGuard::builder().name("items").build();
+    let mut engine = Follower::new(guard.clone(), fake.clone());
+    engine.check_interval = Duration::from_millis(5);
+    engine.poll_interval = Duration::from_millis(5);
+    // Republished at every check.
+    engine.snapshot_interval = Duration::ZERO;
+    let pause = Arc::new((Notify::new(), Notify::new()));
+    engine.between_keys_and_position = Some(Arc::clone(&pause));
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(engine.run_until(async move {
+        let _ = stopped.await;
+    }));
+    until("ready", || guard.is_ready()).await;
+    fake.commit("b");
+    pause.0.notified().await;
+    // Paused between the two steps: snapshots published now must complete
+    // to "b", from their bits or from their position's replay.
+    let published = fake.state().snapshots.len();
+    until("a snapshot published in the pause", || {
+        fake.state().snapshots.len() > published
+    })
+    .await;
+    let second = run(&fake, true);
+    until("the adoption", || second.guard.is_ready()).await;
+    let (loads, scans) = {
+        let state = fake.state();
+        (state.loads, state.scans)
+    };
+    assert_eq!(
+        second.guard.stats().origin,
+        Some(bloom_guard::FilterOrigin::Snapshot),
+        "loads {loads} scans {scans}"
+    );
+    assert!(second.guard.may_contain("b"));
+    pause.1.notify_one();
+}
+
+#[tokio::test]
 async fn a_reader_behind_the_horizon_rebuilds() {
     let fake = Fake::new();
     fake.commit("a");

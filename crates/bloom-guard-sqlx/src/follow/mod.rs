@@ -53,6 +53,10 @@ pub(crate) struct Follower<B: Database> {
     /// triggers installed again, a key column gone) until a rebuild has
     /// them.
     unrecorded: Mutex<Option<HoldOpen>>,
+    /// A test's pause between a read's keys and its position: signals the
+    /// first, waits for the second.
+    #[cfg(test)]
+    pub(super) between_keys_and_position: Option<Arc<(Notify, Notify)>>,
 }
 
 impl<B: Database> std::fmt::Debug for Follower<B> {
@@ -86,6 +90,8 @@ impl<B: Database> Follower<B> {
             ascii_only: std::sync::atomic::AtomicBool::new(false),
             unsafe_key: Mutex::new(None),
             unrecorded: Mutex::new(None),
+            #[cfg(test)]
+            between_keys_and_position: None,
         }
     }
 

@@ -48,6 +48,12 @@ impl<B: Database> Follower<B> {
                     // The keys first, then the position: a snapshot
                     // published at the position holds every key before it.
                     self.hooks.apply(&self.guard, feed, &changes);
+                    #[cfg(test)]
+                    if let (Some(pause), true) = (&self.between_keys_and_position, changes.rows > 0)
+                    {
+                        pause.0.notify_one();
+                        pause.1.notified().await;
+                    }
                     position = reached;
                     self.fleet().position = Some(position.clone());
                     if changes.resync {
