@@ -294,6 +294,49 @@ as $$
         63)::name
 $$;
 
+-- Whether a table `guard` watches with `key_columns` lacks one of them.
+create or replace function bloom_guard.key_columns_missing(guard text, key_columns text[])
+returns boolean
+language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select exists (
+        select from bloom_guard.watched w
+        cross join lateral bloom_guard.family(w.rel) f(rel)
+        cross join lateral pg_catalog.unnest(key_columns_missing.key_columns) c(name)
+        where w.guard = key_columns_missing.guard and w.key_columns = key_columns_missing.key_columns
+          and exists (select from pg_catalog.pg_class k where k.oid = f.rel)
+          and not exists (
+              select from pg_catalog.pg_attribute a
+              where a.attrelid = f.rel and a.attname = c.name and a.attnum > 0 and not a.attisdropped))
+$$;
+
+-- After an ALTER TABLE of a watched table, writes its guard's trigger
+-- functions again for the key columns as they are now, in the ALTER's own
+-- transaction: a key column renamed or dropped gets functions that record
+-- a resync instead of naming it. Never fails the ALTER.
+create or replace function bloom_guard.on_key_column_ddl()
+returns event_trigger
+language plpgsql security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    w record;
+begin
+    for w in
+        select distinct wd.guard, wd.key_columns
+        from pg_catalog.pg_event_trigger_ddl_commands() c
+        join bloom_guard.watched wd
+          on c.objid in (select f.rel::oid from bloom_guard.family(wd.rel) f(rel))
+        where c.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+    loop
+        perform bloom_guard.create_record_functions(w.guard, w.key_columns);
+    end loop;
+exception when others then
+    raise warning 'bloom_guard: cannot rewrite the feed''s trigger functions after this change: %', sqlerrm;
+end
+$$;
+
 -- The functions of `guard`'s triggers, with its key expression written in:
 -- static SQL, planned once per session, so a writer's statement pays one
 -- cached insert into the feed and nothing else. SECURITY DEFINER: writers
@@ -313,13 +356,21 @@ declare
     slot constant text := '(select s.slot from bloom_guard.slots s where s.current)';
     header constant text := 'create or replace function bloom_guard.%I() returns trigger
         language plpgsql security definer as %L';
+    -- Whether a statement's key columns are gone: known now when the DDL
+    -- event trigger rewrites these functions after every ALTER TABLE of a
+    -- watched table, else tested by every statement.
+    gone text := case
+        when not exists (select from pg_catalog.pg_event_trigger e
+                         where e.evtname = 'bloom_guard_key_columns' and e.evtenabled <> 'D')
+            then bloom_guard.key_columns_gone(key_columns)
+        when bloom_guard.key_columns_missing(guard, key_columns) then 'true'
+        else 'false' end;
 begin
-    -- Static SQL names the key columns, planned once per session. Before
-    -- it runs, one catalog look (an index probe of pg_attribute) checks the
-    -- columns are still there under their names: a key column renamed or
-    -- dropped never makes a writer's statement fail. The statement then
-    -- records 'r' instead, and readers fail open and rebuild (the trigger
-    -- check names the column).
+    -- Static SQL names the key columns, planned once per session, and runs
+    -- only while they are there under their names (`gone`): a key column
+    -- renamed or dropped never makes a writer's statement fail. The
+    -- statement then records 'r' instead, and readers fail open and
+    -- rebuild (the trigger check names the column).
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'inserted'), pg_catalog.format(
         'begin
              if %3$s then
@@ -329,7 +380,7 @@ begin
              insert into bloom_guard.changes (guard, kind, key, part)
              select %1$L, ''i'', k, %2$s from (select %4$s as k from new_rows r) x where k is not null;
              return null;
-         end', guard, slot, bloom_guard.key_columns_gone(key_columns), bloom_guard.key_expression(key_columns, 'r')));
+         end', guard, slot, gone, bloom_guard.key_expression(key_columns, 'r')));
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'deleted'), pg_catalog.format(
         'begin
              if %3$s then
@@ -338,7 +389,7 @@ begin
              insert into bloom_guard.changes (guard, kind, key, part)
              select %1$L, ''d'', k, %2$s from (select %4$s as k from old_rows r) x where k is not null;
              return null;
-         end', guard, slot, bloom_guard.key_columns_gone(key_columns), bloom_guard.key_expression(key_columns, 'r')));
+         end', guard, slot, gone, bloom_guard.key_expression(key_columns, 'r')));
     -- Keys of the new rows that no old row had, whatever the rows' ids (an
     -- update may change both), and keys that went away.
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'updated'), pg_catalog.format(
@@ -354,7 +405,7 @@ begin
              select %1$L, ''d'', k, %2$s from (select k from o where k is not null except select k from n) removed;
              return null;
          end', guard, slot, bloom_guard.key_expression(key_columns, 'n'), bloom_guard.key_expression(key_columns, 'o'),
-               bloom_guard.key_columns_gone(key_columns)));
+               gone));
     -- Row by row, for the replica role only: logical replication's apply
     -- worker fires row triggers and never statement triggers. It reads the
     -- keys from each row as jsonb, by name (a missing column is then a
@@ -649,6 +700,21 @@ revoke all on function bloom_guard.watch(regclass, text[], text) from public;
 revoke all on function bloom_guard.create_triggers(regclass, text[], text) from public;
 revoke all on function bloom_guard.create_record_functions(text, text[]) from public;
 revoke all on function bloom_guard.unwatch(regclass, text) from public;
+revoke all on function bloom_guard.on_key_column_ddl() from public;
+
+-- With a superuser installing, an event trigger keeps the trigger
+-- functions in step with the key columns, and the functions test nothing
+-- per statement. Without one (only superusers create event triggers), each
+-- function tests the columns at every statement (one catalog probe).
+do $ddl$
+begin
+    if exists (select from pg_catalog.pg_roles r where r.rolname = current_user and r.rolsuper)
+       and not exists (select from pg_catalog.pg_event_trigger e where e.evtname = 'bloom_guard_key_columns') then
+        create event trigger bloom_guard_key_columns on ddl_command_end
+            when tag in ('ALTER TABLE') execute function bloom_guard.on_key_column_ddl();
+    end if;
+end
+$ddl$;
 
 -- Earlier versions' watched tables get this version's triggers (version 4
 -- added the replica row trigger), in this transaction: no write between
