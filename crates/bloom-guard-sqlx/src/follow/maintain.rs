@@ -158,7 +158,9 @@ impl<B: Database> Follower<B> {
             return;
         }
         tracing::error!(feed = self.backend.feed(), "a watched table was recreated or a feed trigger altered since the last check (disabled and enabled again?): writes may have bypassed the change feed; rebuilding, the guard lets every request through meanwhile");
-        let _hold = self.guard.hold_open();
+        let _hold = self.guard.hold_open_because(
+            "a watched table was recreated or a feed trigger altered: rebuilding",
+        );
         // Snapshots from before the change are not this guard's any more.
         if let Ok(keys) = self.backend.key_source().await {
             self.fleet().fingerprint = Some(keys.fingerprint);
