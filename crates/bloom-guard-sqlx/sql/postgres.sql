@@ -36,8 +36,17 @@ begin
     -- Nested: the inner test is planned only once the table is known.
     if pg_catalog.to_regclass('bloom_guard.schema_version') is not null then
         if exists (select from bloom_guard.schema_version where version < 4) then
-            for rel in select bloom_guard.family(w.rel) from bloom_guard.watched w order by 1 loop
-                execute pg_catalog.format('lock table %s in access exclusive mode', rel);
+            for rel in
+                select bloom_guard.family(w.rel) from bloom_guard.watched w
+                where exists (select from pg_catalog.pg_class c where c.oid = w.rel)
+                order by 1
+            loop
+                begin
+                    execute pg_catalog.format('lock table %s in access exclusive mode', rel);
+                exception when insufficient_privilege then
+                    -- Its triggers stay as they are (see below).
+                    null;
+                end;
             end loop;
             lock table bloom_guard.changes in access exclusive mode;
         end if;
@@ -278,7 +287,13 @@ create or replace function bloom_guard.trigger_name(guard text, event text)
 returns name
 language sql immutable strict
 set search_path = pg_catalog, pg_temp
-as $$ select pg_catalog.left('bloom_guard_' || guard || '_' || event, 63)::name $$;
+as $$
+    -- Whole while it fits in a name (63 bytes); a longer guard's name is
+    -- hashed, so no two events of a guard ever share a trigger.
+    select case when pg_catalog.octet_length('bloom_guard_' || guard || '_' || event) <= 63
+                then 'bloom_guard_' || guard || '_' || event
+                else 'bloom_guard_' || pg_catalog.left(pg_catalog.md5(guard), 16) || '_' || event end::name
+$$;
 
 -- The name of the function that records `event` ('inserted', 'updated',
 -- 'deleted') for `guard` over `key_columns`: one set per guard and key, so
@@ -289,52 +304,13 @@ returns name
 language sql immutable strict
 set search_path = pg_catalog, pg_temp
 as $$
-    select pg_catalog.left(
-        'bloom_guard_' || guard || '_' || pg_catalog.left(pg_catalog.md5(key_columns::text), 8) || '_' || event,
-        63)::name
-$$;
-
--- Whether a table `guard` watches with `key_columns` lacks one of them.
-create or replace function bloom_guard.key_columns_missing(guard text, key_columns text[])
-returns boolean
-language sql stable
-set search_path = pg_catalog, pg_temp
-as $$
-    select exists (
-        select from bloom_guard.watched w
-        cross join lateral bloom_guard.family(w.rel) f(rel)
-        cross join lateral pg_catalog.unnest(key_columns_missing.key_columns) c(name)
-        where w.guard = key_columns_missing.guard and w.key_columns = key_columns_missing.key_columns
-          and exists (select from pg_catalog.pg_class k where k.oid = f.rel)
-          and not exists (
-              select from pg_catalog.pg_attribute a
-              where a.attrelid = f.rel and a.attname = c.name and a.attnum > 0 and not a.attisdropped))
-$$;
-
--- After an ALTER TABLE of a watched table, writes its guard's trigger
--- functions again for the key columns as they are now, in the ALTER's own
--- transaction: a key column renamed or dropped gets functions that record
--- a resync instead of naming it. Never fails the ALTER.
-create or replace function bloom_guard.on_key_column_ddl()
-returns event_trigger
-language plpgsql security definer
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    w record;
-begin
-    for w in
-        select distinct wd.guard, wd.key_columns
-        from pg_catalog.pg_event_trigger_ddl_commands() c
-        join bloom_guard.watched wd
-          on c.objid in (select f.rel::oid from bloom_guard.family(wd.rel) f(rel))
-        where c.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
-    loop
-        perform bloom_guard.create_record_functions(w.guard, w.key_columns);
-    end loop;
-exception when others then
-    raise warning 'bloom_guard: cannot rewrite the feed''s trigger functions after this change: %', sqlerrm;
-end
+    -- Whole while it fits in a name; a longer one is hashed, so no two
+    -- events or guards ever share a function.
+    select case
+        when pg_catalog.octet_length('bloom_guard_' || guard || '_' || pg_catalog.left(pg_catalog.md5(key_columns::text), 8) || '_' || event) <= 63
+            then 'bloom_guard_' || guard || '_' || pg_catalog.left(pg_catalog.md5(key_columns::text), 8) || '_' || event
+        else 'bloom_guard_' || pg_catalog.left(pg_catalog.md5(guard || ':' || key_columns::text), 16) || '_' || event
+    end::name
 $$;
 
 -- The functions of `guard`'s triggers, with its key expression written in:
@@ -356,21 +332,17 @@ declare
     slot constant text := '(select s.slot from bloom_guard.slots s where s.current)';
     header constant text := 'create or replace function bloom_guard.%I() returns trigger
         language plpgsql security definer as %L';
-    -- Whether a statement's key columns are gone: known now when the DDL
-    -- event trigger rewrites these functions after every ALTER TABLE of a
-    -- watched table, else tested by every statement.
-    gone text := case
-        when not exists (select from pg_catalog.pg_event_trigger e
-                         where e.evtname = 'bloom_guard_key_columns' and e.evtenabled <> 'D')
-            then bloom_guard.key_columns_gone(key_columns)
-        when bloom_guard.key_columns_missing(guard, key_columns) then 'true'
-        else 'false' end;
+    -- Whether a statement's key columns are gone, tested by every
+    -- statement (one index probe of pg_attribute): however a column went
+    -- (a rename, a drop, a cascade from a type), the write does not fail.
+    gone constant text := bloom_guard.key_columns_gone(key_columns);
 begin
     -- Static SQL names the key columns, planned once per session, and runs
     -- only while they are there under their names (`gone`): a key column
     -- renamed or dropped never makes a writer's statement fail. The
     -- statement then records 'r' instead, and readers fail open and
-    -- rebuild (the trigger check names the column).
+    -- rebuild (the trigger check names the column). Within a statement the
+    -- table's lock keeps the columns as the test saw them.
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'inserted'), pg_catalog.format(
         'begin
              if %3$s then
@@ -457,11 +429,16 @@ begin
         foreach event in array array['inserted', 'updated', 'deleted', 'truncated', 'replica'] loop
             execute pg_catalog.format('drop trigger if exists %I on %s', bloom_guard.trigger_name(guard, event), rel);
         end loop;
-        execute pg_catalog.format(
-            'create trigger %I after insert or update or delete on %s
-             for each row execute function bloom_guard.%I()',
-            bloom_guard.trigger_name(guard, 'replica'), rel, bloom_guard.record_function(guard, key_columns, 'row'));
-        execute pg_catalog.format('alter table %s enable replica trigger %I', rel, bloom_guard.trigger_name(guard, 'replica'));
+        -- On tables that hold rows only: Postgres would clone a partitioned
+        -- table's row trigger onto its partitions, where this loop puts
+        -- their own.
+        if exists (select from pg_catalog.pg_class c where c.oid = rel and c.relkind <> 'p') then
+            execute pg_catalog.format(
+                'create trigger %I after insert or update or delete on %s
+                 for each row execute function bloom_guard.%I()',
+                bloom_guard.trigger_name(guard, 'replica'), rel, bloom_guard.record_function(guard, key_columns, 'row'));
+            execute pg_catalog.format('alter table %s enable replica trigger %I', rel, bloom_guard.trigger_name(guard, 'replica'));
+        end if;
         execute pg_catalog.format(
             'create trigger %I after insert on %s referencing new table as new_rows
              for each statement execute function bloom_guard.%I()',
@@ -583,6 +560,8 @@ as $$
     left join pg_catalog.pg_trigger t on t.tgrelid = f.rel and t.tgname = e.name
     where w.guard = gaps.guard and (t.oid is null or t.tgenabled <> e.mode)
       and exists (select from pg_catalog.pg_class c where c.oid = w.rel)
+      -- A partitioned table holds no rows: its partitions have the row trigger.
+      and not (e.mode = 'R' and exists (select from pg_catalog.pg_class c where c.oid = f.rel and c.relkind = 'p'))
     union all
     select f.rel, 'key column ' || c.name || ' is gone (renamed or dropped): watch the table with its key columns again'
     from bloom_guard.watched w
@@ -700,21 +679,6 @@ revoke all on function bloom_guard.watch(regclass, text[], text) from public;
 revoke all on function bloom_guard.create_triggers(regclass, text[], text) from public;
 revoke all on function bloom_guard.create_record_functions(text, text[]) from public;
 revoke all on function bloom_guard.unwatch(regclass, text) from public;
-revoke all on function bloom_guard.on_key_column_ddl() from public;
-
--- With a superuser installing, an event trigger keeps the trigger
--- functions in step with the key columns, and the functions test nothing
--- per statement. Without one (only superusers create event triggers), each
--- function tests the columns at every statement (one catalog probe).
-do $ddl$
-begin
-    if exists (select from pg_catalog.pg_roles r where r.rolname = current_user and r.rolsuper)
-       and not exists (select from pg_catalog.pg_event_trigger e where e.evtname = 'bloom_guard_key_columns') then
-        create event trigger bloom_guard_key_columns on ddl_command_end
-            when tag in ('ALTER TABLE') execute function bloom_guard.on_key_column_ddl();
-    end if;
-end
-$ddl$;
 
 -- Earlier versions' watched tables get this version's triggers (version 4
 -- added the replica row trigger), in this transaction: no write between
@@ -726,7 +690,10 @@ declare
     w record;
 begin
     if exists (select from bloom_guard.schema_version where version < 4) then
-        for w in select * from bloom_guard.watched loop
+        for w in
+            select * from bloom_guard.watched x
+            where exists (select from pg_catalog.pg_class c where c.oid = x.rel)
+        loop
             begin
                 perform bloom_guard.create_triggers(w.rel, w.key_columns, w.guard);
             exception when insufficient_privilege then

@@ -660,3 +660,50 @@ async fn a_gap_found_at_start_holds_the_first_filter_open(pool: PgPool) {
     assert!(!guard.is_ready());
     assert!(guard.may_contain("anything"), "failing open");
 }
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_long_guard_name_and_a_partitioned_table_are_watched_whole(pool: PgPool) {
+    bloom_guard_sqlx::install(&pool).await.expect("install");
+    // A guard name too long for a trigger or function name with its event,
+    // and a partitioned table (its partitions get their own row triggers).
+    let long = "g".repeat(45);
+    exec(
+        &pool,
+        &format!(
+            "create table parts (k text not null) partition by list (k);
+             create table parts_a partition of parts for values in ('a');
+             create table parts_b partition of parts for values in ('b');
+             select bloom_guard.watch('items', array['key'], '{long}');
+             select bloom_guard.watch('parts', array['k'], 'parts');
+             insert into items (key) values ('x');
+             insert into parts values ('a'), ('b');
+             update items set key = 'y' where key = 'x';"
+        ),
+    )
+    .await;
+    let mut long_kinds: Vec<String> = sqlx::query_scalar(
+        "select kind::text || ':' || key from bloom_guard.changes where guard = $1 and kind <> 'r'",
+    )
+    .bind(&long)
+    .fetch_all(&pool)
+    .await
+    .expect("feed");
+    long_kinds.sort();
+    assert_eq!(long_kinds, ["d:x", "i:x", "i:y"]);
+    let parts: i64 = sqlx::query_scalar(
+        "select count(*) from bloom_guard.changes where guard = 'parts' and kind = 'i'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("feed");
+    assert_eq!(parts, 2);
+    for guard in [long.as_str(), "parts"] {
+        let gaps: Vec<String> = sqlx::query_scalar("select problem from bloom_guard.gaps($1)")
+            .bind(guard)
+            .fetch_all(&pool)
+            .await
+            .expect("gaps");
+        assert!(gaps.is_empty(), "{guard}: {gaps:?}");
+    }
+}

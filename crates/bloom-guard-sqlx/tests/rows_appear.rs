@@ -190,25 +190,36 @@ async fn a_pg_restore_clean_of_another_database_is_rebuilt_here_and_on_a_new_ins
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn renaming_the_key_column_under_writers_fails_no_write_and_no_key(pool: PgPool) {
-    // Installed by a superuser: the DDL event trigger rewrites the trigger
-    // functions in the ALTER's transaction.
     install(&pool).await;
     rename_under_writers(&pool).await;
 }
 
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
-async fn without_the_ddl_event_trigger_each_statement_tests_its_key_columns(pool: PgPool) {
-    // As a non-superuser installs it: no event trigger, so the functions
-    // test the key columns at every statement.
-    install(&pool).await;
+async fn a_key_column_dropped_by_a_cascade_fails_no_write(pool: PgPool) {
+    // No ALTER TABLE names the column: dropping its type takes it along.
     exec(
         &pool,
-        "drop event trigger bloom_guard_key_columns;
-         select bloom_guard.create_record_functions('items', array['key'])",
+        "create domain item_key as text;
+         create table things (id bigint generated always as identity primary key, code item_key unique)",
     )
     .await;
-    rename_under_writers(&pool).await;
+    bloom_guard_sqlx::install(&pool).await.expect("install");
+    bloom_guard_sqlx::Watch::table("things")
+        .key("code")
+        .install(&pool)
+        .await
+        .expect("watch");
+    exec(&pool, "insert into things (code) values ('before')").await;
+    exec(&pool, "drop domain item_key cascade").await;
+    exec(&pool, "insert into things default values").await;
+    let kinds: Vec<String> = sqlx::query_scalar(
+        "select kind::text from bloom_guard.changes where guard = 'things' order by xid",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("feed");
+    assert_eq!(kinds.last().map(String::as_str), Some("r"), "{kinds:?}");
 }
 
 /// Renames `items.key` under four writers, then back: no write fails, the

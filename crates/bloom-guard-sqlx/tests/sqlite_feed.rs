@@ -521,3 +521,17 @@ async fn a_snapshot_copied_from_another_file_is_refused() {
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 }
+
+#[tokio::test]
+async fn a_key_that_is_not_utf8_does_not_stall_the_feed() {
+    let (path, pool) = watched_file(3).await;
+    let guard = BloomGuard::builder().build();
+    let _stop = follow(&guard, &pool);
+    ready(&guard).await;
+    shell(
+        &path,
+        "insert into items (key) values (cast(x'ff61' as text)); insert into items (key) values ('after-it');",
+    );
+    serves(&guard, "the key after a non-UTF-8 one", &["after-it".to_owned()]).await;
+    let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bloom_guard::HoldOpen;
 use tokio::sync::Notify;
-use tokio::time::{sleep, Instant};
+use tokio::time::Instant;
 
 use super::{Database, Follower};
 use crate::column;
@@ -32,16 +32,21 @@ impl<B: Database> Follower<B> {
         let mut ticks = tokio::time::interval(self.check_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_prune: Option<Instant> = None;
+        let mut last_look: Option<Instant> = None;
         loop {
             let resync_requested = tokio::select! {
                 _ = ticks.tick() => false,
                 () = resync.notified() => true,
                 () = published.notified() => {
-                    // Anyone may NOTIFY: one look per second at most.
-                    if self.snapshots && gap.is_none() {
+                    // Anyone may NOTIFY: one look per second at most, and
+                    // the checks go on meanwhile.
+                    if self.snapshots
+                        && gap.is_none()
+                        && last_look.is_none_or(|at| at.elapsed() >= Duration::from_secs(1))
+                    {
+                        last_look = Some(Instant::now());
                         self.adopt_newer().await;
                     }
-                    sleep(Duration::from_secs(1)).await;
                     continue;
                 }
             };
@@ -52,6 +57,7 @@ impl<B: Database> Follower<B> {
             // Writes the feed could not record keep the guard open until a
             // rebuild has them, retried at every check.
             let unrecorded = crate::lock::lock(&self.unrecorded).is_some();
+            let resyncs = self.resyncs.load(std::sync::atomic::Ordering::Acquire);
             if unrecorded
                 && gap.is_none()
                 && self
@@ -59,6 +65,8 @@ impl<B: Database> Follower<B> {
                     .rebuild_newer_than(&source, Instant::now())
                     .await
                     .is_ok()
+                // A resync read while the rebuild ran may postdate its scan.
+                && self.resyncs.load(std::sync::atomic::Ordering::Acquire) == resyncs
             {
                 crate::lock::lock(&self.unrecorded).take();
             }
@@ -205,11 +213,11 @@ impl<B: Database> Follower<B> {
         None
     }
 
-    /// Keeps the guard open from now on: a stored key may be equal, for the
-    /// database, to spellings the key type cannot reproduce.
     /// Holds the guard open for writes the feed could not record, until a
-    /// rebuild has them.
+    /// rebuild that started after the last of them has them.
     pub(super) fn hold_for_unrecorded(&self) {
+        self.resyncs
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let mut held = crate::lock::lock(&self.unrecorded);
         if held.is_none() {
             tracing::warn!(
@@ -222,6 +230,8 @@ impl<B: Database> Follower<B> {
         }
     }
 
+    /// Keeps the guard open from now on: a stored key may be equal, for the
+    /// database, to spellings the key type cannot reproduce.
     pub(super) fn hold_for_unsafe_key(&self) {
         let mut held = crate::lock::lock(&self.unsafe_key);
         if held.is_none() {

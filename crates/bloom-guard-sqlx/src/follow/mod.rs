@@ -53,6 +53,9 @@ pub(crate) struct Follower<B: Database> {
     /// triggers installed again, a key column gone) until a rebuild has
     /// them.
     unrecorded: Mutex<Option<HoldOpen>>,
+    /// Resyncs read so far: a rebuild releases `unrecorded` only if none
+    /// came while it ran.
+    resyncs: std::sync::atomic::AtomicU64,
     /// A test's pause between a read's keys and its position: signals the
     /// first, waits for the second.
     #[cfg(test)]
@@ -90,6 +93,7 @@ impl<B: Database> Follower<B> {
             ascii_only: std::sync::atomic::AtomicBool::new(false),
             unsafe_key: Mutex::new(None),
             unrecorded: Mutex::new(None),
+            resyncs: std::sync::atomic::AtomicU64::new(0),
             #[cfg(test)]
             between_keys_and_position: None,
         }

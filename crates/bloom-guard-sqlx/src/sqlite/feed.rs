@@ -15,8 +15,9 @@ use crate::column::{sqlite_column_definition, sqlite_comparison, KeyColumn};
 use crate::follow::Read;
 use crate::watch::Watch;
 
-/// A feed row's columns as a position's digest covers them.
-const MARKED: &str = "id, guard, kind, quote(key), at";
+/// A feed row's columns as a position's digest covers them: the key as the
+/// hex of its SQL literal, ASCII whatever the key's bytes.
+const MARKED: &str = "id, guard, kind, hex(quote(key)), at";
 
 /// The mark of row `id`, if the feed holds it.
 async fn mark_of(pool: &SqlitePool, id: i64) -> Result<Option<Mark>, sqlx::Error> {
@@ -156,6 +157,28 @@ pub(super) async fn gaps(pool: &SqlitePool, watch: &Watch) -> Result<Vec<String>
         .filter(|name| !present.contains(name))
         .map(|name| format!("{}: trigger {} is missing", ident(table), name))
         .collect())
+}
+
+/// Whether the watched table has every key column.
+pub(super) async fn has_key_columns(pool: &SqlitePool, watch: &Watch) -> Result<bool, sqlx::Error> {
+    let columns: Vec<String> = sqlx::query_scalar("select name from pragma_table_info(?)")
+        .bind(unquoted(&watch.table))
+        .fetch_all(pool)
+        .await?;
+    Ok(watch.key_columns.iter().all(|key| {
+        columns
+            .iter()
+            .any(|column| column.eq_ignore_ascii_case(key))
+    }))
+}
+
+/// Records that writes bypassed feed `name`: every reader rebuilds.
+pub(super) async fn record_resync(pool: &SqlitePool, name: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("insert into bloom_guard_changes (guard, kind, key) values (?, 'r', '')")
+        .bind(name)
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// The watched key columns, in the watch's order.

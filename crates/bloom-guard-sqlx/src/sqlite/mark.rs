@@ -25,8 +25,8 @@ impl Mark {
         digest: None,
     };
 
-    /// The position at row `id`, whose columns `guard`, `kind`, `quote(key)`
-    /// and `at` are given.
+    /// The position at row `id`, whose columns `guard`, `kind`,
+    /// `hex(quote(key))` and `at` are given.
     pub(super) fn at(id: i64, guard: &str, kind: &str, quoted_key: &str, at: i64) -> Self {
         Self {
             id,

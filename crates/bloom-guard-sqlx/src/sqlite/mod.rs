@@ -138,14 +138,23 @@ impl Database for SqliteBackend {
 
     async fn repair(&self) -> Result<bool, sqlx::Error> {
         // A table rebuilt the SQLite way (new table, copy, drop, rename)
-        // lost its triggers: any connection may put them back.
-        if feed::gaps(&self.pool, &self.watch).await?.is_empty() {
+        // lost its triggers: any connection may put them back, as long as
+        // the key columns are there (triggers naming a missing column
+        // would fail every write).
+        if feed::gaps(&self.pool, &self.watch).await?.is_empty()
+            || !feed::has_key_columns(&self.pool, &self.watch).await?
+        {
             return Ok(false);
         }
-        match self.watch.install_sqlite(&self.pool).await {
-            Ok(()) => Ok(true),
-            Err(crate::error::FeedError::Database(error)) => Err(error),
+        if let Err(crate::error::FeedError::Database(error)) =
+            self.watch.install_sqlite(&self.pool).await
+        {
+            return Err(error);
         }
+        // Every instance rebuilds: writes made without the triggers are in
+        // no feed.
+        feed::record_resync(&self.pool, self.watch.feed_name()).await?;
+        Ok(true)
     }
 
     async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
