@@ -532,6 +532,11 @@ async fn a_key_that_is_not_utf8_does_not_stall_the_feed() {
         &path,
         "insert into items (key) values (cast(x'ff61' as text)); insert into items (key) values ('after-it');",
     );
-    serves(&guard, "the key after a non-UTF-8 one", &["after-it".to_owned()]).await;
+    serves(
+        &guard,
+        "the key after a non-UTF-8 one",
+        &["after-it".to_owned()],
+    )
+    .await;
     let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
 }
