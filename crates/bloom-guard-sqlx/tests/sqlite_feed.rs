@@ -66,6 +66,7 @@ async fn two_instances_and_the_sqlite3_shell_see_each_others_keys() {
         .await
         .expect("update");
     let shell = std::process::Command::new("sqlite3")
+        .args(["-cmd", ".timeout 10000"])
         .arg(&path)
         .arg("insert into items (key) values ('from-the-shell'), (42);")
         .status()
@@ -150,6 +151,7 @@ async fn instances_on_one_file_share_snapshots_and_refuse_damaged_ones() {
 
     // A key written by the shell between the starts.
     let shell = std::process::Command::new("sqlite3")
+        .args(["-cmd", ".timeout 10000"])
         .arg(&path)
         .arg("insert into items (key) values ('between-the-starts');")
         .status()
@@ -404,7 +406,9 @@ async fn watched_file(seeded: usize) -> (std::path::PathBuf, SqlitePool) {
 }
 
 fn shell(path: &std::path::Path, command: &str) {
+    // Waits for locks the followers' connections hold, as an app would.
     let status = std::process::Command::new("sqlite3")
+        .args(["-cmd", ".timeout 10000"])
         .arg(path)
         .arg(command)
         .status()
