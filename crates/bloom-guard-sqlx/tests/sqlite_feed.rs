@@ -338,20 +338,7 @@ async fn an_instance_started_after_a_bulk_load_protects_from_its_first_filter() 
         .await
         .expect("install");
     // The instance that ran the migrations published the empty table.
-    let first = BloomGuard::builder().build();
-    let stop = follow(&first, &pool);
-    ready(&first).await;
-    for _ in 0..500 {
-        let published: i64 = sqlx::query_scalar("select count(*) from bloom_guard_snapshots")
-            .fetch_one(&pool)
-            .await
-            .expect("count");
-        if published > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    drop(stop);
+    publish_snapshot(&pool).await;
     // A bulk load in one statement.
     sqlx::raw_sql(
         "with recursive n(i) as (select 1 union all select i + 1 from n where i < 200000)
