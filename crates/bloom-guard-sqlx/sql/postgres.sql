@@ -1,4 +1,5 @@
--- bloom-guard's change feed and filter snapshots for Postgres, schema version 4.
+-- bloom-guard's change feed, filter snapshots and fleet tables for Postgres,
+-- schema version 5.
 --
 -- Idempotent: installing twice is a no-op, and every statement can run over
 -- an earlier install of this version. `bloom_guard_sqlx::install` runs it in
@@ -704,5 +705,28 @@ begin
 end
 $retrigger$;
 
-insert into bloom_guard.schema_version (version) values (4)
+-- A fleet's settings, which every instance of a guard reads every second
+-- and puts in force (`PUT /admin/bloom/{guard}/mode`, `BloomGuard::set_settings`):
+-- null where none was stored, and the instance's default applies.
+create table if not exists bloom_guard.settings (
+    guard text primary key,
+    mode text check (mode in ('enforce', 'shadow', 'off')),
+    audit_rate double precision check (audit_rate >= 0 and audit_rate <= 1),
+    updated_at timestamptz not null default pg_catalog.now()
+);
+
+-- Every instance's heartbeat, per guard, at most every 10 s: the fleet
+-- view (`GET /admin/bloom/{guard}/fleet`) lists those seen in the last
+-- 30 s, and a heartbeat deletes its guard's older rows.
+create table if not exists bloom_guard.instances (
+    guard text not null,
+    id text not null,
+    seen_at timestamptz not null default pg_catalog.now(),
+    report jsonb not null,
+    primary key (guard, id)
+);
+
+revoke all on bloom_guard.settings, bloom_guard.instances from public;
+
+insert into bloom_guard.schema_version (version) values (5)
 on conflict (singleton) do update set version = excluded.version;

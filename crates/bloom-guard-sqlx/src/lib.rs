@@ -11,6 +11,8 @@ mod error;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod fleet_rebuild;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod fleet_store;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod follow;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod lock;

@@ -17,9 +17,12 @@ use sha2::{Digest, Sha256};
 use crate::error::BuildError;
 use crate::guard::BloomGuard;
 use crate::lock::lock;
-use crate::mode::Mode;
 use crate::source::KeySource;
 use crate::stats::Stats;
+
+mod settings;
+
+use settings::{clear_overrides, fleet, set_mode};
 
 /// Renders the installed recorder's metrics as Prometheus text.
 type RenderFn = Arc<dyn Fn() -> String + Send + Sync>;
@@ -38,8 +41,17 @@ type RebuildFn = Arc<dyn Fn() -> BoxFuture<'static, Result<Stats, BuildError>> +
 /// - `POST /admin/bloom/rebuild`: the same for every guard with a source,
 ///   one after the other; answers as `GET /admin/bloom`.
 /// - `PUT /admin/bloom/{guard}/mode` with `{"mode": "enforce" | "shadow" |
-///   "off"}`: switches the guard's [`Mode`] at once; answers
-///   the stats.
+///   "off"}`, `{"audit_rate": 0.001}` or both: switches the guard's
+///   [`Mode`] or audit rate on every instance of its fleet
+///   ([`BloomGuard::set_settings`]; `503` if the fleet's database cannot
+///   be reached, and nothing changed); with `"scope": "instance"`, on
+///   this instance only ([`BloomGuard::override_settings`]). Answers the
+///   stats, whose `mode_set_by` and `audit_rate_set_by` say which is in
+///   force.
+/// - `DELETE /admin/bloom/{guard}/mode`: drops this instance's overrides.
+/// - `GET /admin/bloom/{guard}/fleet`: `{"instances": [...]}`, the
+///   [`Instance`](crate::Instance)s of the guard's fleet heard from in the
+///   last 30 s ([`BloomGuard::fleet`]).
 /// - `GET /metrics`: the Prometheus text of the application's recorder
 ///   (see [`metrics`](Self::metrics)); the guards record their figures
 ///   there as they happen (feature `metrics`), one `guard` label per guard.
@@ -179,7 +191,11 @@ impl Admin {
             .route("/admin/bloom/rebuild", post(rebuild_all))
             .route("/admin/bloom/{guard}", get(stats))
             .route("/admin/bloom/{guard}/rebuild", post(rebuild))
-            .route("/admin/bloom/{guard}/mode", put(set_mode))
+            .route(
+                "/admin/bloom/{guard}/mode",
+                put(set_mode).delete(clear_overrides),
+            )
+            .route("/admin/bloom/{guard}/fleet", get(fleet))
             .route("/metrics", get(prometheus_text))
             .with_state(state)
             .layer(middleware::from_fn_with_state(
@@ -247,33 +263,6 @@ async fn rebuild(State(state): State<Arc<AdminState>>, Path(name): Path<String>)
     match run_rebuild(admin, state.cooldown).await {
         Ok(stats) => Json(stats).into_response(),
         Err(response) => *response,
-    }
-}
-
-/// The body of `PUT /admin/bloom/{guard}/mode`.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ModeChange {
-    mode: Mode,
-}
-
-async fn set_mode(
-    State(state): State<Arc<AdminState>>,
-    Path(name): Path<String>,
-    body: Result<Json<ModeChange>, axum::extract::rejection::JsonRejection>,
-) -> Response {
-    let Some(admin) = state.find(&name) else {
-        return no_such_guard();
-    };
-    match body {
-        Ok(Json(change)) => {
-            admin.guard.set_mode(change.mode);
-            Json(admin.guard.stats()).into_response()
-        }
-        Err(_) => error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            r#"expected {"mode": "enforce" | "shadow" | "off"}"#,
-        ),
     }
 }
 
@@ -444,7 +433,11 @@ mod tests {
         assert_eq!(response.status(), StatusCode::NOT_IMPLEMENTED);
     }
 
-    async fn json(app: &Router, method: &str, uri: &str) -> (StatusCode, serde_json::Value) {
+    pub(super) async fn json(
+        app: &Router,
+        method: &str,
+        uri: &str,
+    ) -> (StatusCode, serde_json::Value) {
         let response = app
             .clone()
             .oneshot(request(method, uri))
@@ -586,45 +579,5 @@ mod tests {
     fn an_empty_token_never_matches() {
         let token = Token::new("");
         assert!(!token.matches(&HeaderMap::new()));
-    }
-
-    #[tokio::test]
-    async fn the_mode_is_switched_at_run_time() {
-        let guard = BloomGuard::builder().name("items").build();
-        let app = Admin::new("s3cret").guard(guard.clone()).into_router();
-        let put = |body: &'static str| {
-            Request::builder()
-                .method("PUT")
-                .uri("/admin/bloom/items/mode")
-                .header(header::AUTHORIZATION, "Bearer s3cret")
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(body))
-                .expect("valid request")
-        };
-        let response = app
-            .clone()
-            .oneshot(put(r#"{"mode":"shadow"}"#))
-            .await
-            .expect("infallible");
-        assert_eq!(response.status(), StatusCode::OK);
-        assert_eq!(guard.mode(), crate::Mode::Shadow);
-        let (_, stats) = json(&app, "GET", "/admin/bloom/items").await;
-        assert_eq!(
-            (
-                &stats["mode"],
-                &stats["shadow_would_reject"],
-                &stats["shadow_false_negatives"]
-            ),
-            (
-                &serde_json::json!("shadow"),
-                &serde_json::json!(0),
-                &serde_json::json!(0)
-            )
-        );
-        for bad in [r#"{"mode":"loud"}"#, r#"{}"#, "mode=off"] {
-            let response = app.clone().oneshot(put(bad)).await.expect("infallible");
-            assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
-        }
-        assert_eq!(guard.mode(), crate::Mode::Shadow);
     }
 }

@@ -60,10 +60,10 @@ impl BloomGuard {
         self.shared.mode()
     }
 
-    /// Switches the guard's mode at once, for every layer and request that
-    /// follows; see [`Mode`].
-    pub fn set_mode(&self, mode: Mode) {
-        self.shared.set_mode(mode);
+    /// The share of would-be rejections that enforce mode passes on and
+    /// checks (see [`Builder::audit_rate`](crate::Builder::audit_rate)).
+    pub fn audit_rate(&self) -> f64 {
+        self.shared.settings.audit_rate()
     }
 
     /// The guard's name (see [`Builder::name`](crate::Builder::name)).

@@ -12,6 +12,7 @@ mod error;
 mod extract;
 mod filter;
 mod filter_set;
+mod fleet;
 mod future;
 mod guard;
 mod journal;
@@ -28,6 +29,7 @@ mod rebuild;
 mod response;
 mod scan;
 mod service;
+mod settings;
 mod shared;
 mod single_flight;
 mod snapshot;
@@ -48,6 +50,7 @@ pub use builder::Builder;
 pub use checked::{AsKey, Checked, CheckedRejection};
 pub use error::{AdoptError, BuildError};
 pub use extract::{Header, KeyExtractor, PathSegment, QueryParam};
+pub use fleet::{instance_id, Fleet, FleetStoreError, Instance, Membership, SettingsError};
 pub use future::ResponseFuture;
 pub use guard::{BloomGuard, HoldOpen};
 pub use key::{Key, KeyError};
@@ -59,6 +62,7 @@ pub use mode::{Mode, UnknownMode};
 pub use path_param::{PathParam, PathParams};
 pub use response::not_found_response;
 pub use service::BloomGuardService;
+pub use settings::{InvalidAuditRate, SetBy, Settings};
 pub use snapshot::{
     Snapshot, SnapshotChunks, SnapshotError, SnapshotInfo, SnapshotReader, SnapshotWriter,
     SNAPSHOT_FORMAT,

@@ -6,8 +6,10 @@ use std::str::FromStr;
 
 /// How a guard acts on requests for keys its filter does not hold.
 ///
-/// Switch at run time with [`BloomGuard::set_mode`](crate::BloomGuard::set_mode)
-/// (the example's admin API: `PUT /admin/bloom/{guard}/mode`).
+/// Switch at run time with [`BloomGuard::set_mode`](crate::BloomGuard::set_mode),
+/// on every instance of the fleet, or with
+/// [`BloomGuard::override_settings`](crate::BloomGuard::override_settings)
+/// on one (the admin API: `PUT /admin/bloom/{guard}/mode`).
 ///
 /// # Rolling out
 ///
@@ -23,10 +25,12 @@ use std::str::FromStr;
 /// ```
 /// use bloom_guard::{BloomGuard, Mode};
 ///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), bloom_guard::SettingsError> {
 /// let guard = BloomGuard::builder().mode(Mode::Shadow).build();
 /// assert_eq!(guard.mode(), Mode::Shadow);
-/// guard.set_mode("enforce".parse().expect("a mode"));
+/// guard.set_mode("enforce".parse().expect("a mode")).await?;
 /// assert_eq!(guard.mode(), Mode::Enforce);
+/// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]

@@ -663,7 +663,10 @@ mod tests {
     #[tokio::test]
     async fn off_mode_checks_and_counts_nothing() {
         let guard = warm_guard(&["a"]).await;
-        guard.set_mode(crate::Mode::Off);
+        guard
+            .set_mode(crate::Mode::Off)
+            .await
+            .expect("no fleet to fail");
         let (app, calls) = counting_app(&guard);
         assert_eq!(get_uri(&app, "/items/absent").await.0, StatusCode::OK);
         assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -684,7 +687,7 @@ mod tests {
             tokio::spawn(async move {
                 for i in 0..300 {
                     let mode = [crate::Mode::Enforce, crate::Mode::Shadow, crate::Mode::Off][i % 3];
-                    guard.set_mode(mode);
+                    guard.set_mode(mode).await.expect("no fleet to fail");
                     tokio::task::yield_now().await;
                 }
             })

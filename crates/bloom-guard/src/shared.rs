@@ -1,7 +1,7 @@
 //! The state every clone of a guard shares: the filter in use, the filters
 //! being built, and the counters.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -11,10 +11,12 @@ use crate::counter::Counter;
 use crate::error::BuildError;
 use crate::filter::Filter;
 use crate::filter_set::FilterSet;
+use crate::fleet::Fleet;
 use crate::key::{Key, KeyError};
 use crate::lock::lock;
 use crate::metrics::{FilterFigures, GuardMetrics, UNCHECKED_REASONS};
 use crate::mode::Mode;
+use crate::settings::{Layers, SetBy, Settings};
 use crate::source::KeyBatch;
 use crate::stats::{FeedStatus, FilterOrigin, GuardState, Stats, UncheckedCounts};
 
@@ -28,6 +30,15 @@ fn figures(filter: &Filter, estimated_fpp: f64) -> FilterFigures {
         hashes: filter.hashes(),
         sub_filters: filter.stage_count(),
         estimated_fpp,
+    }
+}
+
+/// A guard's fleet, in a slot `Shared`'s `Debug` can show.
+struct FleetSlot(Arc<dyn Fleet>);
+
+impl std::fmt::Debug for FleetSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fleet")
     }
 }
 
@@ -65,8 +76,11 @@ pub(crate) struct Shared {
     shadow_would_reject: Counter,
     audited: Counter,
     false_negatives: Counter,
-    /// The mode, as `Mode::to_u8`.
-    mode: AtomicU8,
+    /// The mode and audit rate, by layer and in force.
+    pub(crate) settings: Layers,
+    /// The fleet the guard's settings are stored for, while a follower
+    /// runs.
+    fleet: Mutex<Option<FleetSlot>>,
     /// A false negative was seen: the filter in use is not trusted until
     /// the next one is put in place.
     suspect: AtomicBool,
@@ -116,7 +130,8 @@ impl Shared {
         Self {
             filters: FilterSet::new(config.write_window),
             metrics: GuardMetrics::new(config.name, config.target_fpp, config.mode),
-            mode: AtomicU8::new(config.mode.to_u8()),
+            settings: Layers::new(config.mode, config.audit_rate),
+            fleet: Mutex::new(None),
             config,
             held_open: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
@@ -203,14 +218,45 @@ impl Shared {
     }
 
     pub(crate) fn mode(&self) -> Mode {
-        Mode::from_u8(self.mode.load(Ordering::Relaxed))
+        self.settings.mode()
     }
 
-    pub(crate) fn set_mode(&self, mode: Mode) {
-        let old = Mode::from_u8(self.mode.swap(mode.to_u8(), Ordering::Relaxed));
-        if old != mode {
-            self.metrics.mode(mode);
-            tracing::info!(guard = self.config.name, from = %old, to = %mode, "guard mode changed");
+    /// Changes one layer of the settings (see [`Layers::update`]).
+    pub(crate) fn update_settings(&self, by: SetBy, settings: Settings, replace: bool) {
+        let change = self.settings.update(by, settings, replace);
+        self.mode_changed(change.from, change.to, by);
+    }
+
+    /// Drops this instance's overrides.
+    pub(crate) fn clear_overrides(&self) {
+        let change = self.settings.clear_overrides();
+        self.mode_changed(change.from, change.to, SetBy::Fleet);
+    }
+
+    fn mode_changed(&self, from: Mode, to: Mode, by: SetBy) {
+        if from != to {
+            self.metrics.mode(to);
+            tracing::info!(guard = self.config.name, %from, %to, by = by.as_str(), "guard mode changed");
+        }
+    }
+
+    /// The fleet the guard belongs to, if it joined one.
+    pub(crate) fn fleet(&self) -> Option<Arc<dyn Fleet>> {
+        lock(&self.fleet).as_ref().map(|slot| Arc::clone(&slot.0))
+    }
+
+    pub(crate) fn join_fleet(&self, fleet: Arc<dyn Fleet>) {
+        *lock(&self.fleet) = Some(FleetSlot(fleet));
+    }
+
+    /// Leaves `fleet`, unless the guard joined another since.
+    pub(crate) fn leave_fleet(&self, fleet: &Arc<dyn Fleet>) {
+        let mut slot = lock(&self.fleet);
+        if slot
+            .as_ref()
+            .is_some_and(|joined| Arc::ptr_eq(&joined.0, fleet))
+        {
+            *slot = None;
         }
     }
 
@@ -499,6 +545,7 @@ impl Shared {
             .or_else(|| self.hold_reason());
         let last_build = *lock(&self.last_build);
         let state = self.state();
+        let (mode_set_by, audit_rate_set_by) = self.settings.set_by();
         Stats {
             state,
             reason: self.reason(),
@@ -529,6 +576,9 @@ impl Shared {
             },
             unguarded: self.unguarded.get(),
             mode: self.mode(),
+            mode_set_by,
+            audit_rate: self.settings.audit_rate(),
+            audit_rate_set_by,
             shadow_would_reject: self.shadow_would_reject.get(),
             audited: self.audited.get(),
             shadow_false_negatives: self.false_negatives.get(),

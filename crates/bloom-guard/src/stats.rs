@@ -3,15 +3,17 @@
 use std::fmt;
 
 use crate::mode::Mode;
+use crate::settings::SetBy;
 
 /// Where the guard is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum GuardState {
     /// The guard has not protected yet: the first filter is being built or
     /// completed (fail open: every request passes). [`Stats::reason`]
     /// says what it waits for.
+    #[default]
     Warming,
     /// A filter that holds every key, within its false-positive bound, is
     /// in place; absent keys are answered by the guard.
@@ -103,6 +105,15 @@ pub struct Stats {
     pub unguarded: u64,
     /// What the guard does with its verdicts.
     pub mode: Mode,
+    /// Whether `mode` is the builder's default, the fleet's or this
+    /// instance's override.
+    pub mode_set_by: SetBy,
+    /// In enforce mode, the share of would-be rejections passed on and
+    /// checked ([`Builder::audit_rate`](crate::Builder::audit_rate)).
+    pub audit_rate: f64,
+    /// Whether `audit_rate` is the builder's default, the fleet's or this
+    /// instance's override.
+    pub audit_rate_set_by: SetBy,
     /// Requests shadow mode passed on that enforce mode would have
     /// answered as absent.
     pub shadow_would_reject: u64,
@@ -161,7 +172,7 @@ impl UncheckedCounts {
 
 /// Where a filter came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum FilterOrigin {
     /// A scan of every key of the source.

@@ -72,13 +72,20 @@ pub(crate) fn decide<'s, 'k>(
     }
     if mode == Mode::Shadow {
         shared.count_shadow_would_reject();
-    } else if shared.config.audit_rate > 0.0 && fastrand::f64() < shared.config.audit_rate {
+    } else if audit(shared.settings.audit_rate()) {
         shared.count_audited();
     } else {
         shared.count_rejected();
         return Verdict::Reject(&shared.config.absent);
     }
     Verdict::Audit(key.as_bytes().into())
+}
+
+/// Whether to pass on and check this would-be rejection, one in
+/// `1 / rate`.
+#[inline]
+fn audit(rate: f64) -> bool {
+    rate > 0.0 && fastrand::f64() < rate
 }
 
 /// What checking the answer to an audited request takes: the guard's core

@@ -34,7 +34,11 @@ pub struct Config {
     /// `BLOOM_DEBUG_HEADER`: `on` marks the guard's answers with
     /// `x-bloom-guard: absent` (for operators; off by default).
     pub debug_header: bool,
-    /// `BLOOM_MODE`: what every guard starts doing with its verdicts.
+    /// `BLOOM_INSTANCE`: this instance's name in the fleet view
+    /// (`GET /admin/bloom/{guard}/fleet`); unset, `host:pid`.
+    pub instance: Option<String>,
+    /// `BLOOM_MODE`: what every guard does with its verdicts until a mode
+    /// is stored for the fleet (`PUT /admin/bloom/{guard}/mode`).
     pub mode: bloom_guard::Mode,
     /// `BLOOM_AUDIT_RATE`: in enforce mode, the share of would-be
     /// rejections passed on and checked.
@@ -75,6 +79,7 @@ impl std::fmt::Debug for Config {
             .field("guard_enabled", &self.guard_enabled)
             .field("rebuild_every_secs", &self.rebuild_every_secs)
             .field("snapshots", &self.snapshots)
+            .field("instance", &self.instance)
             .field("debug_header", &self.debug_header)
             .field("seed_demo", &self.seed_demo)
             .field("mode", &self.mode)
@@ -164,6 +169,7 @@ impl Config {
             audit_rate,
             seed_demo: switch("SEED_DEMO", false)?,
             snapshots: switch("BLOOM_SNAPSHOTS", true)?,
+            instance: var("BLOOM_INSTANCE"),
             max_connections: parse("MAX_CONNECTIONS", "10000", "a whole number of connections")?,
             first_bytes_timeout: seconds("FIRST_BYTES_TIMEOUT_SECS", 10)?,
             idle_timeout: seconds("IDLE_TIMEOUT_SECS", 60)?,

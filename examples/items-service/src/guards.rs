@@ -17,6 +17,8 @@ pub struct Guards {
     /// Whether their followers share filters through snapshots in the
     /// database (`BLOOM_SNAPSHOTS`).
     pub snapshots: bool,
+    /// This instance's name in the fleet view.
+    pub instance: String,
 }
 
 impl Guards {
@@ -60,5 +62,9 @@ pub fn guards(config: &Config) -> Guards {
         items: guard("items", KeyType::Text),
         users: guard("users", KeyType::Uuid),
         snapshots: config.snapshots,
+        instance: config
+            .instance
+            .clone()
+            .unwrap_or_else(bloom_guard::instance_id),
     }
 }

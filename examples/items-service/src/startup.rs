@@ -84,9 +84,12 @@ fn follow<F: Follow>(
 ) {
     let items = items
         .snapshots(guards.snapshots)
+        .instance_id(guards.instance.clone())
         .on_key(invalidate)
         .on_catch_up(drop_all);
     state.keep(tokio::spawn(items.run_until(state.stopping())));
-    let users = users.snapshots(guards.snapshots);
+    let users = users
+        .snapshots(guards.snapshots)
+        .instance_id(guards.instance.clone());
     state.keep(tokio::spawn(users.run_until(state.stopping())));
 }

@@ -38,6 +38,12 @@ pub trait Follow: Sized + Send + 'static {
     /// See [`PgFollower::retention`](crate::PgFollower::retention).
     #[must_use]
     fn retention(self, retention: Duration) -> Self;
+    /// See [`PgFollower::instance_id`](crate::PgFollower::instance_id).
+    #[must_use]
+    fn instance_id(self, id: impl Into<String>) -> Self;
+    /// See [`PgFollower::heartbeat_interval`](crate::PgFollower::heartbeat_interval).
+    #[must_use]
+    fn heartbeat_interval(self, every: Duration) -> Self;
     /// See [`PgFollower::on_key`](crate::PgFollower::on_key).
     #[must_use]
     fn on_key(self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self;
@@ -117,6 +123,26 @@ macro_rules! follower_api {
                 self
             }
 
+            /// This instance's name in the guard's fleet view
+            /// (`GET /admin/bloom/{guard}/fleet`, [`BloomGuard::fleet`](bloom_guard::BloomGuard::fleet));
+            /// default [`host:pid`](bloom_guard::instance_id). Give each
+            /// instance its own: two with one name show as one.
+            #[must_use]
+            pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+                self.engine.instance_id = id.into();
+                self
+            }
+
+            /// How often this instance's heartbeat is recorded for the
+            /// fleet view (default 5 s, at most 10 s: an instance not
+            /// heard from for 30 s is taken for stopped). The fleet's
+            /// settings are read every second whatever this is.
+            #[must_use]
+            pub fn heartbeat_interval(mut self, every: std::time::Duration) -> Self {
+                self.engine.heartbeat_interval = every;
+                self
+            }
+
             /// Called with each key the feed reports added, deleted or
             /// changed away, after new keys are in the guard: drop the
             /// key's cache entry here.
@@ -163,6 +189,12 @@ macro_rules! follower_api {
             }
             fn retention(self, retention: std::time::Duration) -> Self {
                 $follower::retention(self, retention)
+            }
+            fn instance_id(self, id: impl Into<String>) -> Self {
+                $follower::instance_id(self, id)
+            }
+            fn heartbeat_interval(self, every: std::time::Duration) -> Self {
+                $follower::heartbeat_interval(self, every)
             }
             fn on_key(self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self {
                 $follower::on_key(self, hook)

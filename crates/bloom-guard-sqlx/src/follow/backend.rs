@@ -94,6 +94,8 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     type Lock: Send + Sync + 'static;
     /// Where snapshots are kept.
     type Snapshots: SnapshotStore;
+    /// Where the fleet's settings and heartbeats are kept.
+    type Fleet: FleetTable;
 
     /// The watched table and key columns.
     fn watch(&self) -> &Watch;
@@ -169,6 +171,9 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// Where the guard's snapshots are kept.
     fn snapshots(&self) -> &Self::Snapshots;
 
+    /// Where the fleet's settings and heartbeats are kept.
+    fn fleet(&self) -> &Self::Fleet;
+
     /// Waits for the fleet's build lock of `guard`.
     fn lock(&self, guard: &str) -> impl Future<Output = Result<Self::Lock, sqlx::Error>> + Send;
 
@@ -198,4 +203,42 @@ pub(crate) trait SnapshotStore: Send + Sync + 'static {
         writer: SnapshotWriter,
         scanned_at: i64,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+}
+
+/// Where a backend keeps its fleets' settings and heartbeats.
+pub(crate) trait FleetTable: Clone + Send + Sync + 'static {
+    /// The stored mode name and audit rate of `guard`, each null if none
+    /// was stored.
+    fn settings(
+        &self,
+        guard: &str,
+    ) -> impl Future<Output = Result<(Option<String>, Option<f64>), sqlx::Error>> + Send;
+
+    /// Stores the mode and the audit rate given for `guard`, keeping the
+    /// stored ones of those not given.
+    fn store(
+        &self,
+        guard: &str,
+        mode: Option<&'static str>,
+        audit_rate: Option<f64>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Records the heartbeat of instance `id` of `guard` (its report as
+    /// JSON), and forgets the instances of `guard` not heard from lately.
+    fn beat(
+        &self,
+        guard: &str,
+        id: &str,
+        report: String,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// The reports of the instances of `guard` heard from lately, with the
+    /// milliseconds since, by id.
+    fn instances(
+        &self,
+        guard: &str,
+    ) -> impl Future<Output = Result<Vec<(String, i64)>, sqlx::Error>> + Send;
+
+    /// Forgets instance `id` of `guard`: it stopped.
+    fn leave(&self, guard: &str, id: &str) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 }

@@ -9,7 +9,9 @@ use futures_util::stream::{self, BoxStream, StreamExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{Clock, Database, Follower, KeySet, LoadError, Read, SnapshotStore, Stored, WakeUps};
+use super::{
+    Clock, Database, FleetTable, Follower, KeySet, LoadError, Read, SnapshotStore, Stored, WakeUps,
+};
 use crate::changes::Changes;
 use crate::column::KeyColumn;
 use crate::error::SourceError;
@@ -35,6 +37,10 @@ struct Db {
 
 #[derive(Default)]
 struct State {
+    /// The fleet's stored mode and audit rate.
+    settings: (Option<String>, Option<f64>),
+    /// The fleet's heartbeats, by instance.
+    instances: std::collections::BTreeMap<String, String>,
     table: BTreeSet<String>,
     feed: Vec<String>,
     /// Changes below this position were pruned.
@@ -114,6 +120,7 @@ impl Database for Fake {
     type Source = Scan;
     type Lock = FakeLock;
     type Snapshots = Fake;
+    type Fleet = Fake;
 
     fn watch(&self) -> &Watch {
         &self.watch
@@ -206,6 +213,10 @@ impl Database for Fake {
         self
     }
 
+    fn fleet(&self) -> &Fake {
+        self
+    }
+
     async fn lock(&self, guard: &str) -> Result<FakeLock, sqlx::Error> {
         loop {
             if let Some(lock) = self.try_lock(guard).await? {
@@ -222,6 +233,47 @@ impl Database for Fake {
         }
         state.lock_held = true;
         Ok(Some(FakeLock(Arc::clone(&self.db))))
+    }
+}
+
+impl FleetTable for Fake {
+    async fn settings(&self, _: &str) -> Result<(Option<String>, Option<f64>), sqlx::Error> {
+        Ok(self.state().settings.clone())
+    }
+
+    async fn store(
+        &self,
+        _: &str,
+        mode: Option<&'static str>,
+        audit_rate: Option<f64>,
+    ) -> Result<(), sqlx::Error> {
+        let mut state = self.state();
+        if let Some(mode) = mode {
+            state.settings.0 = Some(mode.to_owned());
+        }
+        if let Some(rate) = audit_rate {
+            state.settings.1 = Some(rate);
+        }
+        Ok(())
+    }
+
+    async fn beat(&self, _: &str, id: &str, report: String) -> Result<(), sqlx::Error> {
+        self.state().instances.insert(id.to_owned(), report);
+        Ok(())
+    }
+
+    async fn instances(&self, _: &str) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        Ok(self
+            .state()
+            .instances
+            .values()
+            .map(|report| (report.clone(), 0))
+            .collect())
+    }
+
+    async fn leave(&self, _: &str, id: &str) -> Result<(), sqlx::Error> {
+        self.state().instances.remove(id);
+        Ok(())
     }
 }
 

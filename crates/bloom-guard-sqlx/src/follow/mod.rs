@@ -6,6 +6,7 @@ mod backend;
 mod cost;
 mod fleet;
 mod maintain;
+mod presence;
 mod reader;
 mod rebuild;
 
@@ -25,7 +26,7 @@ use tracing::Instrument;
 pub(crate) use api::follower_api;
 pub use api::Follow;
 pub(crate) use backend::{
-    Clock, Database, KeySet, LoadError, Read, SnapshotStore, Stored, WakeUps,
+    Clock, Database, FleetTable, KeySet, LoadError, Read, SnapshotStore, Stored, WakeUps,
 };
 pub(crate) use rebuild::Rebuild;
 
@@ -44,6 +45,10 @@ pub(crate) struct Follower<B: Database> {
     pub(crate) snapshots: bool,
     pub(crate) snapshot_interval: Duration,
     pub(crate) hooks: Hooks,
+    /// This instance's name in the fleet view.
+    pub(crate) instance_id: String,
+    /// How often this instance's heartbeat is recorded.
+    pub(crate) heartbeat_interval: Duration,
     fleet: Mutex<Fleet<B::Position>>,
     /// Set at start when the key type is exact only for ASCII keys; the
     /// hold once a stored key is not.
@@ -72,6 +77,8 @@ impl<B: Database> std::fmt::Debug for Follower<B> {
             .field("check_interval", &self.check_interval)
             .field("retention", &self.retention)
             .field("snapshots", &self.snapshots)
+            .field("instance_id", &self.instance_id)
+            .field("heartbeat_interval", &self.heartbeat_interval)
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +96,8 @@ impl<B: Database> Follower<B> {
             snapshots: true,
             snapshot_interval: Duration::from_secs(600),
             hooks: Hooks::default(),
+            instance_id: bloom_guard::instance_id(),
+            heartbeat_interval: Duration::from_secs(5),
             fleet: Mutex::default(),
             ascii_only: std::sync::atomic::AtomicBool::new(false),
             unsafe_key: Mutex::new(None),
@@ -126,6 +135,14 @@ impl<B: Database> Follower<B> {
                 .wake_ups(wake_ups, stop.clone())
                 .in_current_span(),
         );
+        // The fleet's settings are in force before the first filter.
+        let membership = this
+            .guard
+            .join_fleet(Arc::new(presence::Link(this.backend.fleet().clone())));
+        let _ = tokio::time::timeout(presence::SETTINGS_EVERY, this.apply_settings()).await;
+        let presence = AbortOnDropHandle::new(tokio::spawn(
+            Arc::clone(&this).keep_in_fleet().in_current_span(),
+        ));
         let started = tokio::select! {
             () = &mut shutdown => None,
             started = this.start() => Some(started),
@@ -153,6 +170,9 @@ impl<B: Database> Follower<B> {
         }
         stop.cancel();
         let _ = wake_ups.await;
+        drop(presence);
+        drop(membership);
+        this.leave().await;
         tracing::info!(
             feed = this.backend.feed(),
             "stopped following the change feed"

@@ -5,6 +5,7 @@
 mod catalog;
 mod copy;
 mod feed;
+mod fleet;
 mod install;
 mod listen;
 mod notifier;
@@ -22,6 +23,7 @@ pub use listen::LISTENER_APPLICATION_NAME;
 pub use notifier::NOTIFIER_APPLICATION_NAME;
 
 use crate::column::KeyColumn;
+use crate::fleet_store::FleetTables;
 use crate::follow::{follower_api, Clock, Database, Follower, KeySet, Read, WakeUps};
 use crate::snapshot_store::Tables;
 use crate::watch::Watch;
@@ -86,6 +88,7 @@ pub(crate) struct PgBackend {
     pool: PgPool,
     watch: Watch,
     snapshots: Tables<Postgres>,
+    fleet: FleetTables<Postgres>,
     /// How often the elected notifier looks for new changes.
     notify_interval: Duration,
 }
@@ -93,10 +96,12 @@ pub(crate) struct PgBackend {
 impl PgBackend {
     pub(crate) fn new(pool: PgPool, watch: Watch) -> Self {
         let snapshots = Tables::new(&pool, &snapshot::STATEMENTS);
+        let fleet = FleetTables::new(&pool, &fleet::STATEMENTS);
         Self {
             pool,
             watch,
             snapshots,
+            fleet,
             notify_interval: Duration::from_millis(10),
         }
     }
@@ -106,6 +111,7 @@ impl Database for PgBackend {
     type Position = String;
     type Source = PgCopySource;
     type Snapshots = Tables<Postgres>;
+    type Fleet = FleetTables<Postgres>;
     type Lock = snapshot::PgBuildLock;
 
     fn watch(&self) -> &Watch {
@@ -201,6 +207,10 @@ impl Database for PgBackend {
 
     fn snapshots(&self) -> &Tables<Postgres> {
         &self.snapshots
+    }
+
+    fn fleet(&self) -> &FleetTables<Postgres> {
+        &self.fleet
     }
 
     async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {

@@ -3,7 +3,7 @@
 
 use sqlx::{AssertSqlSafe, SqlitePool};
 
-use super::snapshot;
+use super::{fleet, snapshot};
 use crate::error::FeedError;
 use crate::watch::Watch;
 
@@ -83,10 +83,11 @@ impl Watch {
         let name = literal(self.feed_name());
         let trigger = |event: &str| ident(&format!("bloom_guard_{}_{event}", self.feed_name()));
         let (new_key, old_key) = (self.sqlite_key("new"), self.sqlite_key("old"));
-        let snapshot_tables = snapshot::TABLES;
+        let (snapshot_tables, fleet_tables) = (snapshot::TABLES, fleet::TABLES);
         let script = format!(
             "{FEED_TABLE}
             {snapshot_tables}
+            {fleet_tables}
             drop trigger if exists {inserted};
             create trigger {inserted} after insert on {table} when ({new_key}) is not null begin
                 insert into bloom_guard_changes (guard, kind, key) values ({name}, 'i', {new_key});

@@ -3,6 +3,7 @@
 //! leased lock row, the feed's tables and triggers, and the scan.
 
 mod feed;
+mod fleet;
 mod install;
 mod mark;
 mod scan;
@@ -16,6 +17,7 @@ use sqlx::{Sqlite, SqlitePool};
 use tokio_util::sync::CancellationToken;
 
 use crate::column::KeyColumn;
+use crate::fleet_store::FleetTables;
 use crate::follow::{follower_api, Clock, Database, Follower, KeySet, Read, WakeUps};
 use crate::snapshot_store::Tables;
 use crate::watch::Watch;
@@ -64,15 +66,18 @@ pub(crate) struct SqliteBackend {
     pool: SqlitePool,
     watch: Watch,
     snapshots: Tables<Sqlite>,
+    fleet: FleetTables<Sqlite>,
 }
 
 impl SqliteBackend {
     pub(crate) fn new(pool: SqlitePool, watch: Watch) -> Self {
         let snapshots = Tables::new(&pool, &snapshot::STATEMENTS);
+        let fleet = FleetTables::new(&pool, &fleet::STATEMENTS);
         Self {
             pool,
             watch,
             snapshots,
+            fleet,
         }
     }
 }
@@ -81,6 +86,7 @@ impl Database for SqliteBackend {
     type Position = Mark;
     type Source = SqliteScan;
     type Snapshots = Tables<Sqlite>;
+    type Fleet = FleetTables<Sqlite>;
     type Lock = snapshot::SqliteBuildLock;
 
     fn watch(&self) -> &Watch {
@@ -172,6 +178,10 @@ impl Database for SqliteBackend {
 
     fn snapshots(&self) -> &Tables<Sqlite> {
         &self.snapshots
+    }
+
+    fn fleet(&self) -> &FleetTables<Sqlite> {
+        &self.fleet
     }
 
     async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {

@@ -1,0 +1,167 @@
+//! The follower's part in its guard's fleet: putting the settings stored
+//! for every instance in force, and reporting this instance in a
+//! heartbeat that the fleet view lists.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bloom_guard::{Fleet, FleetStoreError, Instance, Mode, Settings};
+use futures_util::future::BoxFuture;
+use tokio::time::Instant;
+
+use super::{Database, FleetTable, Follower};
+use crate::error::error_chain;
+
+/// How often the stored settings are read: a change is in force on every
+/// instance within this and a read.
+pub(super) const SETTINGS_EVERY: Duration = Duration::from_secs(1);
+
+/// The longest a heartbeat may wait: the fleet view forgets an instance
+/// 30 s after its last one.
+const MAX_HEARTBEAT: Duration = Duration::from_secs(10);
+
+impl<B: Database> Follower<B> {
+    /// Puts the fleet's settings in force every second and records a
+    /// heartbeat at the heartbeat interval, or at once when the guard's
+    /// state, mode or filter changed; runs until dropped.
+    pub(super) async fn keep_in_fleet(self: Arc<Self>) {
+        let mut ticks = tokio::time::interval(SETTINGS_EVERY.min(self.heartbeat_interval));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_beat: Option<(Instant, Reported)> = None;
+        let mut failing = false;
+        loop {
+            ticks.tick().await;
+            let mut result = self.apply_settings().await;
+            let now = Reported::of(&self.guard);
+            let due = last_beat.as_ref().is_none_or(|(at, reported)| {
+                *reported != now || at.elapsed() >= self.heartbeat_interval.min(MAX_HEARTBEAT)
+            });
+            if due {
+                last_beat = Some((Instant::now(), now));
+                result = result.and(self.beat().await);
+            }
+            match result {
+                Err(error) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %error_chain(&error), "cannot read the fleet's settings or record this instance's heartbeat; the settings in force stay as they are");
+                }
+                Err(_) => {}
+                Ok(()) if failing => {
+                    failing = false;
+                    tracing::info!("the fleet's settings and heartbeats are back");
+                }
+                Ok(()) => {}
+            }
+        }
+    }
+
+    /// Puts the settings stored for the guard's fleet in force (those not
+    /// stored: the builder's defaults).
+    pub(super) async fn apply_settings(&self) -> Result<(), sqlx::Error> {
+        let name = self.guard.name();
+        let (mode, audit_rate) = self.backend.fleet().settings(name).await?;
+        let mut settings = Settings::new();
+        match mode.as_deref().map(str::parse::<Mode>) {
+            Some(Ok(mode)) => settings = settings.mode(mode),
+            Some(Err(error)) => {
+                tracing::warn!(%error, "ignoring the fleet's stored mode");
+            }
+            None => {}
+        }
+        if let Some(rate) = audit_rate {
+            settings = settings.audit_rate(rate);
+        }
+        self.guard.apply_fleet_settings(settings);
+        Ok(())
+    }
+
+    /// Records this instance's heartbeat.
+    async fn beat(&self) -> Result<(), sqlx::Error> {
+        let report = Instance::new(self.instance_id.clone(), &self.guard.stats());
+        let report =
+            serde_json::to_string(&report).map_err(|error| sqlx::Error::Encode(error.into()))?;
+        self.backend
+            .fleet()
+            .beat(self.guard.name(), &self.instance_id, report)
+            .await
+    }
+
+    /// Takes this instance out of the fleet view: it stops.
+    pub(super) async fn leave(&self) {
+        let leaving = self
+            .backend
+            .fleet()
+            .leave(self.guard.name(), &self.instance_id);
+        match tokio::time::timeout(Duration::from_secs(2), leaving).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::debug!(error = %error_chain(&error), "cannot remove this instance's heartbeat; it expires");
+            }
+            Err(_) => {
+                tracing::debug!("removing this instance's heartbeat took too long; it expires");
+            }
+        }
+    }
+}
+
+/// What a heartbeat is recorded for at once when it changes.
+#[derive(PartialEq)]
+struct Reported {
+    state: bloom_guard::GuardState,
+    mode: Mode,
+    generation: u64,
+    audit_rate: f64,
+}
+
+impl Reported {
+    fn of(guard: &bloom_guard::BloomGuard) -> Self {
+        let stats = guard.stats();
+        Self {
+            state: stats.state,
+            mode: stats.mode,
+            generation: stats.generation,
+            audit_rate: stats.audit_rate,
+        }
+    }
+}
+
+/// A guard's fleet as its follower's database keeps it.
+pub(super) struct Link<F>(pub(super) F);
+
+impl<F: FleetTable> Fleet for Link<F> {
+    fn store<'a>(
+        &'a self,
+        guard: &'a str,
+        change: Settings,
+    ) -> BoxFuture<'a, Result<(), FleetStoreError>> {
+        Box::pin(async move {
+            let mode = change.get_mode().map(Mode::as_str);
+            self.0.store(guard, mode, change.get_audit_rate()).await?;
+            Ok(())
+        })
+    }
+
+    fn instances<'a>(
+        &'a self,
+        guard: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Instance>, FleetStoreError>> {
+        Box::pin(async move {
+            let rows = self.0.instances(guard).await?;
+            Ok(rows
+                .into_iter()
+                .filter_map(|(report, seen_ago_ms)| {
+                    match serde_json::from_str::<Instance>(&report) {
+                        Ok(mut instance) => {
+                            instance.seen_ago_ms = u64::try_from(seen_ago_ms).unwrap_or(0);
+                            Some(instance)
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, "skipping a heartbeat this version cannot read");
+                            None
+                        }
+                    }
+                })
+                .collect())
+        })
+    }
+}

@@ -1,0 +1,24 @@
+//! The fleet's settings and heartbeats in `bloom_guard.settings` and
+//! `bloom_guard.instances`.
+
+use crate::fleet_store::FleetStatements;
+
+/// The fleet tables' statements; an instance is live for 30 s after its
+/// heartbeat, by the database's clock.
+pub(super) const STATEMENTS: FleetStatements = FleetStatements {
+    settings: "select mode, audit_rate from bloom_guard.settings where guard = $1",
+    store: "insert into bloom_guard.settings as s (guard, mode, audit_rate) values ($1, $2, $3)
+            on conflict (guard) do update
+               set mode = coalesce(excluded.mode, s.mode),
+                   audit_rate = coalesce(excluded.audit_rate, s.audit_rate),
+                   updated_at = pg_catalog.now()",
+    beat: "insert into bloom_guard.instances as i (guard, id, report) values ($1, $2, $3::jsonb)
+           on conflict (guard, id) do update set report = excluded.report, seen_at = pg_catalog.now()",
+    expire: "delete from bloom_guard.instances
+              where guard = $1 and seen_at < pg_catalog.now() - interval '30 seconds'",
+    instances: "select report::text, (extract(epoch from pg_catalog.now() - seen_at) * 1000)::int8
+                  from bloom_guard.instances
+                 where guard = $1 and seen_at >= pg_catalog.now() - interval '30 seconds'
+                 order by id",
+    leave: "delete from bloom_guard.instances where guard = $1 and id = $2",
+};
