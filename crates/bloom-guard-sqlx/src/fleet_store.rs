@@ -14,6 +14,8 @@ pub(crate) struct FleetStatements {
     /// Stores guard `$1`'s mode `$2` and audit rate `$3`, keeping the
     /// stored one of either where it is null.
     pub(crate) store: &'static str,
+    /// Deletes guard `$1`'s stored settings.
+    pub(crate) reset: &'static str,
     /// Records instance `$2` of guard `$1`'s heartbeat, the JSON report `$3`.
     pub(crate) beat: &'static str,
     /// Deletes guard `$1`'s rows not heard from in the live window.
@@ -78,6 +80,14 @@ where
             .bind(guard.to_owned())
             .bind(mode.map(str::to_owned))
             .bind(audit_rate)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn reset(&self, guard: &str) -> Result<(), sqlx::Error> {
+        sqlx::query::<DB>(AssertSqlSafe(self.statements.reset))
+            .bind(guard.to_owned())
             .execute(&self.pool)
             .await?;
         Ok(())

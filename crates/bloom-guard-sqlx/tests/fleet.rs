@@ -141,6 +141,21 @@ async fn a_fleet_shares_its_settings_and_lists_its_instances(db: impl FleetDb) {
         assert_eq!(instance.version, env!("CARGO_PKG_VERSION"));
     }
 
+    // Forgetting the fleet's settings: every instance back to its builder's.
+    a.reset_settings().await.expect("reset");
+    wait_until("c back to its builder's mode", within, || {
+        c.mode() == Mode::Off
+    })
+    .await;
+    wait_until("b back to its builder's audit rate", within, || {
+        b.audit_rate() == 0.0
+    })
+    .await;
+    assert_eq!(
+        (b.mode(), b.stats().mode_set_by),
+        (Mode::Enforce, SetBy::Default)
+    );
+
     // A clean stop leaves at once; a crash is forgotten 30 s after its
     // last heartbeat, and its row deleted.
     drop(stop_b);

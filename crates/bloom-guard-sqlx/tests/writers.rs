@@ -308,6 +308,19 @@ async fn the_upgrade_from_version_3_adds_the_replica_trigger_under_writers(pool:
     assert_eq!(gaps, 0);
 }
 
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn the_upgrade_from_version_4_adds_the_fleet_tables_under_writers(pool: PgPool) {
+    upgrade_under_writers(&pool, include_str!("fixtures/postgres_v4.sql")).await;
+    let tables: i64 = sqlx::query_scalar(
+        "select count(*) from pg_tables where schemaname = 'bloom_guard' and tablename in ('settings', 'instances')",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("the fleet tables");
+    assert_eq!(tables, 2);
+}
+
 /// Installs an earlier version's SQL and watches `items`, starts a
 /// follower and writers, upgrades under them: no writer fails and every
 /// committed key reaches the guard.

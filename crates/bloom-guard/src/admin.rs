@@ -22,7 +22,7 @@ use crate::stats::Stats;
 
 mod settings;
 
-use settings::{clear_overrides, fleet, set_mode};
+use settings::{fleet, reset, set_mode};
 
 /// Renders the installed recorder's metrics as Prometheus text.
 type RenderFn = Arc<dyn Fn() -> String + Send + Sync>;
@@ -48,7 +48,10 @@ type RebuildFn = Arc<dyn Fn() -> BoxFuture<'static, Result<Stats, BuildError>> +
 ///   this instance only ([`BloomGuard::override_settings`]). Answers the
 ///   stats, whose `mode_set_by` and `audit_rate_set_by` say which is in
 ///   force.
-/// - `DELETE /admin/bloom/{guard}/mode`: drops this instance's overrides.
+/// - `DELETE /admin/bloom/{guard}/mode?scope=instance`: drops this
+///   instance's overrides; `?scope=fleet`: forgets the fleet's settings
+///   ([`BloomGuard::reset_settings`]), every instance back to its
+///   builder's.
 /// - `GET /admin/bloom/{guard}/fleet`: `{"instances": [...]}`, the
 ///   [`Instance`](crate::Instance)s of the guard's fleet heard from in the
 ///   last 30 s ([`BloomGuard::fleet`]).
@@ -191,10 +194,7 @@ impl Admin {
             .route("/admin/bloom/rebuild", post(rebuild_all))
             .route("/admin/bloom/{guard}", get(stats))
             .route("/admin/bloom/{guard}/rebuild", post(rebuild))
-            .route(
-                "/admin/bloom/{guard}/mode",
-                put(set_mode).delete(clear_overrides),
-            )
+            .route("/admin/bloom/{guard}/mode", put(set_mode).delete(reset))
             .route("/admin/bloom/{guard}/fleet", get(fleet))
             .route("/metrics", get(prometheus_text))
             .with_state(state)

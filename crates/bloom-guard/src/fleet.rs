@@ -25,6 +25,14 @@ pub trait Fleet: Send + Sync + 'static {
         change: Settings,
     ) -> BoxFuture<'a, Result<(), FleetStoreError>>;
 
+    /// The settings stored for `guard`; those never stored (or reset) not
+    /// given.
+    fn settings<'a>(&'a self, guard: &'a str) -> BoxFuture<'a, Result<Settings, FleetStoreError>>;
+
+    /// Forgets the settings stored for `guard`: every instance goes back
+    /// to its builder's.
+    fn reset<'a>(&'a self, guard: &'a str) -> BoxFuture<'a, Result<(), FleetStoreError>>;
+
     /// The instances of `guard` seen lately, as their last heartbeats
     /// reported them.
     fn instances<'a>(
@@ -33,14 +41,16 @@ pub trait Fleet: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<Instance>, FleetStoreError>>;
 }
 
-/// Why a setting was not changed, or the fleet not listed.
+/// Why a setting was not changed, or the fleet not read.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SettingsError {
     /// An audit rate that is not between 0 and 1: nothing was changed.
     #[error(transparent)]
     InvalidAuditRate(#[from] InvalidAuditRate),
-    /// The fleet's database failed: nothing was changed.
-    #[error("the fleet's database cannot be reached")]
+    /// The fleet's database failed (unreachable, or the service's role may
+    /// not use the fleet's tables): nothing was changed here.
+    #[error("the fleet's settings or heartbeats cannot be read or stored")]
     Fleet(#[source] FleetStoreError),
 }
 
@@ -202,13 +212,71 @@ impl crate::guard::BloomGuard {
     pub async fn set_settings(&self, change: Settings) -> Result<(), SettingsError> {
         change.check()?;
         if let Some(fleet) = self.shared.fleet() {
-            if let Err(error) = fleet.store(self.name(), change).await {
-                tracing::warn!(guard = self.name(), error = %crate::error::error_chain(&*error), "cannot store the fleet's settings; nothing changed");
-                return Err(SettingsError::Fleet(error));
-            }
+            fleet.store(self.name(), change).await.map_err(|error| {
+                self.fleet_failed(
+                    "cannot store the fleet's settings; nothing changed here",
+                    error,
+                )
+            })?;
         }
-        self.shared.update_settings(SetBy::Fleet, change, false);
+        self.shared.set_fleet_settings(change, false);
         Ok(())
+    }
+
+    /// Forgets the settings stored for the guard's fleet: every instance
+    /// goes back to its builder's (the example: `BLOOM_MODE`) within 2 s,
+    /// this one at once. Overrides stay.
+    ///
+    /// # Errors
+    ///
+    /// [`SettingsError::Fleet`] if the fleet's database failed.
+    pub async fn reset_settings(&self) -> Result<(), SettingsError> {
+        if let Some(fleet) = self.shared.fleet() {
+            fleet.reset(self.name()).await.map_err(|error| {
+                self.fleet_failed(
+                    "cannot reset the fleet's settings; nothing changed here",
+                    error,
+                )
+            })?;
+        }
+        self.shared.set_fleet_settings(Settings::new(), true);
+        Ok(())
+    }
+
+    /// Reads the settings stored for the guard's fleet and puts them in
+    /// force (those not stored: the builder's): a follower calls it every
+    /// second. A change made here meanwhile wins over what was read. If the
+    /// read fails, the settings in force stay.
+    ///
+    /// # Errors
+    ///
+    /// [`SettingsError::Fleet`] if the fleet's database failed (not
+    /// logged: the caller knows how often it retries).
+    pub async fn refresh_settings(&self) -> Result<(), SettingsError> {
+        let Some(fleet) = self.shared.fleet() else {
+            return Ok(());
+        };
+        let epoch = self.shared.settings.epoch();
+        let stored = fleet
+            .settings(self.name())
+            .await
+            .map_err(SettingsError::Fleet)?;
+        let stored = match stored.check() {
+            Ok(()) => stored,
+            Err(error) => {
+                tracing::warn!(guard = self.name(), %error, "ignoring the fleet's stored audit rate");
+                stored
+                    .get_mode()
+                    .map_or_else(Settings::new, |mode| Settings::new().mode(mode))
+            }
+        };
+        self.shared.apply_stored_settings(stored, epoch);
+        Ok(())
+    }
+
+    fn fleet_failed(&self, what: &'static str, error: FleetStoreError) -> SettingsError {
+        tracing::warn!(guard = self.name(), error = %crate::error::error_chain(&*error), "{what}");
+        SettingsError::Fleet(error)
     }
 
     /// Overrides the settings given in `change` on this instance only,
@@ -233,7 +301,7 @@ impl crate::guard::BloomGuard {
     /// ```
     pub fn override_settings(&self, change: Settings) -> Result<(), InvalidAuditRate> {
         change.check()?;
-        self.shared.update_settings(SetBy::Instance, change, false);
+        self.shared.override_settings(change);
         Ok(())
     }
 
@@ -241,21 +309,6 @@ impl crate::guard::BloomGuard {
     /// fleet's settings, or the default, are in force again.
     pub fn clear_overrides(&self) {
         self.shared.clear_overrides();
-    }
-
-    /// Puts the fleet's stored `settings` in force (a setting not given:
-    /// none is stored, the default applies): what a [`Fleet`]'s reader
-    /// calls with what it read.
-    pub fn apply_fleet_settings(&self, settings: Settings) {
-        if let Err(error) = settings.check() {
-            tracing::warn!(guard = self.name(), %error, "ignoring the fleet's stored audit rate");
-            let kept = settings
-                .get_mode()
-                .map_or_else(Settings::new, |mode| Settings::new().mode(mode));
-            self.shared.update_settings(SetBy::Fleet, kept, true);
-            return;
-        }
-        self.shared.update_settings(SetBy::Fleet, settings, true);
     }
 
     /// Makes `fleet` where [`set_settings`](Self::set_settings) stores

@@ -124,6 +124,9 @@ pub(crate) struct Layers {
     audit_rate: AtomicU64,
     /// The builder's, the fleet's, this instance's.
     layers: Mutex<[Settings; 3]>,
+    /// Changes of the fleet's layer made here: a read of the stored
+    /// settings that started before one is stale.
+    epoch: AtomicU64,
 }
 
 /// What changed when a layer changed: the mode before and after.
@@ -142,7 +145,30 @@ impl Layers {
                 Settings::new(),
                 Settings::new(),
             ]),
+            epoch: AtomicU64::new(0),
         }
+    }
+
+    /// The count of the fleet's settings changed from here, for
+    /// [`apply_stored`](Self::apply_stored).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Changes the fleet's layer from here.
+    pub(crate) fn set_fleet(&self, settings: Settings, replace: bool) -> Change {
+        let mut layers = lock(&self.layers);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.apply(&mut layers, SetBy::Fleet, settings, replace)
+    }
+
+    /// Puts the stored `settings`, read after [`epoch`](Self::epoch) gave
+    /// `epoch`, in force, unless the fleet's settings were changed from
+    /// here since: the read may predate the change.
+    pub(crate) fn apply_stored(&self, settings: Settings, epoch: u64) -> Option<Change> {
+        let mut layers = lock(&self.layers);
+        (self.epoch.load(Ordering::Acquire) == epoch)
+            .then(|| self.apply(&mut layers, SetBy::Fleet, settings, true))
     }
 
     #[inline]
@@ -175,6 +201,16 @@ impl Layers {
     /// given) or this instance's.
     pub(crate) fn update(&self, by: SetBy, settings: Settings, replace: bool) -> Change {
         let mut layers = lock(&self.layers);
+        self.apply(&mut layers, by, settings, replace)
+    }
+
+    fn apply(
+        &self,
+        layers: &mut [Settings; 3],
+        by: SetBy,
+        settings: Settings,
+        replace: bool,
+    ) -> Change {
         let slot = match by {
             SetBy::Default => 0,
             SetBy::Fleet => 1,
@@ -197,7 +233,6 @@ impl Layers {
 
     /// Drops this instance's overrides.
     pub(crate) fn clear_overrides(&self) -> Change {
-        lock(&self.layers)[2] = Settings::new();
         self.update(SetBy::Instance, Settings::new(), true)
     }
 }
@@ -233,6 +268,27 @@ mod tests {
         layers.update(SetBy::Fleet, Settings::new(), true);
         assert_eq!((layers.mode(), layers.audit_rate()), (Mode::Shadow, 0.0));
         assert_eq!(layers.set_by(), (SetBy::Default, SetBy::Default));
+    }
+
+    #[test]
+    fn a_stored_read_older_than_a_change_made_here_is_not_applied() {
+        let layers = Layers::new(Mode::Enforce, 0.0);
+        let before = layers.epoch();
+        // The poll read `enforce`, the operator switched to `off` meanwhile.
+        layers.set_fleet(Settings::new().mode(Mode::Off), false);
+        assert!(layers
+            .apply_stored(Settings::new().mode(Mode::Enforce), before)
+            .is_none());
+        assert_eq!(layers.mode(), Mode::Off);
+        // The next read sees the change.
+        let now = layers.epoch();
+        assert!(layers
+            .apply_stored(Settings::new().mode(Mode::Off), now)
+            .is_some());
+        assert_eq!(
+            (layers.mode(), layers.set_by().0),
+            (Mode::Off, SetBy::Fleet)
+        );
     }
 
     #[test]

@@ -78,9 +78,8 @@ pub(crate) struct Shared {
     false_negatives: Counter,
     /// The mode and audit rate, by layer and in force.
     pub(crate) settings: Layers,
-    /// The fleet the guard's settings are stored for, while a follower
-    /// runs.
-    fleet: Mutex<Option<FleetSlot>>,
+    /// The fleets the guard joined (its followers'), the last one in use.
+    fleet: Mutex<Vec<FleetSlot>>,
     /// A false negative was seen: the filter in use is not trusted until
     /// the next one is put in place.
     suspect: AtomicBool,
@@ -131,7 +130,7 @@ impl Shared {
             filters: FilterSet::new(config.write_window),
             metrics: GuardMetrics::new(config.name, config.target_fpp, config.mode),
             settings: Layers::new(config.mode, config.audit_rate),
-            fleet: Mutex::new(None),
+            fleet: Mutex::new(Vec::new()),
             config,
             held_open: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
@@ -221,16 +220,30 @@ impl Shared {
         self.settings.mode()
     }
 
-    /// Changes one layer of the settings (see [`Layers::update`]).
-    pub(crate) fn update_settings(&self, by: SetBy, settings: Settings, replace: bool) {
-        let change = self.settings.update(by, settings, replace);
-        self.mode_changed(change.from, change.to, by);
+    /// Changes this instance's overrides (see [`Layers::update`]).
+    pub(crate) fn override_settings(&self, settings: Settings) {
+        let change = self.settings.update(SetBy::Instance, settings, false);
+        self.mode_changed(change.from, change.to, SetBy::Instance);
+    }
+
+    /// Changes the fleet's settings from here.
+    pub(crate) fn set_fleet_settings(&self, settings: Settings, replace: bool) {
+        let change = self.settings.set_fleet(settings, replace);
+        self.mode_changed(change.from, change.to, SetBy::Fleet);
+    }
+
+    /// Puts the fleet's stored settings in force, unless they were changed
+    /// from here since `epoch`.
+    pub(crate) fn apply_stored_settings(&self, settings: Settings, epoch: u64) {
+        if let Some(change) = self.settings.apply_stored(settings, epoch) {
+            self.mode_changed(change.from, change.to, SetBy::Fleet);
+        }
     }
 
     /// Drops this instance's overrides.
     pub(crate) fn clear_overrides(&self) {
         let change = self.settings.clear_overrides();
-        self.mode_changed(change.from, change.to, SetBy::Fleet);
+        self.mode_changed(change.from, change.to, self.settings.set_by().0);
     }
 
     fn mode_changed(&self, from: Mode, to: Mode, by: SetBy) {
@@ -240,23 +253,23 @@ impl Shared {
         }
     }
 
-    /// The fleet the guard belongs to, if it joined one.
+    /// The fleet the guard belongs to, if it joined one: the last joined.
     pub(crate) fn fleet(&self) -> Option<Arc<dyn Fleet>> {
-        lock(&self.fleet).as_ref().map(|slot| Arc::clone(&slot.0))
+        lock(&self.fleet).last().map(|slot| Arc::clone(&slot.0))
     }
 
     pub(crate) fn join_fleet(&self, fleet: Arc<dyn Fleet>) {
-        *lock(&self.fleet) = Some(FleetSlot(fleet));
+        lock(&self.fleet).push(FleetSlot(fleet));
     }
 
-    /// Leaves `fleet`, unless the guard joined another since.
+    /// Leaves `fleet`; the guard stays in the others it joined.
     pub(crate) fn leave_fleet(&self, fleet: &Arc<dyn Fleet>) {
-        let mut slot = lock(&self.fleet);
-        if slot
-            .as_ref()
-            .is_some_and(|joined| Arc::ptr_eq(&joined.0, fleet))
+        let mut fleets = lock(&self.fleet);
+        if let Some(at) = fleets
+            .iter()
+            .rposition(|joined| Arc::ptr_eq(&joined.0, fleet))
         {
-            *slot = None;
+            fleets.remove(at);
         }
     }
 

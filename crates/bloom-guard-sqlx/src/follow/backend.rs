@@ -223,6 +223,9 @@ pub(crate) trait FleetTable: Clone + Send + Sync + 'static {
         audit_rate: Option<f64>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
+    /// Forgets the settings stored for `guard`.
+    fn reset(&self, guard: &str) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
     /// Records the heartbeat of instance `id` of `guard` (its report as
     /// JSON), and forgets the instances of `guard` not heard from lately.
     fn beat(

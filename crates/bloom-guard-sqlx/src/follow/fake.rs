@@ -257,6 +257,11 @@ impl FleetTable for Fake {
         Ok(())
     }
 
+    async fn reset(&self, _: &str) -> Result<(), sqlx::Error> {
+        self.state().settings = (None, None);
+        Ok(())
+    }
+
     async fn beat(&self, _: &str, id: &str, report: String) -> Result<(), sqlx::Error> {
         self.state().instances.insert(id.to_owned(), report);
         Ok(())

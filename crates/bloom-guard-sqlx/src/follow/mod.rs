@@ -139,7 +139,7 @@ impl<B: Database> Follower<B> {
         let membership = this
             .guard
             .join_fleet(Arc::new(presence::Link(this.backend.fleet().clone())));
-        let _ = tokio::time::timeout(presence::SETTINGS_EVERY, this.apply_settings()).await;
+        let _ = tokio::time::timeout(presence::SETTINGS_EVERY, this.guard.refresh_settings()).await;
         let presence = AbortOnDropHandle::new(tokio::spawn(
             Arc::clone(&this).keep_in_fleet().in_current_span(),
         ));

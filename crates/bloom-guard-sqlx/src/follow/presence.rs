@@ -16,6 +16,9 @@ use crate::error::error_chain;
 /// instance within this and a read.
 pub(super) const SETTINGS_EVERY: Duration = Duration::from_secs(1);
 
+/// The shortest heartbeat interval.
+const MIN_HEARTBEAT: Duration = Duration::from_millis(50);
+
 /// The longest a heartbeat may wait: the fleet view forgets an instance
 /// 30 s after its last one.
 const MAX_HEARTBEAT: Duration = Duration::from_secs(10);
@@ -25,25 +28,27 @@ impl<B: Database> Follower<B> {
     /// heartbeat at the heartbeat interval, or at once when the guard's
     /// state, mode or filter changed; runs until dropped.
     pub(super) async fn keep_in_fleet(self: Arc<Self>) {
-        let mut ticks = tokio::time::interval(SETTINGS_EVERY.min(self.heartbeat_interval));
+        let heartbeat = self.heartbeat_interval.clamp(MIN_HEARTBEAT, MAX_HEARTBEAT);
+        let mut ticks = tokio::time::interval(SETTINGS_EVERY.min(heartbeat));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_beat: Option<(Instant, Reported)> = None;
         let mut failing = false;
         loop {
             ticks.tick().await;
-            let mut result = self.apply_settings().await;
+            let mut result: Result<(), FleetStoreError> =
+                self.guard.refresh_settings().await.map_err(Into::into);
             let now = Reported::of(&self.guard);
-            let due = last_beat.as_ref().is_none_or(|(at, reported)| {
-                *reported != now || at.elapsed() >= self.heartbeat_interval.min(MAX_HEARTBEAT)
-            });
+            let due = last_beat
+                .as_ref()
+                .is_none_or(|(at, reported)| *reported != now || at.elapsed() >= heartbeat);
             if due {
                 last_beat = Some((Instant::now(), now));
-                result = result.and(self.beat().await);
+                result = result.and(self.beat().await.map_err(Into::into));
             }
             match result {
                 Err(error) if !failing => {
                     failing = true;
-                    tracing::warn!(error = %error_chain(&error), "cannot read the fleet's settings or record this instance's heartbeat; the settings in force stay as they are");
+                    tracing::warn!(error = %error_chain(&*error), "cannot read the fleet's settings or record this instance's heartbeat; the settings in force stay as they are (the service's role needs select, insert, update and delete on the fleet's tables: see the feed's docs)");
                 }
                 Err(_) => {}
                 Ok(()) if failing => {
@@ -53,26 +58,6 @@ impl<B: Database> Follower<B> {
                 Ok(()) => {}
             }
         }
-    }
-
-    /// Puts the settings stored for the guard's fleet in force (those not
-    /// stored: the builder's defaults).
-    pub(super) async fn apply_settings(&self) -> Result<(), sqlx::Error> {
-        let name = self.guard.name();
-        let (mode, audit_rate) = self.backend.fleet().settings(name).await?;
-        let mut settings = Settings::new();
-        match mode.as_deref().map(str::parse::<Mode>) {
-            Some(Ok(mode)) => settings = settings.mode(mode),
-            Some(Err(error)) => {
-                tracing::warn!(%error, "ignoring the fleet's stored mode");
-            }
-            None => {}
-        }
-        if let Some(rate) = audit_rate {
-            settings = settings.audit_rate(rate);
-        }
-        self.guard.apply_fleet_settings(settings);
-        Ok(())
     }
 
     /// Records this instance's heartbeat.
@@ -139,6 +124,26 @@ impl<F: FleetTable> Fleet for Link<F> {
             self.0.store(guard, mode, change.get_audit_rate()).await?;
             Ok(())
         })
+    }
+
+    fn settings<'a>(&'a self, guard: &'a str) -> BoxFuture<'a, Result<Settings, FleetStoreError>> {
+        Box::pin(async move {
+            let (mode, audit_rate) = self.0.settings(guard).await?;
+            let mut settings = Settings::new();
+            match mode.as_deref().map(str::parse::<Mode>) {
+                Some(Ok(mode)) => settings = settings.mode(mode),
+                Some(Err(error)) => tracing::warn!(%error, "ignoring the fleet's stored mode"),
+                None => {}
+            }
+            if let Some(rate) = audit_rate {
+                settings = settings.audit_rate(rate);
+            }
+            Ok(settings)
+        })
+    }
+
+    fn reset<'a>(&'a self, guard: &'a str) -> BoxFuture<'a, Result<(), FleetStoreError>> {
+        Box::pin(async move { Ok(self.0.reset(guard).await?) })
     }
 
     fn instances<'a>(

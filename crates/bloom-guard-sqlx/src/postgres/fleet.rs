@@ -12,6 +12,7 @@ pub(super) const STATEMENTS: FleetStatements = FleetStatements {
                set mode = coalesce(excluded.mode, s.mode),
                    audit_rate = coalesce(excluded.audit_rate, s.audit_rate),
                    updated_at = pg_catalog.now()",
+    reset: "delete from bloom_guard.settings where guard = $1",
     beat: "insert into bloom_guard.instances as i (guard, id, report) values ($1, $2, $3::jsonb)
            on conflict (guard, id) do update set report = excluded.report, seen_at = pg_catalog.now()",
     expire: "delete from bloom_guard.instances

@@ -31,6 +31,7 @@ pub(super) const STATEMENTS: FleetStatements = FleetStatements {
                set mode = coalesce(excluded.mode, s.mode),
                    audit_rate = coalesce(excluded.audit_rate, s.audit_rate),
                    updated_at = excluded.updated_at",
+    reset: "delete from bloom_guard_settings where guard = ?1",
     beat: "insert into bloom_guard_instances as i (guard, id, report, seen_at)
            values (?1, ?2, ?3, cast((julianday('now') - 2440587.5) * 86400000 as integer))
            on conflict (guard, id) do update set report = excluded.report, seen_at = excluded.seen_at",

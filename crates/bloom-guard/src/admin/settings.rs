@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -76,18 +76,39 @@ pub(super) async fn set_mode(
 fn fleet_unavailable() -> Response {
     error(
         StatusCode::SERVICE_UNAVAILABLE,
-        "the fleet's database cannot be reached; nothing changed",
+        "the fleet's settings cannot be stored or read now (see the service's log); nothing changed",
     )
 }
 
-pub(super) async fn clear_overrides(
+/// The query of `DELETE /admin/bloom/{guard}/mode`: which settings to
+/// drop, said explicitly.
+#[derive(serde::Deserialize)]
+pub(super) struct ResetScope {
+    scope: Scope,
+}
+
+pub(super) async fn reset(
     State(state): State<Arc<AdminState>>,
     Path(name): Path<String>,
+    scope: Result<Query<ResetScope>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let Some(admin) = state.find(&name) else {
         return no_such_guard();
     };
-    admin.guard.clear_overrides();
+    let Ok(Query(ResetScope { scope })) = scope else {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "expected ?scope=fleet (forget the fleet's settings) or ?scope=instance (drop this instance's overrides)",
+        );
+    };
+    match scope {
+        Scope::Instance => admin.guard.clear_overrides(),
+        Scope::Fleet => {
+            if admin.guard.reset_settings().await.is_err() {
+                return fleet_unavailable();
+            }
+        }
+    }
     Json(admin.guard.stats()).into_response()
 }
 
@@ -145,6 +166,27 @@ mod tests {
             })
         }
 
+        fn settings<'a>(
+            &'a self,
+            _guard: &'a str,
+        ) -> BoxFuture<'a, Result<Settings, FleetStoreError>> {
+            Box::pin(async move {
+                if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err("connection refused".into());
+                }
+                Ok(crate::lock::lock(&self.stored)
+                    .last()
+                    .map_or_else(Settings::new, |(_, settings)| *settings))
+            })
+        }
+
+        fn reset<'a>(&'a self, _guard: &'a str) -> BoxFuture<'a, Result<(), FleetStoreError>> {
+            Box::pin(async move {
+                crate::lock::lock(&self.stored).clear();
+                Ok(())
+            })
+        }
+
         fn instances<'a>(
             &'a self,
             _guard: &'a str,
@@ -163,9 +205,13 @@ mod tests {
     }
 
     async fn send(app: &Router, method: &str, body: &str) -> (StatusCode, Value) {
+        send_to(app, method, "/admin/bloom/items/mode", body).await
+    }
+
+    async fn send_to(app: &Router, method: &str, uri: &str, body: &str) -> (StatusCode, Value) {
         let request = Request::builder()
             .method(method)
-            .uri("/admin/bloom/items/mode")
+            .uri(uri)
             .header(header::AUTHORIZATION, "Bearer s3cret")
             .header(header::CONTENT_TYPE, "application/json")
             .body(Body::from(body.to_owned()))
@@ -235,11 +281,24 @@ mod tests {
             (&stats["audit_rate"], &stats["audit_rate_set_by"]),
             (&json!(0.5), &json!("fleet"))
         );
-        let (status, stats) = send(&app, "DELETE", "").await;
+        assert_eq!(
+            send_to(&app, "DELETE", "/admin/bloom/items/mode", "")
+                .await
+                .0,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the scope is said explicitly"
+        );
+        let (status, stats) =
+            send_to(&app, "DELETE", "/admin/bloom/items/mode?scope=instance", "").await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(
             (&stats["mode"], &stats["mode_set_by"]),
             (&json!("shadow"), &json!("fleet"))
+        );
+        let (_, stats) = send_to(&app, "DELETE", "/admin/bloom/items/mode?scope=fleet", "").await;
+        assert_eq!(
+            (&stats["mode"], &stats["mode_set_by"], &stats["audit_rate"]),
+            (&json!("enforce"), &json!("default"), &json!(0.0))
         );
     }
 
@@ -262,7 +321,19 @@ mod tests {
         send(&app, "PUT", r#"{"audit_rate":1,"scope":"instance"}"#).await;
         assert_eq!(crate::lock::lock(&fleet.stored).len(), 1);
 
+        // What was stored is read back, and a read older than a change
+        // made here meanwhile is not.
+        guard.refresh_settings().await.expect("read");
+        assert_eq!(guard.stats().mode_set_by, SetBy::Fleet);
+        assert_eq!(guard.audit_rate(), 1.0, "the override stays");
+
         fleet.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(guard.refresh_settings().await.is_err());
+        assert_eq!(
+            guard.mode(),
+            Mode::Shadow,
+            "a failed read keeps the settings in force"
+        );
         let (status, body) = send(&app, "PUT", r#"{"mode":"off"}"#).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(!body.to_string().contains("refused"), "{body}");
