@@ -22,6 +22,8 @@
 //! change feed: what it costs writers (watched table ÷ unwatched twin, 1 to
 //! 32 writers), commit-to-filter latency, the primary's load from idle
 //! instances, and the feed's size and dead tuples under a short retention.
+//! `bloom-load fleet` times a fleet-wide mode switch until every instance
+//! has it.
 //!
 //! Run with `cargo run --release -p bloom-guard-bench -- run` (after
 //! `cargo build --release -p items-service`).
@@ -30,6 +32,7 @@
 
 mod chart;
 mod deploy;
+mod fleet;
 mod load;
 mod services;
 mod warmup;
@@ -125,6 +128,16 @@ enum Command {
     },
     /// The primary's transactions per second from idle instances.
     Idle,
+    /// A fleet-wide mode switch: time until every instance has it, and
+    /// the fleet's load on the primary at rest.
+    Fleet {
+        /// Instances of the guard.
+        #[arg(long, default_value_t = 8)]
+        instances: usize,
+        /// Switches timed.
+        #[arg(long, default_value_t = 100)]
+        switches: usize,
+    },
     /// The feed's size and dead tuples after writing with a 1-minute
     /// retention.
     Retention {
@@ -228,6 +241,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             writers::propagation(&cli.database_url, &cli.out, samples).await
         }
         Command::Idle => writers::idle(&cli.database_url, &cli.out).await,
+        Command::Fleet {
+            instances,
+            switches,
+        } => fleet::switches(&cli.database_url, &cli.out, instances, switches).await,
         Command::Retention { minutes } => {
             writers::retention(&cli.database_url, &cli.out, minutes).await
         }

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bloom_guard::BloomGuard;
+use bloom_guard::{BloomGuard, KeyType};
 use bloom_guard_sqlx::{PgFollower, Watch};
 use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
@@ -40,7 +40,7 @@ const STATEMENTS: [&str; 4] = ["insert", "insert_100", "update_key", "delete"];
 
 /// A database with the feed installed, `items` watched and `items_plain`
 /// its unwatched twin, each holding `rows` rows to update and delete.
-async fn feed_database(
+pub(crate) async fn feed_database(
     server_url: &str,
     name: &str,
     rows: i64,
@@ -334,7 +334,10 @@ pub(crate) async fn propagation(
 }
 
 /// Transactions per second on the database, over `window`.
-async fn transactions_per_sec(pool: &PgPool, window: Duration) -> Result<f64, sqlx::Error> {
+pub(crate) async fn transactions_per_sec(
+    pool: &PgPool,
+    window: Duration,
+) -> Result<f64, sqlx::Error> {
     let count = || async {
         sqlx::query_scalar::<_, i64>("select (xact_commit + xact_rollback)::int8 from pg_stat_database where datname = current_database()")
             .fetch_one(pool)
@@ -362,11 +365,12 @@ pub(crate) async fn idle(server_url: &str, out: &Path) -> Result<(), Box<dyn std
                     .max_connections(4)
                     .connect(&db.url)
                     .await?;
-                for (name, watch) in [
-                    ("items", Watch::table("items").key("key")),
-                    ("users", Watch::table("users").key("id")),
+                for (name, watch, key_type) in [
+                    ("items", Watch::table("items").key("key"), KeyType::Text),
+                    ("users", Watch::table("users").key("id"), KeyType::Uuid),
                 ] {
-                    let guard = BloomGuard::builder().name(name).build();
+                    // A key type that fits its column: the guard turns ready.
+                    let guard = BloomGuard::builder().name(name).key_type(key_type).build();
                     let mut follower = PgFollower::new(guard.clone(), pool.clone(), watch);
                     if design != "notifier" {
                         follower = follower

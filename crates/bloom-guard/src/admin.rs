@@ -42,7 +42,7 @@ type RebuildFn = Arc<dyn Fn() -> BoxFuture<'static, Result<Stats, BuildError>> +
 ///   one after the other; answers as `GET /admin/bloom`.
 /// - `PUT /admin/bloom/{guard}/mode` with `{"mode": "enforce" | "shadow" |
 ///   "off"}`, `{"audit_rate": 0.001}` or both: switches the guard's
-///   [`Mode`] or audit rate on every instance of its fleet
+///   [`Mode`](crate::Mode) or audit rate on every instance of its fleet
 ///   ([`BloomGuard::set_settings`]; `503` if the fleet's database cannot
 ///   be reached, and nothing changed); with `"scope": "instance"`, on
 ///   this instance only ([`BloomGuard::override_settings`]). Answers the
