@@ -274,3 +274,71 @@ async fn on_sqlite_one_switch_reaches_the_fleet_and_the_view_lists_it() {
     pool.close().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An instance whose role may not use the fleet's tables (an older grant
+/// script, say) serves with the settings it has, says why the fleet's
+/// cannot be stored, and follows the fleet once granted.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn without_rights_on_the_fleet_tables_an_instance_serves_and_joins_once_granted(
+    pool: PgPool,
+) {
+    install(&pool).await;
+    common::exec(&pool, "insert into items (key) values ('k1')").await;
+    let role = format!("bloom_guard_fleetless_{}", fastrand::u32(..));
+    common::exec(
+        &pool,
+        &format!(
+            "create role {role} login;
+             grant usage on schema bloom_guard to {role};
+             grant select, insert, update, delete on all tables in schema bloom_guard to {role};
+             grant usage on all sequences in schema bloom_guard to {role};
+             grant execute on all functions in schema bloom_guard to {role};
+             grant select on items to {role};
+             revoke all on bloom_guard.settings, bloom_guard.instances from {role};"
+        ),
+    )
+    .await;
+    let limited = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(5)
+        .connect_with((*pool.connect_options()).clone().username(&role))
+        .await
+        .expect("connect as the limited role");
+    let db = Postgres(pool.clone());
+    let (a, b) = (guard(Mode::Enforce), guard(Mode::Enforce));
+    let (_stop_a, _task_a) = spawn(db.follower(&a, "a"));
+    let (stop_b, task_b) = spawn(Postgres(limited.clone()).follower(&b, "b"));
+    wait_until("two warm-ups", Duration::from_secs(10), || {
+        a.is_ready() && b.is_ready()
+    })
+    .await;
+    a.set_mode(Mode::Shadow).await.expect("stored");
+
+    let refused = b.set_mode(Mode::Off).await;
+    assert!(
+        matches!(refused, Err(bloom_guard::SettingsError::Fleet(_))),
+        "{refused:?}"
+    );
+    assert_eq!(b.mode(), Mode::Enforce, "nothing changed on b");
+    assert!(b.fleet().await.is_err());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(b.mode(), Mode::Enforce, "b keeps the settings it has");
+    assert!(b.may_contain("k1") && !b.may_contain("absent"), "b serves");
+    assert_eq!(ids(&a).await, ["a"]);
+
+    common::exec(
+        &pool,
+        &format!("grant select, insert, update, delete on bloom_guard.settings, bloom_guard.instances to {role}"),
+    )
+    .await;
+    wait_until("b in the fleet's mode", Duration::from_secs(3), || {
+        b.mode() == Mode::Shadow
+    })
+    .await;
+    listed(&a, &["a", "b"]).await;
+
+    drop(stop_b);
+    let _ = task_b.await;
+    limited.close().await;
+    common::exec(&pool, &format!("drop owned by {role}; drop role {role}")).await;
+}
