@@ -3,7 +3,8 @@
 #   docker build -t items-service .
 # BuildKit cache mounts keep the registry and the compiled dependencies
 # between builds, so a code change rebuilds only the workspace's crates.
-FROM rust:1-slim-bookworm AS build
+# The crates' minimum Rust (rust-version in Cargo.toml).
+FROM rust:1.94-slim-bookworm AS build
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

@@ -161,11 +161,19 @@ impl Admin {
     /// `metrics-exporter-prometheus`'s `PrometheusHandle::render`. Without
     /// it, `/metrics` answers `501`.
     ///
+    /// Install the recorder before building the guards: a guard registers
+    /// its metrics when it is built.
+    ///
     /// ```
-    /// # #[cfg(any())] {
+    /// use bloom_guard::admin::Admin;
+    /// use bloom_guard::BloomGuard;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
-    /// let admin = Admin::new(&token).guard(guard).metrics(move || handle.render());
-    /// # }
+    /// let guard = BloomGuard::builder().name("items").build(); // after the recorder
+    /// let admin = Admin::new("s3cret").guard(guard).metrics(move || handle.render());
+    /// # let _: axum::Router = admin.into_router();
+    /// # Ok(()) }
     /// ```
     #[must_use]
     pub fn metrics(mut self, render: impl Fn() -> String + Send + Sync + 'static) -> Self {

@@ -29,6 +29,8 @@ use crate::shared::Shared;
 ///     .build();
 /// # drop(guard);
 /// ```
+///
+#[doc = include_str!("../docs/filters.md")]
 #[derive(Debug, Clone, Default)]
 pub struct Builder {
     config: Config,
@@ -256,7 +258,9 @@ impl Builder {
     }
 
     /// The guard's name, the `guard` label of its metrics (default
-    /// `default`): tells guards of one process apart.
+    /// `default`): tells guards of one process apart. It is also the key
+    /// of the fleet's stored settings: guards of different services that
+    /// share one database need different names.
     #[must_use]
     pub fn name(mut self, name: &'static str) -> Self {
         self.config.name = name;
@@ -265,6 +269,13 @@ impl Builder {
 
     /// Builds the guard. It fails open until [`BloomGuard::warm`] (or
     /// [`BloomGuard::rebuild`]) puts a first filter in place.
+    ///
+    /// With feature `metrics`, the guard registers its metrics here, with
+    /// the recorder installed at this moment: install the application's
+    /// recorder (`metrics-exporter-prometheus`'s `install_recorder`, say)
+    /// before building the guards, or their figures go nowhere. The
+    /// `metrics` facade offers no way to tell whether a recorder is
+    /// installed, so nothing can warn.
     pub fn build(mut self) -> BloomGuard {
         if self.config.debug_header {
             self.config.absent = self.config.absent.with_debug_header();

@@ -5,59 +5,7 @@ use std::borrow::Cow;
 use crate::key::{Key, KeyError};
 use crate::source::KeyBatch;
 
-/// What a guard's keys are, and so the one form in which the filter holds
-/// them: stored keys (from a scan, a change feed, `insert`) and request keys
-/// are put in that form before hashing, so every spelling that the database
-/// and the handler accept for a stored value finds it.
-///
-/// A request value that is not a key of the type (`abc` for an integer key),
-/// or that holds characters the type cannot compare as the database does,
-/// is passed to the handler unchecked, which answers it as it would
-/// unguarded; [`Stats::unchecked`](crate::Stats::unchecked) counts them.
-///
-/// | type | canonical form | request forms accepted |
-/// |---|---|---|
-/// | `Text` | the UTF-8 bytes | exactly those |
-/// | `CaseInsensitiveText` | ASCII lower case | any case (keys with non-ASCII or control characters are passed unchecked) |
-/// | `Integer` | decimal `i64`, as Postgres prints it | `007`, `+7`, ` 7 ` |
-/// | `Uuid` | lower-case hyphenated, as Postgres prints it | upper case, no hyphens, braces, `urn:uuid:` |
-///
-/// # Which key type for which column
-///
-/// The type must compare keys as the column does, or the guard would
-/// answer "absent" for a spelling the database finds. `bloom_guard_sqlx`'s
-/// followers read the watched column's type and collation at start and
-/// refuse to answer absent keys (failing open, with an error naming the
-/// type to use) where the guard's type could refuse a stored key.
-///
-/// | column type and collation | key type |
-/// |---|---|
-/// | `text`, `varchar(n)` with a deterministic collation (the default) | `Text` |
-/// | `citext` | `CaseInsensitiveText` (exact for ASCII keys: `lower()` also maps some non-ASCII letters to ASCII ones, `İ` to `i`, the Kelvin sign to `k`, so the follower keeps the guard open once a stored key is not printable ASCII) |
-/// | a nondeterministic ICU collation at level 2 or 3 (`und-u-ks-level2`: case-insensitive; level 3 ignores control characters) | `CaseInsensitiveText`, exact for columns of ASCII keys only: ICU also equates non-ASCII spellings with ASCII ones (`ß` and `ss`, ligatures, full-width letters and digits, soft hyphens and zero-width spaces), so the follower keeps the guard open once a stored key is not printable ASCII |
-/// | SQLite `COLLATE NOCASE` | `CaseInsensitiveText` |
-/// | `smallint`, `integer`, `bigint` (SQLite `INTEGER`) | `Integer` |
-/// | `uuid` | `Uuid` |
-/// | `char(n)` (trailing spaces ignored), `name` (truncates to 63 bytes), accent-insensitive (level 1), punctuation-ignoring (`ka-shifted`) and numeric (`kn-true`) collations | none: the follower keeps the guard open; store the key in a column of a row above |
-///
-/// A type that compares more loosely than the column is safe (only false
-/// positives): `CaseInsensitiveText` over a case-sensitive `text`, for one.
-///
-/// Composite keys (several columns) are text: see
-/// `bloom_guard_sqlx::Watch` for their encoding and [`PathParams`](crate::PathParams)
-/// for the extractor that builds them.
-///
-/// # Example
-///
-/// ```
-/// use bloom_guard::{BloomGuard, KeyList, KeyType};
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let users = BloomGuard::builder().key_type(KeyType::Uuid).build();
-/// users.rebuild(&KeyList::new(["550e8400-e29b-41d4-a716-446655440000"])).await.expect("build");
-/// assert!(users.may_contain("550E8400E29B41D4A716446655440000"));
-/// # }
-/// ```
+#[doc = include_str!("../docs/key_types.md")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum KeyType {

@@ -77,3 +77,8 @@ pub use metrics::{describe_metrics, DURATION_BUCKETS};
 
 #[cfg(feature = "cache")]
 pub use cache::{CacheBuilder, CacheStats, ReadThroughCache};
+
+/// The repository README's quick start, compiled and run as a doctest.
+#[cfg(all(doctest, feature = "axum"))]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeQuickStart;

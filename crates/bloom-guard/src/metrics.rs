@@ -75,6 +75,8 @@ pub const DURATION_BUCKETS: &[f64] = &[
 /// The filter figures (`keys` to `estimated_fpp`) are set when a filter is
 /// put in place and at every check of [`BloomGuard::maintain`](crate::BloomGuard::maintain)
 /// (or a follower's): a filter grows sub-filters as keys arrive.
+///
+#[cfg_attr(feature = "admin", doc = include_str!("../docs/metrics.md"))]
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe_metrics() {

@@ -11,14 +11,13 @@ use std::str::FromStr;
 /// [`BloomGuard::override_settings`](crate::BloomGuard::override_settings)
 /// on one (the admin API: `PUT /admin/bloom/{guard}/mode`).
 ///
-/// # Rolling out
-///
 /// Start in `Shadow`: the guard decides every request and counts the ones
 /// it would reject ([`Stats::shadow_would_reject`](crate::Stats::shadow_would_reject)),
 /// but passes them all on and looks at the answer: a 2xx for a key it
 /// would have rejected is a false negative caught before it could hurt
 /// ([`Stats::shadow_false_negatives`](crate::Stats::shadow_false_negatives)).
-/// Once that count stays at 0, switch to `Enforce`.
+/// Once that count stays at 0, switch to `Enforce`. The guide below takes
+/// a fleet through it.
 ///
 /// # Example
 ///
@@ -32,6 +31,8 @@ use std::str::FromStr;
 /// assert_eq!(guard.mode(), Mode::Enforce);
 /// # Ok(()) }
 /// ```
+///
+#[doc = include_str!("../docs/rollout.md")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]

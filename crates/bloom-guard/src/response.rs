@@ -76,9 +76,13 @@ impl CannedResponse {
 /// `404 Not Found`, `content-type: application/json`, body
 /// `{"error":"not found"}`.
 ///
-/// Answer your own "not found" with the same bytes, and nobody can tell a
-/// filter rejection from a database miss, so nobody can probe for the
-/// filter's false positives.
+/// Answer your own "not found" with the same bytes, and no response tells
+/// a filter rejection from a database miss. Timing still does: the guard
+/// answers in microseconds, a database miss takes milliseconds, so a client
+/// can find which absent keys are the filter's false positives. A negative
+/// cache entry makes each one cheap after its first lookup, and every
+/// rebuild draws a new hasher seed, which replaces the set (see the
+/// consistency page on `bloom_guard_sqlx::PgFollower`).
 ///
 /// # Example
 ///

@@ -99,7 +99,8 @@ impl IntoResponse for ApiError {
 }
 
 /// The service's "not found", byte for byte the guard's own answer for an
-/// absent key: nobody can tell which of the two answered.
+/// absent key: no response tells which of the two answered (only their
+/// timing does).
 pub fn not_found() -> Response {
     bloom_guard::not_found_response().map(axum::body::Body::from)
 }

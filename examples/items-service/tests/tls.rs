@@ -263,7 +263,10 @@ impl Drop for TlsPostgres {
 }
 
 #[tokio::test]
-#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+#[cfg_attr(
+    not(all(database, pg_server)),
+    ignore = "needs Postgres (DATABASE_URL) and its server binaries (PG_BIN, default /usr/lib/postgresql/15/bin)"
+)]
 async fn the_database_works_over_verified_tls() {
     let server = TlsPostgres::start().await;
     let url = server.url(&format!(
@@ -286,7 +289,10 @@ async fn the_database_works_over_verified_tls() {
 }
 
 #[tokio::test]
-#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+#[cfg_attr(
+    not(all(database, pg_server)),
+    ignore = "needs Postgres (DATABASE_URL) and its server binaries (PG_BIN, default /usr/lib/postgresql/15/bin)"
+)]
 async fn the_server_refuses_connections_without_tls() {
     let server = TlsPostgres::start().await;
     let error = PgConnection::connect(&server.url("sslmode=disable"))
@@ -301,7 +307,10 @@ async fn the_server_refuses_connections_without_tls() {
 }
 
 #[tokio::test]
-#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+#[cfg_attr(
+    not(all(database, pg_server)),
+    ignore = "needs Postgres (DATABASE_URL) and its server binaries (PG_BIN, default /usr/lib/postgresql/15/bin)"
+)]
 async fn verify_full_refuses_a_server_from_another_ca() {
     let server = TlsPostgres::start().await;
     let other = server.dir.path().join("other-ca.pem");

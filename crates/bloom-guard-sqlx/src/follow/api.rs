@@ -22,6 +22,8 @@ use std::time::Duration;
 ///     tokio::spawn(follower.poll_interval(Duration::from_millis(500)).run_until(shutdown));
 /// }
 /// ```
+///
+#[doc = include_str!("../../docs/snapshots.md")]
 pub trait Follow: Sized + Send + 'static {
     /// See [`PgFollower::snapshots`](crate::PgFollower::snapshots).
     #[must_use]

@@ -37,6 +37,8 @@ pub const POSTGRES_SQL: &str = include_str!("../../sql/postgres.sql");
 /// Watch::table("items").key("key").install(&pool).await?;
 /// # Ok(()) }
 /// ```
+///
+#[doc = include_str!("../../docs/feed.md")]
 pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
     let installed = installed_version(pool).await?;
     if installed.is_some_and(|version| version >= SCHEMA_VERSION) {

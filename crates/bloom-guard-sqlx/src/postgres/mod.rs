@@ -45,6 +45,8 @@ use crate::watch::Watch;
 /// tokio::spawn(PgFollower::new(guard.clone(), pool, items).run());
 /// # Ok(()) }
 /// ```
+///
+#[doc = include_str!("../../docs/consistency.md")]
 pub struct PgFollower {
     engine: Follower<PgBackend>,
 }
