@@ -1,9 +1,9 @@
-//! The smallest guarded service: keys in memory, no database.
+//! `cargo run -p bloom-guard --example in_memory`: the smallest guarded
+//! service, keys in memory, no database.
 //!
-//! Shows a guard warmed from a key list, a route guarded by its layer, and
-//! the write path inserting into the guard before "committing" the key.
-//!
-//! Run with `cargo run -p bloom-guard --example in_memory`, then:
+//! Shows a guard warmed from a key list, a route guarded by its layer, the
+//! write path inserting into the guard before "committing" the key, and
+//! the handler answering its misses with the guard's own bytes. Then:
 //!
 //! ```text
 //! curl -i localhost:3000/items/apple         # 200
@@ -15,11 +15,13 @@
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use bloom_guard::{BloomGuard, KeyList, PathParam};
+use bloom_guard::{not_found_response, BloomGuard, KeyList, PathParam};
 
 #[derive(Clone)]
 struct AppState {
@@ -27,12 +29,13 @@ struct AppState {
     items: Arc<RwLock<HashSet<String>>>,
 }
 
-async fn get_item(State(state): State<AppState>, Path(key): Path<String>) -> StatusCode {
+async fn get_item(State(state): State<AppState>, Path(key): Path<String>) -> Response {
     let found = state.items.read().is_ok_and(|items| items.contains(&key));
     if found {
-        StatusCode::OK
+        StatusCode::OK.into_response()
     } else {
-        StatusCode::NOT_FOUND
+        // The guard's answer for absent keys, byte for byte.
+        not_found_response().map(Body::from)
     }
 }
 

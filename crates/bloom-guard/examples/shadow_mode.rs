@@ -15,19 +15,21 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{Request, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use bloom_guard::{BloomGuard, KeyList, Mode, PathParam};
+use bloom_guard::{not_found_response, BloomGuard, KeyList, Mode, PathParam};
 use tower::ServiceExt;
 
 async fn get_item(
     State(items): State<Arc<HashSet<&'static str>>>,
     Path(key): Path<String>,
-) -> StatusCode {
+) -> Response {
     if items.contains(key.as_str()) {
-        StatusCode::OK
+        StatusCode::OK.into_response()
     } else {
-        StatusCode::NOT_FOUND
+        // The guard's answer for absent keys, byte for byte.
+        not_found_response().map(Body::from)
     }
 }
 

@@ -77,6 +77,10 @@ pub const DURATION_BUCKETS: &[f64] = &[
 /// (or a follower's): a filter grows sub-filters as keys arrive.
 ///
 #[cfg_attr(feature = "admin", doc = include_str!("../docs/metrics.md"))]
+#[cfg_attr(
+    not(feature = "admin"),
+    doc = "The metrics page (wiring with the admin router, the reference, what to watch, the dashboard) shows on this item with feature `admin` too, as on docs.rs."
+)]
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe_metrics() {
