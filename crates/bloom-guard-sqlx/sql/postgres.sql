@@ -145,24 +145,37 @@ create table if not exists bloom_guard.schema_version (
     version integer not null
 );
 
--- The canonical text of a key: the column's text form, or for several
--- columns each part's text prefixed by its length in bytes and a colon
--- (`3:abc2:42`), which no two different keys share. NULL if any part is.
-create or replace function bloom_guard.key_expression(key_columns text[], alias text)
+-- The canonical text of a key from the text expressions of its parts,
+-- `parts`, and the expressions `nulls` whose NULL makes a part NULL: one
+-- part's text, or for several each part's text prefixed by its length in
+-- bytes and a colon (`3:abc2:42`), which no two different keys share. NULL
+-- if any part is.
+create or replace function bloom_guard.key_of(parts text[], nulls text[])
 returns text
 language sql immutable strict
 set search_path = pg_catalog, pg_temp
 as $$
     select case
-        when pg_catalog.cardinality(key_columns) = 1 then
-            pg_catalog.format('(%I.%I)::pg_catalog.text', alias, key_columns[1])
+        when pg_catalog.cardinality(parts) = 1 then parts[1]
         else
             pg_catalog.format('case when %s then null else pg_catalog.concat(%s) end',
-                pg_catalog.string_agg(pg_catalog.format('%I.%I is null', alias, c), ' or ' order by n),
+                pg_catalog.string_agg(pg_catalog.format('%s is null', nulls[n::pg_catalog.int4]), ' or ' order by n),
                 pg_catalog.string_agg(
-                    pg_catalog.format('pg_catalog.octet_length(pg_catalog.convert_to((%1$I.%2$I)::pg_catalog.text, ''UTF8'')), '':'', (%1$I.%2$I)::pg_catalog.text', alias, c),
+                    pg_catalog.format('pg_catalog.octet_length(pg_catalog.convert_to(%1$s, ''UTF8'')), '':'', %1$s', p),
                     ', ' order by n))
     end
+    from pg_catalog.unnest(parts) with ordinality as u(p, n)
+$$;
+
+-- The canonical key of the key columns of row `alias`, from their text form.
+create or replace function bloom_guard.key_expression(key_columns text[], alias text)
+returns text
+language sql immutable strict
+set search_path = pg_catalog, pg_temp
+as $$
+    select bloom_guard.key_of(
+        pg_catalog.array_agg(pg_catalog.format('(%I.%I)::pg_catalog.text', alias, c) order by n),
+        pg_catalog.array_agg(pg_catalog.format('%I.%I', alias, c) order by n))
     from pg_catalog.unnest(key_columns) with ordinality as u(c, n)
 $$;
 
@@ -175,17 +188,9 @@ returns text
 language sql immutable strict
 set search_path = pg_catalog, pg_temp
 as $$
-    select case
-        when pg_catalog.cardinality(key_columns) = 1 then
-            pg_catalog.format('(%s operator(pg_catalog.->>) %L)', j, key_columns[1])
-        else
-            pg_catalog.format('case when %s then null else pg_catalog.concat(%s) end',
-                pg_catalog.string_agg(pg_catalog.format('(%s operator(pg_catalog.->>) %L) is null', j, c), ' or ' order by n),
-                pg_catalog.string_agg(
-                    pg_catalog.format('pg_catalog.octet_length(pg_catalog.convert_to(%1$s operator(pg_catalog.->>) %2$L, ''UTF8'')), '':'', %1$s operator(pg_catalog.->>) %2$L', j, c),
-                    ', ' order by n))
-    end
-    from pg_catalog.unnest(key_columns) with ordinality as u(c, n)
+    select bloom_guard.key_of(parts, parts)
+    from (select pg_catalog.array_agg(pg_catalog.format('(%s operator(pg_catalog.->>) %L)', j, c) order by n)
+          from pg_catalog.unnest(key_columns) with ordinality as u(c, n)) as k(parts)
 $$;
 
 -- Whether the row `j` (jsonb) has every key column.

@@ -115,6 +115,11 @@ impl Settings {
 #[error("the audit rate must be between 0 and 1, got {0}")]
 pub struct InvalidAuditRate(pub f64);
 
+/// The layers' places, lowest first.
+const DEFAULT: usize = 0;
+const FLEET: usize = 1;
+const INSTANCE: usize = 2;
+
 /// The layers, and the settings in force read by every request.
 #[derive(Debug)]
 pub(crate) struct Layers {
@@ -159,7 +164,7 @@ impl Layers {
     pub(crate) fn set_fleet(&self, settings: Settings, replace: bool) -> Change {
         let mut layers = lock(&self.layers);
         self.epoch.fetch_add(1, Ordering::AcqRel);
-        self.apply(&mut layers, SetBy::Fleet, settings, replace)
+        self.apply(&mut layers, FLEET, settings, replace)
     }
 
     /// Puts the stored `settings`, read after [`epoch`](Self::epoch) gave
@@ -168,7 +173,7 @@ impl Layers {
     pub(crate) fn apply_stored(&self, settings: Settings, epoch: u64) -> Option<Change> {
         let mut layers = lock(&self.layers);
         (self.epoch.load(Ordering::Acquire) == epoch)
-            .then(|| self.apply(&mut layers, SetBy::Fleet, settings, true))
+            .then(|| self.apply(&mut layers, FLEET, settings, true))
     }
 
     #[inline]
@@ -185,9 +190,9 @@ impl Layers {
     pub(crate) fn set_by(&self) -> (SetBy, SetBy) {
         let layers = lock(&self.layers);
         let top = |given: fn(&Settings) -> bool| {
-            if given(&layers[2]) {
+            if given(&layers[INSTANCE]) {
                 SetBy::Instance
-            } else if given(&layers[1]) {
+            } else if given(&layers[FLEET]) {
                 SetBy::Fleet
             } else {
                 SetBy::Default
@@ -196,32 +201,27 @@ impl Layers {
         (top(|s| s.mode.is_some()), top(|s| s.audit_rate.is_some()))
     }
 
-    /// Changes the fleet's layer (`replace`: to exactly `settings`, as a
-    /// fleet's stored settings are read; otherwise only the settings
-    /// given) or this instance's.
-    pub(crate) fn update(&self, by: SetBy, settings: Settings, replace: bool) -> Change {
+    /// Changes this instance's overrides: the settings given.
+    pub(crate) fn set_overrides(&self, settings: Settings) -> Change {
         let mut layers = lock(&self.layers);
-        self.apply(&mut layers, by, settings, replace)
+        self.apply(&mut layers, INSTANCE, settings, false)
     }
 
+    /// Changes layer `slot` (`replace`: to exactly `settings`; otherwise
+    /// only the settings given) and puts what is then in force in place.
     fn apply(
         &self,
         layers: &mut [Settings; 3],
-        by: SetBy,
+        slot: usize,
         settings: Settings,
         replace: bool,
     ) -> Change {
-        let slot = match by {
-            SetBy::Default => 0,
-            SetBy::Fleet => 1,
-            SetBy::Instance => 2,
-        };
         layers[slot] = if replace {
             settings
         } else {
             settings.or(layers[slot])
         };
-        let in_force = layers[2].or(layers[1]).or(layers[0]);
+        let in_force = layers[INSTANCE].or(layers[FLEET]).or(layers[DEFAULT]);
         let from = self.mode();
         let to = in_force.mode.unwrap_or(from);
         self.mode.store(to.to_u8(), Ordering::Relaxed);
@@ -233,7 +233,8 @@ impl Layers {
 
     /// Drops this instance's overrides.
     pub(crate) fn clear_overrides(&self) -> Change {
-        self.update(SetBy::Instance, Settings::new(), true)
+        let mut layers = lock(&self.layers);
+        self.apply(&mut layers, INSTANCE, Settings::new(), true)
     }
 }
 
@@ -245,17 +246,13 @@ mod tests {
     fn an_override_wins_over_the_fleet_which_wins_over_the_default() {
         let layers = Layers::new(Mode::Shadow, 0.0);
         assert_eq!(layers.set_by(), (SetBy::Default, SetBy::Default));
-        layers.update(SetBy::Fleet, Settings::new().mode(Mode::Enforce), true);
+        layers.set_fleet(Settings::new().mode(Mode::Enforce), true);
         assert_eq!(
             (layers.mode(), layers.set_by().0),
             (Mode::Enforce, SetBy::Fleet)
         );
-        layers.update(SetBy::Instance, Settings::new().mode(Mode::Off), false);
-        layers.update(
-            SetBy::Fleet,
-            Settings::new().mode(Mode::Shadow).audit_rate(0.5),
-            true,
-        );
+        layers.set_overrides(Settings::new().mode(Mode::Off));
+        layers.set_fleet(Settings::new().mode(Mode::Shadow).audit_rate(0.5), true);
         assert_eq!(layers.mode(), Mode::Off);
         assert_eq!(layers.set_by(), (SetBy::Instance, SetBy::Fleet));
         assert_eq!(layers.audit_rate(), 0.5);
@@ -265,7 +262,7 @@ mod tests {
             (Mode::Shadow, SetBy::Fleet)
         );
         // The fleet's settings deleted: the default again.
-        layers.update(SetBy::Fleet, Settings::new(), true);
+        layers.set_fleet(Settings::new(), true);
         assert_eq!((layers.mode(), layers.audit_rate()), (Mode::Shadow, 0.0));
         assert_eq!(layers.set_by(), (SetBy::Default, SetBy::Default));
     }
@@ -294,8 +291,8 @@ mod tests {
     #[test]
     fn a_change_of_one_setting_keeps_the_other() {
         let layers = Layers::new(Mode::Enforce, 0.0);
-        layers.update(SetBy::Fleet, Settings::new().audit_rate(0.25), false);
-        layers.update(SetBy::Fleet, Settings::new().mode(Mode::Shadow), false);
+        layers.set_fleet(Settings::new().audit_rate(0.25), false);
+        layers.set_fleet(Settings::new().mode(Mode::Shadow), false);
         assert_eq!((layers.mode(), layers.audit_rate()), (Mode::Shadow, 0.25));
         assert!(Settings::new().audit_rate(1.5).check().is_err());
         assert!(Settings::new().audit_rate(f64::NAN).check().is_err());

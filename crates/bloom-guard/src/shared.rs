@@ -222,7 +222,7 @@ impl Shared {
 
     /// Changes this instance's overrides (see [`Layers::update`]).
     pub(crate) fn override_settings(&self, settings: Settings) {
-        let change = self.settings.update(SetBy::Instance, settings, false);
+        let change = self.settings.set_overrides(settings);
         self.mode_changed(change.from, change.to, SetBy::Instance);
     }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bloom_guard::{Fleet, FleetStoreError, Instance, Mode, Settings};
+use bloom_guard::{Fleet, FleetStoreError, Instance, Mode, Settings, Stats};
 use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 
@@ -35,15 +35,19 @@ impl<B: Database> Follower<B> {
         let mut failing = false;
         loop {
             ticks.tick().await;
-            let mut result: Result<(), FleetStoreError> =
-                self.guard.refresh_settings().await.map_err(Into::into);
-            let now = Reported::of(&self.guard);
+            // The first tick follows the read made before the first filter.
+            let mut result: Result<(), FleetStoreError> = match last_beat {
+                Some(_) => self.guard.refresh_settings().await.map_err(Into::into),
+                None => Ok(()),
+            };
+            let stats = self.guard.stats();
+            let now = Reported::of(&stats);
             let due = last_beat
                 .as_ref()
                 .is_none_or(|(at, reported)| *reported != now || at.elapsed() >= heartbeat);
             if due {
                 last_beat = Some((Instant::now(), now));
-                result = result.and(self.beat().await.map_err(Into::into));
+                result = result.and(self.beat(&stats).await.map_err(Into::into));
             }
             match result {
                 Err(error) if !failing => {
@@ -60,9 +64,9 @@ impl<B: Database> Follower<B> {
         }
     }
 
-    /// Records this instance's heartbeat.
-    async fn beat(&self) -> Result<(), sqlx::Error> {
-        let report = Instance::new(self.instance_id.clone(), &self.guard.stats());
+    /// Records this instance's heartbeat, its guard's `stats`.
+    async fn beat(&self, stats: &Stats) -> Result<(), sqlx::Error> {
+        let report = Instance::new(self.instance_id.clone(), stats);
         let report =
             serde_json::to_string(&report).map_err(|error| sqlx::Error::Encode(error.into()))?;
         self.backend
@@ -99,8 +103,7 @@ struct Reported {
 }
 
 impl Reported {
-    fn of(guard: &bloom_guard::BloomGuard) -> Self {
-        let stats = guard.stats();
+    fn of(stats: &Stats) -> Self {
         Self {
             state: stats.state,
             mode: stats.mode,
