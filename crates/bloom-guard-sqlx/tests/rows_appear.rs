@@ -142,18 +142,18 @@ async fn a_pg_restore_clean_of_another_database_is_rebuilt_here_and_on_a_new_ins
         options.get_port().to_string(),
         options.get_username().to_owned(),
     );
-    let status = std::process::Command::new("pg_dump")
+    let mut pg_dump = std::process::Command::new("pg_dump");
+    pg_dump
         .args(["-Fc", "-h", &host, "-p", &port, "-U", &user, "-f"])
         .arg(&dump)
-        .arg(&source)
-        .status()
-        .expect("pg_dump on PATH");
-    assert!(status.success());
+        .arg(&source);
+    assert!(run(pg_dump).await.success(), "pg_dump");
     let database: String = sqlx::query_scalar("select current_database()")
         .fetch_one(&pool)
         .await
         .expect("database");
-    let status = std::process::Command::new("pg_restore")
+    let mut pg_restore = std::process::Command::new("pg_restore");
+    pg_restore
         .args([
             "--clean",
             "--if-exists",
@@ -167,10 +167,8 @@ async fn a_pg_restore_clean_of_another_database_is_rebuilt_here_and_on_a_new_ins
             "-d",
         ])
         .arg(&database)
-        .arg(&dump)
-        .status()
-        .expect("pg_restore on PATH");
-    assert!(status.success());
+        .arg(&dump);
+    assert!(run(pg_restore).await.success(), "pg_restore");
     let _ = std::fs::remove_file(&dump);
     exec(&pool, &format!("drop database {source}")).await;
 

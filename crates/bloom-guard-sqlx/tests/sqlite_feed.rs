@@ -65,13 +65,11 @@ async fn two_instances_and_the_sqlite3_shell_see_each_others_keys() {
         .execute(&two)
         .await
         .expect("update");
-    let shell = std::process::Command::new("sqlite3")
-        .args(["-cmd", ".timeout 10000"])
-        .arg(&path)
-        .arg("insert into items (key) values ('from-the-shell'), (42);")
-        .status()
-        .expect("the sqlite3 shell on PATH");
-    assert!(shell.success(), "sqlite3 failed");
+    shell(
+        &path,
+        "insert into items (key) values ('from-the-shell'), (42);",
+    )
+    .await;
     for guard in &guards {
         wait_for(guard, "from-one").await;
         wait_for(guard, "renamed").await;
@@ -150,13 +148,11 @@ async fn instances_on_one_file_share_snapshots_and_refuse_damaged_ones() {
     drop(stop);
 
     // A key written by the shell between the starts.
-    let shell = std::process::Command::new("sqlite3")
-        .args(["-cmd", ".timeout 10000"])
-        .arg(&path)
-        .arg("insert into items (key) values ('between-the-starts');")
-        .status()
-        .expect("the sqlite3 shell on PATH");
-    assert!(shell.success());
+    shell(
+        &path,
+        "insert into items (key) values ('between-the-starts');",
+    )
+    .await;
     let second = BloomGuard::builder().build();
     let _second = follow(&second, &open(&path).await);
     ready(&second).await;
@@ -392,15 +388,25 @@ async fn watched_file(seeded: usize) -> (std::path::PathBuf, SqlitePool) {
     (path, pool)
 }
 
-fn shell(path: &std::path::Path, command: &str) {
-    // Waits for locks the followers' connections hold, as an app would.
-    let status = std::process::Command::new("sqlite3")
-        .args(["-cmd", ".timeout 10000"])
-        .arg(path)
-        .arg(command)
-        .status()
-        .expect("the sqlite3 shell on PATH");
-    assert!(status.success(), "{command}");
+/// Runs `command` in the `sqlite3` shell, another client of the file. It
+/// waits for locks the followers' connections hold, as an app would, and
+/// runs off the test's runtime thread: blocking that thread would stall a
+/// follower in the middle of a transaction, whose lock the shell then
+/// waits for in vain.
+async fn shell(path: &std::path::Path, command: &str) {
+    let (path, command) = (path.to_owned(), command.to_owned());
+    let status = tokio::task::spawn_blocking(move || {
+        let status = std::process::Command::new("sqlite3")
+            .args(["-cmd", ".timeout 10000"])
+            .arg(&path)
+            .arg(&command)
+            .status()
+            .expect("the sqlite3 shell on PATH");
+        (status, command)
+    })
+    .await
+    .expect("the shell's thread");
+    assert!(status.0.success(), "{}", status.1);
 }
 
 /// Waits until `guard` answers from its filter and holds every key.
@@ -420,19 +426,21 @@ async fn a_restore_of_an_older_backup_is_noticed_and_rebuilt() {
     let _stop = follow(&guard, &pool);
     ready(&guard).await;
     let backup = path.with_file_name("backup.db");
-    shell(&path, &format!(".backup '{}'", backup.display()));
+    shell(&path, &format!(".backup '{}'", backup.display())).await;
     shell(
         &path,
         "insert into items (key) select 'after-backup-' || value from generate_series(1, 20);",
-    );
+    )
+    .await;
     let after_backup: Vec<String> = (1..=20).map(|i| format!("after-backup-{i}")).collect();
     serves(&guard, "the keys after the backup", &after_backup).await;
     // The feed goes back under the reader: new rows take ids it has passed.
-    shell(&path, &format!(".restore '{}'", backup.display()));
+    shell(&path, &format!(".restore '{}'", backup.display())).await;
     shell(
         &path,
         "insert into items (key) select 'after-restore-' || value from generate_series(1, 10);",
-    );
+    )
+    .await;
     let after_restore: Vec<String> = (1..=10).map(|i| format!("after-restore-{i}")).collect();
     serves(&guard, "the keys written after the restore", &after_restore).await;
     let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
@@ -465,7 +473,8 @@ async fn a_snapshot_is_replayed_from_its_own_position_whatever_its_row_says() {
     shell(
         &path,
         "insert into items (key) select 'after-' || value from generate_series(1, 30);",
-    );
+    )
+    .await;
     // The position column says the snapshot has everything; its bytes
     // (checksummed) say where to replay from.
     sqlx::query("update bloom_guard_snapshots set position = '1000000'")
@@ -522,7 +531,7 @@ async fn a_key_that_is_not_utf8_does_not_stall_the_feed() {
     shell(
         &path,
         "insert into items (key) values (cast(x'ff61' as text)); insert into items (key) values ('after-it');",
-    );
+    ).await;
     serves(
         &guard,
         "the key after a non-UTF-8 one",

@@ -107,8 +107,15 @@ impl Watch {
             updated = trigger("updated"),
             deleted = trigger("deleted"),
         );
-        // Idempotent: a failure half-way is repaired by the next call.
-        sqlx::raw_sql(AssertSqlSafe(script)).execute(pool).await?;
+        // One transaction, holding the write lock from its start: an
+        // install running beside another (a follower putting triggers back
+        // while an operator watches the table) waits for it, within the
+        // busy timeout, instead of meeting its triggers half-made.
+        let mut tx = pool.begin_with("begin immediate").await?;
+        sqlx::raw_sql(AssertSqlSafe(script))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(())
     }
 

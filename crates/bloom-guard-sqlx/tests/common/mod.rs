@@ -129,3 +129,13 @@ pub(crate) async fn psql(pool: &PgPool) -> std::process::Command {
         .arg(database);
     command
 }
+
+/// Runs `command` to its end off the test's runtime thread, as another
+/// client of the database: blocking that thread would stall a follower in
+/// the middle of a transaction whose locks the command may wait for.
+pub(crate) async fn run(mut command: std::process::Command) -> std::process::ExitStatus {
+    tokio::task::spawn_blocking(move || command.status())
+        .await
+        .expect("the command's thread")
+        .expect("the command on PATH")
+}
