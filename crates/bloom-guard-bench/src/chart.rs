@@ -4,7 +4,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::Row;
+use crate::run::Row;
 
 /// Draws one bar per run: its requests per second.
 pub(crate) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {

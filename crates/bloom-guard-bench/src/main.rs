@@ -34,6 +34,8 @@ mod chart;
 mod deploy;
 mod fleet;
 mod load;
+mod propagation;
+mod run;
 mod services;
 mod warmup;
 mod writers;
@@ -42,10 +44,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use serde::Serialize;
 
-use crate::load::{Measured, Workload};
-use crate::services::{Database, Service};
+use crate::load::Workload;
 
 #[derive(Debug, Parser)]
 #[command(about = "Load and warm-up benchmarks of bloom-guard")]
@@ -175,16 +175,6 @@ struct LoadArgs {
     hot_keys: u64,
 }
 
-/// One measured run.
-#[derive(Debug, Serialize, serde::Deserialize)]
-struct Row {
-    target: String,
-    workload: Workload,
-    #[serde(flatten)]
-    measured: Measured,
-    db_lookups_per_1000: Option<f64>,
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
@@ -197,7 +187,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             fpp,
             rounds,
         } => {
-            let settings = RunSettings {
+            let settings = run::RunSettings {
                 keys,
                 duration: Duration::from_secs(load.seconds),
                 connections: load.connections,
@@ -205,7 +195,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 fpp,
                 rounds: rounds.max(1),
             };
-            run(&cli.database_url, &binary, &cli.out, &settings).await
+            run::run(&cli.database_url, &binary, &cli.out, &settings).await
         }
         Command::Drive {
             addr,
@@ -238,7 +228,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             statements,
         } => writers::compare(&cli.database_url, &cli.out, seconds, &writers, &statements).await,
         Command::Propagation { samples } => {
-            writers::propagation(&cli.database_url, &cli.out, samples).await
+            propagation::propagation(&cli.database_url, &cli.out, samples).await
         }
         Command::Idle => writers::idle(&cli.database_url, &cli.out).await,
         Command::Fleet {
@@ -250,212 +240,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Command::WarmupOne { source, url } => warmup::one(source, &url).await,
         Command::Chart { from } => {
-            let rows: Vec<Row> = serde_json::from_slice(&std::fs::read(&from)?)?;
+            let rows: Vec<run::Row> = serde_json::from_slice(&std::fs::read(&from)?)?;
             chart::draw(&cli.out.join("chart.svg"), &rows)?;
             Ok(())
         }
-    }
-}
-
-struct RunSettings {
-    rounds: usize,
-    keys: u64,
-    duration: Duration,
-    connections: usize,
-    hot_keys: u64,
-    fpp: f64,
-}
-
-async fn run(
-    server_url: &str,
-    binary: &std::path::Path,
-    out: &std::path::Path,
-    settings: &RunSettings,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let db = Database::create(server_url, "bloom_guard_load").await?;
-    println!("filling {} rows", settings.keys);
-    db.fill(settings.keys).await?;
-    let guarded = Service::start(binary, &db.url, 3400, true, settings.fpp, settings.keys).await?;
-    let unguarded =
-        Service::start(binary, &db.url, 3500, false, settings.fpp, settings.keys).await?;
-
-    let mut rounds: Vec<Vec<Row>> = Vec::new();
-    for round in 1..=settings.rounds {
-        println!("round {round} of {}", settings.rounds);
-        rounds.push(run_round(&db, &guarded, &unguarded, settings).await?);
-    }
-    // Each row: the round with the median requests per second.
-    let rows: Vec<Row> = (0..rounds[0].len())
-        .map(|_| {
-            let mut runs: Vec<Row> = rounds.iter_mut().map(|round| round.remove(0)).collect();
-            runs.sort_by(|a, b| {
-                a.measured
-                    .requests_per_sec
-                    .total_cmp(&b.measured.requests_per_sec)
-            });
-            runs.swap_remove(runs.len() / 2)
-        })
-        .collect();
-
-    report(&rows, settings);
-    std::fs::write(
-        out.join("results.json"),
-        serde_json::to_string_pretty(&rows)?,
-    )?;
-    chart::draw(&out.join("chart.svg"), &rows)?;
-    println!(
-        "wrote {} and {}",
-        out.join("results.json").display(),
-        out.join("chart.svg").display()
-    );
-    drop((guarded, unguarded));
-    db.drop_database().await?;
-    Ok(())
-}
-
-/// One round of every run.
-async fn run_round(
-    db: &Database,
-    guarded: &Service,
-    unguarded: &Service,
-    settings: &RunSettings,
-) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
-    let mut rows = Vec::new();
-    let plan: [(&'static str, &Service, Workload, bool); 7] = [
-        ("unrouted 404 (ceiling)", guarded, Workload::Unrouted, false),
-        ("guarded", guarded, Workload::Attack, true),
-        ("unguarded", unguarded, Workload::Attack, true),
-        ("guarded", guarded, Workload::Hot, false),
-        ("unguarded", unguarded, Workload::Hot, false),
-        ("guarded", guarded, Workload::Mix, true),
-        ("unguarded", unguarded, Workload::Mix, true),
-    ];
-    for (target, service, workload, count_lookups) in plan {
-        let before = if count_lookups {
-            Some(db.lookups().await?)
-        } else {
-            None
-        };
-        let label = format!("{target} / {workload:?}");
-        let measured = load::run(
-            &service.addr,
-            workload,
-            settings.hot_keys,
-            settings.connections,
-            Duration::from_secs(1),
-            settings.duration,
-            &label,
-        )
-        .await;
-        let db_lookups_per_1000 = match before {
-            Some(before) => {
-                // Postgres publishes a backend's counts up to 10 s late.
-                tokio::time::sleep(Duration::from_secs(11)).await;
-                let lookups = db.lookups().await? - before;
-                Some(1000.0 * lookups as f64 / (measured.all_requests as f64).max(1.0))
-            }
-            None => None,
-        };
-        rows.push(Row {
-            target: target.to_owned(),
-            workload,
-            measured,
-            db_lookups_per_1000,
-        });
-    }
-
-    // A rebuild under attack: the same attack, with a rebuild one third in.
-    let rebuild = {
-        let admin = guarded.admin_addr.clone();
-        let delay = settings.duration / 3 + Duration::from_secs(1);
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            services::post_rebuild(&admin).await
-        })
-    };
-    let measured = load::run(
-        &guarded.addr,
-        Workload::Attack,
-        settings.hot_keys,
-        settings.connections,
-        Duration::from_secs(1),
-        settings.duration,
-        "guarded / Attack during a rebuild",
-    )
-    .await;
-    let rebuild_status = rebuild.await?;
-    println!("rebuild during the attack answered {rebuild_status:?}");
-    rows.push(Row {
-        target: "guarded, rebuilding".to_owned(),
-        workload: Workload::Attack,
-        measured,
-        db_lookups_per_1000: None,
-    });
-    Ok(rows)
-}
-
-fn find<'a>(rows: &'a [Row], target: &str, workload: Workload) -> Option<&'a Row> {
-    rows.iter()
-        .find(|r| r.target == target && r.workload == workload)
-}
-
-/// Prints every run and the targets as ratios of runs of this process.
-fn report(rows: &[Row], settings: &RunSettings) {
-    println!(
-        "\n{:<24} {:<9} {:>10} {:>9} {:>9} {:>9} {:>7} {:>12}",
-        "target", "workload", "req/s", "p50 µs", "p99 µs", "p999 µs", "errors", "db/1000 req"
-    );
-    for row in rows {
-        let m = &row.measured;
-        println!(
-            "{:<24} {:<9} {:>10.0} {:>9} {:>9} {:>9} {:>7} {:>12}",
-            row.target,
-            format!("{:?}", row.workload).to_lowercase(),
-            m.requests_per_sec,
-            m.p50_us,
-            m.p99_us,
-            m.p999_us,
-            m.errors,
-            row.db_lookups_per_1000
-                .map_or("-".to_owned(), |v| format!("{v:.2}")),
-        );
-    }
-    let rps = |target, workload| {
-        find(rows, target, workload).map_or(f64::NAN, |r| r.measured.requests_per_sec)
-    };
-    let ceiling = rps("unrouted 404 (ceiling)", Workload::Unrouted);
-    let attack = rps("guarded", Workload::Attack);
-    let unguarded_attack = rps("unguarded", Workload::Attack);
-    let hot = rps("guarded", Workload::Hot);
-    let unguarded_hot = rps("unguarded", Workload::Hot);
-    let lookups = find(rows, "guarded", Workload::Attack).and_then(|r| r.db_lookups_per_1000);
-    let steady_p99 = find(rows, "guarded", Workload::Attack).map_or(0, |r| r.measured.p99_us);
-    let rebuilding = find(rows, "guarded, rebuilding", Workload::Attack);
-    println!("\ntargets (ratios within this run):");
-    println!(
-        "  attack vs unrouted 404 ceiling: {:.3}x (target >= 0.95)",
-        attack / ceiling
-    );
-    println!(
-        "  attack vs unguarded attack:     {:.2}x (target >= 5)",
-        attack / unguarded_attack
-    );
-    println!(
-        "  db lookups per 1000 absent keys: {} (target <= {:.2})",
-        lookups.map_or("-".to_owned(), |v| format!("{v:.2}")),
-        1.2 * 1000.0 * settings.fpp
-    );
-    println!(
-        "  hot keys, guarded vs unguarded:  {:.3}x (target >= 0.97)",
-        hot / unguarded_hot
-    );
-    if let Some(r) = rebuilding {
-        println!(
-            "  rebuild under attack: {} errors, p99 {} µs vs {} µs steady = {:.2}x (target 0 errors, <= 2x)",
-            r.measured.errors,
-            r.measured.p99_us,
-            steady_p99,
-            r.measured.p99_us as f64 / steady_p99.max(1) as f64
-        );
     }
 }

@@ -1,6 +1,6 @@
 //! The errors of the sqlx key sources and change feeds.
 
-use crate::copy_text::CopyTextError;
+use crate::source::copy_text::CopyTextError;
 
 /// Why a sqlx key source failed to count or to scan.
 #[derive(Debug, thiserror::Error)]

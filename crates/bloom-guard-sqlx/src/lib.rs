@@ -1,31 +1,24 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod batches;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-mod changes;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-mod column;
-mod copy_text;
+// The key sources (any sqlx query, Postgres COPY), the SQL tables every
+// backend shares (snapshots, fleet), the follower engine, and its backends.
 mod error;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod fleet_rebuild;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-mod fleet_store;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod follow;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod lock;
 #[cfg(feature = "postgres")]
 mod postgres;
-mod query;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-mod snapshot_store;
+mod source;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod store;
 mod watch;
 
-pub use copy_text::{CopyTextDecoder, CopyTextError};
 pub use error::{FeedError, SourceError};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub use fleet_rebuild::FleetRebuild;
@@ -36,7 +29,8 @@ pub use postgres::{
     install, uninstall, PgCopySource, PgFollower, LISTENER_APPLICATION_NAME,
     NOTIFIER_APPLICATION_NAME, POSTGRES_SQL, SCHEMA_VERSION,
 };
-pub use query::QuerySource;
+pub use source::copy_text::{CopyTextDecoder, CopyTextError};
+pub use source::query::QuerySource;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteFollower;
 pub use watch::Watch;

@@ -63,6 +63,10 @@ pub struct Config {
 
 /// The most keys a filter is sized for from settings (about 7 GiB of bits
 /// at a 0.1% rate).
+/// The longest key, in bytes: the handlers refuse longer ones with a 400
+/// (the guard passes them on unchecked, and checks every shorter key).
+pub const MAX_KEY_LEN: usize = 512;
+
 const MAX_EXPECTED_ITEMS: u64 = 4_000_000_000;
 
 impl std::fmt::Debug for Config {

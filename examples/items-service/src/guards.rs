@@ -4,8 +4,7 @@ use std::time::Duration;
 
 use bloom_guard::{BloomGuard, KeyType};
 
-use crate::config::Config;
-use crate::routes::MAX_KEY_LEN;
+use crate::config::{Config, MAX_KEY_LEN};
 
 /// The service's guards, one per resource.
 #[derive(Debug, Clone)]

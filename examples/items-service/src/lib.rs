@@ -17,10 +17,11 @@ pub mod state;
 
 pub use admin::admin_app;
 pub use config::Config;
+pub use config::MAX_KEY_LEN;
 pub use db::{Database, Item, MigrateError, Pool, UrlError, User};
 pub use feeds::{items_feed, users_feed};
 pub use guards::{guards, Guards};
-pub use routes::{app, MAX_KEY_LEN};
+pub use routes::app;
 pub use server::{serve, Limits};
 pub use startup::prepare;
 pub use state::AppState;

@@ -11,12 +11,9 @@ use bloom_guard::{KeyError, PathParam};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::config::MAX_KEY_LEN;
 use crate::error::{not_found, ApiError};
 use crate::state::AppState;
-
-/// The longest key, in bytes: the handlers refuse longer ones with a 400
-/// (the guard passes them on unchecked, and checks every shorter key).
-pub const MAX_KEY_LEN: usize = 512;
 
 /// The largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;

@@ -10,9 +10,9 @@ use bloom_guard::{KeySource, Snapshot, SnapshotError, SnapshotWriter};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::changes::Changes;
-use crate::column::KeyColumn;
 use crate::error::SourceError;
+use crate::follow::changes::Changes;
+use crate::follow::column::KeyColumn;
 use crate::watch::Watch;
 
 /// Every key of the watched table, and what names that key set.

@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Clock, Database, FleetTable, Follower, KeySet, LoadError, Read, SnapshotStore, Stored, WakeUps,
 };
-use crate::changes::Changes;
-use crate::column::KeyColumn;
 use crate::error::SourceError;
+use crate::follow::changes::Changes;
+use crate::follow::column::KeyColumn;
 use crate::lock::lock;
 use crate::watch::Watch;
 
@@ -50,6 +50,8 @@ struct State {
     pause_scans: bool,
     events: Vec<&'static str>,
     reads: usize,
+    /// Reads fail while set: the database is unreachable.
+    unreachable: bool,
     loads: usize,
     scans: usize,
     clock: i64,
@@ -65,6 +67,14 @@ impl Fake {
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         lock(&self.db.state)
+    }
+
+    /// Commits a row with `key` without waking the engine: another
+    /// instance's write, before any wake-up reaches this one.
+    fn commit_quietly(&self, key: &str) {
+        let mut state = self.state();
+        state.table.insert(key.to_owned());
+        state.feed.push(key.to_owned());
     }
 
     /// Commits a row with `key`, and wakes the engine.
@@ -159,6 +169,9 @@ impl Database for Fake {
     async fn read(&self, since: &usize) -> Result<Read<usize>, sqlx::Error> {
         let mut state = self.state();
         state.reads += 1;
+        if state.unreachable {
+            return Err(sqlx::Error::PoolTimedOut);
+        }
         if *since < state.horizon {
             return Ok(Read::Pruned);
         }
@@ -317,7 +330,10 @@ struct Running {
 }
 
 fn run(fake: &Fake, snapshots: bool) -> Running {
-    let guard = BloomGuard::builder().name("items").build();
+    run_guard(fake, snapshots, BloomGuard::builder().name("items").build())
+}
+
+fn run_guard(fake: &Fake, snapshots: bool, guard: BloomGuard) -> Running {
     let mut engine = Follower::new(guard.clone(), fake.clone());
     engine.snapshots = snapshots;
     engine.check_interval = Duration::from_millis(10);
@@ -514,4 +530,117 @@ async fn the_fleet_lock_is_released_on_drop() {
     .await;
     drop(follower);
     until("the lock released", || !fake.state().lock_held).await;
+}
+
+/// The status of `GET /items/{key}` through `guard` in front of a handler
+/// that finds every key.
+async fn status(guard: &BloomGuard, key: &str) -> http::StatusCode {
+    use tower::ServiceExt as _;
+    let app = axum::Router::new()
+        .route("/items/{key}", axum::routing::get(|| async { "an item" }))
+        .route_layer(guard.layer(bloom_guard::PathParam("key")));
+    let request = http::Request::get(format!("/items/{key}"))
+        .body(axum::body::Body::empty())
+        .expect("a request");
+    app.oneshot(request).await.expect("infallible").status()
+}
+
+#[tokio::test]
+async fn a_key_committed_before_the_request_is_never_refused() {
+    let fake = Fake::new();
+    let follower = run(&fake, false);
+    until("ready", || follower.guard.is_ready()).await;
+    for i in 0..200 {
+        let key = format!("elsewhere-{i}");
+        fake.commit_quietly(&key);
+        assert_eq!(
+            status(&follower.guard, &key).await,
+            http::StatusCode::OK,
+            "{key} refused"
+        );
+    }
+    let stats = follower.guard.stats();
+    assert_eq!(
+        (stats.barrier_waits, stats.barrier_found, stats.rejected),
+        (200, 200, 0)
+    );
+    assert_eq!(
+        status(&follower.guard, "absent").await,
+        http::StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn without_the_barrier_a_key_committed_elsewhere_is_refused_until_read() {
+    let fake = Fake::new();
+    let guard = BloomGuard::builder()
+        .name("items")
+        .read_barrier(false)
+        .build();
+    let follower = run_guard(&fake, false, guard);
+    until("ready", || follower.guard.is_ready()).await;
+    fake.commit_quietly("elsewhere");
+    assert_eq!(
+        status(&follower.guard, "elsewhere").await,
+        http::StatusCode::NOT_FOUND
+    );
+    assert_eq!(follower.guard.stats().barrier_waits, 0);
+}
+
+#[tokio::test]
+async fn a_flood_of_absent_keys_shares_reads() {
+    let fake = Fake::new();
+    let follower = run(&fake, false);
+    until("ready", || follower.guard.is_ready()).await;
+    let reads = fake.state().reads;
+    let requests: Vec<_> = (0..2_000)
+        .map(|i| {
+            let guard = follower.guard.clone();
+            tokio::spawn(async move { status(&guard, &format!("absent-{i}")).await })
+        })
+        .collect();
+    for request in requests {
+        assert_eq!(
+            request.await.expect("the request runs"),
+            http::StatusCode::NOT_FOUND
+        );
+    }
+    let more = fake.state().reads - reads;
+    // One read per barrier gap (2 ms) at most, not one per key.
+    assert!(more <= 50, "{more} reads for 2 000 absent keys");
+    assert_eq!(follower.guard.stats().rejected, 2_000);
+}
+
+#[tokio::test]
+async fn an_unreachable_database_sends_refusals_on_after_the_bound() {
+    let fake = Fake::new();
+    let guard = BloomGuard::builder()
+        .name("items")
+        .read_barrier_timeout(Duration::from_millis(50))
+        .build();
+    let follower = run_guard(&fake, false, guard);
+    until("ready", || follower.guard.is_ready()).await;
+    fake.state().unreachable = true;
+    fake.commit_quietly("written-while-down");
+    // The filter is stale and no read can say so: nothing is refused.
+    assert_eq!(
+        status(&follower.guard, "written-while-down").await,
+        http::StatusCode::OK
+    );
+    assert_eq!(
+        status(&follower.guard, "absent").await,
+        http::StatusCode::OK
+    );
+    let stats = follower.guard.stats();
+    assert_eq!((stats.barrier_timeouts, stats.rejected), (2, 0));
+    // Back: once the follower's retry reads again, absent keys are refused.
+    fake.state().unreachable = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while status(&follower.guard, "absent").await != http::StatusCode::NOT_FOUND {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never refused again"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

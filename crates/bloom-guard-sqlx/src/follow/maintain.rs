@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{Database, Follower};
-use crate::column;
+use crate::follow::column;
 
 /// How often the feed is pruned at most.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);

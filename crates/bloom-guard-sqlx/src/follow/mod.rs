@@ -3,6 +3,8 @@
 
 mod api;
 mod backend;
+pub(crate) mod changes;
+pub(crate) mod column;
 mod cost;
 mod fleet;
 mod maintain;
@@ -30,8 +32,8 @@ pub(crate) use backend::{
 };
 pub(crate) use rebuild::Rebuild;
 
-use crate::changes::Hooks;
 use crate::error::error_chain;
+use crate::follow::changes::Hooks;
 use fleet::Fleet;
 
 /// The follower engine over one backend; the public followers wrap it.

@@ -1,10 +1,17 @@
 //! Reading the feed: on every wake-up and interval, forever.
 
 use bloom_guard::FeedStatus;
+use std::time::Duration;
 use tokio::sync::Notify;
+
 use tokio::time::{sleep, Instant};
 
 use super::{retry_pauses, Database, Follower, Read, MAX_PAUSE};
+
+/// The pause before a read the read barrier asked for: the refusals that
+/// arrive meanwhile share it, so a flood of absent keys costs the database
+/// at most one read per pause.
+const BARRIER_GAP: Duration = Duration::from_millis(2);
 
 impl<B: Database> Follower<B> {
     /// Reads the feed from `position` on every wake-up and interval.
@@ -19,7 +26,12 @@ impl<B: Database> Follower<B> {
         let mut total = 0;
         let mut failing = false;
         let mut pauses = retry_pauses();
+        // The read barrier: refusals wait for a read that began after their
+        // request arrived; this loop is that read.
+        let reads = self.guard.feed_reader();
         loop {
+            let started = reads.begin();
+            let mut gap = Duration::ZERO;
             match self.backend.read(&position).await {
                 Ok(Read::Changes {
                     position: reached,
@@ -38,7 +50,7 @@ impl<B: Database> Follower<B> {
                         && changes
                             .added
                             .iter()
-                            .any(|key| crate::column::is_unsafe_key(key.as_bytes()))
+                            .any(|key| crate::follow::column::is_unsafe_key(key.as_bytes()))
                     {
                         self.hold_for_unsafe_key();
                     }
@@ -48,6 +60,7 @@ impl<B: Database> Follower<B> {
                     // The keys first, then the position: a snapshot
                     // published at the position holds every key before it.
                     self.hooks.apply(&self.guard, feed, &changes);
+                    reads.done(started);
                     #[cfg(test)]
                     if let (Some(pause), true) = (&self.between_keys_and_position, changes.rows > 0)
                     {
@@ -66,7 +79,7 @@ impl<B: Database> Follower<B> {
                     // the next read waits out the gap. Real writes always
                     // bring rows, so they never wait.
                     if changes.rows == 0 {
-                        sleep(self.min_read_gap).await;
+                        gap = self.min_read_gap;
                     }
                 }
                 Ok(Read::Pruned) => {
@@ -74,6 +87,8 @@ impl<B: Database> Follower<B> {
                     continue;
                 }
                 Err(error) => {
+                    // Refusals stop waiting for a read that cannot come.
+                    reads.failed();
                     if !failing {
                         tracing::warn!(feed, %error, "cannot read the change feed; retrying (keys committed meanwhile arrive once it is back)");
                         failing = true;
@@ -87,7 +102,10 @@ impl<B: Database> Follower<B> {
                 }
             }
             tokio::select! {
-                () = wake.notified() => {}
+                // A refusal waits: read after a short gap, so the refusals
+                // of a flood share reads (at most one per gap).
+                () = reads.asked() => sleep(BARRIER_GAP).await,
+                () = async { sleep(gap).await; wake.notified().await } => {}
                 () = sleep(self.poll_interval) => {}
             }
         }

@@ -3,7 +3,7 @@
 
 use sqlx::PgPool;
 
-use crate::column::{postgres_comparison, KeyColumn};
+use crate::follow::column::{postgres_comparison, KeyColumn};
 use crate::watch::Watch;
 
 /// What keeps feed `name` from being complete: tables whose triggers are

@@ -4,9 +4,9 @@ use bloom_guard::{KeyBatch, KeySource};
 use futures_util::stream::{BoxStream, StreamExt};
 use sqlx::{AssertSqlSafe, PgPool};
 
-use crate::batches::{spawn_scan, BatchSender};
-use crate::copy_text::CopyTextDecoder;
 use crate::error::SourceError;
+use crate::source::batches::{spawn_scan, BatchSender};
+use crate::source::copy_text::CopyTextDecoder;
 
 /// Every key of a Postgres query, streamed with `COPY (query) TO STDOUT`.
 ///

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use sqlx::{PgPool, Row, ValueRef};
 
-use crate::changes::Changes;
+use crate::follow::changes::Changes;
 use crate::follow::Read;
 
 /// The changes read and the feed's snapshot after them, in one statement:

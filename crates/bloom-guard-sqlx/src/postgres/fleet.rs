@@ -1,7 +1,7 @@
 //! The fleet's settings and heartbeats in `bloom_guard.settings` and
 //! `bloom_guard.instances`.
 
-use crate::fleet_store::FleetStatements;
+use crate::store::fleet::FleetStatements;
 
 /// The fleet tables' statements; an instance is live for 30 s after its
 /// heartbeat, by the database's clock.

@@ -22,10 +22,11 @@ pub use install::{install, uninstall, POSTGRES_SQL, SCHEMA_VERSION};
 pub use listen::LISTENER_APPLICATION_NAME;
 pub use notifier::NOTIFIER_APPLICATION_NAME;
 
-use crate::column::KeyColumn;
-use crate::fleet_store::FleetTables;
+use crate::follow::column::KeyColumn;
 use crate::follow::{follower_api, Clock, Database, Follower, KeySet, Read, WakeUps};
-use crate::snapshot_store::Tables;
+use crate::source::query::any_key_where;
+use crate::store::fleet::FleetTables;
+use crate::store::snapshots::Tables;
 use crate::watch::Watch;
 
 #[doc = include_str!("../follow/protocol.md")]
@@ -143,11 +144,11 @@ impl Database for PgBackend {
     }
 
     async fn has_unsafe_keys(&self, source: &PgCopySource) -> Result<bool, sqlx::Error> {
-        let query = source.query();
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "select exists (select from ({query}) k(key) where (k.key collate pg_catalog.\"C\") ~ '[^\\t-\\r -~]')"
-        )))
-        .fetch_one(&self.pool)
+        any_key_where(
+            &self.pool,
+            source.query(),
+            r#"(k.key collate pg_catalog."C") ~ '[^\t-\r -~]'"#,
+        )
         .await
     }
 

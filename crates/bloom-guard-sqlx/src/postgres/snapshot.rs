@@ -7,7 +7,7 @@ use sqlx::postgres::PgConnection;
 use sqlx::{Connection, PgPool};
 
 use crate::follow::Clock;
-use crate::snapshot_store::Statements;
+use crate::store::snapshots::Statements;
 
 /// What names a guard's key set: the database (cluster and database, as a
 /// feed position means nothing elsewhere) and the key query.

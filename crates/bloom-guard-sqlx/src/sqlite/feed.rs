@@ -10,8 +10,8 @@ use sqlx::{AssertSqlSafe, Row, SqlitePool};
 use super::install::ident;
 use super::mark::Mark;
 use super::scan::key_bytes;
-use crate::changes::Changes;
-use crate::column::{sqlite_column_definition, sqlite_comparison, KeyColumn};
+use crate::follow::changes::Changes;
+use crate::follow::column::{sqlite_column_definition, sqlite_comparison, KeyColumn};
 use crate::follow::Read;
 use crate::watch::Watch;
 

@@ -2,7 +2,7 @@
 //! `bloom_guard_instances`, for the instances sharing one file (one host,
 //! one clock: times are SQLite's milliseconds since the epoch).
 
-use crate::fleet_store::FleetStatements;
+use crate::store::fleet::FleetStatements;
 
 /// The fleet tables. Idempotent.
 pub(super) const TABLES: &str = "

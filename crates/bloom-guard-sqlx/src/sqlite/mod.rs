@@ -16,10 +16,11 @@ use bloom_guard::BloomGuard;
 use sqlx::{Sqlite, SqlitePool};
 use tokio_util::sync::CancellationToken;
 
-use crate::column::KeyColumn;
-use crate::fleet_store::FleetTables;
+use crate::follow::column::KeyColumn;
 use crate::follow::{follower_api, Clock, Database, Follower, KeySet, Read, WakeUps};
-use crate::snapshot_store::Tables;
+use crate::source::query::any_key_where;
+use crate::store::fleet::FleetTables;
+use crate::store::snapshots::Tables;
 use crate::watch::Watch;
 use mark::Mark;
 use scan::SqliteScan;
@@ -112,12 +113,7 @@ impl Database for SqliteBackend {
     }
 
     async fn has_unsafe_keys(&self, source: &SqliteScan) -> Result<bool, sqlx::Error> {
-        let query = source.query();
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "select exists (select 1 from ({query}) k(key) where k.key glob '*[^ -~]*')"
-        )))
-        .fetch_one(&self.pool)
-        .await
+        any_key_where(&self.pool, source.query(), "k.key glob '*[^ -~]*'").await
     }
 
     async fn position(&self) -> Result<Clock<Mark>, sqlx::Error> {

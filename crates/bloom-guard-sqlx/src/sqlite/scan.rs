@@ -5,9 +5,9 @@ use futures_util::stream::BoxStream;
 use futures_util::TryStreamExt;
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool, TypeInfo, ValueRef};
 
-use crate::batches::{spawn_scan, BatchSender};
 use crate::error::SourceError;
-use crate::query::QuerySource;
+use crate::source::batches::{spawn_scan, BatchSender};
+use crate::source::query::QuerySource;
 
 /// A stored key's bytes: `None` for a BLOB, which no request can name,
 /// and for NULL.

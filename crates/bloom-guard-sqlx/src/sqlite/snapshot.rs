@@ -9,7 +9,7 @@ use sqlx::SqlitePool;
 
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::snapshot_store::Statements;
+use crate::store::snapshots::Statements;
 
 /// The snapshot tables and the lock table. Idempotent.
 pub(super) const TABLES: &str = "

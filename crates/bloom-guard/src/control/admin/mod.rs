@@ -1,0 +1,591 @@
+//! The admin API: an axum router over the guards' stats, rebuilds and
+//! metrics (feature `admin`).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use futures_util::future::BoxFuture;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::error::BuildError;
+use crate::handle::guard::BloomGuard;
+use crate::lifecycle::source::KeySource;
+use crate::lock::lock;
+use crate::report::stats::Stats;
+
+mod settings;
+
+use settings::{fleet, reset, set_mode};
+
+/// Renders the installed recorder's metrics as Prometheus text.
+type RenderFn = Arc<dyn Fn() -> String + Send + Sync>;
+
+type RebuildFn = Arc<dyn Fn() -> BoxFuture<'static, Result<Stats, BuildError>> + Send + Sync>;
+
+/// The admin API of an application's guards, behind a bearer token.
+///
+/// - `GET /admin/bloom`: `{"guards": {"<name>": <stats>, ...}}`.
+/// - `GET /admin/bloom/{guard}`: that guard's [`Stats`] as JSON.
+/// - `POST /admin/bloom/{guard}/rebuild`: runs a rebuild, or joins the one
+///   in flight, and answers the new stats. Needs a key source
+///   ([`guard_with_source`](Self::guard_with_source)). A new rebuild is
+///   refused with `429` within the [cool-down](Self::cooldown) after the
+///   guard's last one.
+/// - `POST /admin/bloom/rebuild`: the same for every guard with a source,
+///   one after the other; answers as `GET /admin/bloom`.
+/// - `PUT /admin/bloom/{guard}/mode` with `{"mode": "enforce" | "shadow" |
+///   "off"}`, `{"audit_rate": 0.001}` or both: switches the guard's
+///   [`Mode`](crate::Mode) or audit rate on every instance of its fleet
+///   ([`BloomGuard::set_settings`]; `503` if the fleet's database cannot
+///   be reached, and nothing changed); with `"scope": "instance"`, on
+///   this instance only ([`BloomGuard::override_settings`]). Answers the
+///   stats, whose `mode_set_by` and `audit_rate_set_by` say which is in
+///   force.
+/// - `DELETE /admin/bloom/{guard}/mode?scope=instance`: drops this
+///   instance's overrides; `?scope=fleet`: forgets the fleet's settings
+///   ([`BloomGuard::reset_settings`]), every instance back to its
+///   builder's.
+/// - `GET /admin/bloom/{guard}/fleet`: `{"instances": [...]}`, the
+///   [`Instance`](crate::Instance)s of the guard's fleet heard from in the
+///   last 30 s ([`BloomGuard::fleet`]).
+/// - `GET /metrics`: the Prometheus text of the application's recorder
+///   (see [`metrics`](Self::metrics)); the guards record their figures
+///   there as they happen (feature `metrics`), one `guard` label per guard.
+///
+/// Requests without `Authorization: Bearer <token>`, or with any other
+/// token, get `401` and learn nothing: tokens are compared as SHA-256
+/// digests, so neither their content nor their length shows in the timing.
+/// Serve it on an address of its own, never on the public one.
+///
+/// # Example
+///
+/// ```
+/// use bloom_guard::admin::Admin;
+/// use bloom_guard::{BloomGuard, KeyList};
+///
+/// let items = BloomGuard::builder().name("items").build();
+/// let users = BloomGuard::builder().name("users").build();
+/// let admin: axum::Router = Admin::new("s3cret")
+///     .guard_with_source(items, KeyList::new(["a", "b"]))
+///     .guard(users)
+///     .into_router();
+/// # drop(admin);
+/// ```
+pub struct Admin {
+    token: Token,
+    guards: Vec<AdminGuard>,
+    metrics: Option<RenderFn>,
+    cooldown: Duration,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<_> = self.guards.iter().map(|g| g.guard.name()).collect();
+        f.debug_struct("Admin")
+            .field("guards", &names)
+            .field("metrics", &self.metrics.is_some())
+            .field("cooldown", &self.cooldown)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admin {
+    /// An admin API for requests bearing `token`; add the guards.
+    pub fn new(token: &str) -> Self {
+        Self {
+            token: Token::new(token),
+            guards: Vec::new(),
+            metrics: None,
+            cooldown: Duration::from_secs(5),
+        }
+    }
+
+    /// Serves `guard`'s stats (and metrics), under its
+    /// [name](crate::Builder::name).
+    #[must_use]
+    pub fn guard(mut self, guard: BloomGuard) -> Self {
+        self.guards.push(AdminGuard {
+            guard,
+            rebuild: None,
+            last_rebuild: Mutex::new(None),
+        });
+        self
+    }
+
+    /// As [`guard`](Self::guard), with rebuilds reading the keys from
+    /// `source`.
+    #[must_use]
+    pub fn guard_with_source<S: KeySource>(mut self, guard: BloomGuard, source: S) -> Self {
+        let source = Arc::new(source);
+        let rebuilding = guard.clone();
+        let rebuild: RebuildFn = Arc::new(move || {
+            let (guard, source) = (rebuilding.clone(), Arc::clone(&source));
+            Box::pin(async move { guard.rebuild(&*source).await })
+        });
+        self.guards.push(AdminGuard {
+            guard,
+            rebuild: Some(rebuild),
+            last_rebuild: Mutex::new(None),
+        });
+        self
+    }
+
+    /// As [`guard`](Self::guard), with rebuilds run by `rebuild`: for
+    /// rebuilds that are more than a scan, such as
+    /// `bloom_guard_sqlx::FleetRebuild`, which scans once for every
+    /// instance and publishes the result.
+    #[must_use]
+    pub fn guard_with_rebuild<F, Fut>(mut self, guard: BloomGuard, rebuild: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Stats, BuildError>> + Send + 'static,
+    {
+        let rebuild: RebuildFn = Arc::new(move || Box::pin(rebuild()));
+        self.guards.push(AdminGuard {
+            guard,
+            rebuild: Some(rebuild),
+            last_rebuild: Mutex::new(None),
+        });
+        self
+    }
+
+    /// Serves `GET /metrics` with the text `render` returns: the
+    /// application's Prometheus recorder, such as
+    /// `metrics-exporter-prometheus`'s `PrometheusHandle::render`. Without
+    /// it, `/metrics` answers `501`.
+    ///
+    /// Install the recorder before building the guards: a guard registers
+    /// its metrics when it is built.
+    ///
+    /// ```
+    /// use bloom_guard::admin::Admin;
+    /// use bloom_guard::BloomGuard;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    /// let guard = BloomGuard::builder().name("items").build(); // after the recorder
+    /// let admin = Admin::new("s3cret").guard(guard).metrics(move || handle.render());
+    /// # let _: axum::Router = admin.into_router();
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn metrics(mut self, render: impl Fn() -> String + Send + Sync + 'static) -> Self {
+        self.metrics = Some(Arc::new(render));
+        self
+    }
+
+    /// The least time between the end of one rebuild started here and the
+    /// start of the guard's next (default 5 s). Calls that join a rebuild in
+    /// flight are not limited.
+    #[must_use]
+    pub fn cooldown(mut self, cooldown: Duration) -> Self {
+        self.cooldown = cooldown;
+        self
+    }
+
+    /// The router.
+    pub fn into_router(self) -> Router {
+        let state = Arc::new(AdminState {
+            guards: self.guards,
+            metrics: self.metrics,
+            cooldown: self.cooldown,
+        });
+        Router::new()
+            .route("/admin/bloom", get(all_stats))
+            .route("/admin/bloom/rebuild", post(rebuild_all))
+            .route("/admin/bloom/{guard}", get(stats))
+            .route("/admin/bloom/{guard}/rebuild", post(rebuild))
+            .route("/admin/bloom/{guard}/mode", put(set_mode).delete(reset))
+            .route("/admin/bloom/{guard}/fleet", get(fleet))
+            .route("/metrics", get(prometheus_text))
+            .with_state(state)
+            .layer(middleware::from_fn_with_state(
+                Arc::new(self.token),
+                authorize,
+            ))
+    }
+}
+
+/// A guard as the admin API serves it.
+struct AdminGuard {
+    guard: BloomGuard,
+    rebuild: Option<RebuildFn>,
+    /// When the last rebuild started here finished.
+    last_rebuild: Mutex<Option<Instant>>,
+}
+
+struct AdminState {
+    guards: Vec<AdminGuard>,
+    metrics: Option<RenderFn>,
+    cooldown: Duration,
+}
+
+impl AdminState {
+    fn find(&self, name: &str) -> Option<&AdminGuard> {
+        self.guards.iter().find(|g| g.guard.name() == name)
+    }
+
+    fn all_stats(&self) -> Response {
+        let guards: serde_json::Map<String, serde_json::Value> = self
+            .guards
+            .iter()
+            .map(|g| {
+                let stats = serde_json::to_value(g.guard.stats()).unwrap_or_default();
+                (g.guard.name().to_owned(), stats)
+            })
+            .collect();
+        Json(json!({ "guards": guards })).into_response()
+    }
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({ "error": message }))).into_response()
+}
+
+async fn all_stats(State(state): State<Arc<AdminState>>) -> Response {
+    state.all_stats()
+}
+
+fn no_such_guard() -> Response {
+    error(StatusCode::NOT_FOUND, "no such guard")
+}
+
+async fn stats(State(state): State<Arc<AdminState>>, Path(name): Path<String>) -> Response {
+    match state.find(&name) {
+        Some(admin) => Json(admin.guard.stats()).into_response(),
+        None => no_such_guard(),
+    }
+}
+
+async fn rebuild(State(state): State<Arc<AdminState>>, Path(name): Path<String>) -> Response {
+    let Some(admin) = state.find(&name) else {
+        return no_such_guard();
+    };
+    match run_rebuild(admin, state.cooldown).await {
+        Ok(stats) => Json(stats).into_response(),
+        Err(response) => *response,
+    }
+}
+
+async fn rebuild_all(State(state): State<Arc<AdminState>>) -> Response {
+    for admin in state.guards.iter().filter(|g| g.rebuild.is_some()) {
+        if let Err(response) = run_rebuild(admin, state.cooldown).await {
+            return *response;
+        }
+    }
+    state.all_stats()
+}
+
+/// Runs (or joins) one rebuild of `admin`'s guard, within the cool-down.
+async fn run_rebuild(admin: &AdminGuard, cooldown: Duration) -> Result<Stats, Box<Response>> {
+    let Some(rebuild) = &admin.rebuild else {
+        return Err(Box::new(error(
+            StatusCode::NOT_IMPLEMENTED,
+            "no key source is configured for this guard's rebuilds",
+        )));
+    };
+    // A rebuild in flight is joined whatever the cool-down.
+    let in_flight = admin.guard.shared.builds.rebuilding();
+    let last = *lock(&admin.last_rebuild);
+    if let Some(finished) = last.filter(|_| !in_flight) {
+        let wait = cooldown.saturating_sub(finished.elapsed());
+        if !wait.is_zero() {
+            let mut response = error(StatusCode::TOO_MANY_REQUESTS, "a rebuild ran moments ago");
+            if let Ok(value) = wait.as_secs().max(1).to_string().parse() {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            return Err(Box::new(response));
+        }
+    }
+    // On a task of its own: a client hanging up does not cancel the rebuild
+    // that others may have joined.
+    let outcome = tokio::spawn(rebuild()).await;
+    *lock(&admin.last_rebuild) = Some(Instant::now());
+    match outcome {
+        Ok(Ok(stats)) => Ok(stats),
+        Ok(Err(_)) | Err(_) => Err(Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the rebuild failed; the filter in use stays (see last_error in GET /admin/bloom)",
+        ))),
+    }
+}
+
+async fn prometheus_text(State(state): State<Arc<AdminState>>) -> Response {
+    let Some(render) = &state.metrics else {
+        return error(
+            StatusCode::NOT_IMPLEMENTED,
+            "no Prometheus recorder is configured",
+        );
+    };
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        render(),
+    )
+        .into_response()
+}
+
+/// The SHA-256 digest of the expected token.
+struct Token([u8; 32]);
+
+impl Token {
+    fn new(token: &str) -> Self {
+        Self(Sha256::digest(token.as_bytes()).into())
+    }
+
+    fn matches(&self, headers: &HeaderMap) -> bool {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
+            .unwrap_or_default();
+        let digest: [u8; 32] = Sha256::digest(presented).into();
+        // Digests of attacker-chosen input: a short-circuiting compare leaks
+        // nothing about the token.
+        !presented.is_empty() && digest == self.0
+    }
+}
+
+async fn authorize(State(token): State<Arc<Token>>, request: Request, next: Next) -> Response {
+    if token.matches(request.headers()) {
+        next.run(request).await
+    } else {
+        let mut response = error(StatusCode::UNAUTHORIZED, "unauthorized");
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    async fn status(authorization: Option<&str>) -> StatusCode {
+        let app = Admin::new("s3cret")
+            .guard(BloomGuard::builder().build())
+            .into_router();
+        let mut request = Request::builder().uri("/admin/bloom");
+        if let Some(value) = authorization {
+            request = request.header(header::AUTHORIZATION, value);
+        }
+        let request = request.body(Body::empty()).expect("valid request");
+        app.oneshot(request).await.expect("infallible").status()
+    }
+
+    #[tokio::test]
+    async fn only_the_exact_token_gets_in() {
+        assert_eq!(status(None).await, StatusCode::UNAUTHORIZED);
+        assert_eq!(status(Some("Bearer wrong")).await, StatusCode::UNAUTHORIZED);
+        assert_eq!(status(Some("Bearer s3cre")).await, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            status(Some("Bearer s3cret2")).await,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(status(Some("Bearer ")).await, StatusCode::UNAUTHORIZED);
+        assert_eq!(status(Some("s3cret")).await, StatusCode::UNAUTHORIZED);
+        assert_eq!(status(Some("Bearer s3cret")).await, StatusCode::OK);
+    }
+
+    fn request(method: &str, uri: &str) -> Request<Body> {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::AUTHORIZATION, "Bearer s3cret")
+            .body(Body::empty())
+            .expect("valid request")
+    }
+
+    #[tokio::test]
+    async fn concurrent_rebuild_calls_share_one_scan_then_cool_down() {
+        let guard = BloomGuard::builder().build();
+        let source = crate::lifecycle::rebuild::tests::Counting::new(["a", "b"]);
+        let scans = source.scans();
+        let app = Admin::new("s3cret")
+            .guard_with_source(guard.clone(), source)
+            .into_router();
+        let calls = (0..10).map(|_| app.clone().oneshot(request("POST", "/admin/bloom/rebuild")));
+        for response in futures_util::future::join_all(calls).await {
+            assert_eq!(response.expect("infallible").status(), StatusCode::OK);
+        }
+        assert_eq!(scans.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(guard.stats().generation, 1);
+
+        let again = app
+            .oneshot(request("POST", "/admin/bloom/rebuild"))
+            .await
+            .expect("infallible");
+        assert_eq!(again.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(again.headers().contains_key(header::RETRY_AFTER));
+    }
+
+    #[tokio::test]
+    async fn rebuild_without_a_source_is_not_implemented() {
+        let app = Admin::new("s3cret")
+            .guard(BloomGuard::builder().build())
+            .into_router();
+        let response = app
+            .oneshot(request("POST", "/admin/bloom/default/rebuild"))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::NOT_IMPLEMENTED);
+    }
+
+    pub(super) async fn json(
+        app: &Router,
+        method: &str,
+        uri: &str,
+    ) -> (StatusCode, serde_json::Value) {
+        let response = app
+            .clone()
+            .oneshot(request(method, uri))
+            .await
+            .expect("infallible");
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        (status, serde_json::from_slice(&body).expect("json"))
+    }
+
+    #[tokio::test]
+    async fn every_guard_has_its_stats_and_rebuild() {
+        let items = BloomGuard::builder().name("items").build();
+        let users = BloomGuard::builder().name("users").build();
+        let app = Admin::new("s3cret")
+            .guard_with_source(items.clone(), crate::KeyList::new(["a", "b"]))
+            .guard_with_source(users.clone(), crate::KeyList::new(["u"]))
+            .cooldown(Duration::ZERO)
+            .into_router();
+        let (status, all) = json(&app, "GET", "/admin/bloom").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(all["guards"]["items"]["state"], "warming");
+        assert_eq!(all["guards"]["users"]["generation"], 0);
+
+        let (status, stats) = json(&app, "POST", "/admin/bloom/users/rebuild").await;
+        assert_eq!((status, stats["keys"].as_u64()), (StatusCode::OK, Some(1)));
+        assert_eq!((items.stats().generation, users.stats().generation), (0, 1));
+        let (_, stats) = json(&app, "GET", "/admin/bloom/users").await;
+        assert_eq!(stats["state"], "ready");
+
+        let (status, all) = json(&app, "POST", "/admin/bloom/rebuild").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(all["guards"]["items"]["keys"], 2);
+        assert_eq!(users.stats().generation, 2);
+
+        let (status, _) = json(&app, "GET", "/admin/bloom/nobody").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+    }
+
+    #[cfg(feature = "metrics")]
+    #[tokio::test]
+    async fn metrics_are_recorded_as_they_happen_and_rendered_as_prometheus_text() {
+        use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Prefix("bloom_guard_".into()),
+                crate::DURATION_BUCKETS,
+            )
+            .expect("buckets")
+            .build_recorder();
+        let handle = recorder.handle();
+        // The recorder is in place before the guard registers its handles.
+        let _local = ::metrics::set_default_local_recorder(&recorder);
+        let guard = BloomGuard::builder().name("items").build();
+        guard
+            .rebuild(&crate::KeyList::new(["a"]))
+            .await
+            .expect("build");
+        let inner = tower::service_fn(|_: Request| async {
+            Ok::<_, std::convert::Infallible>(Response::new(Body::empty()))
+        });
+        let guarded = tower::Layer::layer(&guard.layer(crate::PathSegment(0)), inner);
+        for key in ["/a", "/zz-absent", "/yy-absent"] {
+            let request = Request::builder()
+                .uri(key)
+                .body(Body::empty())
+                .expect("request");
+            guarded.clone().oneshot(request).await.expect("infallible");
+        }
+        guard.record_feed_read(crate::FeedStatus::new("1", 3));
+        guard.record_feed_read(crate::FeedStatus::new("2", 5));
+
+        let app = Admin::new("s3cret")
+            .guard(guard)
+            .metrics(move || handle.render())
+            .into_router();
+        let response = app
+            .oneshot(request("GET", "/metrics"))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK);
+        let text = String::from_utf8(
+            response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes()
+                .to_vec(),
+        )
+        .expect("utf-8");
+        for line in text
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
+            let (series, value) = line.rsplit_once(' ').expect("a sample is `series value`");
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+            assert!(
+                series.starts_with("bloom_guard_") && series.contains(r#"guard="items""#),
+                "{line}"
+            );
+        }
+        for expected in [
+            r#"bloom_guard_passed_total{guard="items"} 1"#,
+            r#"bloom_guard_rejected_total{guard="items"} 2"#,
+            r#"bloom_guard_keys{guard="items"} 1"#,
+            r#"bloom_guard_ready{guard="items"} 1"#,
+            r#"bloom_guard_generation{guard="items"} 1"#,
+            r#"bloom_guard_feed_changes_total{guard="items"} 5"#,
+            r#"bloom_guard_builds_total{guard="items",source="scan"} 1"#,
+            r#"bloom_guard_mode{guard="items",mode="enforce"} 1"#,
+            r#"bloom_guard_mode{guard="items",mode="shadow"} 0"#,
+            r#"bloom_guard_build_duration_seconds_bucket{guard="items",source="scan",le="+Inf"} 1"#,
+            "# HELP bloom_guard_rejected_total Requests the guard answered itself",
+            "# TYPE bloom_guard_build_duration_seconds histogram",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn metrics_without_a_recorder_answer_501() {
+        let app = Admin::new("s3cret")
+            .guard(BloomGuard::builder().build())
+            .into_router();
+        let response = app
+            .oneshot(request("GET", "/metrics"))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::NOT_IMPLEMENTED);
+    }
+
+    #[test]
+    fn an_empty_token_never_matches() {
+        let token = Token::new("");
+        assert!(!token.matches(&HeaderMap::new()));
+    }
+}

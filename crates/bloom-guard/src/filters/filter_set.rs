@@ -1,0 +1,103 @@
+//! The filter in use and the filters being built: every insert reaches
+//! them all.
+//!
+//! Inserts take the read lock, registration and promotion the write lock:
+//! once a filter is registered, every insert that started earlier has
+//! finished and is in the journal, and no insert falls between a filter's
+//! registration and its promotion.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use arc_swap::{ArcSwapOption, Guard};
+
+use crate::filters::filter::Filter;
+use crate::filters::journal::Journal;
+use crate::keys::batch::KeyBatch;
+use crate::keys::key::Key;
+use crate::lock::{read_lock, write_lock};
+
+/// The filter in use, as [`FilterSet::current`] lends it.
+pub(crate) type Current = Guard<Option<Arc<Filter>>>;
+
+#[derive(Debug)]
+pub(crate) struct FilterSet {
+    current: ArcSwapOption<Filter>,
+    building: RwLock<Vec<Arc<Filter>>>,
+    journal: Journal,
+}
+
+impl FilterSet {
+    pub(crate) fn new(write_window: Duration) -> Self {
+        Self {
+            current: ArcSwapOption::empty(),
+            building: RwLock::new(Vec::new()),
+            journal: Journal::new(write_window),
+        }
+    }
+
+    /// The filter in use, if any.
+    #[inline]
+    pub(crate) fn current(&self) -> Current {
+        self.current.load()
+    }
+
+    /// About how many keys the next filter must hold besides its source's:
+    /// the distinct keys of the filter in use (estimated from its fill) and
+    /// the journal that will be replayed into it.
+    pub(crate) fn keys_to_carry(&self) -> u64 {
+        let in_use = self.current().as_deref().map_or(0, Filter::estimated_keys);
+        in_use.max(self.journal.len() as u64)
+    }
+
+    /// Inserts a key of this instance's write path into every filter and
+    /// the journal; returns the filter in use.
+    pub(crate) fn insert(&self, key: &Key<'_>) -> Current {
+        let building = read_lock(&self.building);
+        let current = self.current();
+        if let Some(filter) = &*current {
+            filter.insert(key);
+        }
+        for filter in building.iter() {
+            filter.insert(key);
+        }
+        self.journal.record(key);
+        current
+    }
+
+    /// Inserts committed keys (a change feed's) into every filter; returns
+    /// the filter in use. No journal: a build that starts later scans their
+    /// rows.
+    pub(crate) fn insert_batch(&self, batch: &KeyBatch) -> Current {
+        let building = read_lock(&self.building);
+        let current = self.current();
+        let mut hashes = Vec::new();
+        if let Some(filter) = &*current {
+            filter.insert_batch(batch, &mut hashes);
+        }
+        for filter in building.iter() {
+            filter.insert_batch(batch, &mut hashes);
+        }
+        current
+    }
+
+    /// Makes `filter` receive every insert from now on, plus the journal.
+    pub(crate) fn register(&self, filter: &Arc<Filter>) {
+        let mut building = write_lock(&self.building);
+        self.journal.replay(filter);
+        building.push(Arc::clone(filter));
+    }
+
+    pub(crate) fn unregister(&self, filter: &Arc<Filter>) {
+        let mut building = write_lock(&self.building);
+        building.retain(|f| !Arc::ptr_eq(f, filter));
+    }
+
+    /// Puts a registered filter in use. Swapping and unregistering happen
+    /// under the write lock so no insert can fall between the two.
+    pub(crate) fn promote(&self, filter: &Arc<Filter>) {
+        let mut building = write_lock(&self.building);
+        self.current.store(Some(Arc::clone(filter)));
+        building.retain(|f| !Arc::ptr_eq(f, filter));
+    }
+}

@@ -1,0 +1,334 @@
+//! Configuring a `BloomGuard`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+
+use crate::control::mode::Mode;
+use crate::handle::config::{Config, DEFAULT_READ_BARRIER};
+use crate::handle::guard::BloomGuard;
+use crate::handle::shared::Shared;
+use crate::keys::key_type::KeyType;
+use crate::request::response::CannedResponse;
+
+/// Configures and builds a [`BloomGuard`].
+///
+/// # Example
+///
+/// ```
+/// use bloom_guard::{BloomGuard, KeyType};
+///
+/// let guard = BloomGuard::builder()
+///     .name("orders")
+///     .key_type(KeyType::Integer)
+///     .expected_items(10_000_000)
+///     .false_positive_rate(0.0001)
+///     .max_key_len(64)
+///     .build();
+/// # drop(guard);
+/// ```
+///
+#[doc = include_str!("../../docs/filters.md")]
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    config: Config,
+}
+
+impl BloomGuard {
+    /// A builder with the defaults: text keys, 1000 expected items, a 0.1% false-positive rate, keys of at
+    /// most 512 bytes, and [`not_found_response`](crate::not_found_response)
+    /// for absent keys.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+}
+
+impl Builder {
+    /// What the keys are, and so the one form in which stored and request
+    /// keys are compared (default [`KeyType::Text`]). See [`KeyType`].
+    #[must_use]
+    pub fn key_type(mut self, key_type: KeyType) -> Self {
+        self.config.key_type = key_type;
+        self
+    }
+
+    /// A floor for the filter's size. Each build sizes the filter for the
+    /// larger of this and the source's count hint, plus headroom.
+    #[must_use]
+    pub fn expected_items(mut self, items: u64) -> Self {
+        self.config.expected_items = items;
+        self
+    }
+
+    /// The false-positive rate to size the filter for (default 0.001): the
+    /// share of absent keys that still reach your cache and database.
+    ///
+    /// # Panics
+    ///
+    /// If `rate` is not strictly between 0 and 1.
+    #[must_use]
+    pub fn false_positive_rate(mut self, rate: f64) -> Self {
+        assert!(
+            rate > 0.0 && rate < 1.0,
+            "false_positive_rate must be in (0, 1), got {rate}"
+        );
+        self.config.target_fpp = rate;
+        self
+    }
+
+    /// Extra room for keys inserted after a build, as a fraction of the
+    /// build's count (default 0.25: 25% more keys before the filter grows
+    /// a second sub-filter).
+    ///
+    /// # Panics
+    ///
+    /// If `fraction` is negative or not finite.
+    #[must_use]
+    pub fn headroom(mut self, fraction: f64) -> Self {
+        assert!(
+            fraction >= 0.0 && fraction.is_finite(),
+            "headroom must be >= 0, got {fraction}"
+        );
+        self.config.headroom = fraction;
+        self
+    }
+
+    /// The longest key the guard looks up, in bytes after decoding
+    /// (default 512). Longer keys go to the handler unchecked, counted in
+    /// [`Stats::unchecked`](crate::Stats::unchecked), unless
+    /// [`refuse_long_keys`](Self::refuse_long_keys) is on. Set it to the
+    /// longest key your column holds, so every request for a key that can
+    /// exist is checked.
+    ///
+    /// # Panics
+    ///
+    /// If `bytes` is 0.
+    #[must_use]
+    pub fn max_key_len(mut self, bytes: usize) -> Self {
+        assert!(bytes > 0, "max_key_len must be at least 1");
+        self.config.max_key_len = bytes;
+        self
+    }
+
+    /// Answers keys longer than [`max_key_len`](Self::max_key_len) with
+    /// `400 {"error":"key too long"}` instead of passing them on unchecked
+    /// (default off). Turn it on only if your application refuses such keys
+    /// itself (then no key it serves is refused, and random long keys no
+    /// longer reach it); they are counted in
+    /// [`Stats::bad_keys`](crate::Stats::bad_keys).
+    #[must_use]
+    pub fn refuse_long_keys(mut self, refuse: bool) -> Self {
+        self.config.refuse_long_keys = refuse;
+        self
+    }
+
+    /// The response for absent keys (default:
+    /// [`not_found_response`](crate::not_found_response)). Make it
+    /// byte-identical to your handler's own "not found".
+    #[must_use]
+    pub fn absent_response<B: Into<Bytes>>(mut self, response: Response<B>) -> Self {
+        self.config.absent = CannedResponse::from_response(response);
+        self
+    }
+
+    /// Marks the guard's own "absent" answers with `x-bloom-guard: absent`
+    /// (default off). For operators only: it tells an attacker which keys
+    /// are false positives, the oracle that identical answers deny them.
+    #[must_use]
+    pub fn debug_header(mut self, enabled: bool) -> Self {
+        self.config.debug_header = enabled;
+        self
+    }
+
+    /// How long a write may take between [`BloomGuard::insert`] and its
+    /// commit (default 60 s). A filter build replays the keys inserted this
+    /// long before it started, so this instance finds its own new key even
+    /// when its row commits after the build's scan began (other instances
+    /// get it from the change feed).
+    #[must_use]
+    pub fn write_window(mut self, window: Duration) -> Self {
+        self.config.write_window = window;
+        self
+    }
+
+    /// How often a build logs its progress (default 5 s).
+    #[must_use]
+    pub fn progress_interval(mut self, interval: Duration) -> Self {
+        self.config.progress_interval = interval;
+        self
+    }
+
+    /// The cap of the pause between two attempts of [`BloomGuard::warm`]
+    /// (default 30 s); pauses start at 100 ms and double up to it, each
+    /// lengthened by a random part of up to as much again.
+    #[must_use]
+    pub fn max_retry_delay(mut self, delay: Duration) -> Self {
+        self.config.max_retry_delay = delay;
+        self
+    }
+
+    /// Rebuild on this schedule (default: never), which purges the keys of
+    /// deleted rows. See [`BloomGuard::maintain`].
+    #[must_use]
+    pub fn rebuild_interval(mut self, every: Duration) -> Self {
+        self.config.rebuild_interval = Some(every);
+        self
+    }
+
+    /// The bound on the estimated false-positive rate, as a factor of the
+    /// target (default 2.0). A filter above it is never put in use, the
+    /// guard is not [ready](crate::BloomGuard::is_ready) until its filter is
+    /// within it, and a filter in use that passes it (one grown past every
+    /// sub-filter it can add) is rebuilt. See [`BloomGuard::maintain`].
+    ///
+    /// # Panics
+    ///
+    /// If `factor` is below 1.
+    #[must_use]
+    pub fn rebuild_above(mut self, factor: f64) -> Self {
+        assert!(
+            factor >= 1.0,
+            "rebuild_above must be at least 1, got {factor}"
+        );
+        self.config.rebuild_above = factor;
+        self
+    }
+
+    /// Rebuild once the filter has grown into more than this many
+    /// sub-filters (default 4), to make them one again: each one costs a
+    /// probe per lookup. A filter grows a sub-filter, twice as large as the
+    /// one before, each time more keys arrive than it was sized for, so
+    /// the default absorbs up to about 15 times the planned keys (an
+    /// estimate 10 times too low) without a rebuild.
+    ///
+    /// # Panics
+    ///
+    /// If `sub_filters` is 0.
+    #[must_use]
+    pub fn compact_above(mut self, sub_filters: usize) -> Self {
+        assert!(sub_filters > 0, "compact_above must be at least 1");
+        self.config.compact_above = sub_filters;
+        self
+    }
+
+    /// How often [`BloomGuard::maintain`] checks whether a rebuild is due
+    /// (default 10 s).
+    #[must_use]
+    pub fn check_interval(mut self, every: Duration) -> Self {
+        self.config.check_interval = every;
+        self
+    }
+
+    /// The mode the guard starts in (default [`Mode::Enforce`]); see
+    /// [`Mode`] for rolling a guard out in `Shadow` first.
+    #[must_use]
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.config.mode = mode;
+        self
+    }
+
+    /// In enforce mode, the share of would-be rejections passed on anyway
+    /// and checked like shadow mode's (default 0: none). A small rate such
+    /// as 0.001 is a production alarm for false negatives that costs a
+    /// bounded trickle of lookups; the sample is random, so nobody can aim
+    /// requests at it.
+    ///
+    /// # Panics
+    ///
+    /// If `rate` is not between 0 and 1.
+    #[must_use]
+    pub fn audit_rate(mut self, rate: f64) -> Self {
+        assert!(
+            (0.0..=1.0).contains(&rate),
+            "audit_rate must be in [0, 1], got {rate}"
+        );
+        self.config.audit_rate = rate;
+        self
+    }
+
+    /// Whether the guard waits, before it answers "absent", for its
+    /// follower to read the change feed from after the request arrived
+    /// (default `true`): then a key committed before the request arrived,
+    /// by any instance or SQL client, is never refused.
+    ///
+    /// Only a would-be refusal waits (a lookup's worth of latency plus one
+    /// feed read, shared by every refusal waiting at that moment); keys the
+    /// filter holds never do. A guard without a follower (a
+    /// [`KeyList`](crate::KeyList)) has nothing to wait for and refuses at
+    /// once. Turned off, the guard refuses on its filter as it is: a key
+    /// written by another instance or a SQL client is refused until the
+    /// follower's next read brings it (the propagation window, tens of
+    /// milliseconds), which an app whose clients create and then read at
+    /// once would see as missing.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bloom_guard::BloomGuard;
+    ///
+    /// // The default: wait at most 200 ms, then pass the request on.
+    /// let guard = BloomGuard::builder().read_barrier_timeout(Duration::from_millis(200)).build();
+    /// // The bounded window instead of the wait.
+    /// let fast = BloomGuard::builder().read_barrier(false).build();
+    /// # let _ = (guard, fast);
+    /// ```
+    #[must_use]
+    pub fn read_barrier(mut self, enabled: bool) -> Self {
+        self.config.read_barrier = if enabled {
+            Some(self.config.read_barrier.unwrap_or(DEFAULT_READ_BARRIER))
+        } else {
+            None
+        };
+        self
+    }
+
+    /// How long a refusal waits for the read barrier's feed read (default
+    /// 200 ms) before the request goes on to the handler: a database that
+    /// is down or slow costs lookups, never a refusal from a stale filter.
+    /// Turns the barrier on.
+    #[must_use]
+    pub fn read_barrier_timeout(mut self, bound: Duration) -> Self {
+        self.config.read_barrier = Some(bound);
+        self
+    }
+
+    /// Whether a false negative caught in shadow mode or by an audit fails
+    /// the guard open until its next rebuild and makes that rebuild due
+    /// (default true): a filter that missed one key may have missed more.
+    #[must_use]
+    pub fn rebuild_on_false_negative(mut self, enabled: bool) -> Self {
+        self.config.rebuild_on_false_negative = enabled;
+        self
+    }
+
+    /// The guard's name, the `guard` label of its metrics (default
+    /// `default`): tells guards of one process apart. It is also the key
+    /// of the fleet's stored settings: guards of different services that
+    /// share one database need different names.
+    #[must_use]
+    pub fn name(mut self, name: &'static str) -> Self {
+        self.config.name = name;
+        self
+    }
+
+    /// Builds the guard. It fails open until [`BloomGuard::warm`] (or
+    /// [`BloomGuard::rebuild`]) puts a first filter in place.
+    ///
+    /// With feature `metrics`, the guard registers its metrics here, with
+    /// the recorder installed at this moment: install the application's
+    /// recorder (`metrics-exporter-prometheus`'s `install_recorder`, say)
+    /// before building the guards, or their figures go nowhere. The
+    /// `metrics` facade offers no way to tell whether a recorder is
+    /// installed, so nothing can warn.
+    pub fn build(mut self) -> BloomGuard {
+        if self.config.debug_header {
+            self.config.absent = self.config.absent.with_debug_header();
+        }
+        BloomGuard {
+            shared: Arc::new(Shared::new(self.config)),
+        }
+    }
+}

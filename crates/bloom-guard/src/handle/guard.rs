@@ -1,0 +1,271 @@
+//! The `BloomGuard` handle.
+
+use std::sync::Arc;
+
+use crate::control::mode::Mode;
+use crate::handle::shared::Shared;
+use crate::keys::batch::KeyBatch;
+use crate::keys::key::Key;
+use crate::keys::key_type::KeyType;
+use crate::lifecycle::barrier::FeedReader;
+use crate::report::stats::{FeedStatus, Stats};
+
+/// A Bloom filter of every key of a database table, shared by the layers
+/// that answer requests for keys it does not hold.
+///
+/// # The handle
+///
+/// `BloomGuard` is a cheap-to-clone handle (an `Arc` inside), the same type
+/// for every guard: keep it in your application state to
+/// [`insert`](Self::insert) keys as you write them, hand it to a follower
+/// or [`warm`](Self::warm) to load the database's keys, and make a tower
+/// [`Layer`] for each route with [`layer`](Self::layer), telling it where
+/// the route's key is. All clones and layers share one filter.
+///
+/// # Failing open
+///
+/// Until the first filter is built the guard lets every request through, so
+/// a cold start or a database outage never rejects a key that exists.
+/// [`is_ready`](Self::is_ready) tells when the guard starts answering.
+///
+/// # Example
+///
+/// ```
+/// use axum::{routing::get, Router};
+/// use bloom_guard::{BloomGuard, KeyList, PathParam};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let guard = BloomGuard::builder()
+///     .expected_items(1_000_000)
+///     .false_positive_rate(0.001)
+///     .build();
+/// tokio::spawn(guard.clone().warm(KeyList::new(["alice", "bob"])));
+///
+/// let app: Router = Router::new()
+///     .route("/items/{key}", get(|| async { "found" }))
+///     .route_layer(guard.layer(PathParam("key")));
+///
+/// guard.insert("carol"); // before the row commits
+/// # }
+/// ```
+///
+/// [`Layer`]: tower_layer::Layer
+#[derive(Debug, Clone)]
+pub struct BloomGuard {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl BloomGuard {
+    /// The mode the guard is in.
+    pub fn mode(&self) -> Mode {
+        self.shared.control.mode()
+    }
+
+    /// The share of would-be rejections that enforce mode passes on and
+    /// checks (see [`Builder::audit_rate`](crate::Builder::audit_rate)).
+    pub fn audit_rate(&self) -> f64 {
+        self.shared.control.audit_rate()
+    }
+
+    /// The guard's name (see [`Builder::name`](crate::Builder::name)).
+    pub fn name(&self) -> &'static str {
+        self.shared.config.name
+    }
+
+    /// Waits until a filter is in place and the guard answers absent keys.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use bloom_guard::{BloomGuard, KeyList};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = BloomGuard::builder().build();
+    /// tokio::spawn(guard.clone().warm(KeyList::new(["a"])));
+    /// guard.ready().await;
+    /// assert!(!guard.may_contain("b"));
+    /// # }
+    /// ```
+    pub async fn ready(&self) {
+        self.shared.health.ready().await;
+    }
+    /// Adds a key to the filter: call it before the row holding the key
+    /// commits.
+    ///
+    /// Inserting first means a failed write leaves only a harmless false
+    /// positive, while inserting after the commit would leave a window in
+    /// which this instance rejects its own new key. The key also goes into
+    /// any filter being built, and is remembered for a while (see
+    /// [`Builder::write_window`](crate::Builder::write_window)) so a build
+    /// whose scan started before the row committed still gets it. Other
+    /// instances learn the key from the change feed once the row commits.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use bloom_guard::{BloomGuard, KeyList};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = BloomGuard::builder().build();
+    /// guard.clone().warm(KeyList::new(["a"])).await;
+    /// guard.insert("b");
+    /// assert!(guard.may_contain("b"));
+    /// # }
+    /// ```
+    pub fn insert(&self, key: impl AsRef<[u8]>) {
+        self.shared.insert(&Key::from(key.as_ref()));
+    }
+
+    /// Adds a batch of keys (and its count of [skipped](KeyBatch::skip)
+    /// keys), as a change feed reader does with what it read.
+    pub fn insert_batch(&self, batch: &KeyBatch) {
+        self.shared.insert_batch(batch);
+    }
+
+    /// The follower's side of the read barrier (see [`FeedReader`]): while
+    /// it lives, a key the filter would refuse waits for a feed read that
+    /// began after its request arrived, then is looked up again. A follower
+    /// takes one for as long as it reads the feed; with
+    /// [`read_barrier(false)`](crate::Builder::read_barrier) it changes
+    /// nothing.
+    pub fn feed_reader(&self) -> FeedReader {
+        FeedReader::new(Arc::clone(&self.shared.barrier))
+    }
+
+    /// Reports where the change feed that keeps this guard complete stands,
+    /// for [`Stats::feed`]. Called by the follower after each read.
+    pub fn record_feed_read(&self, status: FeedStatus) {
+        self.shared.record_feed(status);
+    }
+
+    /// Whether the key may exist: `false` means it certainly does not. The
+    /// key is put in the guard's [`KeyType`](crate::KeyType) form first.
+    /// Always `true` while no filter is in place (the guard fails open).
+    pub fn may_contain(&self, key: impl AsRef<[u8]>) -> bool {
+        let key = Key::from(key.as_ref());
+        self.shared
+            .may_contain(&self.shared.config.key_type.canonical_or_same(key))
+    }
+
+    /// Whether the guard has protected: a filter that holds every key
+    /// (no hold, no false negative seen), within its false-positive bound
+    /// ([`Builder::rebuild_above`](crate::Builder::rebuild_above) × the
+    /// target), was in use. Once true it stays true: a later degradation
+    /// fails the guard open and shows in [`Stats::state`] and the metrics,
+    /// for a readiness probe must not take a fleet out of rotation for a
+    /// database blip.
+    pub fn is_ready(&self) -> bool {
+        self.shared.health.is_ready()
+    }
+
+    /// Reports a false positive: the guard let a key through and the
+    /// database had nothing for it. [`Stats::observed_fpp`] compares these
+    /// with the rejections, next to the estimate.
+    ///
+    /// Call it where the database answers "not found" for a key that went
+    /// through the guard (a cache's load, not a cache hit). Reports made
+    /// while the guard lets every request through are not counted.
+    pub fn record_false_positive(&self) {
+        self.shared.record_false_positive();
+    }
+
+    /// Reports a failure that keeps the first filter from being built, such
+    /// as a database that refuses connections before warm-up can start: the
+    /// state turns `degraded` (while no filter is in use) and
+    /// [`Stats::last_error`] shows `error`. Log it yourself; the guard does
+    /// not.
+    pub fn report_unavailable(&self, error: &dyn std::error::Error) {
+        self.shared.record_failure(crate::error::error_chain(error));
+    }
+
+    /// Lets every request through until the returned value is dropped,
+    /// while a filter stays in use and keeps taking inserts.
+    ///
+    /// For when the filter may be missing keys for a while, such as a
+    /// follower that lost notifications and is catching up. Holds nest:
+    /// the guard answers absent keys again once all are dropped.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use bloom_guard::{BloomGuard, KeyList, GuardState};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = BloomGuard::builder().build();
+    /// guard.clone().warm(KeyList::new(["a"])).await;
+    /// let hold = guard.hold_open();
+    /// assert!(guard.may_contain("b"));
+    /// assert_eq!(guard.stats().state, GuardState::Degraded);
+    /// drop(hold);
+    /// assert!(!guard.may_contain("b"));
+    /// # }
+    /// ```
+    #[must_use = "the guard fails open only while the hold lives"]
+    pub fn hold_open(&self) -> HoldOpen {
+        self.shared.hold_open();
+        HoldOpen {
+            shared: Arc::clone(&self.shared),
+            reason: None,
+        }
+    }
+
+    /// As [`hold_open`](Self::hold_open), saying why: [`Stats::reason`]
+    /// and [`Stats::last_error`] show `reason` while the hold lives (the
+    /// reasons of every such hold, oldest first). For a gap in a change
+    /// feed, or a problem no rebuild fixes, such as a key type that does not
+    /// compare keys as the database does. A guard held open from its start
+    /// does not turn [ready](Self::is_ready) until the hold is dropped.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use bloom_guard::{BloomGuard, KeyList, GuardState};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = BloomGuard::builder().build();
+    /// guard.clone().warm(KeyList::new(["a"])).await;
+    /// let hold = guard.hold_open_because("use KeyType::CaseInsensitiveText");
+    /// let stats = guard.stats();
+    /// assert_eq!(stats.state, GuardState::Degraded);
+    /// assert_eq!(stats.last_error.as_deref(), Some("use KeyType::CaseInsensitiveText"));
+    /// drop(hold);
+    /// assert_eq!(guard.stats().last_error, None);
+    /// # }
+    /// ```
+    #[must_use = "the guard fails open only while the hold lives"]
+    pub fn hold_open_because(&self, reason: impl Into<String>) -> HoldOpen {
+        let reason = self.shared.health.add_hold_reason(reason.into());
+        self.shared.hold_open();
+        HoldOpen {
+            shared: Arc::clone(&self.shared),
+            reason: Some(reason),
+        }
+    }
+
+    /// The guard's key type (see [`Builder::key_type`](crate::Builder::key_type)).
+    pub fn key_type(&self) -> KeyType {
+        self.shared.config.key_type
+    }
+
+    /// A snapshot of the filter's figures and the guard's counters.
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+}
+
+/// Keeps a guard failing open; see [`BloomGuard::hold_open`].
+#[derive(Debug)]
+pub struct HoldOpen {
+    shared: Arc<Shared>,
+    /// The id of its reason, if it gave one.
+    reason: Option<u64>,
+}
+
+impl Drop for HoldOpen {
+    fn drop(&mut self) {
+        if let Some(reason) = self.reason {
+            self.shared.health.remove_hold_reason(reason);
+        }
+        self.shared.release_open();
+    }
+}

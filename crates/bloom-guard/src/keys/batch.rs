@@ -1,0 +1,144 @@
+//! A batch of keys in one buffer: what a key source yields, what the feed
+//! hands the guard, and what a filter inserts in one pass.
+
+use crate::keys::key::Key;
+
+/// Keys packed into one buffer: one allocation per batch, not per key.
+///
+/// # Example
+///
+/// ```
+/// use bloom_guard::{Key, KeyBatch};
+///
+/// let mut batch = KeyBatch::default();
+/// batch.push(b"a");
+/// batch.push("b\tc".as_bytes());
+/// assert_eq!(batch.len(), 2);
+/// assert_eq!(batch.iter().nth(1), Some(Key::from("b\tc")));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyBatch {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+    skipped: u64,
+}
+
+impl KeyBatch {
+    /// An empty batch with room for `keys` keys of `bytes` bytes in all.
+    pub fn with_capacity(keys: usize, bytes: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(bytes),
+            ends: Vec::with_capacity(keys),
+            skipped: 0,
+        }
+    }
+
+    /// Appends a key.
+    pub fn push(&mut self, key: &[u8]) {
+        self.bytes.extend_from_slice(key);
+        self.ends.push(self.bytes.len());
+    }
+
+    /// Adds a stored text key, or counts it as skipped if it is not valid
+    /// UTF-8: requests carry text, so no request can name such a key, and
+    /// the guard passes a request whose key does not decode to UTF-8.
+    pub fn push_text(&mut self, key: &[u8]) {
+        if std::str::from_utf8(key).is_ok() {
+            self.push(key);
+        } else {
+            self.skip();
+        }
+    }
+
+    /// Counts a stored key that no request can name (see
+    /// [`Stats::skipped_keys`](crate::Stats::skipped_keys)).
+    pub fn skip(&mut self) {
+        self.skipped += 1;
+    }
+
+    /// Keys counted by [`skip`](Self::skip).
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    /// Appends a key whose bytes were already written with
+    /// [`extend_current`](Self::extend_current).
+    pub fn finish_key(&mut self) {
+        self.ends.push(self.bytes.len());
+    }
+
+    /// As [`finish_key`](Self::finish_key) for a text key: one that is not
+    /// valid UTF-8 is dropped and counted as [skipped](Self::skip).
+    pub fn finish_text_key(&mut self) {
+        let start = self.ends.last().copied().unwrap_or(0);
+        if std::str::from_utf8(&self.bytes[start..]).is_ok() {
+            self.finish_key();
+        } else {
+            self.discard_current();
+            self.skip();
+        }
+    }
+
+    /// Appends bytes to the key being built; [`finish_key`](Self::finish_key)
+    /// ends it. Lets a decoder write straight into the batch.
+    pub fn extend_current(&mut self, bytes: &[u8]) {
+        self.bytes.extend_from_slice(bytes);
+    }
+
+    /// Drops the bytes of the key being built, keeping the finished keys.
+    pub fn discard_current(&mut self) {
+        let end = self.ends.last().copied().unwrap_or(0);
+        self.bytes.truncate(end);
+    }
+
+    /// The number of keys.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether the batch holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The total size of the keys, in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// The keys, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = Key<'_>> + '_ {
+        (0..self.ends.len()).map(move |i| {
+            let start = if i == 0 { 0 } else { self.ends[i - 1] };
+            Key::from(&self.bytes[start..self.ends[i]])
+        })
+    }
+}
+
+impl<K: AsRef<[u8]>> FromIterator<K> for KeyBatch {
+    fn from_iter<I: IntoIterator<Item = K>>(iter: I) -> Self {
+        let mut batch = KeyBatch::default();
+        for key in iter {
+            batch.push(key.as_ref());
+        }
+        batch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_keeps_keys_apart() {
+        let mut batch: KeyBatch = ["", "a", "bc"].into_iter().collect();
+        batch.extend_current(b"d");
+        batch.extend_current(b"e");
+        batch.finish_key();
+        batch.extend_current(b"partial");
+        batch.discard_current();
+        let keys: Vec<_> = batch.iter().map(|k| k.as_bytes().to_vec()).collect();
+        assert_eq!(keys, [&b""[..], b"a", b"bc", b"de"]);
+        assert_eq!(batch.byte_len(), 5);
+    }
+}

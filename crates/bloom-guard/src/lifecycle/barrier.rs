@@ -1,0 +1,245 @@
+//! The read barrier: before the guard answers "absent", the filter must
+//! hold every row committed before the request arrived. A follower proves
+//! it with a feed read that began after the request arrived; refusals
+//! waiting at one moment share one read.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+/// The barrier of one guard: the refusals waiting for a read, and the
+/// start of the last read whose keys are in the filter.
+#[derive(Debug)]
+pub(crate) struct Barrier {
+    /// How long a refusal waits for a read before it goes to the handler;
+    /// `None`: the guard has no barrier.
+    bound: Option<Duration>,
+    /// Followers reading the feed for this guard; without one there is
+    /// nothing to wait for.
+    readers: AtomicUsize,
+    /// Wakes a reader: a refusal waits. One stored permit coalesces every
+    /// ask made before the reader looks.
+    asked: Notify,
+    /// When the last read whose keys are in the filter began.
+    read_from: watch::Sender<Option<Instant>>,
+    /// The last read failed: refusals go on at once, without waiting for a
+    /// read that cannot come, until one succeeds.
+    failing: AtomicBool,
+}
+
+impl Barrier {
+    pub(crate) fn new(bound: Option<Duration>) -> Self {
+        Self {
+            bound,
+            readers: AtomicUsize::new(0),
+            asked: Notify::new(),
+            read_from: watch::Sender::new(None),
+            failing: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a refusal has a read to wait for.
+    #[inline]
+    pub(crate) fn active(&self) -> bool {
+        self.bound.is_some() && self.readers.load(Ordering::Acquire) > 0
+    }
+
+    /// Waits until a read that began after `arrived` has put its keys in
+    /// the filter; `false` if none did within the bound (the database is
+    /// down or slow, or the reader stopped): then the filter may be stale,
+    /// and the request must go on.
+    pub(crate) async fn wait_past(&self, arrived: Instant) -> bool {
+        let Some(bound) = self.bound else {
+            return false;
+        };
+        if self.failing.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut reads = self.read_from.subscribe();
+        self.asked.notify_one();
+        let fresh = reads.wait_for(|started| started.is_some_and(|started| started > arrived));
+        let read = tokio::time::timeout(bound, fresh).await;
+        matches!(read, Ok(Ok(_)))
+    }
+}
+
+/// A follower's side of a guard's read barrier: it learns when a refusal
+/// waits, and tells when a read's keys are in the filter.
+///
+/// Made by [`BloomGuard::feed_reader`](crate::BloomGuard::feed_reader);
+/// while one exists, every would-be refusal of the guard waits for a feed
+/// read that began after the request arrived (within the guard's
+/// [`read_barrier_timeout`](crate::Builder::read_barrier_timeout)), then
+/// looks the key up again. Dropping it (the follower stopped) ends the
+/// waits: the guard refuses on its filter as it is.
+///
+/// # Example
+///
+/// A reader loop: mark the start before the read's snapshot is taken, put
+/// the keys in the filter, then mark the read done.
+///
+/// ```
+/// use bloom_guard::{BloomGuard, KeyBatch};
+///
+/// # async fn read_feed() -> KeyBatch { KeyBatch::default() }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let guard = BloomGuard::builder().build();
+/// let reader = guard.feed_reader();
+/// # let mut rounds = 0;
+/// loop {
+///     let read = reader.begin();
+///     guard.insert_batch(&read_feed().await);
+///     reader.done(read);
+///     # rounds += 1; if rounds == 2 { break; }
+///     tokio::select! {
+///         () = reader.asked() => {}
+///         () = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct FeedReader {
+    barrier: Arc<Barrier>,
+}
+
+/// The start of one feed read, from [`FeedReader::begin`].
+#[derive(Debug, Clone, Copy)]
+#[must_use = "hand it to FeedReader::done once the read's keys are in the filter"]
+pub struct ReadStart(Instant);
+
+impl FeedReader {
+    pub(crate) fn new(barrier: Arc<Barrier>) -> Self {
+        barrier.readers.fetch_add(1, Ordering::AcqRel);
+        Self { barrier }
+    }
+
+    /// Completes when a refusal waits for a read (at once if one asked
+    /// since the last call): read the feed then.
+    pub async fn asked(&self) {
+        self.barrier.asked.notified().await;
+    }
+
+    /// Marks the start of a read. Call it before the read takes its
+    /// snapshot or position: the read then sees every row committed
+    /// before.
+    pub fn begin(&self) -> ReadStart {
+        ReadStart(Instant::now())
+    }
+
+    /// Marks the read that began at `start` done: its keys are in the
+    /// filter. Refusals of requests that arrived before `start` go on.
+    pub fn done(&self, start: ReadStart) {
+        self.barrier.failing.store(false, Ordering::Release);
+        self.barrier.read_from.send_if_modified(|last| {
+            let newer = last.is_none_or(|last| start.0 > last);
+            if newer {
+                *last = Some(start.0);
+            }
+            newer
+        });
+    }
+}
+
+impl FeedReader {
+    /// Marks a read failed (the database unreachable): until a read is
+    /// [`done`](Self::done), would-be refusals go on to the handler at
+    /// once instead of waiting out the bound for a read that cannot come.
+    pub fn failed(&self) {
+        self.barrier.failing.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for FeedReader {
+    fn drop(&mut self) {
+        self.barrier.readers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_that_began_before_the_request_does_not_pass_the_barrier() {
+        let barrier = Arc::new(Barrier::new(Some(Duration::from_millis(100))));
+        let reader = FeedReader::new(Arc::clone(&barrier));
+        let early = reader.begin();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let arrived = Instant::now();
+        let wait = tokio::spawn({
+            let barrier = Arc::clone(&barrier);
+            async move { barrier.wait_past(arrived).await }
+        });
+        tokio::task::yield_now().await;
+        // The early read finishes after the request arrived: not enough.
+        reader.done(early);
+        tokio::task::yield_now().await;
+        assert!(!wait.is_finished());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let late = reader.begin();
+        reader.done(late);
+        assert!(wait.await.expect("the wait runs"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_read_the_wait_gives_up_at_the_bound() {
+        let barrier = Arc::new(Barrier::new(Some(Duration::from_millis(100))));
+        let _reader = FeedReader::new(Arc::clone(&barrier));
+        let arrived = Instant::now();
+        let started = Instant::now();
+        assert!(!barrier.wait_past(arrived).await);
+        assert_eq!(started.elapsed(), Duration::from_millis(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_failed_read_refusals_go_on_at_once_until_one_succeeds() {
+        let barrier = Arc::new(Barrier::new(Some(Duration::from_secs(1))));
+        let reader = FeedReader::new(Arc::clone(&barrier));
+        reader.failed();
+        let started = Instant::now();
+        assert!(!barrier.wait_past(Instant::now()).await);
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "waited for a read that cannot come"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let arrived = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        reader.done(reader.begin());
+        assert!(barrier.wait_past(arrived).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_ask_the_reader_once_per_read() {
+        let barrier = Arc::new(Barrier::new(Some(Duration::from_secs(1))));
+        let reader = FeedReader::new(Arc::clone(&barrier));
+        assert!(barrier.active());
+        let arrived = Instant::now();
+        let waits: Vec<_> = (0..100)
+            .map(|_| {
+                let barrier = Arc::clone(&barrier);
+                tokio::spawn(async move { barrier.wait_past(arrived).await })
+            })
+            .collect();
+        // Let every wait start and ask.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        // Every ask so far is one permit: one read serves them all.
+        reader.asked().await;
+        tokio::time::advance(Duration::from_millis(1)).await;
+        reader.done(reader.begin());
+        for wait in waits {
+            assert!(wait.await.expect("the wait runs"));
+        }
+        let no_more = tokio::time::timeout(Duration::from_millis(10), reader.asked()).await;
+        assert!(no_more.is_err(), "a second read was asked for");
+        drop(reader);
+        assert!(!barrier.active());
+    }
+}

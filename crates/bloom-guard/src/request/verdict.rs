@@ -1,0 +1,146 @@
+//! What the guard decides for one request's key: the one place that turns
+//! an extracted key into "pass", "absent" or a refusal.
+
+use std::sync::Arc;
+
+use http::StatusCode;
+use tokio::time::Instant;
+
+use crate::control::mode::Mode;
+use crate::handle::shared::Shared;
+use crate::keys::key::{Key, KeyError};
+use crate::request::response::CannedResponse;
+
+/// What the guard decided for one request.
+pub(crate) enum Verdict<'a> {
+    /// Pass it on.
+    Pass,
+    /// Pass it on, and check the answer: the filter said absent, but the
+    /// guard is in shadow mode or the request was drawn for an audit. Holds
+    /// the key in canonical form, for an [`AuditToken`].
+    Audit(Box<[u8]>),
+    /// Answer it as absent.
+    Reject(&'a CannedResponse),
+    /// Answer it as absent if a feed read that began after now does not
+    /// bring the key (see [`Confirm`]).
+    Confirm(Confirm),
+    /// Answer it with the key's own error (an over-long key, when the
+    /// guard refuses those).
+    Refuse(KeyError),
+}
+
+/// Decides a request whose key the extractor read as `extracted`.
+///
+/// Only a key put in canonical form with certainty can be answered
+/// "absent"; every other request goes on, counted by why.
+pub(crate) fn decide<'s, 'k>(
+    shared: &'s Shared,
+    extract: impl FnOnce() -> Result<Option<Key<'k>>, KeyError>,
+) -> Verdict<'s> {
+    let mode = shared.control.mode();
+    // Off: not even the key is read.
+    if mode == Mode::Off {
+        return Verdict::Pass;
+    }
+    let key = match extract() {
+        Ok(Some(key)) => key,
+        Ok(None) => return Verdict::Pass,
+        Err(why) => {
+            shared.counters.unchecked(&why);
+            return Verdict::Pass;
+        }
+    };
+    let max = shared.config.max_key_len;
+    if key.len() > max {
+        let why = KeyError::TooLong {
+            len: key.len(),
+            max,
+        };
+        if shared.config.refuse_long_keys {
+            shared.counters.bad_key();
+            return Verdict::Refuse(why);
+        }
+        shared.counters.unchecked(&why);
+        return Verdict::Pass;
+    }
+    let key = match shared.config.key_type.to_canonical(key) {
+        Ok(key) => key,
+        Err(why) => {
+            shared.counters.unchecked(&why);
+            return Verdict::Pass;
+        }
+    };
+    if shared.may_contain(&key) {
+        shared.counters.passed();
+        return Verdict::Pass;
+    }
+    if mode == Mode::Shadow {
+        shared.counters.shadow_would_reject();
+    } else if audit(shared.control.audit_rate()) {
+        shared.counters.audited();
+    } else if shared.barrier.active() {
+        return Verdict::Confirm(Confirm {
+            key: key.as_bytes().into(),
+            arrived: Instant::now(),
+        });
+    } else {
+        shared.counters.rejected();
+        return Verdict::Reject(&shared.config.absent);
+    }
+    Verdict::Audit(key.as_bytes().into())
+}
+
+/// A would-be refusal waiting for the read barrier: the key in canonical
+/// form, and when the guard saw the request.
+#[derive(Debug)]
+pub(crate) struct Confirm {
+    key: Box<[u8]>,
+    arrived: Instant,
+}
+
+impl Confirm {
+    /// Whether the key is still absent once the filter holds every row
+    /// committed before the request arrived. `false` (pass it on) when the
+    /// read brought the key, or when no read finished within the bound: a
+    /// refusal never trusts a filter older than its request.
+    pub(crate) async fn absent(self, shared: &Shared) -> bool {
+        let fresh = shared.barrier.wait_past(self.arrived).await;
+        let found = fresh && shared.may_contain(&Key::from(&*self.key));
+        shared.counters.barrier_wait(found, !fresh);
+        if fresh && !found {
+            shared.counters.rejected();
+            true
+        } else {
+            shared.counters.passed();
+            false
+        }
+    }
+}
+
+/// Whether to pass on and check this would-be rejection, one in
+/// `1 / rate`.
+#[inline]
+fn audit(rate: f64) -> bool {
+    rate > 0.0 && fastrand::f64() < rate
+}
+
+/// What checking the answer to an audited request takes: the guard's core
+/// and the key the filter said was absent.
+#[derive(Debug)]
+pub(crate) struct AuditToken {
+    shared: Arc<Shared>,
+    key: Box<[u8]>,
+}
+
+impl AuditToken {
+    pub(crate) fn new(shared: Arc<Shared>, key: Box<[u8]>) -> Self {
+        Self { shared, key }
+    }
+
+    /// Records a false negative if the inner service found the key.
+    pub(crate) fn report(self, status: StatusCode) {
+        if status.is_success() {
+            self.shared.record_false_negative(&self.key);
+        }
+    }
+}
