@@ -31,6 +31,7 @@
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
 mod chart;
+mod cross;
 mod deploy;
 mod fleet;
 mod load;
@@ -128,6 +129,17 @@ enum Command {
     },
     /// The primary's transactions per second from idle instances.
     Idle,
+    /// A key created through one instance and read through another at
+    /// once: refusals with and without the read barrier, Postgres and
+    /// SQLite.
+    Cross {
+        /// The items-service binary.
+        #[arg(long, default_value = "target/release/items-service")]
+        binary: PathBuf,
+        /// Keys created and read, per run.
+        #[arg(long, default_value_t = 1000)]
+        requests: usize,
+    },
     /// A fleet-wide mode switch: time until every instance has it, and
     /// the fleet's load on the primary at rest.
     Fleet {
@@ -231,6 +243,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             propagation::propagation(&cli.database_url, &cli.out, samples).await
         }
         Command::Idle => writers::idle(&cli.database_url, &cli.out).await,
+        Command::Cross { binary, requests } => {
+            cross::cross(&cli.database_url, &binary, &cli.out, requests).await
+        }
         Command::Fleet {
             instances,
             switches,

@@ -112,16 +112,31 @@ impl Service {
         fpp: f64,
         keys: u64,
     ) -> Result<Self, Box<dyn std::error::Error>> {
+        let env = [
+            ("DATABASE_URL", database_url.to_owned()),
+            ("BLOOM_GUARD", if guarded { "on" } else { "off" }.to_owned()),
+            ("BLOOM_FPP", fpp.to_string()),
+            ("BLOOM_EXPECTED_ITEMS", keys.to_string()),
+        ];
+        Self::start_with(binary, port, &env).await
+    }
+
+    /// Starts the service on `port` (admin on `port + 1`) with `env` on top
+    /// of the addresses and the admin token (no `DATABASE_URL` unless `env`
+    /// has one: SQLite), and waits until `/readyz` answers 200.
+    pub(crate) async fn start_with(
+        binary: &Path,
+        port: u16,
+        env: &[(&str, String)],
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         let addr = format!("127.0.0.1:{port}");
         let admin_addr = format!("127.0.0.1:{}", port + 1);
         let child = Command::new(binary)
-            .env("DATABASE_URL", database_url)
+            .env_remove("DATABASE_URL")
+            .envs(env.iter().map(|(name, value)| (*name, value)))
             .env("BIND_ADDR", &addr)
             .env("ADMIN_ADDR", &admin_addr)
             .env("ADMIN_TOKEN", ADMIN_TOKEN)
-            .env("BLOOM_GUARD", if guarded { "on" } else { "off" })
-            .env("BLOOM_FPP", fpp.to_string())
-            .env("BLOOM_EXPECTED_ITEMS", keys.to_string())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -150,9 +165,29 @@ impl Service {
 
 /// One request's status, or `None` if it failed.
 async fn request_status(addr: &str, method: &str, path: &str, token: Option<&str>) -> Option<u16> {
-    use http_body_util::{BodyExt, Empty};
+    send(addr, method, path, token, bytes::Bytes::new()).await
+}
+
+/// `POST path` with a JSON `body`; the status, or `None` if it failed.
+pub(crate) async fn post_json(addr: &str, path: &str, body: String) -> Option<u16> {
+    send(addr, "POST", path, None, body.into()).await
+}
+
+/// `GET path`; the status, or `None` if it failed.
+pub(crate) async fn get(addr: &str, path: &str) -> Option<u16> {
+    get_status(addr, path).await
+}
+
+async fn send(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: bytes::Bytes,
+) -> Option<u16> {
+    use http_body_util::{BodyExt, Full};
     let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Empty<bytes::Bytes>>(
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Full<bytes::Bytes>>(
         hyper_util::rt::TokioIo::new(stream),
     )
     .await
@@ -161,12 +196,13 @@ async fn request_status(addr: &str, method: &str, path: &str, token: Option<&str
     let mut request = hyper::Request::builder()
         .method(method)
         .uri(path)
-        .header("host", addr);
+        .header("host", addr)
+        .header("content-type", "application/json");
     if let Some(token) = token {
         request = request.header("authorization", format!("Bearer {token}"));
     }
     let response = sender
-        .send_request(request.body(Empty::new()).ok()?)
+        .send_request(request.body(Full::new(body)).ok()?)
         .await
         .ok()?;
     let status = response.status().as_u16();

@@ -31,6 +31,11 @@ pub struct Config {
     /// `BLOOM_SNAPSHOTS`: `off` makes every instance scan at start instead
     /// of adopting the fleet's snapshot (Postgres only).
     pub snapshots: bool,
+    /// `BLOOM_READ_BARRIER`: `off` lets the guard refuse on its filter as
+    /// it is, without waiting for a feed read begun after the request (a
+    /// key created on another instance is then refused for the
+    /// propagation window); on by default.
+    pub read_barrier: bool,
     /// `BLOOM_DEBUG_HEADER`: `on` marks the guard's answers with
     /// `x-bloom-guard: absent` (for operators; off by default).
     pub debug_header: bool,
@@ -77,6 +82,7 @@ impl std::fmt::Debug for Config {
             .field("admin_addr", &self.admin_addr)
             .field("database_url", &redacted(self.database_url.is_some()))
             .field("sqlite_path", &self.sqlite_path)
+            .field("read_barrier", &self.read_barrier)
             .field("admin_token", &redacted(self.admin_token.is_some()))
             .field("bloom_fpp", &self.bloom_fpp)
             .field("bloom_expected_items", &self.bloom_expected_items)
@@ -169,6 +175,7 @@ impl Config {
             guard_enabled,
             rebuild_every_secs: parse("BLOOM_REBUILD_SECS", "3600", "a whole number of seconds")?,
             debug_header,
+            read_barrier: switch("BLOOM_READ_BARRIER", true)?,
             mode,
             audit_rate,
             seed_demo: switch("SEED_DEMO", false)?,

@@ -48,6 +48,7 @@ pub fn guards(config: &Config) -> Guards {
             .false_positive_rate(config.bloom_fpp)
             .max_key_len(MAX_KEY_LEN)
             .debug_header(config.debug_header)
+            .read_barrier(config.read_barrier)
             .mode(config.mode)
             .audit_rate(config.audit_rate)
             // Back within seconds of the database.

@@ -97,9 +97,12 @@ macro_rules! follower_api {
                 self
             }
 
-            /// How often the feed is read without a wake-up (default 1 s):
-            /// the longest a committed key takes to arrive while wake-ups
-            /// are lost.
+            /// How often the feed is read without a wake-up (default 5 s):
+            /// the longest a committed key takes to reach the filter and the
+            /// [`on_key`](Self::on_key) hooks while wake-ups are lost. A
+            /// refusal never waits for it: the read barrier reads the feed
+            /// for every would-be refusal (see
+            /// [`Builder::read_barrier`](bloom_guard::Builder::read_barrier)).
             #[must_use]
             pub fn poll_interval(mut self, every: std::time::Duration) -> Self {
                 self.engine.poll_interval = every;

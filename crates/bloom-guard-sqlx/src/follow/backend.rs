@@ -74,6 +74,9 @@ pub(crate) struct WakeUps {
     /// Only Postgres announces publications.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) published: Arc<Notify>,
+    /// The fleet's stored settings changed (only Postgres announces it).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) settings: Arc<Notify>,
     /// The guard's name: a publication's wake-up carries it.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) guard: String,
@@ -99,6 +102,13 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
 
     /// The watched table and key columns.
     fn watch(&self) -> &Watch;
+
+    /// Whether a change of the fleet's stored settings wakes every
+    /// follower ([`WakeUps::settings`]); if not, they read them every
+    /// second.
+    fn announces_settings(&self) -> bool {
+        false
+    }
 
     /// The feed's name.
     fn feed(&self) -> &str {

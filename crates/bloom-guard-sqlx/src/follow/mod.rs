@@ -91,7 +91,7 @@ impl<B: Database> Follower<B> {
         Self {
             guard,
             backend,
-            poll_interval: Duration::from_secs(1),
+            poll_interval: Duration::from_secs(5),
             min_read_gap: Duration::from_millis(50),
             check_interval: Duration::from_secs(10),
             retention: Duration::from_secs(3600),
@@ -126,10 +126,12 @@ impl<B: Database> Follower<B> {
         let wake = Arc::new(Notify::new());
         let resync = Arc::new(Notify::new());
         let published = Arc::new(Notify::new());
+        let settings = Arc::new(Notify::new());
         let stop = CancellationToken::new();
         let wake_ups = WakeUps {
             feed: Arc::clone(&wake),
             published: Arc::clone(&published),
+            settings: Arc::clone(&settings),
             guard: this.guard.name().to_owned(),
         };
         let wake_ups = tokio::spawn(
@@ -143,7 +145,7 @@ impl<B: Database> Follower<B> {
             .join_fleet(Arc::new(presence::Link(this.backend.fleet().clone())));
         let _ = tokio::time::timeout(presence::SETTINGS_EVERY, this.guard.refresh_settings()).await;
         let presence = AbortOnDropHandle::new(tokio::spawn(
-            Arc::clone(&this).keep_in_fleet().in_current_span(),
+            Arc::clone(&this).keep_in_fleet(settings).in_current_span(),
         ));
         let started = tokio::select! {
             () = &mut shutdown => None,

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bloom_guard::{Fleet, FleetStoreError, Instance, Mode, Settings, Stats};
 use futures_util::future::BoxFuture;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{Database, FleetTable, Follower};
@@ -15,6 +16,11 @@ use crate::error::error_chain;
 /// How often the stored settings are read: a change is in force on every
 /// instance within this and a read.
 pub(super) const SETTINGS_EVERY: Duration = Duration::from_secs(1);
+
+/// How often a follower whose database announces changes of the stored
+/// settings reads them anyway, in case an announcement was lost (the
+/// listener down): a switch lost that way applies within this.
+const SETTINGS_FALLBACK: Duration = Duration::from_secs(5);
 
 /// The shortest heartbeat interval.
 const MIN_HEARTBEAT: Duration = Duration::from_millis(50);
@@ -27,18 +33,36 @@ impl<B: Database> Follower<B> {
     /// Puts the fleet's settings in force every second and records a
     /// heartbeat at the heartbeat interval, or at once when the guard's
     /// state, mode or filter changed; runs until dropped.
-    pub(super) async fn keep_in_fleet(self: Arc<Self>) {
+    pub(super) async fn keep_in_fleet(self: Arc<Self>, announced: Arc<Notify>) {
         let heartbeat = self.heartbeat_interval.clamp(MIN_HEARTBEAT, MAX_HEARTBEAT);
+        // The guard's own state is looked at every second (no query); the
+        // stored settings are read when a change is announced, and every
+        // `SETTINGS_FALLBACK` in case an announcement was lost.
         let mut ticks = tokio::time::interval(SETTINGS_EVERY.min(heartbeat));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let read_every = if self.backend.announces_settings() {
+            SETTINGS_FALLBACK
+        } else {
+            SETTINGS_EVERY
+        };
+        let mut last_read = Instant::now();
         let mut last_beat: Option<(Instant, Reported)> = None;
         let mut failing = false;
         loop {
-            ticks.tick().await;
+            let announcement = tokio::select! {
+                _ = ticks.tick() => false,
+                () = announced.notified() => true,
+            };
             // The first tick follows the read made before the first filter.
+            // A read that failed (no rights yet, the database away) is
+            // tried again every second: announcements may have been missed.
+            let read_due = announcement || failing || last_read.elapsed() >= read_every;
             let mut result: Result<(), FleetStoreError> = match last_beat {
-                Some(_) => self.guard.refresh_settings().await.map_err(Into::into),
-                None => Ok(()),
+                Some(_) if read_due => {
+                    last_read = Instant::now();
+                    self.guard.refresh_settings().await.map_err(Into::into)
+                }
+                _ => Ok(()),
             };
             let stats = self.guard.stats();
             let now = Reported::of(&stats);

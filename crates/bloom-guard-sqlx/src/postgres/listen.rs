@@ -18,6 +18,10 @@ pub const LISTENER_APPLICATION_NAME: &str = "bloom-guard-listener";
 /// payload.
 pub(super) const CHANNEL: &str = "bloom_guard";
 
+/// The payload that announces a change of guard `<name>`'s stored
+/// settings is this prefix and the name (see the fleet statements).
+const SETTINGS_PREFIX: &str = "settings:";
+
 /// The listener's (and the notifier's) connection options: named so
 /// operators can find it, with TCP keepalives from the server's side (Postgres drops the backend of a
 /// listener whose host vanished). A listener that is silently gone costs
@@ -57,12 +61,21 @@ pub(super) async fn listen(options: PgConnectOptions, wake_ups: WakeUps, stop: C
                 lost = false;
                 pauses = retry_pauses();
             }
+            // What changed while nobody listened is read now.
             wake.notify_one();
+            wake_ups.settings.notify_one();
             loop {
                 match listener.try_recv().await? {
                     Some(notification) => {
+                        let payload = notification.payload();
+                        if let Some(guard) = payload.strip_prefix(SETTINGS_PREFIX) {
+                            if guard == wake_ups.guard {
+                                wake_ups.settings.notify_one();
+                            }
+                            continue;
+                        }
                         wake.notify_one();
-                        if notification.payload() == wake_ups.guard {
+                        if payload == wake_ups.guard {
                             wake_ups.published.notify_one();
                         }
                     }

@@ -121,6 +121,10 @@ impl Database for PgBackend {
         &self.watch
     }
 
+    fn announces_settings(&self) -> bool {
+        true
+    }
+
     fn parse_position(text: &str) -> Option<String> {
         Some(text.to_owned())
     }

@@ -1,11 +1,12 @@
 //! The feed's wake-ups, sent from outside the writers' transactions: one
 //! instance per database, elected by an advisory lock held on a connection
-//! of its own, looks for newly committed changes every few milliseconds and
-//! sends one NOTIFY per batch, in its own transaction. Writers never
-//! notify, so their commits never queue behind the lock a NOTIFY takes.
-//! When the elected instance dies, its connection closes, the lock is
-//! free, and another instance takes over within a second; meanwhile the
-//! readers' interval reads carry on.
+//! of its own, looks for newly committed changes (every few milliseconds
+//! while they come, backing off to once a second when none do) and sends
+//! one NOTIFY per batch, in its own transaction. Writers never notify, so
+//! their commits never queue behind the lock a NOTIFY takes. When the
+//! elected instance dies, its connection closes, the lock is free, and
+//! another instance takes over within five seconds; meanwhile the readers'
+//! interval reads carry on, and the read barrier reads for every refusal.
 
 use std::time::Duration;
 
@@ -22,8 +23,13 @@ pub const NOTIFIER_APPLICATION_NAME: &str = "bloom-guard-notifier";
 /// The `application_name` of a candidate's connection, until elected.
 const CANDIDATE_APPLICATION_NAME: &str = "bloom-guard-notifier-candidate";
 
-/// How often a candidate tries to be elected.
-const CANDIDACY: Duration = Duration::from_secs(1);
+/// How often a candidate tries to be elected: a notifier that died is
+/// replaced within this (readers meanwhile read on their interval, and the
+/// read barrier reads for refusals).
+const CANDIDACY: Duration = Duration::from_secs(5);
+
+/// The longest pause between two looks of an idle notifier.
+const IDLE_LOOK: Duration = Duration::from_secs(1);
 
 const ELECT: &str =
     "select pg_catalog.pg_try_advisory_lock(pg_catalog.hashtext('bloom_guard.notifier'))";
@@ -74,14 +80,25 @@ pub(super) async fn run(options: PgConnectOptions, every: Duration, stop: Cancel
                 sqlx::query_scalar("select pg_catalog.pg_current_snapshot()::text")
                     .fetch_one(&mut *connection)
                     .await?;
+            // Every `every` while changes come; after a look that found
+            // none, each pause doubles up to `IDLE_LOOK`: an idle database
+            // sees about one query a second, and the first write after a
+            // quiet spell waits at most that (refusals never wait for it:
+            // the read barrier reads the feed itself).
+            let mut pause = every;
             loop {
-                let (now, _): (String, bool) = sqlx::query_as(LOOK)
+                let (now, found): (String, bool) = sqlx::query_as(LOOK)
                     .bind(&seen)
                     .bind(CHANNEL)
                     .fetch_one(&mut *connection)
                     .await?;
                 seen = now;
-                sleep(every).await;
+                pause = if found {
+                    every
+                } else {
+                    (pause * 2).clamp(every, IDLE_LOOK.max(every))
+                };
+                sleep(pause).await;
             }
         };
         let outcome = tokio::select! {

@@ -18,7 +18,8 @@ pub(crate) struct FleetStatements {
     pub(crate) reset: &'static str,
     /// Records instance `$2` of guard `$1`'s heartbeat, the JSON report `$3`.
     pub(crate) beat: &'static str,
-    /// Deletes guard `$1`'s rows not heard from in the live window.
+    /// Deletes guard `$1`'s rows not heard from in the live window; empty
+    /// where `beat` does it in the same statement.
     pub(crate) expire: &'static str,
     /// The reports of guard `$1`'s instances heard from in the live
     /// window, with the milliseconds since, by id.
@@ -100,10 +101,12 @@ where
             .bind(report)
             .execute(&self.pool)
             .await?;
-        sqlx::query::<DB>(AssertSqlSafe(self.statements.expire))
-            .bind(guard.to_owned())
-            .execute(&self.pool)
-            .await?;
+        if !self.statements.expire.is_empty() {
+            sqlx::query::<DB>(AssertSqlSafe(self.statements.expire))
+                .bind(guard.to_owned())
+                .execute(&self.pool)
+                .await?;
+        }
         Ok(())
     }
 

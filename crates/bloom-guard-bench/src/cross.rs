@@ -1,0 +1,98 @@
+//! `bloom-load cross`: a key created through one instance of the example
+//! service and read through another at once, the way a client of a fleet
+//! behind one address creates and then reads. Two processes on one
+//! Postgres database, then on one SQLite file; each with the read barrier
+//! (the default) and without it (`BLOOM_READ_BARRIER=off`). Reports the
+//! refusals (404) and the read's latency.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::services::{self, Database, Service};
+
+/// One run: a backend, the barrier on or off.
+#[derive(Debug, Serialize)]
+struct Run {
+    backend: &'static str,
+    read_barrier: bool,
+    requests: usize,
+    refused: usize,
+    read_p50_ms: f64,
+    read_p99_ms: f64,
+}
+
+/// `bloom-load cross`.
+pub(crate) async fn cross(
+    server_url: &str,
+    binary: &Path,
+    out: &Path,
+    requests: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let db = Database::create(server_url, "bloom_guard_cross").await?;
+    let dir = std::env::temp_dir().join(format!("bloom-load-cross-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut runs = Vec::new();
+    for (backend, read_barrier) in [
+        ("postgres", true),
+        ("postgres", false),
+        ("sqlite", true),
+        ("sqlite", false),
+    ] {
+        let mut env = vec![(
+            "BLOOM_READ_BARRIER",
+            if read_barrier { "on" } else { "off" }.to_owned(),
+        )];
+        if backend == "postgres" {
+            env.push(("DATABASE_URL", db.url.clone()));
+        } else {
+            let file = dir.join(format!("items-{read_barrier}.db"));
+            env.push(("SQLITE_PATH", file.display().to_string()));
+        }
+        // The second starts once the first has migrated the database.
+        let one = Service::start_with(binary, 3110, &env).await?;
+        let two = Service::start_with(binary, 3120, &env).await?;
+        let mut refused = 0;
+        let mut reads = Vec::with_capacity(requests);
+        for i in 0..requests {
+            let key = format!("cross-{backend}-{read_barrier}-{i}");
+            let created =
+                services::post_json(&one.addr, "/items", format!(r#"{{"key":"{key}"}}"#)).await;
+            if created != Some(201) {
+                return Err(
+                    format!("creating {key} through {} answered {created:?}", one.addr).into(),
+                );
+            }
+            let started = Instant::now();
+            let read = services::get(&two.addr, &format!("/items/{key}")).await;
+            reads.push(started.elapsed().as_secs_f64() * 1000.0);
+            match read {
+                Some(200) => {}
+                Some(404) => refused += 1,
+                other => return Err(format!("reading {key} answered {other:?}").into()),
+            }
+        }
+        reads.sort_by(f64::total_cmp);
+        let at = |q: f64| reads[((reads.len() - 1) as f64 * q).round() as usize];
+        let run = Run {
+            backend,
+            read_barrier,
+            requests,
+            refused,
+            read_p50_ms: at(0.5),
+            read_p99_ms: at(0.99),
+        };
+        println!(
+            "{backend}, read barrier {}: {refused} of {requests} refused; the read p50 {:.2} ms, p99 {:.2} ms",
+            if read_barrier { "on" } else { "off" },
+            run.read_p50_ms,
+            run.read_p99_ms
+        );
+        runs.push(run);
+    }
+    std::fs::write(out.join("cross.json"), serde_json::to_vec_pretty(&runs)?)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    db.drop_database().await?;
+    Ok(())
+}
