@@ -146,6 +146,7 @@ mod tests {
                 statuses: vec![(404, 1)],
             },
             db_lookups_per_1000: None,
+            db_transactions_per_sec: None,
         };
         let path =
             std::env::temp_dir().join(format!("bloom-load-chart-{}.svg", std::process::id()));

@@ -34,12 +34,17 @@ pub(crate) async fn cross(
     let dir = std::env::temp_dir().join(format!("bloom-load-cross-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut runs = Vec::new();
-    for (backend, read_barrier) in [
+    for (run, (backend, read_barrier)) in [
         ("postgres", true),
         ("postgres", false),
         ("sqlite", true),
         ("sqlite", false),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // Ports of their own: the last run's processes may still hold theirs.
+        let port = 3110 + 20 * run as u16;
         let mut env = vec![(
             "BLOOM_READ_BARRIER",
             if read_barrier { "on" } else { "off" }.to_owned(),
@@ -51,8 +56,8 @@ pub(crate) async fn cross(
             env.push(("SQLITE_PATH", file.display().to_string()));
         }
         // The second starts once the first has migrated the database.
-        let one = Service::start_with(binary, 3110, &env).await?;
-        let two = Service::start_with(binary, 3120, &env).await?;
+        let one = Service::start_with(binary, port, &env).await?;
+        let two = Service::start_with(binary, port + 10, &env).await?;
         let mut refused = 0;
         let mut reads = Vec::with_capacity(requests);
         for i in 0..requests {

@@ -18,6 +18,10 @@ pub(crate) struct Row {
     #[serde(flatten)]
     pub(crate) measured: Measured,
     pub(crate) db_lookups_per_1000: Option<f64>,
+    /// Database transactions per second during the run (the guard's feed
+    /// reads, the handlers' lookups), where counted.
+    #[serde(default)]
+    pub(crate) db_transactions_per_sec: Option<f64>,
 }
 
 /// What `bloom-load run` measures, and for how long.
@@ -97,7 +101,7 @@ async fn run_round(
     ];
     for (target, service, workload, count_lookups) in plan {
         let before = if count_lookups {
-            Some(db.lookups().await?)
+            Some((db.lookups().await?, db.transactions().await?))
         } else {
             None
         };
@@ -112,20 +116,28 @@ async fn run_round(
             &label,
         )
         .await;
-        let db_lookups_per_1000 = match before {
-            Some(before) => {
+        let (db_lookups_per_1000, db_transactions_per_sec) = match before {
+            Some((lookups_before, transactions_before)) => {
                 // Postgres publishes a backend's counts up to 10 s late.
                 tokio::time::sleep(Duration::from_secs(11)).await;
-                let lookups = db.lookups().await? - before;
-                Some(1000.0 * lookups as f64 / (measured.all_requests as f64).max(1.0))
+                let lookups = db.lookups().await? - lookups_before;
+                // Over the load (its warm-up second and the run); the
+                // idle wait above adds a few of the followers' own.
+                let window = (settings.duration + Duration::from_secs(1)).as_secs_f64();
+                let transactions = db.transactions().await? - transactions_before;
+                (
+                    Some(1000.0 * lookups as f64 / (measured.all_requests as f64).max(1.0)),
+                    Some(transactions as f64 / window),
+                )
             }
-            None => None,
+            None => (None, None),
         };
         rows.push(Row {
             target: target.to_owned(),
             workload,
             measured,
             db_lookups_per_1000,
+            db_transactions_per_sec,
         });
     }
 
@@ -155,6 +167,7 @@ async fn run_round(
         workload: Workload::Attack,
         measured,
         db_lookups_per_1000: None,
+        db_transactions_per_sec: None,
     });
     Ok(rows)
 }
@@ -184,6 +197,13 @@ fn report(rows: &[Row], settings: &RunSettings) {
             row.db_lookups_per_1000
                 .map_or("-".to_owned(), |v| format!("{v:.2}")),
         );
+        if let Some(per_sec) = row.db_transactions_per_sec {
+            println!(
+                "{:<34} database transactions: {per_sec:.0}/s, {:.2} per 1000 requests",
+                "",
+                1000.0 * per_sec / m.requests_per_sec.max(1.0)
+            );
+        }
     }
     let rps = |target, workload| {
         find(rows, target, workload).map_or(f64::NAN, |r| r.measured.requests_per_sec)
@@ -198,7 +218,7 @@ fn report(rows: &[Row], settings: &RunSettings) {
     let rebuilding = find(rows, "guarded, rebuilding", Workload::Attack);
     println!("\ntargets (ratios within this run):");
     println!(
-        "  attack vs unrouted 404 ceiling: {:.3}x (target >= 0.95)",
+        "  attack vs unrouted 404 ceiling: {:.3}x (target >= 0.8 with the read barrier)",
         attack / ceiling
     );
     println!(

@@ -67,6 +67,18 @@ impl Database {
         Ok(())
     }
 
+    /// Transactions on this database so far (committed and rolled back),
+    /// as Postgres counts them: the feed reads of the guards' followers
+    /// while nothing else writes.
+    pub(crate) async fn transactions(&self) -> Result<u64, sqlx::Error> {
+        let count: i64 = sqlx::query_scalar(
+            "select (xact_commit + xact_rollback)::int8 from pg_stat_database where datname = current_database()",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(count.max(0) as u64)
+    }
+
     /// Scans of the items table so far (index and sequential), as Postgres
     /// counts them.
     pub(crate) async fn lookups(&self) -> Result<u64, sqlx::Error> {

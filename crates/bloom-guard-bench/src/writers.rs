@@ -246,9 +246,10 @@ pub(crate) async fn idle(server_url: &str, out: &Path) -> Result<(), Box<dyn std
                     stops.push(stop);
                 }
             }
-            // Past the start-up's scans and first checks.
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            let rate = transactions_per_sec(db.pool(), Duration::from_secs(20)).await?;
+            // Past the start-up's scans, first checks and the notifier's
+            // back-off, and the autovacuum of the freshly filled tables.
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            let rate = transactions_per_sec(db.pool(), Duration::from_secs(60)).await?;
             println!("{design}: {instances} idle instances (2 guards each): {rate:.1} transactions/s on the primary");
             report.push(serde_json::json!({ "design": design, "instances": instances, "guards_per_instance": 2, "transactions_per_sec": rate }));
             drop(stops);

@@ -139,9 +139,11 @@ macro_rules! follower_api {
             }
 
             /// How often this instance's heartbeat is recorded for the
-            /// fleet view (default 5 s, at most 10 s: an instance not
-            /// heard from for 30 s is taken for stopped). The fleet's
-            /// settings are read every second whatever this is.
+            /// fleet view (default and at most 10 s: an instance not heard
+            /// from for 30 s is taken for stopped), and at once (within a
+            /// second) when the guard's state, mode or filter changes. The
+            /// fleet's settings are read when a change is announced
+            /// (Postgres) or every second (SQLite), whatever this is.
             #[must_use]
             pub fn heartbeat_interval(mut self, every: std::time::Duration) -> Self {
                 self.engine.heartbeat_interval = every;

@@ -103,10 +103,11 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// The watched table and key columns.
     fn watch(&self) -> &Watch;
 
-    /// Whether a change of the fleet's stored settings wakes every
-    /// follower ([`WakeUps::settings`]); if not, they read them every
-    /// second.
-    fn announces_settings(&self) -> bool {
+    /// Whether changes of the fleet's stored settings and publications of
+    /// snapshots wake every follower ([`WakeUps::settings`],
+    /// [`WakeUps::published`]); if not, followers look for them on their
+    /// intervals.
+    fn announces_changes(&self) -> bool {
         false
     }
 

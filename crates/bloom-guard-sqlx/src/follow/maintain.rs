@@ -79,7 +79,11 @@ impl<B: Database> Follower<B> {
                 last_prune = Some(Instant::now());
             }
             if self.snapshots && gap.is_none() {
-                self.adopt_newer().await;
+                // Where publications are announced, the wake-up above
+                // adopts them (and a listener that reconnects is woken).
+                if !self.backend.announces_changes() {
+                    self.adopt_newer().await;
+                }
                 self.republish_if_stale().await;
             }
             if let Some(reason) = self.guard.rebuild_due() {

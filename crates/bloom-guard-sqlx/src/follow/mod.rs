@@ -99,7 +99,7 @@ impl<B: Database> Follower<B> {
             snapshot_interval: Duration::from_secs(600),
             hooks: Hooks::default(),
             instance_id: bloom_guard::instance_id(),
-            heartbeat_interval: Duration::from_secs(5),
+            heartbeat_interval: Duration::from_secs(10),
             fleet: Mutex::default(),
             ascii_only: std::sync::atomic::AtomicBool::new(false),
             unsafe_key: Mutex::new(None),

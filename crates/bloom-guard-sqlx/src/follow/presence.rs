@@ -18,9 +18,11 @@ use crate::error::error_chain;
 pub(super) const SETTINGS_EVERY: Duration = Duration::from_secs(1);
 
 /// How often a follower whose database announces changes of the stored
-/// settings reads them anyway, in case an announcement was lost (the
-/// listener down): a switch lost that way applies within this.
-const SETTINGS_FALLBACK: Duration = Duration::from_secs(5);
+/// settings reads them anyway. An announcement reaches every listener; a
+/// listener that reconnects reads the settings at once, so this only
+/// bounds what nothing else can: a change made while a notification was
+/// in flight on a connection that then broke.
+const SETTINGS_FALLBACK: Duration = Duration::from_secs(30);
 
 /// The shortest heartbeat interval.
 const MIN_HEARTBEAT: Duration = Duration::from_millis(50);
@@ -40,7 +42,7 @@ impl<B: Database> Follower<B> {
         // `SETTINGS_FALLBACK` in case an announcement was lost.
         let mut ticks = tokio::time::interval(SETTINGS_EVERY.min(heartbeat));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let read_every = if self.backend.announces_settings() {
+        let read_every = if self.backend.announces_changes() {
             SETTINGS_FALLBACK
         } else {
             SETTINGS_EVERY

@@ -4,13 +4,14 @@ use bloom_guard::FeedStatus;
 use std::time::Duration;
 use tokio::sync::Notify;
 
-use tokio::time::{sleep, Instant};
+use tokio::time::{sleep, sleep_until, Instant};
 
 use super::{retry_pauses, Database, Follower, Read, MAX_PAUSE};
 
-/// The pause before a read the read barrier asked for: the refusals that
-/// arrive meanwhile share it, so a flood of absent keys costs the database
-/// at most one read per pause.
+/// The shortest time between the starts of two reads the read barrier
+/// asked for: the refusals that arrive meanwhile share the next one, so a
+/// flood of absent keys costs the database at most one read per gap, and a
+/// lone refusal after a quiet spell is read for at once.
 const BARRIER_GAP: Duration = Duration::from_millis(2);
 
 impl<B: Database> Follower<B> {
@@ -31,6 +32,7 @@ impl<B: Database> Follower<B> {
         let reads = self.guard.feed_reader();
         loop {
             let started = reads.begin();
+            let read_at = Instant::now();
             let mut gap = Duration::ZERO;
             match self.backend.read(&position).await {
                 Ok(Read::Changes {
@@ -102,9 +104,9 @@ impl<B: Database> Follower<B> {
                 }
             }
             tokio::select! {
-                // A refusal waits: read after a short gap, so the refusals
-                // of a flood share reads (at most one per gap).
-                () = reads.asked() => sleep(BARRIER_GAP).await,
+                // A refusal waits: read once the gap since the last read's
+                // start is over, so the refusals of a flood share reads.
+                () = reads.asked() => sleep_until(read_at + BARRIER_GAP).await,
                 () = async { sleep(gap).await; wake.notified().await } => {}
                 () = sleep(self.poll_interval) => {}
             }

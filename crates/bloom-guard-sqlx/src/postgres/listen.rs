@@ -64,6 +64,7 @@ pub(super) async fn listen(options: PgConnectOptions, wake_ups: WakeUps, stop: C
             // What changed while nobody listened is read now.
             wake.notify_one();
             wake_ups.settings.notify_one();
+            wake_ups.published.notify_one();
             loop {
                 match listener.try_recv().await? {
                     Some(notification) => {

@@ -121,7 +121,7 @@ impl Database for PgBackend {
         &self.watch
     }
 
-    fn announces_settings(&self) -> bool {
+    fn announces_changes(&self) -> bool {
         true
     }
 
