@@ -33,8 +33,13 @@ from now left join bloom_guard.changes c
 
 /// Reads and retention run at this level, whatever the database's or the
 /// role's default: under REPEATABLE READ a statement's snapshot would
-/// predate the lock it waits for.
-const READ_COMMITTED: &str = "begin isolation level read committed";
+/// predate the lock it waits for. And without parallel workers: a read
+/// finds a handful of rows, but on a feed whose statistics predate a bulk
+/// load the planner expects a third of the table and starts workers,
+/// which costs a read (and every refusal waiting on the read barrier)
+/// milliseconds. One round trip: both go as one simple query.
+const READ_COMMITTED: &str =
+    "begin isolation level read committed; set local max_parallel_workers_per_gather = 0";
 
 /// Reads the changes of feed `name` committed after position `seen`.
 pub(super) async fn read_since(

@@ -75,6 +75,11 @@ pub(super) async fn run(options: PgConnectOptions, every: Duration, stop: Cancel
             )
             .execute(&mut *connection)
             .await?;
+            // A look finds a handful of rows: never worth parallel workers,
+            // whatever the feed's statistics say after a bulk load.
+            sqlx::query("set max_parallel_workers_per_gather = 0")
+                .execute(&mut *connection)
+                .await?;
             tracing::info!("this instance sends the change feed's wake-ups");
             let mut seen: String =
                 sqlx::query_scalar("select pg_catalog.pg_current_snapshot()::text")
