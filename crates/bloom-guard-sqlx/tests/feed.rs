@@ -713,3 +713,40 @@ async fn a_long_guard_name_and_a_partitioned_table_are_watched_whole(pool: PgPoo
         assert!(gaps.is_empty(), "{guard}: {gaps:?}");
     }
 }
+
+/// Counts the events of Postgres notices that sqlx logs.
+struct Notices(Arc<std::sync::atomic::AtomicUsize>);
+
+impl tracing::Subscriber for Notices {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if event
+            .metadata()
+            .target()
+            .starts_with("sqlx::postgres::notice")
+        {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn installing_and_watching_log_no_notice(pool: PgPool) {
+    let notices = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _quiet = tracing::subscriber::set_default(Notices(Arc::clone(&notices)));
+    install(&pool).await;
+    install(&pool).await;
+    items().uninstall(&pool).await.expect("unwatch");
+    items().install(&pool).await.expect("watch again");
+    assert_eq!(notices.load(Ordering::Relaxed), 0, "a start logged notices");
+}

@@ -105,6 +105,11 @@ async fn installed_version(pool: &PgPool) -> Result<Option<i32>, sqlx::Error> {
         .await
 }
 
+/// A transaction in which the feed's functions keep their notices (the
+/// `drop trigger if exists ..., skipping` of every install) to themselves:
+/// a start logs nothing a user would take for a problem.
+const QUIET: &str = "begin; set local client_min_messages = warning";
+
 impl Watch {
     /// Installs the feed's triggers on the table and every child and
     /// partition it has (`select bloom_guard.watch(...)`): from then on
@@ -117,12 +122,14 @@ impl Watch {
     /// [`FeedError::Database`](FeedError::Database) if the table or a column does not exist, the
     /// feed is not installed, or the role does not own the table.
     pub async fn install(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
+        let mut tx = pool.begin_with(QUIET).await?;
         sqlx::query("select bloom_guard.watch($1::regclass, $2, $3)")
             .bind(&self.table)
             .bind(&self.key_columns)
             .bind(self.feed_name())
-            .execute(pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -136,11 +143,13 @@ impl Watch {
     /// [`FeedError::Database`] if the table does not exist, the feed is not
     /// installed, or the role does not own the table.
     pub async fn uninstall(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
+        let mut tx = pool.begin_with(QUIET).await?;
         sqlx::query("select bloom_guard.unwatch($1::regclass, $2)")
             .bind(&self.table)
             .bind(self.feed_name())
-            .execute(pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(())
     }
 

@@ -13,8 +13,10 @@ use std::str::FromStr;
 ///
 /// Start in `Shadow`: the guard decides every request and counts the ones
 /// it would reject ([`Stats::shadow_would_reject`](crate::Stats::shadow_would_reject)),
-/// but passes them all on and looks at the answer: a 2xx for a key it
-/// would have rejected is a false negative caught before it could hurt
+/// but passes them all on and looks at the answer: an answer that says
+/// found (a 2xx or 3xx unless
+/// [`Builder::found_when`](crate::Builder::found_when) says otherwise) for
+/// a key it would have rejected is a false negative caught before it could hurt
 /// ([`Stats::shadow_false_negatives`](crate::Stats::shadow_false_negatives)).
 /// Once that count stays at 0, switch to `Enforce`. The guide below takes
 /// a fleet through it.

@@ -11,6 +11,7 @@ use crate::handle::config::{Config, DEFAULT_READ_BARRIER};
 use crate::handle::guard::BloomGuard;
 use crate::handle::shared::Shared;
 use crate::keys::key_type::KeyType;
+use crate::request::found::Found;
 use crate::request::response::CannedResponse;
 
 /// Configures and builds a [`BloomGuard`].
@@ -292,6 +293,36 @@ impl Builder {
     #[must_use]
     pub fn read_barrier_timeout(mut self, bound: Duration) -> Self {
         self.config.read_barrier = Some(bound);
+        self
+    }
+
+    /// Which answers of the inner service mean "the key exists" (default:
+    /// any 2xx or 3xx). Shadow mode and the audits pass a would-be refusal
+    /// on and count it a false negative if its answer says the key exists,
+    /// so the test must fit the route: a redirect (a URL shortener's 302)
+    /// is found by default; a route that answers an absent key with a 200
+    /// (`{"found": false}`) must say how its absent answers look, or every
+    /// one of them counts as a false negative.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use bloom_guard::BloomGuard;
+    ///
+    /// // The route marks its absent answers with a header.
+    /// let guard = BloomGuard::builder()
+    ///     .found_when(|status, headers| {
+    ///         status.is_success() && !headers.contains_key("x-not-found")
+    ///     })
+    ///     .build();
+    /// # let _ = guard;
+    /// ```
+    #[must_use]
+    pub fn found_when(
+        mut self,
+        found: impl Fn(http::StatusCode, &http::HeaderMap) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.config.found = Found::new(found);
         self
     }
 

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::control::mode::Mode;
 use crate::keys::key_type::KeyType;
+use crate::request::found::Found;
 use crate::request::response::CannedResponse;
 
 /// What [`Builder`](crate::Builder) sets; read by every other part.
@@ -30,6 +31,8 @@ pub(crate) struct Config {
     pub(crate) rebuild_on_false_negative: bool,
     /// How long a refusal waits for a feed read; `None`: no read barrier.
     pub(crate) read_barrier: Option<Duration>,
+    /// Which answers mean the key exists, for shadow mode and the audits.
+    pub(crate) found: Found,
 }
 
 /// How long a refusal waits for the read barrier unless told.
@@ -58,6 +61,7 @@ impl Default for Config {
             audit_rate: 0.0,
             rebuild_on_false_negative: true,
             read_barrier: Some(DEFAULT_READ_BARRIER),
+            found: Found::default(),
         }
     }
 }

@@ -121,7 +121,8 @@ pub struct Stats {
     /// ([`Builder::audit_rate`](crate::Builder::audit_rate)).
     pub audited: u64,
     /// Of the would-be rejections passed on (shadow or audit), those the
-    /// service answered with a 2xx: keys that exist but were missing from
+    /// service answered as found (by default a 2xx or 3xx; see
+    /// [`Builder::found_when`](crate::Builder::found_when)): keys that exist but were missing from
     /// the filter. Anything but 0 is a defect to report.
     pub shadow_false_negatives: u64,
     /// Would-be refusals that waited for the read barrier's feed read.

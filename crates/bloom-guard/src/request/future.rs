@@ -85,7 +85,7 @@ where
             KindProj::Audited { future, audit } => {
                 let result = std::task::ready!(future.poll(cx));
                 if let (Ok(response), Some(audit)) = (&result, audit.take()) {
-                    audit.report(response.status());
+                    audit.report(response.status(), response.headers());
                 }
                 Poll::Ready(result.map(|response| response.map(ResponseBody::inner)))
             }

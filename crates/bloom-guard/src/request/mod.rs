@@ -15,6 +15,7 @@ pub(crate) mod body;
 #[cfg(feature = "axum")]
 pub(crate) mod checked;
 pub(crate) mod extract;
+pub(crate) mod found;
 pub(crate) mod future;
 pub(crate) mod layer;
 pub(crate) mod methods;

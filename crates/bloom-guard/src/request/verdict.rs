@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
 use crate::control::mode::Mode;
@@ -137,9 +137,10 @@ impl AuditToken {
         Self { shared, key }
     }
 
-    /// Records a false negative if the inner service found the key.
-    pub(crate) fn report(self, status: StatusCode) {
-        if status.is_success() {
+    /// Records a false negative if the inner service's answer says the key
+    /// exists ([`Builder::found_when`](crate::Builder::found_when)).
+    pub(crate) fn report(self, status: StatusCode, headers: &HeaderMap) {
+        if self.shared.config.found.test(status, headers) {
             self.shared.record_false_negative(&self.key);
         }
     }

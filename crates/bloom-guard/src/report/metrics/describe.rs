@@ -108,7 +108,7 @@ pub fn describe_metrics() {
     );
     requests(
         "bloom_guard_false_negatives_total",
-        "Would-be rejections the service answered with a 2xx: keys missing from the filter. Anything but 0 is a defect.",
+        "Would-be rejections the service answered as found (2xx or 3xx unless the guard says otherwise): keys missing from the filter. Anything but 0 is a defect.",
     );
     requests(
         "bloom_guard_barrier_waits_total",
