@@ -710,6 +710,53 @@ begin
 end
 $retrigger$;
 
+-- Version 6: a feed trigger turned off by ALTER TABLE (a bulk load's
+-- `disable trigger user`, rows, `enable trigger user`, in one transaction)
+-- is recorded in the feed by the ALTER's own transaction: every follower
+-- reads a resync when that transaction commits, lets every request through
+-- and rebuilds, so the rows loaded meanwhile are never refused (without
+-- this, only the next trigger check, up to its interval later, noticed).
+-- Only ALTERs that leave one of the feed's triggers disabled record one.
+-- An event trigger needs a superuser: installed by another role, the
+-- trigger check's interval is the bound.
+create or replace function bloom_guard.on_alter_table()
+returns event_trigger
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    g text;
+begin
+    for g in
+        select distinct w.guard
+          from pg_catalog.pg_event_trigger_ddl_commands() cmd
+          join bloom_guard.watched w on true
+          cross join lateral bloom_guard.family(w.rel) f(rel)
+          join pg_catalog.pg_trigger t
+            on t.tgrelid = f.rel and pg_catalog.left(t.tgname, 12) = 'bloom_guard_'
+         where cmd.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+           and cmd.objid = f.rel::pg_catalog.oid
+           and t.tgenabled = 'D'
+    loop
+        insert into bloom_guard.changes (guard, kind, key, part)
+        values (g, 'r', '', bloom_guard.current_slot());
+    end loop;
+end
+$$;
+
+do $event$
+begin
+    if exists (select from pg_catalog.pg_roles where rolname = current_user and rolsuper)
+       and not exists (select from pg_catalog.pg_event_trigger where evtname = 'bloom_guard_alter_table')
+    then
+        create event trigger bloom_guard_alter_table on ddl_command_end
+            when tag in ('ALTER TABLE')
+            execute function bloom_guard.on_alter_table();
+    end if;
+end
+$event$;
+
 -- A fleet's settings, which every instance of a guard reads every second
 -- and puts in force (`PUT /admin/bloom/{guard}/mode`, `BloomGuard::set_settings`):
 -- null where none was stored, and the instance's default applies.
@@ -733,5 +780,5 @@ create table if not exists bloom_guard.instances (
 
 revoke all on bloom_guard.settings, bloom_guard.instances from public;
 
-insert into bloom_guard.schema_version (version) values (5)
+insert into bloom_guard.schema_version (version) values (6)
 on conflict (singleton) do update set version = excluded.version;

@@ -22,6 +22,8 @@ pub use control::admin;
 pub use control::fleet::{instance_id, Fleet, FleetStoreError, Instance, SettingsError};
 pub use control::guard_settings::Membership;
 pub use control::mode::{Mode, UnknownMode};
+#[cfg(feature = "axum")]
+pub use control::readiness::readiness;
 pub use control::settings::{InvalidAuditRate, SetBy, Settings};
 pub use error::{AdoptError, BuildError};
 pub use handle::builder::Builder;

@@ -134,6 +134,45 @@ impl Builder {
         self
     }
 
+    /// The response for absent keys, from anything axum can answer with
+    /// (status, headers and body): the application's own "not found" type,
+    /// `Json`, a tuple. The body is taken once, here, and sent with every
+    /// answer.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use axum::http::{header, StatusCode};
+    /// use axum::response::IntoResponse;
+    /// use bloom_guard::BloomGuard;
+    ///
+    /// // The same answer the handler gives for a missing row.
+    /// fn not_found() -> impl IntoResponse {
+    ///     (
+    ///         StatusCode::NOT_FOUND,
+    ///         [(header::CONTENT_TYPE, "application/json")],
+    ///         r#"{"error":"no such item"}"#,
+    ///     )
+    /// }
+    /// let guard = BloomGuard::builder().absent_response_from(not_found()).build();
+    /// # let _ = guard;
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If the body is not in memory (a stream), or is larger than 64 KiB.
+    #[cfg(feature = "axum")]
+    #[must_use]
+    pub fn absent_response_from(self, response: impl axum::response::IntoResponse) -> Self {
+        use futures_util::FutureExt as _;
+        let (parts, body) = response.into_response().into_parts();
+        let body = axum::body::to_bytes(body, 64 * 1024)
+            .now_or_never()
+            .and_then(Result::ok)
+            .expect("absent_response_from needs a body in memory of at most 64 KiB");
+        self.absent_response(Response::from_parts(parts, body))
+    }
+
     /// Marks the guard's own "absent" answers with `x-bloom-guard: absent`
     /// (default off). For operators only: it tells an attacker which keys
     /// are false positives, the oracle that identical answers deny them.
@@ -361,5 +400,45 @@ impl Builder {
         BloomGuard {
             shared: Arc::new(Shared::new(self.config)),
         }
+    }
+}
+
+#[cfg(all(test, feature = "axum"))]
+mod tests {
+    use axum::body::Body;
+    use axum::http::{header, Request, StatusCode};
+    use axum::routing::get;
+    use axum::Router;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use crate::{BloomGuard, KeyList, PathParam};
+
+    #[tokio::test]
+    async fn the_absent_answer_can_be_any_axum_response() {
+        let guard = BloomGuard::builder()
+            .absent_response_from((
+                StatusCode::GONE,
+                [(header::CONTENT_TYPE, "application/json")],
+                r#"{"error":"no such item"}"#,
+            ))
+            .build();
+        guard.rebuild(&KeyList::new(["a"])).await.expect("build");
+        let app = Router::new()
+            .route("/items/{key}", get(|| async { "an item" }))
+            .route_layer(guard.layer(PathParam("key")));
+        let request = Request::get("/items/absent")
+            .body(Body::empty())
+            .expect("a request");
+        let response = app.oneshot(request).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::GONE);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        assert_eq!(&body[..], br#"{"error":"no such item"}"#);
     }
 }
