@@ -35,7 +35,10 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Postgres notices (`relation "_sqlx_migrations" already exists,
+    // skipping` at every start) are not problems: warnings and up only.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx::postgres::notice=warn"));
     // Colour only on a terminal; one JSON object per line for machines.
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -4,53 +4,68 @@
 //! waiting at one moment share one read.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-/// The barrier of one guard: the refusals waiting for a read, and the
-/// start of the last read whose keys are in the filter.
+use crate::lock::lock;
+
+/// One follower's standing with the barrier.
+#[derive(Debug)]
+struct Reader {
+    id: u64,
+    /// Wakes this reader: a refusal waits. One stored permit coalesces
+    /// every ask made before the reader looks.
+    asked: Arc<Notify>,
+    /// When its last read whose keys are in the filter began.
+    read_from: Option<Instant>,
+    /// Its last read failed.
+    failing: bool,
+}
+
+/// The barrier of one guard: its readers, each with the start of its last
+/// read whose keys are in the filter. A guard may have several followers
+/// (one per watched table): a refusal waits for a read of every one.
 #[derive(Debug)]
 pub(crate) struct Barrier {
-    /// How long a refusal waits for a read before it goes to the handler;
+    /// How long a refusal waits for reads before it goes to the handler;
     /// `None`: the guard has no barrier.
     bound: Option<Duration>,
-    /// Followers reading the feed for this guard; without one there is
-    /// nothing to wait for.
-    readers: AtomicUsize,
-    /// Wakes a reader: a refusal waits. One stored permit coalesces every
-    /// ask made before the reader looks.
-    asked: Notify,
-    /// When the last read whose keys are in the filter began.
-    read_from: watch::Sender<Option<Instant>>,
-    /// The last read failed: refusals go on at once, without waiting for a
-    /// read that cannot come, until one succeeds.
+    /// How many readers there are, for the request path's cheap check.
+    count: AtomicUsize,
+    /// Whether a reader's last read failed: refusals go on at once,
+    /// without waiting for a read that cannot come, until it succeeds.
     failing: AtomicBool,
+    readers: Mutex<Vec<Reader>>,
+    /// Bumped whenever a reader finishes a read or leaves.
+    changed: watch::Sender<u64>,
+    next_id: AtomicUsize,
 }
 
 impl Barrier {
     pub(crate) fn new(bound: Option<Duration>) -> Self {
         Self {
             bound,
-            readers: AtomicUsize::new(0),
-            asked: Notify::new(),
-            read_from: watch::Sender::new(None),
+            count: AtomicUsize::new(0),
             failing: AtomicBool::new(false),
+            readers: Mutex::new(Vec::new()),
+            changed: watch::Sender::new(0),
+            next_id: AtomicUsize::new(0),
         }
     }
 
     /// Whether a refusal has a read to wait for.
     #[inline]
     pub(crate) fn active(&self) -> bool {
-        self.bound.is_some() && self.readers.load(Ordering::Acquire) > 0
+        self.bound.is_some() && self.count.load(Ordering::Acquire) > 0
     }
 
-    /// Waits until a read that began after `arrived` has put its keys in
-    /// the filter; `false` if none did within the bound (the database is
-    /// down or slow, or the reader stopped): then the filter may be stale,
-    /// and the request must go on.
+    /// Waits until every reader has put in the filter the keys of a read
+    /// that began after `arrived`; `false` if that did not happen within
+    /// the bound, or a reader's last read failed (the database is down or
+    /// slow): then the filter may be stale, and the request must go on.
     pub(crate) async fn wait_past(&self, arrived: Instant) -> bool {
         let Some(bound) = self.bound else {
             return false;
@@ -58,11 +73,72 @@ impl Barrier {
         if self.failing.load(Ordering::Acquire) {
             return false;
         }
-        let mut reads = self.read_from.subscribe();
-        self.asked.notify_one();
-        let fresh = reads.wait_for(|started| started.is_some_and(|started| started > arrived));
+        let mut changes = self.changed.subscribe();
+        for reader in lock(&self.readers).iter() {
+            reader.asked.notify_one();
+        }
+        let fresh = changes.wait_for(|_| self.all_read_after(arrived));
         let read = tokio::time::timeout(bound, fresh).await;
         matches!(read, Ok(Ok(_)))
+    }
+
+    /// Whether every reader's last read began after `arrived` (and there
+    /// is a reader at all).
+    fn all_read_after(&self, arrived: Instant) -> bool {
+        let readers = lock(&self.readers);
+        !readers.is_empty()
+            && readers
+                .iter()
+                .all(|reader| reader.read_from.is_some_and(|started| started > arrived))
+    }
+
+    fn join(&self) -> (u64, Arc<Notify>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) as u64;
+        let asked = Arc::new(Notify::new());
+        lock(&self.readers).push(Reader {
+            id,
+            asked: Arc::clone(&asked),
+            read_from: None,
+            failing: false,
+        });
+        self.count.fetch_add(1, Ordering::AcqRel);
+        (id, asked)
+    }
+
+    fn leave(&self, id: u64) {
+        let mut readers = lock(&self.readers);
+        readers.retain(|reader| reader.id != id);
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        self.failing.store(
+            readers.iter().any(|reader| reader.failing),
+            Ordering::Release,
+        );
+        drop(readers);
+        self.changed.send_modify(|version| *version += 1);
+    }
+
+    fn done(&self, id: u64, started: Instant) {
+        let mut readers = lock(&self.readers);
+        if let Some(reader) = readers.iter_mut().find(|reader| reader.id == id) {
+            reader.failing = false;
+            if reader.read_from.is_none_or(|last| started > last) {
+                reader.read_from = Some(started);
+            }
+        }
+        self.failing.store(
+            readers.iter().any(|reader| reader.failing),
+            Ordering::Release,
+        );
+        drop(readers);
+        self.changed.send_modify(|version| *version += 1);
+    }
+
+    fn failed(&self, id: u64) {
+        let mut readers = lock(&self.readers);
+        if let Some(reader) = readers.iter_mut().find(|reader| reader.id == id) {
+            reader.failing = true;
+        }
+        self.failing.store(true, Ordering::Release);
     }
 }
 
@@ -104,6 +180,8 @@ impl Barrier {
 #[derive(Debug)]
 pub struct FeedReader {
     barrier: Arc<Barrier>,
+    id: u64,
+    asked: Arc<Notify>,
 }
 
 /// The start of one feed read, from [`FeedReader::begin`].
@@ -113,14 +191,14 @@ pub struct ReadStart(Instant);
 
 impl FeedReader {
     pub(crate) fn new(barrier: Arc<Barrier>) -> Self {
-        barrier.readers.fetch_add(1, Ordering::AcqRel);
-        Self { barrier }
+        let (id, asked) = barrier.join();
+        Self { barrier, id, asked }
     }
 
     /// Completes when a refusal waits for a read (at once if one asked
     /// since the last call): read the feed then.
     pub async fn asked(&self) {
-        self.barrier.asked.notified().await;
+        self.asked.notified().await;
     }
 
     /// Marks the start of a read. Call it before the read takes its
@@ -131,31 +209,23 @@ impl FeedReader {
     }
 
     /// Marks the read that began at `start` done: its keys are in the
-    /// filter. Refusals of requests that arrived before `start` go on.
+    /// filter. Once every reader of the guard has done a read that began
+    /// after a request arrived, that request's refusal goes on.
     pub fn done(&self, start: ReadStart) {
-        self.barrier.failing.store(false, Ordering::Release);
-        self.barrier.read_from.send_if_modified(|last| {
-            let newer = last.is_none_or(|last| start.0 > last);
-            if newer {
-                *last = Some(start.0);
-            }
-            newer
-        });
+        self.barrier.done(self.id, start.0);
     }
-}
 
-impl FeedReader {
     /// Marks a read failed (the database unreachable): until a read is
     /// [`done`](Self::done), would-be refusals go on to the handler at
     /// once instead of waiting out the bound for a read that cannot come.
     pub fn failed(&self) {
-        self.barrier.failing.store(true, Ordering::Release);
+        self.barrier.failed(self.id);
     }
 }
 
 impl Drop for FeedReader {
     fn drop(&mut self) {
-        self.barrier.readers.fetch_sub(1, Ordering::AcqRel);
+        self.barrier.leave(self.id);
     }
 }
 
@@ -211,6 +281,39 @@ mod tests {
         let arrived = Instant::now();
         tokio::time::advance(Duration::from_millis(1)).await;
         reader.done(reader.begin());
+        assert!(barrier.wait_past(arrived).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_two_followers_a_refusal_waits_for_a_read_of_each() {
+        let barrier = Arc::new(Barrier::new(Some(Duration::from_secs(1))));
+        let (items, orders) = (
+            FeedReader::new(Arc::clone(&barrier)),
+            FeedReader::new(Arc::clone(&barrier)),
+        );
+        let arrived = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let wait = tokio::spawn({
+            let barrier = Arc::clone(&barrier);
+            async move { barrier.wait_past(arrived).await }
+        });
+        // Both were asked.
+        items.asked().await;
+        orders.asked().await;
+        items.done(items.begin());
+        tokio::task::yield_now().await;
+        assert!(
+            !wait.is_finished(),
+            "one follower's read proved the other's table"
+        );
+        orders.done(orders.begin());
+        assert!(wait.await.expect("the wait runs"));
+        // A follower that stops no longer holds refusals back.
+        drop(orders);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let arrived = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        items.done(items.begin());
         assert!(barrier.wait_past(arrived).await);
     }
 
