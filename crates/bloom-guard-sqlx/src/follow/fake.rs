@@ -644,3 +644,39 @@ async fn an_unreachable_database_sends_refusals_on_after_the_bound() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test]
+async fn shadow_mode_counts_only_what_enforce_mode_would_refuse() {
+    let fake = Fake::new();
+    let guard = BloomGuard::builder()
+        .name("items")
+        .mode(bloom_guard::Mode::Shadow)
+        .rebuild_on_false_negative(false)
+        .build();
+    let follower = run_guard(&fake, false, guard);
+    until("ready", || follower.guard.is_ready()).await;
+    // Committed elsewhere a moment before: enforce mode would wait for the
+    // next read and serve it, so it is no false negative.
+    fake.commit_quietly("elsewhere");
+    assert_eq!(
+        status(&follower.guard, "elsewhere").await,
+        http::StatusCode::OK
+    );
+    // In the table but in no feed (written with the triggers off): a real
+    // false negative.
+    fake.state().table.insert("unrecorded".to_owned());
+    assert_eq!(
+        status(&follower.guard, "unrecorded").await,
+        http::StatusCode::OK
+    );
+    until("the checks", || {
+        follower.guard.stats().shadow_false_negatives > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stats = follower.guard.stats();
+    assert_eq!(
+        (stats.shadow_would_reject, stats.shadow_false_negatives),
+        (2, 1)
+    );
+}

@@ -124,24 +124,50 @@ fn audit(rate: f64) -> bool {
     rate > 0.0 && fastrand::f64() < rate
 }
 
-/// What checking the answer to an audited request takes: the guard's core
-/// and the key the filter said was absent.
+/// What checking the answer to an audited request takes: the guard's core,
+/// the key the filter said was absent, and when the request came.
 #[derive(Debug)]
 pub(crate) struct AuditToken {
     shared: Arc<Shared>,
     key: Box<[u8]>,
+    arrived: Instant,
 }
 
 impl AuditToken {
     pub(crate) fn new(shared: Arc<Shared>, key: Box<[u8]>) -> Self {
-        Self { shared, key }
+        Self {
+            shared,
+            key,
+            arrived: Instant::now(),
+        }
     }
 
     /// Records a false negative if the inner service's answer says the key
-    /// exists ([`Builder::found_when`](crate::Builder::found_when)).
+    /// exists ([`Builder::found_when`](crate::Builder::found_when)) and
+    /// enforce mode would have refused it. With a read barrier, enforce mode
+    /// waits for a feed read begun after the request: a key committed
+    /// elsewhere a moment before is served, not refused, so it is checked
+    /// the same way here, on a task of its own, off the response's path.
     pub(crate) fn report(self, status: StatusCode, headers: &HeaderMap) {
-        if self.shared.config.found.test(status, headers) {
-            self.shared.record_false_negative(&self.key);
+        if !self.shared.config.found.test(status, headers) {
+            return;
+        }
+        let runtime = tokio::runtime::Handle::try_current();
+        match runtime {
+            Ok(runtime) if self.shared.barrier.active() => {
+                runtime.spawn(async move {
+                    let Self {
+                        shared,
+                        key,
+                        arrived,
+                    } = self;
+                    let read = shared.barrier.wait_past(arrived).await;
+                    if !read || !shared.may_contain(&Key::from(&*key)) {
+                        shared.record_false_negative(&key);
+                    }
+                });
+            }
+            _ => self.shared.record_false_negative(&self.key),
         }
     }
 }
