@@ -742,6 +742,10 @@ begin
         insert into bloom_guard.changes (guard, kind, key, part)
         values (g, 'r', '', bloom_guard.current_slot());
     end loop;
+exception when others then
+    -- Never fail the user's ALTER for our sake: the trigger check names
+    -- the disabled trigger at its next run.
+    raise warning 'bloom_guard: cannot record the disabled feed trigger: %', sqlerrm;
 end
 $$;
 
