@@ -233,7 +233,7 @@ declare
 begin
     execute pg_catalog.format(
         'insert into bloom_guard.changes (guard, kind, key, part)
-         select distinct $1, $2, k, $3 from (select %s as k from %I r) s where k is not null',
+         select $1, $2, k, $3 from (select %s as k from %I r) s where k is not null',
         bloom_guard.key_expression(tg_argv[1:], 'r'), rows)
     using tg_argv[0], case when inserted then 'i' else 'd' end, bloom_guard.current_slot();
     return null;
@@ -252,9 +252,9 @@ begin
     execute pg_catalog.format(
         'with n as (select %s as k from new_rows n), o as (select %s as k from old_rows o)
          insert into bloom_guard.changes (guard, kind, key, part)
-         select $1, ''i'', k, $2 from (select k from n where k is not null except select k from o) added
+         select $1, ''i'', k, $2 from (select k from n where k is not null except all select k from o) added
          union all
-         select $1, ''d'', k, $2 from (select k from o where k is not null except select k from n) removed',
+         select $1, ''d'', k, $2 from (select k from o where k is not null except all select k from n) removed',
         new_key, old_key)
     using tg_argv[0], bloom_guard.current_slot();
     return null;
@@ -369,7 +369,10 @@ begin
              return null;
          end', guard, slot, gone, bloom_guard.key_expression(key_columns, 'r')));
     -- Keys of the new rows that no old row had, whatever the rows' ids (an
-    -- update may change both), and keys that went away.
+    -- update may change both), and keys that went away, counted row by row
+    -- (EXCEPT ALL): two rows of one key changed to another remove it twice
+    -- and add the other twice, as deleting and inserting them would, so a
+    -- filter that counts a key's rows removes it only with its last row.
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'updated'), pg_catalog.format(
         'begin
              if %5$s then
@@ -378,9 +381,9 @@ begin
              end if;
              with n as (select %3$s as k from new_rows n), o as (select %4$s as k from old_rows o)
              insert into bloom_guard.changes (guard, kind, key, part)
-             select %1$L, ''i'', k, %2$s from (select k from n where k is not null except select k from o) added
+             select %1$L, ''i'', k, %2$s from (select k from n where k is not null except all select k from o) added
              union all
-             select %1$L, ''d'', k, %2$s from (select k from o where k is not null except select k from n) removed;
+             select %1$L, ''d'', k, %2$s from (select k from o where k is not null except all select k from n) removed;
              return null;
          end', guard, slot, bloom_guard.key_expression(key_columns, 'n'), bloom_guard.key_expression(key_columns, 'o'),
                gone));
@@ -728,35 +731,33 @@ as $$
 declare
     g text;
 begin
-    for g in
-        select distinct w.guard
-          from pg_catalog.pg_event_trigger_ddl_commands() cmd
-          join bloom_guard.watched w on true
-          cross join lateral bloom_guard.family(w.rel) f(rel)
-          join pg_catalog.pg_trigger t
-            on t.tgrelid = f.rel and pg_catalog.left(t.tgname, 12) = 'bloom_guard_'
-         where cmd.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
-           and cmd.objid = f.rel::pg_catalog.oid
-           and t.tgenabled = 'D'
-    loop
-        insert into bloom_guard.changes (guard, kind, key, part)
-        values (g, 'r', '', bloom_guard.current_slot());
+    -- Whatever the command did (a trigger disabled or set to REPLICA or
+    -- ORIGIN, dropped, a partition attached or created, a child table
+    -- inherited): a guard with a gap now gets a resync in this transaction.
+    for g in select distinct w.guard from bloom_guard.watched w loop
+        if exists (select from bloom_guard.gaps(g) x where x.rel is not null) then
+            insert into bloom_guard.changes (guard, kind, key, part)
+            values (g, 'r', '', bloom_guard.current_slot());
+        end if;
     end loop;
 exception when others then
-    -- Never fail the user's ALTER for our sake: the trigger check names
-    -- the disabled trigger at its next run.
-    raise warning 'bloom_guard: cannot record the disabled feed trigger: %', sqlerrm;
+    -- Never fail the user's command for our sake: the trigger check names
+    -- the gap at its next run.
+    raise warning 'bloom_guard: cannot record a gap in the change feed: %', sqlerrm;
 end
 $$;
 
+-- Version 7: the event trigger fires for every command that can open a
+-- gap (not only ALTER TABLE), and in every session, those of the replica
+-- role too (ENABLE ALWAYS; a plain event trigger skips them).
 do $event$
 begin
-    if exists (select from pg_catalog.pg_roles where rolname = current_user and rolsuper)
-       and not exists (select from pg_catalog.pg_event_trigger where evtname = 'bloom_guard_alter_table')
-    then
+    if exists (select from pg_catalog.pg_roles where rolname = current_user and rolsuper) then
+        drop event trigger if exists bloom_guard_alter_table;
         create event trigger bloom_guard_alter_table on ddl_command_end
-            when tag in ('ALTER TABLE')
+            when tag in ('ALTER TABLE', 'CREATE TABLE', 'DROP TRIGGER', 'ALTER TRIGGER')
             execute function bloom_guard.on_alter_table();
+        alter event trigger bloom_guard_alter_table enable always;
     end if;
 end
 $event$;
@@ -784,5 +785,25 @@ create table if not exists bloom_guard.instances (
 
 revoke all on bloom_guard.settings, bloom_guard.instances from public;
 
-insert into bloom_guard.schema_version (version) values (6)
+-- Version 7: feed rows counted row by row (EXCEPT ALL in the update
+-- functions), for filters that remove a key with its last row. Every
+-- watched guard's functions are written again in this transaction; the
+-- triggers call them by name and stay as they are.
+do $recount$
+declare
+    w record;
+begin
+    if exists (select from bloom_guard.schema_version where version < 7) then
+        for w in select distinct guard, key_columns from bloom_guard.watched loop
+            begin
+                perform bloom_guard.create_record_functions(w.guard, w.key_columns);
+            exception when insufficient_privilege then
+                raise warning 'bloom_guard: keeping the earlier functions of guard %: %', w.guard, sqlerrm;
+            end;
+        end loop;
+    end if;
+end
+$recount$;
+
+insert into bloom_guard.schema_version (version) values (7)
 on conflict (singleton) do update set version = excluded.version;

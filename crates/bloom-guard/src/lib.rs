@@ -33,12 +33,13 @@ pub use keys::key::{Key, KeyError};
 pub use keys::key_type::KeyType;
 pub use lifecycle::adopt::Adoption;
 pub use lifecycle::barrier::{FeedReader, ReadStart};
+pub use lifecycle::catch_up::{CatchUp, PendingFilter};
 pub use lifecycle::snapshot::{
     Snapshot, SnapshotChunks, SnapshotError, SnapshotInfo, SnapshotReader, SnapshotWriter,
     SNAPSHOT_FORMAT,
 };
 pub use lifecycle::source::{KeyList, KeySource};
-pub use report::stats::{FeedStatus, FilterOrigin, GuardState, Stats, UncheckedCounts};
+pub use report::stats::{FeedStatus, FilterKind, FilterOrigin, GuardState, Stats, UncheckedCounts};
 pub use request::body::ResponseBody;
 #[cfg(feature = "axum")]
 pub use request::checked::{AsKey, Checked, CheckedRejection};

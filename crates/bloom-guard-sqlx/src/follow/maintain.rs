@@ -53,12 +53,14 @@ impl<B: Database> Follower<B> {
             if resync_requested {
                 self.hold_for_unrecorded();
             }
-            self.check(&source, &mut gap).await;
+            let checked = self.check(&source, &mut gap).await;
             // Writes the feed could not record keep the guard open until a
-            // rebuild has them, retried at every check.
+            // rebuild has them, retried at every check that found no gap
+            // (a check that could not run proves nothing).
             let unrecorded = crate::lock::lock(&self.unrecorded).is_some();
             let resyncs = self.resyncs.load(std::sync::atomic::Ordering::Acquire);
             if unrecorded
+                && checked
                 && gap.is_none()
                 && self
                     .guard
@@ -99,13 +101,14 @@ impl<B: Database> Follower<B> {
 
     /// Fails the guard open while a watched table can take writes the
     /// feed does not see; after the repair, rebuilds before closing again.
-    pub(super) async fn check(&self, source: &B::Source, gap: &mut Option<HoldOpen>) {
+    /// Whether the check ran.
+    pub(super) async fn check(&self, source: &B::Source, gap: &mut Option<HoldOpen>) -> bool {
         let feed = self.backend.feed();
         let gaps = match self.backend.gaps().await {
             Ok(gaps) => gaps,
             Err(error) => {
                 tracing::debug!(%error, "cannot check the change feed's triggers");
-                return;
+                return false;
             }
         };
         if gaps.is_empty() && gap.is_none() {
@@ -135,7 +138,7 @@ impl<B: Database> Follower<B> {
                     );
                 }
             }
-            return;
+            return true;
         }
         let problem = GapError(gaps.join("; "));
         let new_gap = gap.is_none();
@@ -152,6 +155,7 @@ impl<B: Database> Follower<B> {
             Err(error) if new_gap => tracing::warn!(feed, error = %crate::error::error_chain(&error), "cannot put the feed's triggers on the table the key query reads now; watch it as its owner"),
             Err(_) => {}
         }
+        true
     }
 
     /// Rebuilds if a watched table was recreated or a feed trigger altered

@@ -19,7 +19,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, HoldOpen};
+use bloom_guard::{BloomGuard, FeedReader, HoldOpen};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -52,6 +52,10 @@ pub(crate) struct Follower<B: Database> {
     /// How often this instance's heartbeat is recorded.
     pub(crate) heartbeat_interval: Duration,
     fleet: Mutex<Fleet<B::Position>>,
+    /// The follower's side of the read barrier, joined when the follower
+    /// is made: a refusal waits for this follower's first read too, even
+    /// while it is still starting.
+    reads: FeedReader,
     /// Set at start when the key type is exact only for ASCII keys; the
     /// hold once a stored key is not.
     ascii_only: std::sync::atomic::AtomicBool,
@@ -89,6 +93,7 @@ impl<B: Database> Follower<B> {
     /// The engine for `guard` over `backend`, with the defaults.
     pub(crate) fn new(guard: BloomGuard, backend: B) -> Self {
         Self {
+            reads: guard.feed_reader(),
             guard,
             backend,
             poll_interval: Duration::from_secs(5),

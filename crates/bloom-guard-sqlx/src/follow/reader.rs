@@ -29,7 +29,7 @@ impl<B: Database> Follower<B> {
         let mut pauses = retry_pauses();
         // The read barrier: refusals wait for a read that began after their
         // request arrived; this loop is that read.
-        let reads = self.guard.feed_reader();
+        let reads = &self.reads;
         loop {
             let started = reads.begin();
             let read_at = Instant::now();

@@ -6,7 +6,7 @@ use crate::error::FeedError;
 use crate::watch::Watch;
 
 /// The version of the feed's schema that this crate installs and reads.
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// The feed's SQL: schema `bloom_guard`, its tables, trigger functions and
 /// `bloom_guard.watch(table, key_columns, name)`. Idempotent.

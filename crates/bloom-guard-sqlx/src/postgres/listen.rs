@@ -68,16 +68,18 @@ pub(super) async fn listen(options: PgConnectOptions, wake_ups: WakeUps, stop: C
             loop {
                 match listener.try_recv().await? {
                     Some(notification) => {
+                        // The guard's own name first: a guard may be named
+                        // like a settings announcement.
                         let payload = notification.payload();
-                        if let Some(guard) = payload.strip_prefix(SETTINGS_PREFIX) {
+                        if payload == wake_ups.guard {
+                            wake.notify_one();
+                            wake_ups.published.notify_one();
+                        } else if let Some(guard) = payload.strip_prefix(SETTINGS_PREFIX) {
                             if guard == wake_ups.guard {
                                 wake_ups.settings.notify_one();
                             }
-                            continue;
-                        }
-                        wake.notify_one();
-                        if payload == wake_ups.guard {
-                            wake_ups.published.notify_one();
+                        } else {
+                            wake.notify_one();
                         }
                     }
                     // The connection is lost: a value, not an error.

@@ -1,447 +1,178 @@
-//! The filter of one generation: a chain of sub-filters that grows as keys
-//! arrive, its secret hasher, and its sizing.
+//! The filter of one generation, of one of two kinds: a growing Bloom
+//! filter for guards whose keys are only ever added, a counting quotient
+//! filter for guards that follow a change feed and forget deleted keys.
 //!
-//! A scalable Bloom filter (Almeida et al., "Scalable Bloom Filters", 2007;
-//! RedisBloom's `EXPANSION`): the first sub-filter is sized for the
-//! expected keys at half the target rate. When the newest one holds the
-//! keys it was sized for, another is added, [`GROWTH`] times larger at
-//! [`TIGHTENING`] times its rate, so the rates form a series whose sum, the
-//! compound rate, stays below the target however many keys arrive. Inserts
-//! go to the newest sub-filter; lookups hash the key once and probe each.
+//! Which one a build makes is the guard's choice
+//! ([`FilterKind`](crate::FilterKind)): the Bloom filter is lock-free and
+//! never needs a rebuild to grow; the counting filter removes a key with
+//! its last row, for about the same memory.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-
-use crate::filters::stage::{Stage, StageParts};
+use crate::filters::bloom::{random_seed, BloomFilter, BloomParts};
+use crate::filters::counting::{CountingFilter, CountingParts};
 use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
 
-/// How much larger each sub-filter is than the one before.
-pub(crate) const GROWTH: u64 = 2;
-/// How much lower each sub-filter's false-positive rate is than the one
-/// before's. The first one's is `target × (1 − TIGHTENING)`, so the sum of
-/// all of them stays below the target.
-pub(crate) const TIGHTENING: f64 = 0.5;
-/// The most sub-filters a filter has: 2^32 times the first one's keys.
-/// Past that, the newest one fills up and the estimated rate says so.
-pub(crate) const MAX_STAGES: usize = 32;
-/// The lowest rate a sub-filter is sized for (fastbloom needs a positive
-/// one); a filter whose next sub-filter would need less grows no more.
-pub(crate) const MIN_FPP: f64 = 1e-15;
+pub(crate) use crate::filters::bloom::{MAX_STAGES, MIN_FPP};
 
-/// A lock-free, growing Bloom filter.
-///
-/// Its hasher is fastbloom's SipHash-1-3 keyed with a 128-bit seed from the
-/// operating system's random source, fresh for every filter, so nobody
-/// without the seed can compute which absent keys collide. The seed
-/// travels only inside snapshots.
-pub(crate) struct Filter {
-    seed: u128,
-    /// Filled in order; a lookup probes those set.
-    stages: [OnceLock<Stage>; MAX_STAGES],
-    /// Stored keys left out because no request can name them.
-    skipped: AtomicU64,
+/// A filter of either kind.
+#[derive(Debug)]
+pub(crate) enum Filter {
+    Bloom(BloomFilter),
+    Counting(CountingFilter),
 }
 
-/// Everything a filter is made of.
-pub(crate) struct FilterParts {
-    pub(crate) seed: u128,
-    pub(crate) stages: Vec<StageParts>,
-    pub(crate) skipped: u64,
+/// Everything a filter of either kind is made of, as a snapshot holds it.
+pub(crate) enum FilterParts {
+    Bloom(BloomParts),
+    Counting(CountingParts),
 }
 
 impl Filter {
-    /// A filter sized for `capacity` keys that keeps its false-positive
-    /// rate under `target_fpp` however many arrive, with a fresh random
-    /// hasher.
-    pub(crate) fn new(capacity: u64, target_fpp: f64) -> Self {
-        let seed = random_seed();
-        let filter = Self::empty(seed, 0);
-        let first = Stage::new(capacity, target_fpp * (1.0 - TIGHTENING), seed);
-        filter.stages[0].get_or_init(|| first);
-        filter
-    }
-
-    /// A filter restored from its parts (a snapshot's), which must hold
-    /// between one and [`MAX_STAGES`] stages (the snapshot reader checks).
-    /// Each stage counts at least the keys its bits imply: keys inserted
-    /// while the snapshot was written are in its bits, not in its counts,
-    /// and a replay would not count them again.
-    pub(crate) fn from_parts(parts: FilterParts) -> Self {
-        debug_assert!((1..=MAX_STAGES).contains(&parts.stages.len()));
-        let filter = Self::empty(parts.seed, parts.skipped);
-        for (slot, stage) in filter.stages.iter().zip(parts.stages) {
-            slot.get_or_init(|| {
-                let stage = Stage::from_parts(stage, parts.seed);
-                stage.count_at_least(stage.estimated_keys());
-                stage
-            });
-        }
-        filter
-    }
-
-    fn empty(seed: u128, skipped: u64) -> Self {
-        Self {
-            seed,
-            stages: [const { OnceLock::new() }; MAX_STAGES],
-            skipped: AtomicU64::new(skipped),
+    /// A filter sized for `capacity` keys under `target_fpp`, with a fresh
+    /// random hasher; a counting one if `removes`.
+    pub(crate) fn new(capacity: u64, target_fpp: f64, removes: bool) -> Self {
+        if removes {
+            Self::Counting(CountingFilter::new(capacity, target_fpp, random_seed()))
+        } else {
+            Self::Bloom(BloomFilter::new(capacity, target_fpp))
         }
     }
 
-    /// The sub-filters, oldest first.
-    #[inline]
-    pub(crate) fn stages(&self) -> impl Iterator<Item = &Stage> {
-        self.stages.iter().map_while(OnceLock::get)
+    /// A filter restored from a snapshot's parts.
+    pub(crate) fn from_parts(parts: FilterParts) -> Result<Self, String> {
+        match parts {
+            FilterParts::Bloom(parts) => Ok(Self::Bloom(BloomFilter::from_parts(parts))),
+            FilterParts::Counting(parts) => CountingFilter::from_parts(parts)
+                .map(Self::Counting)
+                .map_err(|error| error.to_string()),
+        }
     }
 
-    /// How many sub-filters it has grown into.
-    pub(crate) fn stage_count(&self) -> usize {
-        self.stages().count()
+    pub(crate) fn kind(&self) -> crate::report::stats::FilterKind {
+        match self {
+            Self::Bloom(_) => crate::report::stats::FilterKind::Bloom,
+            Self::Counting(_) => crate::report::stats::FilterKind::Counting,
+        }
     }
 
-    /// The hasher's secret seed.
-    pub(crate) fn seed(&self) -> u128 {
-        self.seed
+    /// Whether it can remove keys.
+    pub(crate) fn removes(&self) -> bool {
+        matches!(self, Self::Counting(_))
     }
 
-    #[inline]
-    fn first(&self) -> &Stage {
-        // Every constructor sets the first stage.
-        self.stages[0].get_or_init(|| Stage::new(1, 0.5, self.seed))
+    /// The counting filter, if it is one.
+    pub(crate) fn counting(&self) -> Option<&CountingFilter> {
+        match self {
+            Self::Counting(filter) => Some(filter),
+            Self::Bloom(_) => None,
+        }
+    }
+
+    /// The Bloom filter, if it is one.
+    pub(crate) fn bloom(&self) -> Option<&BloomFilter> {
+        match self {
+            Self::Bloom(filter) => Some(filter),
+            Self::Counting(_) => None,
+        }
     }
 
     #[inline]
     pub(crate) fn contains(&self, key: &Key<'_>) -> bool {
-        let hash = self.first().source_hash(key.as_bytes());
-        self.stages().any(|stage| stage.contains(hash))
+        match self {
+            Self::Bloom(filter) => filter.contains(key),
+            Self::Counting(filter) => filter.contains(key),
+        }
     }
 
     #[inline]
     pub(crate) fn insert(&self, key: &Key<'_>) {
-        self.insert_hash(self.first().source_hash(key.as_bytes()));
+        match self {
+            Self::Bloom(filter) => filter.insert(key),
+            Self::Counting(filter) => filter.insert(key),
+        }
     }
 
-    /// Inserts a batch in two passes: every key's hash first, then every
-    /// hash's bits. Kept apart, the bit sets' cache misses overlap; a
-    /// build of 10M keys runs about a third faster than key by key.
     pub(crate) fn insert_batch(&self, batch: &KeyBatch, hashes: &mut Vec<u64>) {
-        let first = self.first();
-        hashes.clear();
-        hashes.extend(batch.iter().map(|key| first.source_hash(key.as_bytes())));
-        for &hash in hashes.iter() {
-            self.insert_hash(hash);
-        }
-        if batch.skipped() > 0 {
-            self.skipped.fetch_add(batch.skipped(), Ordering::Relaxed);
+        match self {
+            Self::Bloom(filter) => filter.insert_batch(batch, hashes),
+            Self::Counting(filter) => filter.insert_batch(batch),
         }
     }
 
-    /// Sets a key's bits in the newest stage, unless an older one holds it
-    /// already (a key counts in one stage only); a full newest stage gets
-    /// a successor first.
-    #[inline]
-    fn insert_hash(&self, hash: u64) {
-        let mut newest = self.first();
-        let mut index = 0;
-        for (i, stage) in self.stages().enumerate().skip(1) {
-            if newest.contains(hash) {
-                return;
-            }
-            (newest, index) = (stage, i);
-        }
-        if newest.is_full() && !newest.contains(hash) {
-            newest = self.grow(index);
-        }
-        newest.insert(hash);
-    }
-
-    /// The stage after `index`, added unless another insert did; the stage
-    /// at `index` itself once there is no room for more.
-    #[cold]
-    fn grow(&self, index: usize) -> &Stage {
-        let full = self.stages[index].get_or_init(|| Stage::new(1, 0.5, self.seed));
-        let fpp = full.fpp() * TIGHTENING;
-        let (Some(slot), true) = (self.stages.get(index + 1), fpp >= MIN_FPP) else {
-            return full;
-        };
-        slot.get_or_init(|| {
-            let capacity = full.capacity().saturating_mul(GROWTH);
-            let stage = Stage::new(capacity, fpp, self.seed);
-            tracing::debug!(
-                stage = index + 1,
-                capacity,
-                bits = stage.bits(),
-                "the bloom filter grew a sub-filter"
-            );
-            stage
-        })
-    }
-
-    /// Distinct keys (a close count).
+    /// Stored keys (a counting filter: rows).
     pub(crate) fn keys(&self) -> u64 {
-        self.stages()
-            .fold(0, |sum, stage| sum.saturating_add(stage.keys()))
+        match self {
+            Self::Bloom(filter) => filter.keys(),
+            Self::Counting(filter) => filter.keys(),
+        }
     }
 
-    /// Keys left out because no request can name them.
     pub(crate) fn skipped(&self) -> u64 {
-        self.skipped.load(Ordering::Relaxed)
+        match self {
+            Self::Bloom(filter) => filter.skipped(),
+            Self::Counting(filter) => filter.skipped(),
+        }
     }
 
-    /// The keys its sub-filters are sized for, together.
     pub(crate) fn capacity(&self) -> u64 {
-        self.stages()
-            .fold(0, |sum, stage| sum.saturating_add(stage.capacity()))
+        match self {
+            Self::Bloom(filter) => filter.capacity(),
+            Self::Counting(filter) => filter.capacity(),
+        }
     }
 
     pub(crate) fn bits(&self) -> u64 {
-        self.stages().map(Stage::bits).sum()
+        match self {
+            Self::Bloom(filter) => filter.bits(),
+            Self::Counting(filter) => filter.bits(),
+        }
     }
 
-    /// Hash functions per key of the first sub-filter (later ones have
-    /// more: their rate is lower).
+    /// Hash functions per key (one for a counting filter).
     pub(crate) fn hashes(&self) -> u32 {
-        self.first().hashes()
-    }
-
-    /// Appends `count` words of the bits from word `from`, counting through
-    /// the sub-filters in order, to `out` as little-endian bytes.
-    pub(crate) fn write_words(&self, mut from: usize, mut count: usize, out: &mut Vec<u8>) {
-        for stage in self.stages() {
-            let len = stage.word_count();
-            if from >= len {
-                from -= len;
-                continue;
-            }
-            let to = len.min(from + count);
-            for word in stage.words(from, to) {
-                out.extend_from_slice(&word.to_le_bytes());
-            }
-            count -= to - from;
-            from = 0;
-            if count == 0 {
-                return;
-            }
+        match self {
+            Self::Bloom(filter) => filter.hashes(),
+            Self::Counting(_) => 1,
         }
     }
 
-    /// The number of distinct keys the fill implies, which unlike the
-    /// insert count stays close when a sub-filter is overfull.
-    pub(crate) fn estimated_keys(&self) -> u64 {
-        self.stages().map(Stage::estimated_keys).sum()
+    /// Sub-filters a Bloom filter grew into; 1 for a counting filter,
+    /// which grows in place.
+    pub(crate) fn stage_count(&self) -> usize {
+        match self {
+            Self::Bloom(filter) => filter.stage_count(),
+            Self::Counting(_) => 1,
+        }
     }
 
-    /// The share of bits set. Reads the whole filter: for stats, not for
-    /// the request path.
     pub(crate) fn fill(&self) -> f64 {
-        let ones: u64 = self.stages().map(Stage::ones).sum();
-        ones as f64 / self.bits() as f64
+        match self {
+            Self::Bloom(filter) => filter.fill(),
+            Self::Counting(filter) => filter.fill(),
+        }
     }
 
-    /// The false-positive rate of the filter as it is: the chance that an
-    /// absent key is found in any sub-filter.
     pub(crate) fn estimated_fpp(&self) -> f64 {
-        1.0 - self
-            .stages()
-            .map(|stage| 1.0 - stage.estimated_fpp())
-            .product::<f64>()
+        match self {
+            Self::Bloom(filter) => filter.estimated_fpp(),
+            Self::Counting(filter) => filter.estimated_fpp(),
+        }
     }
 
-    /// The keys its sub-filters could hold before a rebuild is due at
-    /// `stages` sub-filters.
+    /// Distinct keys, estimated from the fill (a Bloom filter) or counted.
+    pub(crate) fn estimated_keys(&self) -> u64 {
+        match self {
+            Self::Bloom(filter) => filter.estimated_keys(),
+            Self::Counting(filter) => filter.keys(),
+        }
+    }
+
+    /// The keys it holds before a rebuild is due: for a Bloom filter at
+    /// `stages` sub-filters, for a counting one fully grown.
     pub(crate) fn capacity_within(&self, stages: usize) -> u64 {
-        let mut capacity = 0_u64;
-        let mut next = 0_u64;
-        for stage in self.stages().take(stages) {
-            capacity = capacity.saturating_add(stage.capacity());
-            next = stage.capacity().saturating_mul(GROWTH);
+        match self {
+            Self::Bloom(filter) => filter.capacity_within(stages),
+            Self::Counting(filter) => filter.max_capacity(),
         }
-        for _ in self.stage_count()..stages.min(MAX_STAGES) {
-            capacity = capacity.saturating_add(next);
-            next = next.saturating_mul(GROWTH);
-        }
-        capacity
-    }
-
-    /// Its parts, as a snapshot stores them.
-    #[cfg(test)]
-    pub(crate) fn stage_parts(&self) -> Vec<StageParts> {
-        self.stages()
-            .map(|stage| StageParts {
-                words: stage.raw_bits(),
-                hashes: stage.hashes(),
-                fpp: stage.fpp(),
-                capacity: stage.capacity(),
-                keys: stage.keys(),
-            })
-            .collect()
-    }
-}
-
-impl std::fmt::Debug for Filter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the seed: it is the filter's secret.
-        f.debug_struct("Filter")
-            .field("stages", &self.stage_count())
-            .field("bits", &self.bits())
-            .field("capacity", &self.capacity())
-            .field("keys", &self.keys())
-            .finish_non_exhaustive()
-    }
-}
-
-/// 128 bits from the operating system's random source; should it fail,
-/// from std's randomly keyed hasher (itself seeded from that source).
-fn random_seed() -> u128 {
-    let mut bytes = [0_u8; 16];
-    if getrandom::fill(&mut bytes).is_ok() {
-        return u128::from_le_bytes(bytes);
-    }
-    use std::hash::BuildHasher;
-    let half = || u128::from(std::collections::hash_map::RandomState::new().hash_one(0_u8));
-    half() << 64 | half()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(i: u64) -> String {
-        format!("key-{i}")
-    }
-
-    /// The share of `probes` absent keys the filter says it may hold.
-    fn observed_fpp(filter: &Filter, probes: u64) -> f64 {
-        let hits = (0..probes)
-            .filter(|i| filter.contains(&Key::from(format!("absent-{i}"))))
-            .count();
-        hits as f64 / probes as f64
-    }
-
-    #[test]
-    fn every_filter_has_its_own_secret_hasher() {
-        let a = Filter::new(1000, 0.01);
-        let b = Filter::new(1000, 0.01);
-        for i in 0..100 {
-            a.insert(&Key::from(key(i)));
-            b.insert(&Key::from(key(i)));
-        }
-        assert_eq!(a.bits(), b.bits());
-        assert_ne!(
-            a.stage_parts()[0].words,
-            b.stage_parts()[0].words,
-            "two filters of the same keys share a hasher key"
-        );
-    }
-
-    #[test]
-    fn batches_and_single_keys_set_the_same_bits() {
-        let one_by_one = Filter::new(1000, 0.01);
-        let batched = Filter::from_parts(FilterParts {
-            seed: one_by_one.seed(),
-            stages: one_by_one.stage_parts(),
-            skipped: 0,
-        });
-        // Past the first stage's capacity: the second stage too.
-        let keys: Vec<String> = (0..1500).map(key).collect();
-        for k in &keys {
-            one_by_one.insert(&Key::from(k));
-        }
-        let batch: KeyBatch = keys.iter().collect();
-        batched.insert_batch(&batch, &mut Vec::new());
-        assert_eq!(one_by_one.stage_count(), 2);
-        assert_eq!(one_by_one.stage_parts(), batched.stage_parts());
-        assert!(keys.iter().all(|k| batched.contains(&Key::from(k))));
-    }
-
-    #[test]
-    fn counts_distinct_keys_and_estimates_its_rate() {
-        let filter = Filter::new(10_000, 0.002);
-        assert_eq!((filter.fill(), filter.estimated_fpp()), (0.0, 0.0));
-        for i in 0..9_000 {
-            filter.insert(&Key::from(key(i)));
-            filter.insert(&Key::from(key(i)));
-        }
-        assert_eq!(filter.stage_count(), 1, "duplicates count once");
-        assert!(
-            filter.keys() <= 9_000 && filter.keys() > 8_900,
-            "{}",
-            filter.keys()
-        );
-        let estimated = filter.estimated_fpp();
-        assert!(estimated > 0.0003 && estimated < 0.0015, "{estimated}");
-        let keys = filter.estimated_keys();
-        assert!((8_700..=9_300).contains(&keys), "{keys}");
-    }
-
-    #[test]
-    fn grown_ten_times_past_its_capacity_it_keeps_the_target_rate() {
-        let target = 0.01;
-        let by_insert = Filter::new(10_000, target);
-        let by_batch = Filter::new(10_000, target);
-        let keys: Vec<String> = (0..100_000).map(key).collect();
-        for k in &keys {
-            by_insert.insert(&Key::from(k));
-        }
-        for chunk in keys.chunks(7_000) {
-            by_batch.insert_batch(&chunk.iter().collect(), &mut Vec::new());
-        }
-        for filter in [&by_insert, &by_batch] {
-            // 10 000 + 20 000 + 40 000 + 80 000 keys of room.
-            assert_eq!(filter.stage_count(), 4, "{filter:?}");
-            assert!(keys.iter().all(|k| filter.contains(&Key::from(k))));
-            assert!(
-                filter.estimated_fpp() <= target,
-                "{}",
-                filter.estimated_fpp()
-            );
-            let observed = observed_fpp(filter, 100_000);
-            assert!(observed <= target, "{observed}");
-            assert!(filter.keys() > 99_000 && filter.capacity() == 150_000);
-        }
-    }
-
-    #[test]
-    fn a_filter_without_growth_would_be_saturated() {
-        // What the chain prevents: one stage ten times overfull.
-        let stage = Stage::new(1_000, 0.005, 7);
-        for i in 0..10_000 {
-            stage.insert(stage.source_hash(key(i).as_bytes()));
-        }
-        assert!(stage.estimated_fpp() > 0.3, "{}", stage.estimated_fpp());
-    }
-
-    #[test]
-    fn words_are_written_across_the_stages_in_order() {
-        let filter = Filter::new(100, 0.01);
-        for i in 0..300 {
-            filter.insert(&Key::from(key(i)));
-        }
-        let all: Vec<u8> = filter
-            .stage_parts()
-            .iter()
-            .flat_map(|stage| stage.words.iter().flat_map(|w| w.to_le_bytes()))
-            .collect();
-        let words: usize = filter.stages().map(Stage::word_count).sum();
-        let mut pieces = Vec::new();
-        for from in (0..words).step_by(3) {
-            filter.write_words(from, 3, &mut pieces);
-        }
-        assert_eq!(pieces, all);
-        let mut past_the_end = Vec::new();
-        filter.write_words(words, 5, &mut past_the_end);
-        assert!(past_the_end.is_empty());
-    }
-
-    #[test]
-    fn capacity_within_counts_the_stages_to_come() {
-        let filter = Filter::new(1_000, 0.01);
-        assert_eq!(filter.capacity_within(1), 1_000);
-        assert_eq!(filter.capacity_within(3), 7_000);
-        for i in 0..1_500 {
-            filter.insert(&Key::from(key(i)));
-        }
-        assert_eq!(filter.capacity_within(1), 1_000);
-        assert_eq!(filter.capacity_within(3), 7_000);
     }
 }

@@ -1,5 +1,5 @@
-//! The filter in use and the filters being built: every insert reaches
-//! them all.
+//! The filter in use and the filters being built, and the write path's
+//! journal.
 //!
 //! Inserts take the read lock, registration and promotion the write lock:
 //! once a filter is registered, every insert that started earlier has
@@ -50,24 +50,36 @@ impl FilterSet {
         in_use.max(self.journal.len() as u64)
     }
 
-    /// Inserts a key of this instance's write path into every filter and
-    /// the journal; returns the filter in use.
-    pub(crate) fn insert(&self, key: &Key<'_>) -> Current {
+    /// Records a key of this instance's write path in the journal, and
+    /// inserts it into every filter unless the guard follows a change feed
+    /// (`fed`: its filters take each key from the feed, once per row);
+    /// returns the filter in use.
+    pub(crate) fn insert(&self, key: &Key<'_>, fed: bool) -> Current {
         let building = read_lock(&self.building);
         let current = self.current();
-        if let Some(filter) = &*current {
-            filter.insert(key);
-        }
-        for filter in building.iter() {
-            filter.insert(key);
+        if !fed {
+            if let Some(filter) = &*current {
+                filter.insert(key);
+            }
+            for filter in building.iter() {
+                filter.insert(key);
+            }
         }
         self.journal.record(key);
         current
     }
 
-    /// Inserts committed keys (a change feed's) into every filter; returns
-    /// the filter in use. No journal: a build that starts later scans their
-    /// rows.
+    /// Whether the write path inserted `key` within the write window.
+    #[inline]
+    pub(crate) fn journaled(&self, key: &Key<'_>) -> bool {
+        self.journal.contains(key)
+    }
+
+    /// Inserts committed keys (a change feed's) into every filter that
+    /// takes them: the one in use, and those being built whose scan has no
+    /// feed position (a build with one is brought up to date from the
+    /// feed instead). Returns the filter in use. No journal: a build that
+    /// starts later scans their rows.
     pub(crate) fn insert_batch(&self, batch: &KeyBatch) -> Current {
         let building = read_lock(&self.building);
         let current = self.current();
@@ -75,16 +87,28 @@ impl FilterSet {
         if let Some(filter) = &*current {
             filter.insert_batch(batch, &mut hashes);
         }
-        for filter in building.iter() {
+        for filter in building.iter().filter(|filter| takes_live_keys(filter)) {
             filter.insert_batch(batch, &mut hashes);
         }
         current
     }
 
+    /// Inserts committed keys into the filters being built that take them
+    /// (not into the one in use).
+    pub(crate) fn insert_building(&self, batch: &KeyBatch) {
+        let building = read_lock(&self.building);
+        let mut hashes = Vec::new();
+        for filter in building.iter().filter(|filter| takes_live_keys(filter)) {
+            filter.insert_batch(batch, &mut hashes);
+        }
+    }
+
     /// Makes `filter` receive every insert from now on, plus the journal.
     pub(crate) fn register(&self, filter: &Arc<Filter>) {
         let mut building = write_lock(&self.building);
-        self.journal.replay(filter);
+        if !filter.removes() {
+            self.journal.replay(filter);
+        }
         building.push(Arc::clone(filter));
     }
 
@@ -100,4 +124,14 @@ impl FilterSet {
         self.current.store(Some(Arc::clone(filter)));
         building.retain(|f| !Arc::ptr_eq(f, filter));
     }
+}
+
+/// Whether a filter being built takes the feed's keys as they come: not a
+/// counting filter whose scan has a feed position, which the follower
+/// brings up to date from that position (the keys twice would be a copy
+/// that no delete ever removes).
+fn takes_live_keys(filter: &Filter) -> bool {
+    filter
+        .counting()
+        .is_none_or(|counting| counting.position().is_none())
 }

@@ -303,6 +303,17 @@ impl Builder {
     /// milliseconds), which an app whose clients create and then read at
     /// once would see as missing.
     ///
+    /// While a refusal waits, the inner service has already been called
+    /// (its future is made at once and polled only if the key turns out
+    /// present, so a found key costs no extra latency): a plain axum router
+    /// does no work until polled, but a service that works in `call` itself
+    /// (tower's `Buffer`, which hands the request to its worker) may run
+    /// the handler for a key that is then refused. Put such layers inside
+    /// the guard's only if that is fine, or outside it. And once every
+    /// follower of the guard has stopped (shut down, or a hook that
+    /// panicked), the filter no longer follows the table: would-be refusals
+    /// then go to the handler.
+    ///
     /// # Example
     ///
     /// ```

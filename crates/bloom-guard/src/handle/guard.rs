@@ -94,11 +94,15 @@ impl BloomGuard {
     ///
     /// Inserting first means a failed write leaves only a harmless false
     /// positive, while inserting after the commit would leave a window in
-    /// which this instance rejects its own new key. The key also goes into
-    /// any filter being built, and is remembered for a while (see
-    /// [`Builder::write_window`](crate::Builder::write_window)) so a build
-    /// whose scan started before the row committed still gets it. Other
-    /// instances learn the key from the change feed once the row commits.
+    /// which this instance rejects its own new key. The key is remembered
+    /// for a while (see [`Builder::write_window`](crate::Builder::write_window)),
+    /// whatever filter is in use meanwhile. A guard without a change feed
+    /// also puts it into its filter and any being built, for good. A guard
+    /// with one (a [`feed_reader`](Self::feed_reader)) does not: its
+    /// counting filter takes the key from the feed once the row commits,
+    /// once per row, so that the row's delete can remove it again, and a
+    /// transaction that rolls back leaves nothing behind. Other instances
+    /// learn the key from the change feed too.
     ///
     /// # Example
     ///
@@ -128,8 +132,41 @@ impl BloomGuard {
     /// takes one for as long as it reads the feed; with
     /// [`read_barrier(false)`](crate::Builder::read_barrier) it changes
     /// nothing.
+    ///
+    /// From the first reader on, the guard counts as followed by a change
+    /// feed: its builds make counting filters, which remove a key with its
+    /// last row ([`apply_changes`](Self::apply_changes)), and the keys of
+    /// its write path ([`insert`](Self::insert)) are found for the write
+    /// window and from then on through the feed.
     pub fn feed_reader(&self) -> FeedReader {
-        FeedReader::new(Arc::clone(&self.shared.barrier))
+        FeedReader::of(Arc::clone(&self.shared))
+    }
+
+    /// Applies a read of the change feed: every added row's key (once per
+    /// row) and every removed row's key, to the filter in use; `reached`
+    /// is the feed position the read reached. A counting filter removes a
+    /// key with the last of its rows, and only once it is sure it holds
+    /// their inserts (it was built from a scan at a feed position and
+    /// brought up to date by the follower's [`CatchUp`](crate::CatchUp));
+    /// a Bloom filter takes the added keys only.
+    ///
+    /// Apply each read once, in order, and only reads that follow the
+    /// previous one: a delete applied twice removes another key's
+    /// fingerprint.
+    ///
+    /// ```
+    /// use bloom_guard::{BloomGuard, KeyBatch, KeyList};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), bloom_guard::BuildError> {
+    /// let guard = BloomGuard::builder().build();
+    /// guard.rebuild(&KeyList::new(["a"])).await?;
+    /// let added: KeyBatch = ["b"].into_iter().collect();
+    /// guard.apply_changes(&added, &KeyBatch::default(), Some("7"));
+    /// assert!(guard.may_contain("b"));
+    /// # Ok(()) }
+    /// ```
+    pub fn apply_changes(&self, added: &KeyBatch, removed: &KeyBatch, reached: Option<&str>) {
+        self.shared.apply_changes(added, removed, reached);
     }
 
     /// Reports where the change feed that keeps this guard complete stands,

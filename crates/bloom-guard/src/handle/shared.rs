@@ -4,7 +4,8 @@
 //! and the request counters (`report::counters`). What changes more than
 //! one of them at once lives here.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::control::membership::Control;
 use crate::filters::filter::Filter;
@@ -14,6 +15,8 @@ use crate::handle::health::Health;
 use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
 use crate::lifecycle::barrier::Barrier;
+use crate::lifecycle::catch_up::CatchUp;
+use crate::lock::lock;
 use crate::lifecycle::single_flight::Builds;
 use crate::report::counters::Counters;
 use crate::report::metrics::{FilterFigures, GuardMetrics};
@@ -52,6 +55,23 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     /// The filter's and the guard's gauges.
     pub(crate) metrics: GuardMetrics,
+    /// A change feed follows the guard: its builds make counting filters,
+    /// and its write path's keys go to the journal only.
+    fed: AtomicBool,
+    /// How the followers bring a new filter up to date, by reader id.
+    catch_ups: CatchUps,
+}
+
+/// The followers' catch-ups, by reader id.
+#[derive(Default)]
+struct CatchUps(Mutex<Vec<(u64, Arc<dyn CatchUp>)>>);
+
+impl std::fmt::Debug for CatchUps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatchUps")
+            .field("followers", &lock(&self.0).len())
+            .finish()
+    }
 }
 
 impl Shared {
@@ -64,7 +84,39 @@ impl Shared {
             control: Control::new(config.name, config.mode, config.audit_rate),
             counters: Counters::new(config.name),
             metrics: GuardMetrics::new(config.name, config.target_fpp, config.mode),
+            fed: AtomicBool::new(false),
+            catch_ups: CatchUps::default(),
             config,
+        }
+    }
+
+    /// Marks the guard as followed by a change feed.
+    pub(crate) fn set_fed(&self) {
+        self.fed.store(true, Ordering::Release);
+    }
+
+    /// Whether a change feed follows the guard.
+    pub(crate) fn fed(&self) -> bool {
+        self.fed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn add_catch_up(&self, reader: u64, catch_up: Arc<dyn CatchUp>) {
+        let mut catch_ups = lock(&self.catch_ups.0);
+        catch_ups.retain(|(id, _)| *id != reader);
+        catch_ups.push((reader, catch_up));
+    }
+
+    pub(crate) fn remove_catch_up(&self, reader: u64) {
+        lock(&self.catch_ups.0).retain(|(id, _)| *id != reader);
+    }
+
+    /// The catch-up of the guard's one follower; none with several (one
+    /// scan position cannot stand for two feeds: their filters are built
+    /// inexact, and keep deleted keys until a rebuild without).
+    pub(crate) fn catch_up(&self) -> Option<Arc<dyn CatchUp>> {
+        match lock(&self.catch_ups.0).as_slice() {
+            [(_, catch_up)] => Some(Arc::clone(catch_up)),
+            _ => None,
         }
     }
 
@@ -74,7 +126,7 @@ impl Shared {
             return true;
         }
         match &*self.filters.current() {
-            Some(filter) => filter.contains(key),
+            Some(filter) => filter.contains(key) || self.filters.journaled(key),
             None => true,
         }
     }
@@ -143,20 +195,44 @@ impl Shared {
         self.metrics.feed_read(self.health.record_feed(status));
     }
 
-    /// Inserts a key of this instance's write path into the filter in use,
-    /// every filter being built, and the journal.
+    /// Inserts a key of this instance's write path: into the journal, and
+    /// unless a change feed follows the guard, into the filter in use and
+    /// every filter being built.
     pub(crate) fn insert(&self, key: &Key<'_>) {
         let key = &self.config.key_type.canonical_or_same(Key::from(key));
-        if let Some(filter) = &*self.filters.insert(key) {
+        if let Some(filter) = &*self.filters.insert(key, self.fed()) {
             self.metrics.keys(filter.keys(), filter.skipped());
         }
     }
 
     /// Inserts committed keys (a change feed's) into the filter in use and
-    /// every filter being built.
+    /// every filter being built that takes them.
     pub(crate) fn insert_batch(&self, batch: &KeyBatch) {
         let batch = &*self.config.key_type.canonical_batch(batch);
         if let Some(filter) = &*self.filters.insert_batch(batch) {
+            self.metrics.keys(filter.keys(), filter.skipped());
+        }
+    }
+
+    /// Applies a read of the change feed to the filter in use: a counting
+    /// filter takes the added rows' keys and, while exact, removes the
+    /// deleted rows' keys, and records the position; a Bloom filter takes
+    /// the added keys. Filters being built without a feed position take
+    /// the added keys too.
+    pub(crate) fn apply_changes(&self, added: &KeyBatch, removed: &KeyBatch, reached: Option<&str>) {
+        let key_type = self.config.key_type;
+        let added = key_type.canonical_batch(added);
+        let current = self.filters.current();
+        match current.as_deref().and_then(Filter::counting) {
+            Some(counting) => {
+                counting.apply(&added, &key_type.canonical_batch(removed), reached);
+                self.filters.insert_building(&added);
+            }
+            None => {
+                self.filters.insert_batch(&added);
+            }
+        }
+        if let Some(filter) = &*current {
             self.metrics.keys(filter.keys(), filter.skipped());
         }
     }
@@ -237,6 +313,13 @@ impl Shared {
             barrier_found: counts.barrier_found,
             barrier_timeouts: counts.barrier_timeouts,
             skipped_keys: filter.map_or(0, Filter::skipped),
+            filter_kind: filter.map(Filter::kind),
+            deletes_applied: filter
+                .and_then(Filter::counting)
+                .map_or(0, |counting| counting.removed()),
+            deletes_left: filter
+                .and_then(Filter::counting)
+                .map_or(0, |counting| counting.unapplied()),
             last_error: self.health.last_error(),
             origin: last_build.map(|(_, origin)| origin),
             age_ms: last_build.map(|(at, _)| at.elapsed().as_millis() as u64),

@@ -21,6 +21,7 @@ pub struct KeyBatch {
     bytes: Vec<u8>,
     ends: Vec<usize>,
     skipped: u64,
+    position: Option<String>,
 }
 
 impl KeyBatch {
@@ -30,7 +31,31 @@ impl KeyBatch {
             bytes: Vec::with_capacity(bytes),
             ends: Vec::with_capacity(keys),
             skipped: 0,
+            position: None,
         }
+    }
+
+    /// Tags the batch with the change feed's position of the snapshot it
+    /// was read from: every change committed before it is in the keys, none
+    /// after. A [`KeySource`](crate::KeySource) over a database with a
+    /// change feed tags its first batch, so that a filter that removes keys
+    /// knows which of the feed's changes its scan already holds (a delete
+    /// is then applied exactly once, never to a key the scan did not see).
+    ///
+    /// ```
+    /// use bloom_guard::KeyBatch;
+    ///
+    /// let mut first: KeyBatch = ["a", "b"].into_iter().collect();
+    /// first.set_position("42");
+    /// assert_eq!(first.position(), Some("42"));
+    /// ```
+    pub fn set_position(&mut self, position: impl Into<String>) {
+        self.position = Some(position.into());
+    }
+
+    /// The feed position the batch was tagged with, if any.
+    pub fn position(&self) -> Option<&str> {
+        self.position.as_deref()
     }
 
     /// Appends a key.

@@ -24,6 +24,12 @@ impl BloomGuard {
     /// chunks are written may or may not be in them; the replay brings
     /// them.
     ///
+    /// A counting filter (a guard that follows a change feed) is copied
+    /// at once, with the feed position of the last read applied to it, and
+    /// `position` is not used: its adopter must apply each later delete
+    /// exactly once. `None` for one that cannot say which rows it holds
+    /// (built without a feed position) or that overflowed.
+    ///
     /// The snapshot holds the filter's secret hasher seed: store it where
     /// only the service can read it.
     ///
@@ -54,13 +60,18 @@ impl BloomGuard {
     pub fn snapshot(&self, position: &str, fingerprint: &str) -> Option<SnapshotWriter> {
         let filter = self.shared.complete_filter()?;
         let config = &self.shared.config;
-        Some(SnapshotWriter::new(
-            filter,
-            config.name,
-            config.key_type,
-            fingerprint,
-            position,
-        ))
+        match filter.counting() {
+            Some(counting) => {
+                SnapshotWriter::counting(counting, config.name, config.key_type, fingerprint)
+            }
+            None => SnapshotWriter::bloom(
+                Arc::clone(&filter),
+                config.name,
+                config.key_type,
+                fingerprint,
+                position,
+            ),
+        }
     }
 
     /// Puts `snapshot`'s filter in place once `catch_up` has run: a
@@ -154,8 +165,33 @@ impl BloomGuard {
         if info.fingerprint != fingerprint {
             return Err(mismatch("key query", fingerprint, &info.fingerprint));
         }
+        let wanted = if shared.fed() {
+            crate::FilterKind::Counting
+        } else {
+            crate::FilterKind::Bloom
+        };
+        let kind = match &parts {
+            crate::filters::filter::FilterParts::Bloom(_) => crate::FilterKind::Bloom,
+            crate::filters::filter::FilterParts::Counting(_) => crate::FilterKind::Counting,
+        };
+        if kind != wanted {
+            return Err(mismatch("filter kind", wanted.as_str(), kind.as_str()));
+        }
         let one_at_a_time = shared.builds.one_at_a_time.lock().await;
-        let filter = Arc::new(Filter::from_parts(parts));
+        let filter = Filter::from_parts(parts).map_err(|why| {
+            AdoptError::Mismatch {
+                what: "filter",
+                expected: "a counting filter's shards".to_owned(),
+                found: why,
+            }
+        })?;
+        if let Some(counting) = filter.counting() {
+            // Exactly the rows of its position: the follower applies the
+            // feed from there, each delete once.
+            counting.set_position(&info.position);
+            counting.set_exact(true);
+        }
+        let filter = Arc::new(filter);
         Ok(Adoption {
             guard: self,
             registration: Some(Registration::new(shared, Arc::clone(&filter))),
@@ -211,6 +247,26 @@ impl Adoption<'_> {
         self.filter
             .capacity_within(config.compact_above)
             .saturating_sub(self.filter.keys())
+    }
+
+    /// Applies a read of the change feed from the snapshot's
+    /// [`position`](SnapshotInfo::position) (or from where the previous
+    /// `apply` reached) to the snapshot's filter alone: the added rows'
+    /// keys, and for a counting filter the removed rows' keys, each once
+    /// per row. A Bloom filter also takes the guard's inserts meanwhile
+    /// (see [`begin_adoption`](BloomGuard::begin_adoption)); a counting one
+    /// only these reads, which must be applied in order with no read
+    /// applied to the filter in use between them and the
+    /// [`promote`](Self::promote).
+    pub fn apply(&self, added: &crate::KeyBatch, removed: &crate::KeyBatch, reached: &str) {
+        let key_type = self.guard.shared.config.key_type;
+        let added = key_type.canonical_batch(added);
+        match self.filter.counting() {
+            Some(counting) => {
+                counting.apply(&added, &key_type.canonical_batch(removed), Some(reached));
+            }
+            None => self.filter.insert_batch(&added, &mut Vec::new()),
+        }
     }
 
     /// Drops the adoption, keeping the filter in use, without counting it

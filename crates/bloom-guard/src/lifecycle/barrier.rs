@@ -10,6 +10,8 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use crate::handle::shared::Shared;
+use crate::lifecycle::catch_up::CatchUp;
 use crate::lock::lock;
 
 /// One follower's standing with the barrier.
@@ -38,6 +40,10 @@ pub(crate) struct Barrier {
     /// Whether a reader's last read failed: refusals go on at once,
     /// without waiting for a read that cannot come, until it succeeds.
     failing: AtomicBool,
+    /// Every reader left (its follower stopped, or panicked in a hook):
+    /// the filter no longer follows the table, so refusals go on at once
+    /// until a reader joins again.
+    orphaned: AtomicBool,
     readers: Mutex<Vec<Reader>>,
     /// Bumped whenever a reader finishes a read or leaves.
     changed: watch::Sender<u64>,
@@ -50,16 +56,19 @@ impl Barrier {
             bound,
             count: AtomicUsize::new(0),
             failing: AtomicBool::new(false),
+            orphaned: AtomicBool::new(false),
             readers: Mutex::new(Vec::new()),
             changed: watch::Sender::new(0),
             next_id: AtomicUsize::new(0),
         }
     }
 
-    /// Whether a refusal has a read to wait for.
+    /// Whether a refusal has a read to wait for, or must go on because
+    /// the guard's followers stopped.
     #[inline]
     pub(crate) fn active(&self) -> bool {
-        self.bound.is_some() && self.count.load(Ordering::Acquire) > 0
+        self.bound.is_some()
+            && (self.count.load(Ordering::Acquire) > 0 || self.orphaned.load(Ordering::Acquire))
     }
 
     /// Waits until every reader has put in the filter the keys of a read
@@ -70,7 +79,7 @@ impl Barrier {
         let Some(bound) = self.bound else {
             return false;
         };
-        if self.failing.load(Ordering::Acquire) {
+        if self.failing.load(Ordering::Acquire) || self.orphaned.load(Ordering::Acquire) {
             return false;
         }
         let mut changes = self.changed.subscribe();
@@ -102,6 +111,7 @@ impl Barrier {
             failing: false,
         });
         self.count.fetch_add(1, Ordering::AcqRel);
+        self.orphaned.store(false, Ordering::Release);
         (id, asked)
     }
 
@@ -109,6 +119,10 @@ impl Barrier {
         let mut readers = lock(&self.readers);
         readers.retain(|reader| reader.id != id);
         self.count.fetch_sub(1, Ordering::AcqRel);
+        if readers.is_empty() {
+            self.orphaned.store(true, Ordering::Release);
+            tracing::info!("the guard's change feed readers stopped; would-be refusals go to the handler from now on");
+        }
         self.failing.store(
             readers.iter().any(|reader| reader.failing),
             Ordering::Release,
@@ -150,7 +164,9 @@ impl Barrier {
 /// read that began after the request arrived (within the guard's
 /// [`read_barrier_timeout`](crate::Builder::read_barrier_timeout)), then
 /// looks the key up again. Dropping it (the follower stopped) ends the
-/// waits: the guard refuses on its filter as it is.
+/// waits; once the guard's last reader is gone, its filter no longer
+/// follows the table, and would-be refusals go on to the handler until a
+/// reader joins again.
 ///
 /// # Example
 ///
@@ -182,6 +198,8 @@ pub struct FeedReader {
     barrier: Arc<Barrier>,
     id: u64,
     asked: Arc<Notify>,
+    /// The guard it reads for, to register its catch-up with.
+    shared: Option<Arc<Shared>>,
 }
 
 /// The start of one feed read, from [`FeedReader::begin`].
@@ -192,7 +210,32 @@ pub struct ReadStart(Instant);
 impl FeedReader {
     pub(crate) fn new(barrier: Arc<Barrier>) -> Self {
         let (id, asked) = barrier.join();
-        Self { barrier, id, asked }
+        Self {
+            barrier,
+            id,
+            asked,
+            shared: None,
+        }
+    }
+
+    /// The reader of the guard whose state is `shared`, which from now on
+    /// counts as followed by a change feed.
+    pub(crate) fn of(shared: Arc<Shared>) -> Self {
+        shared.set_fed();
+        let mut reader = Self::new(Arc::clone(&shared.barrier));
+        reader.shared = Some(shared);
+        reader
+    }
+
+    /// Registers how this follower brings a new counting filter up to
+    /// date from the feed before it goes in use (see [`CatchUp`]), for as
+    /// long as the reader lives. Without one, a build of a guard with a
+    /// follower is put in use without removing deleted keys until the next
+    /// rebuild (harmless false positives).
+    pub fn catch_up_with(&self, catch_up: impl CatchUp) {
+        if let Some(shared) = &self.shared {
+            shared.add_catch_up(self.id, Arc::new(catch_up));
+        }
     }
 
     /// Completes when a refusal waits for a read (at once if one asked
@@ -225,6 +268,9 @@ impl FeedReader {
 
 impl Drop for FeedReader {
     fn drop(&mut self) {
+        if let Some(shared) = &self.shared {
+            shared.remove_catch_up(self.id);
+        }
         self.barrier.leave(self.id);
     }
 }
@@ -343,6 +389,22 @@ mod tests {
         let no_more = tokio::time::timeout(Duration::from_millis(10), reader.asked()).await;
         assert!(no_more.is_err(), "a second read was asked for");
         drop(reader);
+        // The filter follows the table no more: refusals go on at once.
+        assert!(barrier.active());
+        let started = Instant::now();
+        assert!(!barrier.wait_past(Instant::now()).await);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        // A reader that joins again takes the waits back.
+        let again = FeedReader::new(Arc::clone(&barrier));
+        let arrived = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        again.done(again.begin());
+        assert!(barrier.wait_past(arrived).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_guard_that_never_had_a_reader_has_no_barrier() {
+        let barrier = Barrier::new(Some(Duration::from_secs(1)));
         assert!(!barrier.active());
     }
 }

@@ -1,4 +1,6 @@
-//! One filter build: size, register for inserts, scan, verify, promote.
+//! One filter build: size, register for inserts, scan, verify, promote
+//! (a counting filter scanned at a feed position: through the follower's
+//! catch-up).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,7 +10,9 @@ use futures_util::StreamExt;
 use crate::error::BuildError;
 use crate::filters::filter::Filter;
 use crate::handle::shared::{Overfull, Shared};
+use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
+use crate::lifecycle::catch_up::PendingFilter;
 use crate::lifecycle::source::KeySource;
 use crate::report::stats::FilterOrigin;
 
@@ -16,7 +20,7 @@ use crate::report::stats::FilterOrigin;
 const SAMPLE_SIZE: usize = 256;
 
 pub(crate) async fn scan<S: KeySource>(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     source: &S,
     floor: u64,
 ) -> Result<(), BuildError> {
@@ -31,8 +35,8 @@ pub(crate) async fn scan<S: KeySource>(
         .max(floor)
         .max(shared.filters.keys_to_carry());
     let capacity = (wanted as f64 * (1.0 + config.headroom)).ceil() as u64;
-    let filter = Arc::new(Filter::new(capacity, config.target_fpp));
-    tracing::info!(count_hint = ?hint, capacity, bits = filter.bits(), "bloom filter build started");
+    let filter = Arc::new(Filter::new(capacity, config.target_fpp, shared.fed()));
+    tracing::info!(count_hint = ?hint, capacity, bits = filter.bits(), kind = filter.kind().as_str(), "bloom filter build started");
     // More keys than planned grow the filter's sub-filters: one scan,
     // whatever the hint said.
 
@@ -42,8 +46,12 @@ pub(crate) async fn scan<S: KeySource>(
     let mut sample: Vec<Vec<u8>> = Vec::with_capacity(SAMPLE_SIZE);
     let mut hashes = Vec::new();
     let mut last_report = (Instant::now(), 0_u64);
+    let mut first = true;
     while let Some(batch) = keys.next().await {
         let batch = batch.map_err(BuildError::source)?;
+        if std::mem::take(&mut first) {
+            position_from(shared, &filter, &batch);
+        }
         let batch = config.key_type.canonical_batch(&batch);
         filter.insert_batch(&batch, &mut hashes);
         if sample.len() < SAMPLE_SIZE {
@@ -81,12 +89,33 @@ pub(crate) async fn scan<S: KeySource>(
             checked: sample.len(),
         });
     }
-    let generation = registration
-        .promote(FilterOrigin::Scan)
-        .map_err(|overfull| BuildError::Overfull {
-            estimated_fpp: overfull.estimated_fpp,
-            bound: overfull.bound,
-        })?;
+    let catch_up = filter
+        .counting()
+        .and_then(|counting| counting.position())
+        .map(|position| (position, shared.catch_up()));
+    let generation = match catch_up {
+        // From its scan's position to the present, by the follower.
+        Some((position, Some(catch_up))) => {
+            let pending = PendingFilter::new(
+                Arc::clone(shared),
+                Arc::clone(&filter),
+                position,
+                FilterOrigin::Scan,
+            );
+            let generation = catch_up.catch_up(pending).await?;
+            drop(registration);
+            generation
+        }
+        // The follower stopped during the scan: the filter took no feed
+        // keys since its position, and none will bring it up to date.
+        Some((_, None)) => return Err(BuildError::source(FollowerGone)),
+        None => registration
+            .promote(FilterOrigin::Scan)
+            .map_err(|overfull| BuildError::Overfull {
+                estimated_fpp: overfull.estimated_fpp,
+                bound: overfull.bound,
+            })?,
+    };
     let elapsed = started.elapsed();
     tracing::info!(
         generation,
@@ -98,6 +127,26 @@ pub(crate) async fn scan<S: KeySource>(
         "bloom filter ready"
     );
     Ok(())
+}
+
+/// The change feed's follower stopped while a counting filter was scanned.
+#[derive(Debug, thiserror::Error)]
+#[error("the change feed's follower stopped during the scan; the filter could not be brought up to date")]
+struct FollowerGone;
+
+/// Takes the feed position a source tagged its first batch with, for a
+/// counting filter whose guard has one follower to bring it up to date
+/// from there: the filter is then exact (it holds the rows of the scan's
+/// snapshot) and stops taking the feed's keys as they come. Otherwise it
+/// goes on taking them, and never removes a key.
+fn position_from(shared: &Shared, filter: &Filter, batch: &KeyBatch) {
+    let (Some(counting), Some(position)) = (filter.counting(), batch.position()) else {
+        return;
+    };
+    if shared.catch_up().is_some() {
+        counting.set_position(position);
+        counting.set_exact(true);
+    }
 }
 
 /// A filter registered for write-through inserts; unregistered on drop

@@ -136,6 +136,17 @@ pub struct Stats {
     /// Stored keys no request can name (not valid UTF-8), left out of the
     /// filter in use.
     pub skipped_keys: u64,
+    /// The kind of the filter in use: `counting` for a guard that follows
+    /// a change feed (it forgets deleted keys), `bloom` otherwise.
+    pub filter_kind: Option<FilterKind>,
+    /// Rows' deletes the filter in use applied (a counting filter): keys
+    /// refused again without a rebuild.
+    pub deletes_applied: u64,
+    /// Rows' deletes the filter in use left in it, because it could not
+    /// be sure it held their inserts (built without a feed position, or
+    /// with several followers): each a harmless false positive until the
+    /// next rebuild.
+    pub deletes_left: u64,
     /// Why the guard is not answering absent keys, or why the last filter
     /// build failed, if it did and none succeeded since.
     pub last_error: Option<String>,
@@ -176,6 +187,29 @@ impl UncheckedCounts {
     /// Every unchecked request, whatever the reason.
     pub fn total(&self) -> u64 {
         self.too_long + self.not_utf8 + self.ambiguous + self.not_of_key_type + self.uncomparable
+    }
+}
+
+/// The kind of a filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+#[non_exhaustive]
+pub enum FilterKind {
+    /// A growing Bloom filter (fastbloom): lock-free, only ever adds keys.
+    Bloom,
+    /// A counting quotient filter (qfilter): one fingerprint per stored
+    /// row, removed with the row.
+    Counting,
+}
+
+impl FilterKind {
+    /// `bloom` or `counting`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FilterKind::Bloom => "bloom",
+            FilterKind::Counting => "counting",
+        }
     }
 }
 

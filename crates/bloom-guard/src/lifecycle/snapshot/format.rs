@@ -8,13 +8,18 @@
 //! | 4 | format ([`SNAPSHOT_FORMAT`]) |
 //! | 4 | length of the header that follows |
 //! | 1 | key type |
+//! | 1 | filter kind: 0 Bloom, 1 counting (format 3; format 2 has no such byte and is a Bloom filter) |
 //! | 16 | the hasher's secret seed |
 //! | 8 | skipped keys |
-//! | 4 | sub-filters, `n` |
-//! | 36 × `n` | per sub-filter: hash functions (4), false-positive rate (8, `f64` bits), capacity, keys, 64-bit words of bits (8 each) |
+//! | 4 | parts, `n`: a Bloom filter's sub-filters, a counting filter's shards |
+//! | 36 × `n` (Bloom) | per sub-filter: hash functions (4), false-positive rate (8, `f64` bits), capacity, keys, 64-bit words of bits (8 each) |
+//! | 8 + 16 × `n` (counting) | the target rate (`f64` bits); per shard: its keys and its length in bytes (8 each) |
 //! | 4 + text, three times | guard name, key-query fingerprint, feed position (each at most [`MAX_TEXT`] bytes) |
-//! | 8 × words | the bits, sub-filter after sub-filter |
+//! | 8 × words | the parts, one after the other: a sub-filter's bits, a shard's bytes (qfilter's, in postcard) padded to whole words |
 //! | 32 | SHA-256 of everything before |
+//!
+//! A counting filter's snapshot holds exactly the rows of the feed
+//! position it names: its adopter applies each later delete once.
 //!
 //! Every field that steers a replay (the position among them) is inside
 //! the checksum.
@@ -25,21 +30,27 @@ use crate::keys::key_type::KeyType;
 
 use super::{SnapshotError, SnapshotInfo};
 
-/// The snapshot format this version writes and reads. Format 1 (before
-/// filters grew sub-filters) is refused, which leads to a scan.
-pub const SNAPSHOT_FORMAT: u32 = 2;
+/// The snapshot format this version writes. It reads format 2 too (a
+/// Bloom filter, which a guard with a counting filter refuses to adopt);
+/// format 1 (before filters grew sub-filters) is refused, which leads to a
+/// scan.
+pub const SNAPSHOT_FORMAT: u32 = 3;
+/// The oldest format this version reads.
+const OLDEST_FORMAT: u32 = 2;
+/// The most shards a counting filter's snapshot may declare.
+const MAX_SHARDS: usize = 1 << 16;
+/// A shard's keys and length.
+const SHARD_LEN: usize = 16;
 
 pub(super) const MAGIC: &[u8; 8] = b"BLMGUARD";
 /// Magic, format, header length.
 pub(super) const PREFIX_LEN: usize = 16;
-/// Key type, seed, skipped keys, sub-filter count.
+/// Key type, seed, skipped keys, sub-filter count (format 2).
 const FIXED_HEADER_LEN: usize = 1 + 16 + 8 + 4;
-/// Hashes, rate, capacity, keys, words.
-const STAGE_LEN: usize = 4 + 8 * 4;
 pub(super) const CHECKSUM_LEN: usize = 32;
 /// The longest header any snapshot has.
 pub(super) const MAX_HEADER_LEN: usize =
-    FIXED_HEADER_LEN + STAGE_LEN * MAX_STAGES + 3 * (4 + MAX_TEXT);
+    FIXED_HEADER_LEN + 1 + 8 + SHARD_LEN * MAX_SHARDS + 3 * (4 + MAX_TEXT);
 /// The longest name, fingerprint or position a snapshot holds: a snapshot
 /// with a longer one is refused when read, never cut short (a cut position
 /// would replay from the wrong place).
@@ -53,6 +64,39 @@ pub(super) struct StageHead {
     pub(super) capacity: u64,
     pub(super) keys: u64,
     pub(super) words: u64,
+}
+
+/// A counting filter's shard as the header describes it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ShardHead {
+    pub(super) keys: u64,
+    pub(super) bytes: u64,
+}
+
+impl ShardHead {
+    pub(super) fn words(self) -> u64 {
+        self.bytes.div_ceil(8)
+    }
+}
+
+/// The parts a header describes, by filter kind.
+#[derive(Debug, Clone)]
+pub(super) enum Parts {
+    Bloom(Vec<StageHead>),
+    Counting {
+        target_fpp: f64,
+        shards: Vec<ShardHead>,
+    },
+}
+
+impl Parts {
+    /// Each part's length in 64-bit words, in order.
+    pub(super) fn words(&self) -> Vec<u64> {
+        match self {
+            Parts::Bloom(stages) => stages.iter().map(|stage| stage.words).collect(),
+            Parts::Counting { shards, .. } => shards.iter().map(|shard| shard.words()).collect(),
+        }
+    }
 }
 
 impl StageHead {
@@ -73,22 +117,38 @@ pub(super) struct Header {
     pub(super) info: SnapshotInfo,
     pub(super) seed: u128,
     pub(super) skipped: u64,
-    pub(super) stages: Vec<StageHead>,
+    pub(super) parts: Parts,
 }
 
 impl Header {
     /// The bytes of the prefix and the header.
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut header = Vec::with_capacity(FIXED_HEADER_LEN + STAGE_LEN * self.stages.len() + 64);
+        let mut header = Vec::with_capacity(FIXED_HEADER_LEN + 64);
         header.push(key_type_code(self.info.key_type));
+        header.push(match self.parts {
+            Parts::Bloom(_) => 0,
+            Parts::Counting { .. } => 1,
+        });
         header.extend_from_slice(&self.seed.to_le_bytes());
         header.extend_from_slice(&self.skipped.to_le_bytes());
-        header.extend_from_slice(&(self.stages.len() as u32).to_le_bytes());
-        for stage in &self.stages {
-            header.extend_from_slice(&stage.hashes.to_le_bytes());
-            header.extend_from_slice(&stage.fpp.to_bits().to_le_bytes());
-            for count in [stage.capacity, stage.keys, stage.words] {
-                header.extend_from_slice(&count.to_le_bytes());
+        match &self.parts {
+            Parts::Bloom(stages) => {
+                header.extend_from_slice(&(stages.len() as u32).to_le_bytes());
+                for stage in stages {
+                    header.extend_from_slice(&stage.hashes.to_le_bytes());
+                    header.extend_from_slice(&stage.fpp.to_bits().to_le_bytes());
+                    for count in [stage.capacity, stage.keys, stage.words] {
+                        header.extend_from_slice(&count.to_le_bytes());
+                    }
+                }
+            }
+            Parts::Counting { target_fpp, shards } => {
+                header.extend_from_slice(&(shards.len() as u32).to_le_bytes());
+                header.extend_from_slice(&target_fpp.to_bits().to_le_bytes());
+                for shard in shards {
+                    header.extend_from_slice(&shard.keys.to_le_bytes());
+                    header.extend_from_slice(&shard.bytes.to_le_bytes());
+                }
             }
         }
         let info = &self.info;
@@ -106,61 +166,67 @@ impl Header {
         head
     }
 
-    /// The words of bits of every sub-filter together.
+    /// The words of every part together.
     pub(super) fn words(&self) -> Option<u64> {
-        total_words(&self.stages)
+        self.parts
+            .words()
+            .into_iter()
+            .try_fold(0_u64, |sum, words| sum.checked_add(words))
     }
 
-    /// Parses the header's bytes (after the prefix).
-    pub(super) fn decode(mut bytes: &[u8]) -> Result<Self, SnapshotError> {
+    /// Parses the header's bytes (after the prefix) of a snapshot of
+    /// `format`.
+    pub(super) fn decode(mut bytes: &[u8], format: u32) -> Result<Self, SnapshotError> {
         let bytes = &mut bytes;
         let key_type =
             key_type_of(take(bytes, 1, "key type")?[0]).ok_or(SnapshotError::Field("key type"))?;
+        let counting = if format >= 3 {
+            match take(bytes, 1, "filter kind")?[0] {
+                0 => false,
+                1 => true,
+                _ => return Err(SnapshotError::Field("filter kind")),
+            }
+        } else {
+            false
+        };
         let mut seed = [0; 16];
         seed.copy_from_slice(take(bytes, 16, "seed")?);
         let skipped = u64_of(bytes, "skipped keys")?;
         let count = u32_of(bytes, "sub-filters")? as usize;
-        if count == 0 || count > MAX_STAGES {
-            return Err(SnapshotError::Field("sub-filters"));
-        }
-        let mut stages = Vec::with_capacity(count);
-        for _ in 0..count {
-            let stage = StageHead {
-                hashes: u32_of(bytes, "hashes")?,
-                fpp: f64::from_bits(u64_of(bytes, "rate")?),
-                capacity: u64_of(bytes, "capacity")?,
-                keys: u64_of(bytes, "keys")?,
-                words: u64_of(bytes, "words")?,
-            };
-            if stage.words == 0 {
-                return Err(SnapshotError::Field("words"));
-            }
-            if stage.hashes == 0 || stage.hashes > 64 {
-                return Err(SnapshotError::Field("hashes"));
-            }
-            if !(MIN_FPP..1.0).contains(&stage.fpp) {
-                return Err(SnapshotError::Field("rate"));
-            }
-            // No sub-filter holds more keys than it has bits.
-            if stage.capacity == 0 || stage.capacity > stage.words.saturating_mul(64) {
-                return Err(SnapshotError::Field("capacity"));
-            }
-            stages.push(stage);
-        }
+        let parts = if counting {
+            decode_shards(bytes, count)?
+        } else {
+            Parts::Bloom(decode_stages(bytes, count)?)
+        };
         let guard = text(bytes, "guard")?;
         let fingerprint = text(bytes, "fingerprint")?;
         let position = text(bytes, "position")?;
         if !bytes.is_empty() {
             return Err(SnapshotError::Field("header length"));
         }
-        let words = total_words(&stages).ok_or(SnapshotError::Field("words"))?;
-        let sum = |field: fn(&StageHead) -> u64, name| {
-            stages
-                .iter()
-                .try_fold(0_u64, |sum, stage| sum.checked_add(field(stage)))
-                .ok_or(SnapshotError::Field(name))
+        let words = parts
+            .words()
+            .into_iter()
+            .try_fold(0_u64, |sum, words| sum.checked_add(words))
+            .ok_or(SnapshotError::Field("words"))?;
+        let (keys, capacity, sub_filters) = match &parts {
+            Parts::Bloom(stages) => {
+                let sum = |field: fn(&StageHead) -> u64, name| {
+                    stages
+                        .iter()
+                        .try_fold(0_u64, |sum, stage| sum.checked_add(field(stage)))
+                        .ok_or(SnapshotError::Field(name))
+                };
+                (sum(|s| s.keys, "keys")?, sum(|s| s.capacity, "capacity")?, count as u32)
+            }
+            Parts::Counting { shards, .. } => {
+                let keys = shards
+                    .iter()
+                    .try_fold(0_u64, |sum, shard| sum.checked_add(shard.keys))
+                    .ok_or(SnapshotError::Field("keys"))?;
+                (keys, keys, 1)
+            }
         };
-        let (keys, capacity) = (sum(|s| s.keys, "keys")?, sum(|s| s.capacity, "capacity")?);
         Ok(Self {
             info: SnapshotInfo {
                 guard,
@@ -169,40 +235,89 @@ impl Header {
                 position,
                 keys,
                 capacity,
-                sub_filters: count as u32,
+                sub_filters,
                 bits: words.saturating_mul(64),
                 len: 0,
             },
             seed: u128::from_le_bytes(seed),
             skipped,
-            stages,
+            parts,
         })
     }
 }
 
-fn total_words(stages: &[StageHead]) -> Option<u64> {
-    stages
-        .iter()
-        .try_fold(0_u64, |sum, stage| sum.checked_add(stage.words))
+/// A Bloom filter's sub-filters, checked.
+fn decode_stages(bytes: &mut &[u8], count: usize) -> Result<Vec<StageHead>, SnapshotError> {
+    if count == 0 || count > MAX_STAGES {
+        return Err(SnapshotError::Field("sub-filters"));
+    }
+    let mut stages = Vec::with_capacity(count);
+    for _ in 0..count {
+        let stage = StageHead {
+            hashes: u32_of(bytes, "hashes")?,
+            fpp: f64::from_bits(u64_of(bytes, "rate")?),
+            capacity: u64_of(bytes, "capacity")?,
+            keys: u64_of(bytes, "keys")?,
+            words: u64_of(bytes, "words")?,
+        };
+        if stage.words == 0 {
+            return Err(SnapshotError::Field("words"));
+        }
+        if stage.hashes == 0 || stage.hashes > 64 {
+            return Err(SnapshotError::Field("hashes"));
+        }
+        if !(MIN_FPP..1.0).contains(&stage.fpp) {
+            return Err(SnapshotError::Field("rate"));
+        }
+        // No sub-filter holds more keys than it has bits.
+        if stage.capacity == 0 || stage.capacity > stage.words.saturating_mul(64) {
+            return Err(SnapshotError::Field("capacity"));
+        }
+        stages.push(stage);
+    }
+    Ok(stages)
 }
 
-/// The header length the prefix declares, if it can be one.
-pub(super) fn header_len(prefix: &[u8]) -> Result<usize, SnapshotError> {
+/// A counting filter's target rate and shards, checked.
+fn decode_shards(bytes: &mut &[u8], count: usize) -> Result<Parts, SnapshotError> {
+    if count == 0 || count > MAX_SHARDS {
+        return Err(SnapshotError::Field("shards"));
+    }
+    let target_fpp = f64::from_bits(u64_of(bytes, "rate")?);
+    if !(MIN_FPP..1.0).contains(&target_fpp) {
+        return Err(SnapshotError::Field("rate"));
+    }
+    let mut shards = Vec::with_capacity(count);
+    for _ in 0..count {
+        let shard = ShardHead {
+            keys: u64_of(bytes, "keys")?,
+            bytes: u64_of(bytes, "shard length")?,
+        };
+        if shard.bytes == 0 {
+            return Err(SnapshotError::Field("shard length"));
+        }
+        shards.push(shard);
+    }
+    Ok(Parts::Counting { target_fpp, shards })
+}
+
+/// The format and header length the prefix declares, if they can be one.
+pub(super) fn header_len(prefix: &[u8]) -> Result<(u32, usize), SnapshotError> {
     if &prefix[..8] != MAGIC {
         return Err(SnapshotError::NotASnapshot);
     }
     let format = u32_at(prefix, 8);
-    if format != SNAPSHOT_FORMAT {
+    if !(OLDEST_FORMAT..=SNAPSHOT_FORMAT).contains(&format) {
         return Err(SnapshotError::Format {
             found: format,
             supported: SNAPSHOT_FORMAT,
         });
     }
     let len = u32_at(prefix, 12) as usize;
-    if !(FIXED_HEADER_LEN + STAGE_LEN..=MAX_HEADER_LEN).contains(&len) {
+    if !(FIXED_HEADER_LEN + SHARD_LEN..=MAX_HEADER_LEN).contains(&len) {
         return Err(SnapshotError::Field("header length"));
     }
-    Ok(len)
+    Ok((format, len))
 }
 
 fn u32_at(bytes: &[u8], at: usize) -> u32 {

@@ -56,13 +56,15 @@ pub struct SnapshotInfo {
     /// The caller's fingerprint of the key query the filter holds.
     pub fingerprint: String,
     /// The change feed's position: every key committed before it is in the
-    /// filter, so replaying the feed from there completes it.
+    /// filter, so replaying the feed from there completes it. A counting
+    /// filter holds exactly the rows of that position, none after.
     pub position: String,
     /// Keys in the filter.
     pub keys: u64,
-    /// The keys its sub-filters are sized for, together.
+    /// The keys its sub-filters are sized for, together (a counting
+    /// filter: its keys).
     pub capacity: u64,
-    /// The sub-filters the filter has grown into.
+    /// The sub-filters the filter has grown into (1 for a counting filter).
     pub sub_filters: u32,
     /// The filter's size in bits.
     pub bits: u64,
@@ -105,6 +107,14 @@ impl Snapshot {
 
     pub(crate) fn into_parts(self) -> (SnapshotInfo, FilterParts) {
         (self.info, self.parts)
+    }
+
+    /// The kind of filter it holds.
+    pub fn filter_kind(&self) -> crate::FilterKind {
+        match self.parts {
+            FilterParts::Bloom(_) => crate::FilterKind::Bloom,
+            FilterParts::Counting(_) => crate::FilterKind::Counting,
+        }
     }
 }
 

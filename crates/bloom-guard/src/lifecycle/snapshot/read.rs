@@ -2,9 +2,11 @@
 
 use sha2::{Digest, Sha256};
 
+use crate::filters::bloom::BloomParts;
+use crate::filters::counting::{CountingParts, ShardParts};
 use crate::filters::filter::FilterParts;
 
-use super::format::{header_len, Header, CHECKSUM_LEN, PREFIX_LEN};
+use super::format::{header_len, Header, Parts, CHECKSUM_LEN, PREFIX_LEN};
 use super::{Snapshot, SnapshotError};
 
 /// Reads a snapshot from its chunks as they arrive, into the filter's
@@ -17,7 +19,9 @@ pub struct SnapshotReader {
     /// between two chunks.
     pending: Vec<u8>,
     header: Option<Header>,
-    /// Each sub-filter's words, filled in order.
+    /// Each part's length in words, as the header declares.
+    lengths: Vec<u64>,
+    /// Each part's words (a sub-filter's, a shard's), filled in order.
     words: Vec<Vec<u64>>,
     /// The sub-filter being filled.
     stage: usize,
@@ -44,6 +48,7 @@ impl SnapshotReader {
             hasher: Sha256::new(),
             pending: Vec::new(),
             header: None,
+            lengths: Vec::new(),
             words: Vec::new(),
             stage: 0,
             checksum: Vec::with_capacity(CHECKSUM_LEN),
@@ -98,14 +103,13 @@ impl SnapshotReader {
     /// Fills the sub-filters with the whole words at the start of `chunk`;
     /// returns the rest.
     fn take_words<'c>(&mut self, mut chunk: &'c [u8]) -> &'c [u8] {
-        let Some(header) = &self.header else {
+        if self.header.is_none() {
             return chunk;
-        };
-        while let (Some(stage), Some(words)) = (
-            header.stages.get(self.stage),
-            self.words.get_mut(self.stage),
-        ) {
-            let missing = (stage.words - words.len() as u64) as usize;
+        }
+        while let (Some(&length), Some(words)) =
+            (self.lengths.get(self.stage), self.words.get_mut(self.stage))
+        {
+            let missing = (length - words.len() as u64) as usize;
             if missing == 0 {
                 self.stage += 1;
                 continue;
@@ -125,9 +129,7 @@ impl SnapshotReader {
     }
 
     fn words_done(&self) -> bool {
-        self.header
-            .as_ref()
-            .is_some_and(|header| self.stage >= header.stages.len())
+        self.header.is_some() && self.stage >= self.lengths.len()
     }
 
     /// Parses the prefix and header once they are complete; returns the
@@ -138,11 +140,12 @@ impl SnapshotReader {
         if self.pending.len() < PREFIX_LEN {
             return Ok(&[]);
         }
-        let head_len = PREFIX_LEN + header_len(&self.pending[..PREFIX_LEN])?;
+        let (format, header_len) = header_len(&self.pending[..PREFIX_LEN])?;
+        let head_len = PREFIX_LEN + header_len;
         if self.pending.len() < head_len {
             return Ok(&[]);
         }
-        let mut header = Header::decode(&self.pending[PREFIX_LEN..head_len])?;
+        let mut header = Header::decode(&self.pending[PREFIX_LEN..head_len], format)?;
         let expected = header
             .words()
             .and_then(|words| words.checked_mul(8))
@@ -156,10 +159,11 @@ impl SnapshotReader {
         }
         header.info.len = self.len;
         // The length matches the bytes stored: only now is memory set aside.
-        self.words = header
-            .stages
+        self.lengths = header.parts.words();
+        self.words = self
+            .lengths
             .iter()
-            .map(|stage| usize::try_from(stage.words).map(Vec::with_capacity))
+            .map(|&words| usize::try_from(words).map(Vec::with_capacity))
             .collect::<Result<_, _>>()
             .map_err(|_| SnapshotError::Field("words"))?;
         self.header = Some(header);
@@ -183,18 +187,34 @@ impl SnapshotReader {
         if self.checksum.len() != CHECKSUM_LEN || self.hasher.finalize()[..] != self.checksum[..] {
             return Err(SnapshotError::Checksum);
         }
-        let stages = header
-            .stages
-            .iter()
-            .zip(self.words)
-            .map(|(stage, words)| stage.into_parts(words))
-            .collect();
-        Ok(Snapshot {
-            parts: FilterParts {
+        let parts = match header.parts {
+            Parts::Bloom(stages) => FilterParts::Bloom(BloomParts {
                 seed: header.seed,
-                stages,
+                stages: stages
+                    .iter()
+                    .zip(self.words)
+                    .map(|(stage, words)| stage.into_parts(words))
+                    .collect(),
                 skipped: header.skipped,
-            },
+            }),
+            Parts::Counting { target_fpp, shards } => FilterParts::Counting(CountingParts {
+                seed: header.seed,
+                target_fpp,
+                skipped: header.skipped,
+                shards: shards
+                    .iter()
+                    .zip(self.words)
+                    .map(|(shard, words)| {
+                        let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                        bytes.truncate(shard.bytes as usize);
+                        ShardParts(bytes)
+                    })
+                    .collect(),
+                overflow: Vec::new(),
+            }),
+        };
+        Ok(Snapshot {
+            parts,
             info: header.info,
         })
     }

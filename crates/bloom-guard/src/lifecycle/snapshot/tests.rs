@@ -133,7 +133,7 @@ async fn another_format_is_refused_by_name() {
     let (guard, _) = built(10).await;
     let mut bytes = bytes_of(&guard, "7");
     // Format 1, before filters grew sub-filters, and one from the future.
-    for format in [1_u32, 3] {
+    for format in [1_u32, SNAPSHOT_FORMAT + 1] {
         bytes[8..12].copy_from_slice(&format.to_le_bytes());
         assert_eq!(
             Snapshot::decode(&bytes).err(),
@@ -216,7 +216,11 @@ async fn an_incomplete_filter_gives_no_snapshot_and_none_shows_its_secret() {
     assert!(guard.snapshot("1", QUERY).is_none(), "held open");
     drop(hold);
     let writer = guard.snapshot("1", QUERY).expect("complete");
-    let seed = guard.shared.complete_filter().expect("filter").seed();
+    let seed = guard
+        .shared
+        .complete_filter()
+        .and_then(|filter| filter.bloom().map(|bloom| bloom.seed()))
+        .expect("filter");
     let mut shown = format!("{writer:?}");
     let bytes: Vec<u8> = writer.chunks(64).flatten().collect();
     shown.push_str(&format!("{:?}", Snapshot::decode(&bytes)));
@@ -264,7 +268,10 @@ async fn an_overfull_snapshot_is_never_put_in_use() {
     let (guard, _) = built(100).await;
     let mut snapshot = Snapshot::decode(&bytes_of(&guard, "7")).expect("intact");
     // Every bit set: a filter that says "maybe" to everything.
-    for stage in &mut snapshot.parts.stages {
+    let crate::filters::filter::FilterParts::Bloom(parts) = &mut snapshot.parts else {
+        panic!("a Bloom filter's snapshot");
+    };
+    for stage in &mut parts.stages {
         stage.words.iter_mut().for_each(|word| *word = u64::MAX);
     }
     let other = BloomGuard::builder().name("items").build();
@@ -283,9 +290,10 @@ async fn an_overfull_snapshot_is_never_put_in_use() {
     assert!(!other.is_ready());
 }
 
-/// The offset of sub-filter `i`'s key count in a snapshot's bytes.
+/// The offset of sub-filter `i`'s key count in a (Bloom filter's)
+/// snapshot's bytes: after the key type and the filter kind.
 fn keys_at(i: usize) -> usize {
-    PREFIX_LEN + 1 + 16 + 8 + 4 + 36 * i + 4 + 8 + 8
+    PREFIX_LEN + 1 + 1 + 16 + 8 + 4 + 36 * i + 4 + 8 + 8
 }
 
 #[tokio::test]
@@ -309,11 +317,12 @@ async fn counts_that_overflow_are_refused_not_summed() {
 
 #[tokio::test]
 async fn a_rate_or_capacity_no_filter_has_is_refused_even_with_a_fresh_checksum() {
-    use crate::filters::filter::{Filter, FilterParts};
+    use crate::filters::bloom::{BloomFilter, BloomParts};
+    use crate::filters::filter::Filter;
     use crate::filters::stage::StageParts;
     use std::sync::Arc;
     for (fpp, capacity, field) in [(f64::from_bits(1), 1, "rate"), (0.01, u64::MAX, "capacity")] {
-        let forged = Filter::from_parts(FilterParts {
+        let forged = Filter::Bloom(BloomFilter::from_parts(BloomParts {
             seed: 1,
             skipped: 0,
             stages: vec![StageParts {
@@ -323,9 +332,10 @@ async fn a_rate_or_capacity_no_filter_has_is_refused_even_with_a_fresh_checksum(
                 capacity,
                 keys: 1,
             }],
-        });
+        }));
         let bytes: Vec<u8> =
-            SnapshotWriter::new(Arc::new(forged), "items", KeyType::Text, QUERY, "7")
+            SnapshotWriter::bloom(Arc::new(forged), "items", KeyType::Text, QUERY, "7")
+                .expect("a Bloom filter")
                 .chunks(4096)
                 .flatten()
                 .collect();

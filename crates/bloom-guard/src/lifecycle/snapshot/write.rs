@@ -4,18 +4,44 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use crate::filters::counting::CountingFilter;
 use crate::filters::filter::Filter;
 use crate::keys::key_type::KeyType;
 
-use super::format::{Header, StageHead, CHECKSUM_LEN};
+use super::format::{Header, Parts, ShardHead, StageHead, CHECKSUM_LEN};
 use super::SnapshotInfo;
 
 /// Writes a guard's filter as a snapshot, a chunk at a time: see
 /// [`BloomGuard::snapshot`](crate::BloomGuard::snapshot).
 pub struct SnapshotWriter {
     info: SnapshotInfo,
-    filter: Arc<Filter>,
+    body: Body,
     head: Vec<u8>,
+}
+
+/// Where the words after the header come from.
+enum Body {
+    /// A Bloom filter's bits, read as the chunks are made.
+    Bloom(Arc<Filter>),
+    /// A counting filter's shards, copied at one moment, padded to words.
+    Words(Vec<u64>),
+}
+
+impl Body {
+    fn write_words(&self, from: usize, count: usize, out: &mut Vec<u8>) {
+        match self {
+            Body::Bloom(filter) => {
+                if let Some(bloom) = filter.bloom() {
+                    bloom.write_words(from, count, out);
+                }
+            }
+            Body::Words(words) => {
+                for word in &words[from.min(words.len())..(from + count).min(words.len())] {
+                    out.extend_from_slice(&word.to_le_bytes());
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for SnapshotWriter {
@@ -27,16 +53,19 @@ impl std::fmt::Debug for SnapshotWriter {
 }
 
 impl SnapshotWriter {
-    pub(crate) fn new(
+    /// A Bloom filter's snapshot, its bits read as the chunks are made;
+    /// `None` for a counting filter.
+    pub(crate) fn bloom(
         filter: Arc<Filter>,
         guard: &str,
         key_type: KeyType,
         fingerprint: &str,
         position: &str,
-    ) -> Self {
+    ) -> Option<Self> {
+        let bloom = filter.bloom()?;
         // The stages as they are now: one that grows while the chunks are
         // written is not in them, and its keys come with the replay.
-        let stages: Vec<StageHead> = filter
+        let stages: Vec<StageHead> = bloom
             .stages()
             .map(|stage| StageHead {
                 hashes: stage.hashes(),
@@ -47,7 +76,7 @@ impl SnapshotWriter {
             })
             .collect();
         let words: u64 = stages.iter().map(|stage| stage.words).sum();
-        let mut header = Header {
+        let header = Header {
             info: SnapshotInfo {
                 guard: guard.to_owned(),
                 key_type,
@@ -59,15 +88,75 @@ impl SnapshotWriter {
                 bits: words * 64,
                 len: 0,
             },
-            seed: filter.seed(),
-            skipped: filter.skipped(),
-            stages,
+            seed: bloom.seed(),
+            skipped: bloom.skipped(),
+            parts: Parts::Bloom(stages),
         };
+        Some(Self::with_body(header, words, Body::Bloom(filter)))
+    }
+
+    /// A counting filter's snapshot at the feed position its shards hold,
+    /// copied now; `None` if it is not exact (it may hold a row's insert
+    /// twice, or miss a delete) or keys overflowed it (a rebuild is due).
+    pub(crate) fn counting(
+        filter: &CountingFilter,
+        guard: &str,
+        key_type: KeyType,
+        fingerprint: &str,
+    ) -> Option<Self> {
+        if !filter.exact() || filter.overflowed() {
+            return None;
+        }
+        let (parts, position) = filter.to_parts();
+        let position = position?;
+        let mut words = Vec::new();
+        let mut shards = Vec::with_capacity(parts.shards.len());
+        for shard in &parts.shards {
+            let bytes = &shard.0;
+            shards.push(ShardHead {
+                keys: 0,
+                bytes: bytes.len() as u64,
+            });
+            words.extend(bytes.chunks(8).map(|chunk| {
+                let mut word = [0_u8; 8];
+                word[..chunk.len()].copy_from_slice(chunk);
+                u64::from_le_bytes(word)
+            }));
+        }
+        let keys = filter.keys();
+        if let Some(first) = shards.first_mut() {
+            // The keys are counted once, on the first shard.
+            first.keys = keys;
+        }
+        let header = Header {
+            info: SnapshotInfo {
+                guard: guard.to_owned(),
+                key_type,
+                fingerprint: fingerprint.to_owned(),
+                position,
+                keys,
+                capacity: keys,
+                sub_filters: 1,
+                bits: words.len() as u64 * 64,
+                len: 0,
+            },
+            seed: parts.seed,
+            skipped: parts.skipped,
+            parts: Parts::Counting {
+                target_fpp: parts.target_fpp,
+                shards,
+            },
+        };
+        let count = words.len() as u64;
+        Some(Self::with_body(header, count, Body::Words(words)))
+    }
+
+    fn with_body(mut header: Header, words: u64, body: Body) -> Self {
         let head = header.encode();
         header.info.len = head.len() as u64 + words * 8 + CHECKSUM_LEN as u64;
         Self {
             info: header.info,
-            filter,
+            body,
             head,
         }
     }
@@ -88,7 +177,7 @@ impl SnapshotWriter {
             head_sent: 0,
             words: (self.info.bits / 64) as usize,
             word: 0,
-            filter: self.filter,
+            body: self.body,
             done: false,
         }
     }
@@ -100,7 +189,7 @@ pub struct SnapshotChunks {
     hasher: Sha256,
     head: Vec<u8>,
     head_sent: usize,
-    filter: Arc<Filter>,
+    body: Body,
     /// The words the header declares (a stage grown since is left out).
     words: usize,
     word: usize,
@@ -132,7 +221,7 @@ impl Iterator for SnapshotChunks {
         let room = (self.size - chunk.len()) / 8;
         if room > 0 && self.word < self.words {
             let take = room.min(self.words - self.word);
-            self.filter.write_words(self.word, take, &mut chunk);
+            self.body.write_words(self.word, take, &mut chunk);
             self.word += take;
         }
         self.hasher.update(&chunk);
