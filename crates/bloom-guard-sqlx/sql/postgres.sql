@@ -10,6 +10,9 @@
 -- search_path: a writer's search_path (empty during a pg_dump restore)
 -- never changes what runs.
 
+-- The event trigger (below) ignores this script's own DDL.
+select pg_catalog.set_config('bloom_guard.installing', 'on', true);
+
 create schema if not exists bloom_guard;
 
 comment on schema bloom_guard is
@@ -433,6 +436,9 @@ declare
     rel regclass;
     event text;
 begin
+    -- Its own ALTERs pass through states with a trigger missing: the event
+    -- trigger ignores them (watch records one resync for the whole).
+    perform pg_catalog.set_config('bloom_guard.installing', 'on', true);
     perform bloom_guard.create_record_functions(guard, key_columns);
     for rel in select bloom_guard.family(target) loop
         foreach event in array array['inserted', 'updated', 'deleted', 'truncated', 'replica'] loop
@@ -470,6 +476,7 @@ begin
             bloom_guard.trigger_name(guard, 'inserted'), bloom_guard.trigger_name(guard, 'updated'),
             bloom_guard.trigger_name(guard, 'deleted'), bloom_guard.trigger_name(guard, 'truncated'));
     end loop;
+    perform pg_catalog.set_config('bloom_guard.installing', 'off', true);
 end
 $$;
 
@@ -734,6 +741,10 @@ begin
     -- Whatever the command did (a trigger disabled or set to REPLICA or
     -- ORIGIN, dropped, a partition attached or created, a child table
     -- inherited): a guard with a gap now gets a resync in this transaction.
+    -- Not while bloom-guard's own install or watch runs.
+    if pg_catalog.current_setting('bloom_guard.installing', true) = 'on' then
+        return;
+    end if;
     for g in select distinct w.guard from bloom_guard.watched w loop
         if exists (select from bloom_guard.gaps(g) x where x.rel is not null) then
             insert into bloom_guard.changes (guard, kind, key, part)
@@ -807,3 +818,5 @@ $recount$;
 
 insert into bloom_guard.schema_version (version) values (7)
 on conflict (singleton) do update set version = excluded.version;
+
+select pg_catalog.set_config('bloom_guard.installing', 'off', true);

@@ -17,8 +17,9 @@ const MAX_KEY_HOOKS: usize = 10_000;
 pub(crate) struct Changes {
     /// New keys (and a count of the ones no request can name).
     pub(crate) added: KeyBatch,
-    /// Keys deleted or changed away.
-    pub(crate) removed: Vec<String>,
+    /// Keys deleted or changed away, once per row (and a count of the
+    /// ones no request can name).
+    pub(crate) removed: KeyBatch,
     /// A table was truncated.
     pub(crate) truncated: bool,
     /// Keys may have been written without the feed (the triggers were just
@@ -36,11 +37,8 @@ impl Changes {
         match (kind, key) {
             ("i", Some(key)) => self.added.push_text(key),
             ("i", None) => self.added.skip(),
-            ("d", Some(key)) => {
-                if let Ok(key) = std::str::from_utf8(key) {
-                    self.removed.push(key.to_owned());
-                }
-            }
+            ("d", Some(key)) => self.removed.push_text(key),
+            ("d", None) => self.removed.skip(),
             ("t", _) => self.truncated = true,
             ("r", _) => self.resync = true,
             (other, _) => tracing::debug!(kind = other, "ignored a change of an unknown kind"),
@@ -56,26 +54,26 @@ pub(crate) struct Hooks {
 }
 
 impl Hooks {
-    /// Puts the new keys into `guard` and tells the hooks.
-    pub(crate) fn apply(&self, guard: &BloomGuard, feed: &str, changes: &Changes) {
+    /// Applies a read to the filter in use (the position it reached with
+    /// it) and tells the hooks.
+    pub(crate) fn apply(&self, guard: &BloomGuard, feed: &str, changes: &Changes, reached: &str) {
+        warn_skipped(feed, changes);
+        guard.apply_changes(&changes.added, &changes.removed, Some(reached));
+        self.tell(changes);
+    }
+
+    /// Tells the hooks what a read brought: each changed key, or one
+    /// catch-up for a bulk change or a truncation.
+    pub(crate) fn tell(&self, changes: &Changes) {
         let added = &changes.added;
-        if added.skipped() > 0 {
-            tracing::warn!(
-                feed,
-                skipped = added.skipped(),
-                "keys that are not UTF-8 text were left out: no request can name them"
-            );
-        }
-        guard.insert_batch(added);
         // A bulk change is one "drop everything", not a call per key.
         let one_by_one = added.len() + changes.removed.len() <= MAX_KEY_HOOKS;
         if let (Some(hook), true) = (&self.on_key, one_by_one) {
-            for key in added.iter() {
+            for key in added.iter().chain(changes.removed.iter()) {
                 if let Ok(key) = std::str::from_utf8(key.as_bytes()) {
                     hook(key);
                 }
             }
-            changes.removed.iter().for_each(|key| hook(key));
         }
         if changes.truncated || !one_by_one {
             self.catch_up();
@@ -86,5 +84,17 @@ impl Hooks {
         if let Some(hook) = &self.on_catch_up {
             hook();
         }
+    }
+}
+
+/// Warns of stored keys no request can name, left out.
+pub(crate) fn warn_skipped(feed: &str, changes: &Changes) {
+    let skipped = changes.added.skipped();
+    if skipped > 0 {
+        tracing::warn!(
+            feed,
+            skipped,
+            "keys that are not UTF-8 text were left out: no request can name them"
+        );
     }
 }

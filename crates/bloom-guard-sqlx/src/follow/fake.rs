@@ -102,7 +102,8 @@ impl KeySource for Scan {
         let mut state = self.0.state();
         state.events.push("scan");
         state.scans += 1;
-        let keys: KeyBatch = state.table.iter().map(String::as_str).collect();
+        let mut keys: KeyBatch = state.table.iter().map(String::as_str).collect();
+        keys.set_position(state.feed.len().to_string());
         let pause = state.pause_scans;
         drop(state);
         let db = Arc::clone(&self.0.db);

@@ -8,7 +8,8 @@ use bloom_guard::BloomGuard;
 use tokio::time::Instant;
 
 use super::cost::Rates;
-use super::{Clock, Database, Follower, LoadError, Read, SnapshotStore, Stored};
+use super::catch_up::CatchUpError;
+use super::{Clock, Database, Follower, LoadError, SnapshotStore, Stored};
 
 /// What the follower knows of the fleet's snapshots.
 #[derive(Debug)]
@@ -48,13 +49,26 @@ impl<P> Default for Fleet<P> {
 
 /// Why a snapshot could not be completed from the feed.
 #[derive(Debug, thiserror::Error)]
-enum CatchUpError {
+enum AdoptFailure {
     #[error("the snapshot is older than the change feed's pruned horizon")]
     Pruned,
     #[error("the feed's triggers were reinstalled after the snapshot: it may lack keys written without them")]
     Resync,
     #[error("the snapshot's feed position {0:?} cannot be read")]
     Position(String),
+    #[error(transparent)]
+    Adopt(#[from] bloom_guard::AdoptError),
+    #[error(transparent)]
+    CatchUp(CatchUpError),
+}
+
+impl From<CatchUpError> for AdoptFailure {
+    fn from(error: CatchUpError) -> Self {
+        match error {
+            CatchUpError::Pruned => AdoptFailure::Pruned,
+            other => AdoptFailure::CatchUp(other),
+        }
+    }
 }
 
 impl<B: Database> Follower<B> {
@@ -152,7 +166,7 @@ impl<B: Database> Follower<B> {
         };
         let position = &adoption.info().position;
         let Some(position) = B::parse_position(position) else {
-            return self.refuse(&stored, &CatchUpError::Position(position.clone()));
+            return self.refuse(&stored, &AdoptFailure::Position(position.clone()));
         };
         // Worth it only if the feed since fits the filter's room and its
         // replay beats a scan: one bounded count tells.
@@ -181,25 +195,27 @@ impl<B: Database> Follower<B> {
                 return false;
             }
         }
-        // The adoption's filter takes every insert from here on: replay
-        // what committed since the snapshot's position into it.
+        // From the snapshot's position to the present, applied to its
+        // filter alone, and in use before the reader loop reads again.
         let replay = Instant::now();
-        match self.backend.read(&position).await {
-            Ok(Read::Pruned) => return self.refuse(&stored, &CatchUpError::Pruned),
-            Ok(Read::Changes { changes, .. }) if changes.resync => {
-                return self.refuse(&stored, &CatchUpError::Resync)
-            }
-            Ok(Read::Changes { changes, .. }) => {
-                self.hooks.apply(&self.guard, self.backend.feed(), &changes);
-                self.fleet().rates.replayed(changes.rows, replay.elapsed());
-            }
-            Err(error) => {
+        let mut replayed = 0;
+        let adopted = self
+            .bring_up_to_date(&position, |changes, reached| {
+                if changes.resync {
+                    return Err(AdoptFailure::Resync);
+                }
+                replayed = changes.rows;
+                adoption.apply(&changes.added, &changes.removed, reached);
+                adoption.promote().map_err(AdoptFailure::from)
+            })
+            .await;
+        match adopted {
+            Ok(_) => self.fleet().rates.replayed(replayed, replay.elapsed()),
+            Err(AdoptFailure::CatchUp(CatchUpError::Database(error))) => {
                 tracing::debug!(%error, "cannot replay the feed since the snapshot");
                 return false;
             }
-        }
-        if let Err(error) = adoption.promote() {
-            return self.refuse(&stored, &error);
+            Err(error) => return self.refuse(&stored, &error),
         }
         self.fleet().scanned_at = Some(stored.scanned_at);
         tracing::info!(

@@ -37,6 +37,7 @@ impl<B: Database> Follower<B> {
             let resync_requested = tokio::select! {
                 _ = ticks.tick() => false,
                 () = resync.notified() => true,
+                () = self.rebuild_soon.notified() => false,
                 () = published.notified() => {
                     // Anyone may NOTIFY: one look per second at most, and
                     // the checks go on meanwhile.
@@ -88,7 +89,11 @@ impl<B: Database> Follower<B> {
                 }
                 self.republish_if_stale().await;
             }
-            if let Some(reason) = self.guard.rebuild_due() {
+            let truncated = self
+                .truncated
+                .swap(false, std::sync::atomic::Ordering::AcqRel)
+                .then_some("a watched table was truncated");
+            if let Some(reason) = truncated.or_else(|| self.guard.rebuild_due()) {
                 if self.snapshots {
                     self.fleet_rebuild(&source, reason).await;
                 } else {

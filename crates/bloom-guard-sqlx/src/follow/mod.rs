@@ -3,6 +3,7 @@
 
 mod api;
 mod backend;
+mod catch_up;
 pub(crate) mod changes;
 pub(crate) mod column;
 mod cost;
@@ -56,6 +57,17 @@ pub(crate) struct Follower<B: Database> {
     /// is made: a refusal waits for this follower's first read too, even
     /// while it is still starting.
     reads: FeedReader,
+    /// The feed position of the last read applied to the filter in use;
+    /// held from a read's start until it is applied (by the reader loop,
+    /// or by a catch-up that puts a new filter in use), so no read is
+    /// applied twice or skipped.
+    feed: tokio::sync::Mutex<Option<B::Position>>,
+    /// Catch-ups that put a filter in use (and moved `feed` past it).
+    catch_ups: std::sync::atomic::AtomicU64,
+    /// A table was truncated: a rebuild makes the filter forget its keys.
+    truncated: std::sync::atomic::AtomicBool,
+    /// Wakes the maintenance for a rebuild now.
+    rebuild_soon: Notify,
     /// Set at start when the key type is exact only for ASCII keys; the
     /// hold once a stored key is not.
     ascii_only: std::sync::atomic::AtomicBool,
@@ -94,6 +106,10 @@ impl<B: Database> Follower<B> {
     pub(crate) fn new(guard: BloomGuard, backend: B) -> Self {
         Self {
             reads: guard.feed_reader(),
+            feed: tokio::sync::Mutex::new(None),
+            catch_ups: std::sync::atomic::AtomicU64::new(0),
+            truncated: std::sync::atomic::AtomicBool::new(false),
+            rebuild_soon: Notify::new(),
             guard,
             backend,
             poll_interval: Duration::from_secs(5),
@@ -157,6 +173,11 @@ impl<B: Database> Follower<B> {
             started = this.start() => Some(started),
         };
         if let Some((source, start)) = started {
+            // Reads start from the position taken before any filter; a
+            // build's filter is brought up to date from its own scan's.
+            *this.feed.lock().await = Some(start.position.clone());
+            this.reads
+                .catch_up_with(catch_up::CatchUpFrom(Arc::downgrade(&this)));
             // For as long as the follower runs, a key type that does not
             // fit its column keeps the guard open.
             let _key_type = this.check_key_type(&source).await;
@@ -174,7 +195,7 @@ impl<B: Database> Follower<B> {
             let _maintenance = AbortOnDropHandle::new(tokio::spawn(maintenance.in_current_span()));
             tokio::select! {
                 () = &mut shutdown => {}
-                () = this.follow(&source, start.position, &wake, &resync) => {}
+                () = this.follow(&source, &wake, &resync) => {}
             }
         }
         stop.cancel();

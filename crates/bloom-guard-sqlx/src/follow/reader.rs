@@ -6,6 +6,7 @@ use tokio::sync::Notify;
 
 use tokio::time::{sleep, sleep_until, Instant};
 
+use super::changes::Changes;
 use super::{retry_pauses, Database, Follower, Read, MAX_PAUSE};
 
 /// The shortest time between the starts of two reads the read barrier
@@ -15,15 +16,10 @@ use super::{retry_pauses, Database, Follower, Read, MAX_PAUSE};
 const BARRIER_GAP: Duration = Duration::from_millis(2);
 
 impl<B: Database> Follower<B> {
-    /// Reads the feed from `position` on every wake-up and interval.
-    pub(super) async fn follow(
-        &self,
-        source: &B::Source,
-        mut position: B::Position,
-        wake: &Notify,
-        resync: &Notify,
-    ) {
-        let feed = self.backend.feed();
+    /// Reads the feed from the follower's position on every wake-up and
+    /// interval, applying each read to the filter in use.
+    pub(super) async fn follow(&self, source: &B::Source, wake: &Notify, resync: &Notify) {
+        let feed_name = self.backend.feed();
         let mut total = 0;
         let mut failing = false;
         let mut pauses = retry_pauses();
@@ -34,49 +30,49 @@ impl<B: Database> Follower<B> {
             let started = reads.begin();
             let read_at = Instant::now();
             let mut gap = Duration::ZERO;
+            let mut feed = self.feed.lock().await;
+            let Some(position) = feed.clone() else {
+                // Set before the loop starts.
+                return;
+            };
             match self.backend.read(&position).await {
                 Ok(Read::Changes {
                     position: reached,
                     changes,
                 }) => {
                     if failing {
-                        tracing::info!(feed, "reading the change feed again");
+                        tracing::info!(feed = feed_name, "reading the change feed again");
                         failing = false;
                         pauses = retry_pauses();
                     }
                     total += changes.rows;
-                    // A key the key type cannot compare holds the guard
-                    // open before it is in the filter: the guard never
-                    // turns ready on a filter with it.
-                    if self.ascii_only.load(std::sync::atomic::Ordering::Acquire)
-                        && changes
-                            .added
-                            .iter()
-                            .any(|key| crate::follow::column::is_unsafe_key(key.as_bytes()))
-                    {
-                        self.hold_for_unsafe_key();
-                    }
-                    if changes.resync {
-                        self.hold_for_unrecorded();
-                    }
+                    self.note_read(&changes);
                     // The keys first, then the position: a snapshot
                     // published at the position holds every key before it.
-                    self.hooks.apply(&self.guard, feed, &changes);
-                    reads.done(started);
+                    self.hooks
+                        .apply(&self.guard, feed_name, &changes, &reached.to_string());
                     #[cfg(test)]
                     if let (Some(pause), true) = (&self.between_keys_and_position, changes.rows > 0)
                     {
                         pause.0.notify_one();
                         pause.1.notified().await;
                     }
-                    position = reached;
-                    self.fleet().position = Some(position.clone());
+                    *feed = Some(reached.clone());
+                    drop(feed);
+                    reads.done(started);
+                    self.fleet().position = Some(reached.clone());
                     if changes.resync {
-                        tracing::info!(feed, "the feed's triggers were (re)installed; rebuilding to include keys written without them");
+                        tracing::info!(feed = feed_name, "the feed's triggers were (re)installed; rebuilding to include keys written without them");
                         resync.notify_one();
                     }
+                    if changes.truncated {
+                        tracing::info!(feed = feed_name, "a watched table was truncated; rebuilding to forget its keys");
+                        self.truncated
+                            .store(true, std::sync::atomic::Ordering::Release);
+                        self.rebuild_soon.notify_one();
+                    }
                     self.guard
-                        .record_feed_read(FeedStatus::new(position.to_string(), total));
+                        .record_feed_read(FeedStatus::new(reached.to_string(), total));
                     // A wake-up that found nothing may be anyone's NOTIFY:
                     // the next read waits out the gap. Real writes always
                     // bring rows, so they never wait.
@@ -85,14 +81,16 @@ impl<B: Database> Follower<B> {
                     }
                 }
                 Ok(Read::Pruned) => {
-                    position = self.catch_up_after_pruning(source).await;
+                    drop(feed);
+                    self.catch_up_after_pruning(source).await;
                     continue;
                 }
                 Err(error) => {
+                    drop(feed);
                     // Refusals stop waiting for a read that cannot come.
                     reads.failed();
                     if !failing {
-                        tracing::warn!(feed, %error, "cannot read the change feed; retrying (keys committed meanwhile arrive once it is back)");
+                        tracing::warn!(feed = feed_name, %error, "cannot read the change feed; retrying (keys committed meanwhile arrive once it is back)");
                         failing = true;
                     }
                     // Never longer than the interval: the feed holds what
@@ -113,10 +111,29 @@ impl<B: Database> Follower<B> {
         }
     }
 
+    /// What any read (the loop's or a catch-up's) brings besides keys: a
+    /// key the key type cannot compare holds the guard open before it is in
+    /// the filter, and writes the feed could not record hold it open until
+    /// a rebuild has them.
+    pub(super) fn note_read(&self, changes: &Changes) {
+        if self.ascii_only.load(std::sync::atomic::Ordering::Acquire)
+            && changes
+                .added
+                .iter()
+                .any(|key| crate::follow::column::is_unsafe_key(key.as_bytes()))
+        {
+            self.hold_for_unsafe_key();
+        }
+        if changes.resync {
+            self.hold_for_unrecorded();
+        }
+    }
+
     /// The feed no longer holds every change since this reader's position:
     /// fails open, rebuilds from a scan newer than a new position, and
-    /// resumes there.
-    async fn catch_up_after_pruning(&self, source: &B::Source) -> B::Position {
+    /// resumes there (a build brought up to date from its own scan's
+    /// position moved the feed already).
+    async fn catch_up_after_pruning(&self, source: &B::Source) {
         tracing::warn!(feed = self.backend.feed(), "the change feed was pruned past this reader's position; rebuilding, the guard lets every request through meanwhile");
         let _hold = self.guard.hold_open();
         self.hooks.catch_up();
@@ -129,11 +146,16 @@ impl<B: Database> Follower<B> {
                     continue;
                 }
             };
+            let caught_up = self.catch_ups.load(std::sync::atomic::Ordering::Acquire);
             // Only a rebuild that starts after the position was taken scans
             // every row committed before it.
             let since = Instant::now();
             if self.guard.rebuild_newer_than(source, since).await.is_ok() {
-                return position;
+                let mut feed = self.feed.lock().await;
+                if self.catch_ups.load(std::sync::atomic::Ordering::Acquire) == caught_up {
+                    *feed = Some(position);
+                }
+                return;
             }
             sleep(pauses.next().unwrap_or(MAX_PAUSE)).await;
         }

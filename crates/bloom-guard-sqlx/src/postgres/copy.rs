@@ -34,6 +34,9 @@ pub struct PgCopySource {
     pool: PgPool,
     query: String,
     count_query: Option<String>,
+    /// Scan in a REPEATABLE READ transaction and tag the first batch with
+    /// its snapshot, as the change feed's position (the follower's scans).
+    feed_position: bool,
 }
 
 impl PgCopySource {
@@ -49,7 +52,16 @@ impl PgCopySource {
             pool,
             query: query.into(),
             count_query: None,
+            feed_position: false,
         }
+    }
+
+    /// Scans in a REPEATABLE READ transaction whose snapshot, as text,
+    /// tags the first batch: the change feed's position of exactly the
+    /// rows scanned.
+    pub(crate) fn with_feed_position(mut self) -> Self {
+        self.feed_position = true;
+        self
     }
 
     /// A query returning the number of keys as one `bigint`, run instead of
@@ -82,8 +94,25 @@ impl KeySource for PgCopySource {
     fn keys(&self) -> BoxStream<'static, Result<KeyBatch, SourceError>> {
         let pool = self.pool.clone();
         let statement = format!("copy ({}) to stdout", self.query);
+        let feed_position = self.feed_position;
         spawn_scan(move |batches| async move {
             let mut conn = pool.acquire().await?;
+            let mut batch = BatchSender::new_batch();
+            if feed_position {
+                // The COPY reads the transaction's snapshot, taken by the
+                // first statement: the position of exactly its rows. The
+                // connection is closed after the scan, never handed back
+                // with the transaction open whatever fails.
+                conn.close_on_drop();
+                sqlx::query("begin isolation level repeatable read, read only")
+                    .execute(&mut *conn)
+                    .await?;
+                let snapshot: String =
+                    sqlx::query_scalar("select pg_catalog.pg_current_snapshot()::text")
+                        .fetch_one(&mut *conn)
+                        .await?;
+                batch.set_position(snapshot);
+            }
             // A SQL_ASCII database stores any bytes, and Postgres refuses
             // to send the invalid ones to a UTF-8 client: take the bytes as
             // they are, and leave out those no request can name.
@@ -98,7 +127,6 @@ impl KeySource for PgCopySource {
             }
             let mut chunks = conn.copy_out_raw(&statement).await?;
             let mut decoder = CopyTextDecoder::default();
-            let mut batch = BatchSender::new_batch();
             let mut complete = true;
             while let Some(chunk) = chunks.next().await {
                 decoder.decode(&chunk?, &mut batch)?;
@@ -115,6 +143,9 @@ impl KeySource for PgCopySource {
                 return Ok(());
             }
             decoder.finish()?;
+            if feed_position {
+                sqlx::query("commit").execute(&mut *conn).await?;
+            }
             if raw {
                 sqlx::query("reset client_encoding")
                     .execute(&mut *conn)

@@ -137,7 +137,7 @@ impl Database for PgBackend {
         let trigger_versions = self.trigger_versions().await?;
         let fingerprint = snapshot::fingerprint(&self.pool, &query, &trigger_versions).await?;
         Ok(KeySet {
-            source: PgCopySource::new(self.pool.clone(), query),
+            source: PgCopySource::new(self.pool.clone(), query).with_feed_position(),
             fingerprint,
             trigger_versions,
         })

@@ -37,9 +37,10 @@ impl BatchSender {
         self.tx.send(Ok(full)).await.is_ok()
     }
 
-    /// Sends the last batch.
+    /// Sends the last batch; an empty one too if it is the first and
+    /// carries the scan's feed position.
     pub(crate) async fn finish(self, batch: KeyBatch) {
-        if !batch.is_empty() {
+        if !batch.is_empty() || batch.position().is_some() {
             let _ = self.tx.send(Ok(batch)).await;
         }
     }

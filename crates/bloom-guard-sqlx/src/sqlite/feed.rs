@@ -20,22 +20,34 @@ use crate::watch::Watch;
 const MARKED: &str = "id, guard, kind, hex(quote(key)), at";
 
 /// The mark of row `id`, if the feed holds it.
-async fn mark_of(pool: &SqlitePool, id: i64) -> Result<Option<Mark>, sqlx::Error> {
+async fn mark_of(
+    db: impl sqlx::SqliteExecutor<'_>,
+    id: i64,
+) -> Result<Option<Mark>, sqlx::Error> {
     let row: Option<(i64, String, String, String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
         "select {MARKED} from bloom_guard_changes where id = ?"
     )))
     .bind(id)
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await?;
     Ok(row.map(|(id, guard, kind, key, at)| Mark::at(id, &guard, &kind, &key, at)))
 }
 
 /// The feed's position now: its last row.
 pub(super) async fn position(pool: &SqlitePool) -> Result<Mark, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    position_in(&mut conn).await
+}
+
+/// The feed's position as `conn` sees it (in a transaction: as of its
+/// snapshot).
+pub(super) async fn position_in(
+    conn: &mut sqlx::SqliteConnection,
+) -> Result<Mark, sqlx::Error> {
     let last: i64 = sqlx::query_scalar("select coalesce(max(id), 0) from bloom_guard_changes")
-        .fetch_one(pool)
+        .fetch_one(&mut *conn)
         .await?;
-    Ok(mark_of(pool, last).await?.unwrap_or(Mark::START))
+    Ok(mark_of(&mut *conn, last).await?.unwrap_or(Mark::START))
 }
 
 /// Reads the changes of feed `name` after `position`.

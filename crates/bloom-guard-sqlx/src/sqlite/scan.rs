@@ -56,8 +56,14 @@ impl KeySource for SqliteScan {
     fn keys(&self) -> BoxStream<'static, Result<KeyBatch, SourceError>> {
         let (pool, query) = (self.pool.clone(), self.query.clone());
         spawn_scan(move |batches| async move {
-            let mut rows = sqlx::query(AssertSqlSafe(query)).fetch(&pool);
+            // One read transaction: the feed's last row and the keys from
+            // one snapshot, so the first batch names the position of
+            // exactly the rows scanned.
+            let mut tx = pool.begin().await?;
+            let position = super::feed::position_in(&mut tx).await?;
             let mut batch = BatchSender::new_batch();
+            batch.set_position(position.to_string());
+            let mut rows = sqlx::query(AssertSqlSafe(query)).fetch(&mut *tx);
             while let Some(row) = rows.try_next().await? {
                 {
                     let value = row.try_get_raw(0)?;
@@ -73,6 +79,8 @@ impl KeySource for SqliteScan {
                     return Ok(());
                 }
             }
+            drop(rows);
+            tx.commit().await?;
             batches.finish(batch).await;
             Ok(())
         })

@@ -1,0 +1,100 @@
+//! Bringing a new filter (a build's, a snapshot's) from its own feed
+//! position to the present and putting it in use, in one sequence with the
+//! reader loop's reads: every change reaches it exactly once.
+
+use std::sync::{Arc, Weak};
+
+use bloom_guard::{BuildError, CatchUp, PendingFilter};
+use futures_util::future::BoxFuture;
+
+use super::changes::{warn_skipped, Changes};
+use super::{Database, Follower, Read};
+
+/// Why a new filter could not be brought up to date.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CatchUpError {
+    #[error("the follower stopped")]
+    Stopped,
+    #[error("the filter's feed position {0:?} cannot be read")]
+    Position(String),
+    #[error("the change feed was pruned past the filter's position")]
+    Pruned,
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+impl From<CatchUpError> for BuildError {
+    fn from(error: CatchUpError) -> Self {
+        BuildError::Source(Arc::new(error))
+    }
+}
+
+/// The follower's [`CatchUp`], registered with its feed reader. Weak: the
+/// guard holds it, and must not keep the follower alive.
+pub(super) struct CatchUpFrom<B: Database>(pub(super) Weak<Follower<B>>);
+
+impl<B: Database> CatchUp for CatchUpFrom<B> {
+    fn catch_up(&self, pending: PendingFilter) -> BoxFuture<'_, Result<u64, BuildError>> {
+        Box::pin(async move {
+            let follower = self.0.upgrade().ok_or(CatchUpError::Stopped)?;
+            let from = B::parse_position(pending.position())
+                .ok_or_else(|| CatchUpError::Position(pending.position().to_owned()))?;
+            follower
+                .bring_up_to_date(&from, |changes, reached| {
+                    pending.apply(&changes.added, &changes.removed, reached);
+                    pending.promote()
+                })
+                .await
+        })
+    }
+}
+
+impl<B: Database> Follower<B> {
+    /// Holding the feed: applies to the filter in use what the reader loop
+    /// would (so the hooks see every change), reads the feed from `from`
+    /// and hands that read to `put_in_use`, which applies it to the new
+    /// filter and puts the filter in use; the feed then stands at that
+    /// read's position. No read of the loop is applied between the two, so
+    /// each change reaches the new filter exactly once.
+    pub(super) async fn bring_up_to_date<T, E>(
+        &self,
+        from: &B::Position,
+        put_in_use: impl FnOnce(&Changes, &str) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<CatchUpError>,
+    {
+        let feed_name = self.backend.feed();
+        let mut feed = self.feed.lock().await;
+        if let Some(position) = feed.clone() {
+            let read = self.backend.read(&position).await.map_err(CatchUpError::from)?;
+            if let Read::Changes {
+                position: reached,
+                changes,
+            } = read
+            {
+                self.note_read(&changes);
+                self.hooks
+                    .apply(&self.guard, feed_name, &changes, &reached.to_string());
+                *feed = Some(reached);
+            }
+        }
+        let read = self.backend.read(from).await.map_err(CatchUpError::from)?;
+        let Read::Changes {
+            position: reached,
+            changes,
+        } = read
+        else {
+            return Err(CatchUpError::Pruned.into());
+        };
+        self.note_read(&changes);
+        warn_skipped(feed_name, &changes);
+        let in_use = put_in_use(&changes, &reached.to_string())?;
+        self.hooks.tell(&changes);
+        self.fleet().position = Some(reached.clone());
+        *feed = Some(reached);
+        self.catch_ups
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Ok(in_use)
+    }
+}

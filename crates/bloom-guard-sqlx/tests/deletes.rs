@@ -1,0 +1,427 @@
+//! Deletes applied from the feed, checked against the table: a random SQL
+//! workload (rows of one key twice, deletes by id and by key, keys changed
+//! and swapped by one UPDATE, MERGE, COPY, DELETE and INSERT again in one
+//! transaction, rollbacks, TRUNCATE) on Postgres and on SQLite, with two
+//! instances, restarts that adopt a snapshot, and rebuilds in between. At
+//! every checkpoint each key ever seen is asked through the guard's layer,
+//! as a request would be: a key with a row is never refused, and a key
+//! without one is refused but for the false-positive rate.
+//!
+//! `BLOOM_GUARD_SOAK_OPS` sets the number of statements (default 240); the
+//! seed is printed, and `BLOOM_GUARD_SOAK_SEED` replays one.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::str::FromStr;
+use std::time::Duration;
+
+use axum::body::Body;
+use bloom_guard::{BloomGuard, FilterKind, FilterOrigin, PathParam};
+use bloom_guard_sqlx::{FleetRebuild, PgFollower, SqliteFollower, Watch};
+use common::*;
+use http::StatusCode;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::{PgPool, SqlitePool};
+use tower::ServiceExt as _;
+
+/// The target false-positive rate of the test's guards.
+const FPP: f64 = 0.01;
+
+fn ops() -> usize {
+    std::env::var("BLOOM_GUARD_SOAK_OPS")
+        .ok()
+        .and_then(|ops| ops.parse().ok())
+        .unwrap_or(240)
+}
+
+fn rng() -> fastrand::Rng {
+    let seed = std::env::var("BLOOM_GUARD_SOAK_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("BLOOM_GUARD_SOAK_SEED={seed}");
+    fastrand::Rng::with_seed(seed)
+}
+
+fn guard() -> BloomGuard {
+    BloomGuard::builder()
+        .name("things")
+        .expected_items(500)
+        .false_positive_rate(FPP)
+        // The write path's journal would find a deleted key for a while.
+        .write_window(Duration::from_millis(50))
+        .build()
+}
+
+/// The status of `GET /things/{key}` through `guard`, in front of a
+/// handler that finds every key: 404 is the guard's refusal.
+async fn status(guard: &BloomGuard, key: &str) -> StatusCode {
+    let app = axum::Router::new()
+        .route("/things/{key}", axum::routing::get(|| async { "a thing" }))
+        .route_layer(guard.layer(PathParam("key")));
+    let request = http::Request::get(format!("/things/{key}"))
+        .body(Body::empty())
+        .expect("a request");
+    app.oneshot(request).await.expect("infallible").status()
+}
+
+/// Asks `guard` for every key ever seen: no key with a row refused, and
+/// the keys without one refused but for twice the target rate. Returns
+/// how many absent keys were asked.
+async fn check(name: &str, guard: &BloomGuard, seen: &BTreeSet<String>, table: &BTreeSet<String>) -> usize {
+    let (mut absent, mut passed) = (0, 0);
+    for key in seen {
+        let refused = status(guard, key).await == StatusCode::NOT_FOUND;
+        if table.contains(key) {
+            assert!(!refused, "{name}: a false negative for {key:?}; {:?}", guard.stats());
+        } else {
+            absent += 1;
+            passed += usize::from(!refused);
+        }
+    }
+    let allowed = (absent as f64 * 2.0 * FPP).ceil() as usize;
+    assert!(
+        passed <= allowed,
+        "{name}: {passed} of {absent} deleted keys passed (allowed {allowed}); {:?}",
+        guard.stats()
+    );
+    absent
+}
+
+/// One random statement (or transaction) of the workload against the
+/// `things` table; `write` is instance A's write path, which inserts into
+/// its guard before the row commits.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Insert,
+    InsertTwice,
+    DeleteRow,
+    DeleteKey,
+    ChangeKey,
+    Swap,
+    DeleteAndInsertAgain,
+    RolledBack,
+    Merge,
+    Copy,
+    Truncate,
+}
+
+fn pick(rng: &mut fastrand::Rng, postgres: bool) -> Op {
+    let ops: &[Op] = if postgres {
+        &[
+            Op::Insert,
+            Op::Insert,
+            Op::Insert,
+            Op::InsertTwice,
+            Op::DeleteRow,
+            Op::DeleteRow,
+            Op::DeleteKey,
+            Op::ChangeKey,
+            Op::Swap,
+            Op::DeleteAndInsertAgain,
+            Op::RolledBack,
+            Op::Merge,
+            Op::Copy,
+        ]
+    } else {
+        &[
+            Op::Insert,
+            Op::Insert,
+            Op::Insert,
+            Op::InsertTwice,
+            Op::DeleteRow,
+            Op::DeleteRow,
+            Op::DeleteKey,
+            Op::ChangeKey,
+            Op::Swap,
+            Op::DeleteAndInsertAgain,
+            Op::RolledBack,
+        ]
+    };
+    if rng.usize(..400) == 0 {
+        return Op::Truncate;
+    }
+    ops[rng.usize(..ops.len())]
+}
+
+fn key(rng: &mut fastrand::Rng) -> String {
+    format!("k{}", rng.usize(..400))
+}
+
+/// The table's keys, and its row ids.
+async fn pg_table(pool: &PgPool) -> (BTreeSet<String>, Vec<i64>) {
+    let rows: Vec<(i64, String)> = sqlx::query_as("select id, key from things")
+        .fetch_all(pool)
+        .await
+        .expect("rows");
+    (
+        rows.iter().map(|(_, key)| key.clone()).collect(),
+        rows.iter().map(|(id, _)| *id).collect(),
+    )
+}
+
+async fn pg_step(pool: &PgPool, writer: &BloomGuard, rng: &mut fastrand::Rng, seen: &mut BTreeSet<String>) {
+    let (_, ids) = pg_table(pool).await;
+    let id = |rng: &mut fastrand::Rng| ids.get(rng.usize(..ids.len().max(1))).copied().unwrap_or(0);
+    let (k, other) = (key(rng), key(rng));
+    seen.insert(k.clone());
+    seen.insert(other.clone());
+    let op = pick(rng, true);
+    let sql = match op {
+        Op::Insert => {
+            writer.insert(&k);
+            format!("insert into things (key) values ('{k}')")
+        }
+        Op::InsertTwice => format!("insert into things (key) values ('{k}'), ('{k}')"),
+        Op::DeleteRow => format!("delete from things where id = {}", id(rng)),
+        Op::DeleteKey => format!("delete from things where key = '{k}'"),
+        Op::ChangeKey => format!("update things set key = '{k}' where id = {}", id(rng)),
+        Op::Swap => {
+            let (a, b) = (id(rng), id(rng));
+            format!(
+                "update things t set key = s.key from things s
+                 where (t.id, s.id) in (({a}, {b}), ({b}, {a}))"
+            )
+        }
+        Op::DeleteAndInsertAgain => format!(
+            "begin; delete from things where key = '{k}'; insert into things (key) values ('{k}'); commit"
+        ),
+        Op::RolledBack => {
+            writer.insert(&k);
+            format!(
+                "begin; insert into things (key) values ('{k}'); delete from things where key = '{other}'; rollback"
+            )
+        }
+        Op::Merge => format!(
+            "merge into things t using (values ('{k}'), ('{other}')) s(key) on t.key = s.key
+             when matched and t.key = '{k}' then delete
+             when matched then update set key = '{k}'
+             when not matched then insert (key) values (s.key)"
+        ),
+        Op::Copy => {
+            let mut copy = pool
+                .acquire()
+                .await
+                .expect("a connection")
+                .detach();
+            let mut sink = copy
+                .copy_in_raw("copy things (key) from stdin")
+                .await
+                .expect("copy");
+            sink.send(format!("{k}\n{other}\n{k}\n").into_bytes())
+                .await
+                .expect("rows");
+            sink.finish().await.expect("copy done");
+            return;
+        }
+        Op::Truncate => "truncate things".to_owned(),
+    };
+    exec(pool, &sql).await;
+}
+
+async fn pg_followed(pool: &PgPool, instance: &str) -> (BloomGuard, Running) {
+    let guard = guard();
+    let follower = PgFollower::new(guard.clone(), pool.clone(), things())
+        .check_interval(Duration::from_millis(200))
+        .poll_interval(Duration::from_millis(200))
+        .min_read_gap(Duration::from_millis(5))
+        .snapshot_interval(Duration::from_secs(1))
+        .instance_id(instance);
+    let task = spawn(follower);
+    wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
+    (guard, task)
+}
+
+fn things() -> Watch {
+    Watch::table("things").key("key")
+}
+
+#[sqlx::test]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one(pool: PgPool) {
+    exec(
+        &pool,
+        "create table things (id bigint generated always as identity primary key, key text not null);
+         create index on things (key)",
+    )
+    .await;
+    bloom_guard_sqlx::install(&pool).await.expect("install");
+    things().install(&pool).await.expect("watch");
+    exec(&pool, "insert into things (key) select 'k' || g from generate_series(0, 199) g").await;
+    let mut rng = rng();
+    let mut seen: BTreeSet<String> = (0..200).map(|i| format!("k{i}")).collect();
+    let (a, _a) = pg_followed(&pool, "a").await;
+    let (mut b, mut b_task) = pg_followed(&pool, "b").await;
+    let (mut adopted, mut rebuilt, mut absent, mut applied) = (false, 0, 0, 0);
+    for step in 0..ops() {
+        pg_step(&pool, &a, &mut rng, &mut seen).await;
+        if step % 30 == 29 {
+            // Past A's write window: its journal no longer speaks.
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            applied = applied.max(a.stats().deletes_applied + b.stats().deletes_applied);
+            let (table, _) = pg_table(&pool).await;
+            check("a", &a, &seen, &table).await;
+            absent += check("b", &b, &seen, &table).await;
+            match (step / 30) % 3 {
+                // B restarts: it adopts the newest snapshot, or scans.
+                0 => {
+                    drop(b_task);
+                    (b, b_task) = pg_followed(&pool, "b").await;
+                    adopted |= b.stats().origin == Some(FilterOrigin::Snapshot);
+                }
+                // A rebuild for the fleet, as the admin endpoint runs it.
+                1 => {
+                    FleetRebuild::new(a.clone(), pool.clone(), things())
+                        .rebuild()
+                        .await
+                        .expect("rebuild");
+                    rebuilt += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    let (table, _) = pg_table(&pool).await;
+    check("a", &a, &seen, &table).await;
+    absent += check("b", &b, &seen, &table).await;
+    let stats = b.stats();
+    assert_eq!(stats.filter_kind, Some(FilterKind::Counting));
+    assert!(absent > 0 && rebuilt > 0, "absent {absent}, rebuilt {rebuilt}");
+    assert!(adopted, "no restart adopted a snapshot");
+    assert!(applied > 0, "no delete was applied from the feed");
+}
+
+async fn sqlite_table(pool: &SqlitePool) -> (BTreeSet<String>, Vec<i64>) {
+    let rows: Vec<(i64, String)> = sqlx::query_as("select id, key from things")
+        .fetch_all(pool)
+        .await
+        .expect("rows");
+    (
+        rows.iter().map(|(_, key)| key.clone()).collect(),
+        rows.iter().map(|(id, _)| *id).collect(),
+    )
+}
+
+async fn sqlite_exec(pool: &SqlitePool, sql: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(pool)
+        .await
+        .unwrap_or_else(|error| panic!("{sql}: {error}"));
+}
+
+async fn sqlite_step(pool: &SqlitePool, writer: &BloomGuard, rng: &mut fastrand::Rng, seen: &mut BTreeSet<String>) {
+    let (_, ids) = sqlite_table(pool).await;
+    let id = |rng: &mut fastrand::Rng| ids.get(rng.usize(..ids.len().max(1))).copied().unwrap_or(0);
+    let (k, other) = (key(rng), key(rng));
+    seen.insert(k.clone());
+    seen.insert(other.clone());
+    let sql = match pick(rng, false) {
+        Op::Insert => {
+            writer.insert(&k);
+            format!("insert into things (key) values ('{k}')")
+        }
+        Op::InsertTwice => format!("insert into things (key) values ('{k}'), ('{k}')"),
+        Op::DeleteRow => format!("delete from things where id = {}", id(rng)),
+        Op::DeleteKey => format!("delete from things where key = '{k}'"),
+        Op::ChangeKey => format!("update things set key = '{k}' where id = {}", id(rng)),
+        Op::Swap => {
+            let (a, b) = (id(rng), id(rng));
+            format!(
+                "update things set key = case id
+                    when {a} then (select key from things where id = {b})
+                    else (select key from things where id = {a}) end
+                 where id in ({a}, {b}) and (select count(*) from things where id in ({a}, {b})) = 2"
+            )
+        }
+        Op::DeleteAndInsertAgain => format!(
+            "begin; delete from things where key = '{k}'; insert into things (key) values ('{k}'); commit"
+        ),
+        Op::RolledBack => {
+            writer.insert(&k);
+            format!(
+                "begin; insert into things (key) values ('{k}'); delete from things where key = '{other}'; rollback"
+            )
+        }
+        Op::Truncate => "delete from things".to_owned(),
+        Op::Merge | Op::Copy => unreachable!("Postgres only"),
+    };
+    sqlite_exec(pool, &sql).await;
+}
+
+async fn sqlite_followed(pool: &SqlitePool) -> (BloomGuard, tokio::task::JoinHandle<()>) {
+    let guard = guard();
+    let follower = SqliteFollower::new(guard.clone(), pool.clone(), things())
+        .check_interval(Duration::from_millis(200))
+        .poll_interval(Duration::from_millis(200))
+        .snapshot_interval(Duration::from_secs(1));
+    let task = tokio::spawn(follower.run());
+    wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
+    (guard, task)
+}
+
+#[tokio::test]
+async fn sqlite_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one() {
+    let dir = std::env::temp_dir().join(format!("bloom-guard-deletes-{}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("things.db");
+    let open = || async {
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
+            .expect("options")
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal);
+        SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(options)
+            .await
+            .expect("open")
+    };
+    let (first, second) = (open().await, open().await);
+    sqlite_exec(
+        &first,
+        "create table things (id integer primary key, key text not null);
+         create index things_key on things (key)",
+    )
+    .await;
+    things().install_sqlite(&first).await.expect("install");
+    for i in 0..200 {
+        sqlite_exec(&first, &format!("insert into things (key) values ('k{i}')")).await;
+    }
+    let mut rng = rng();
+    let mut seen: BTreeSet<String> = (0..200).map(|i| format!("k{i}")).collect();
+    let (a, a_task) = sqlite_followed(&first).await;
+    let (mut b, mut b_task) = sqlite_followed(&second).await;
+    let (mut rebuilt, mut absent, mut applied) = (0, 0, 0);
+    for step in 0..ops() {
+        sqlite_step(&first, &a, &mut rng, &mut seen).await;
+        if step % 30 == 29 {
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            applied = applied.max(a.stats().deletes_applied + b.stats().deletes_applied);
+            let (table, _) = sqlite_table(&first).await;
+            check("a", &a, &seen, &table).await;
+            absent += check("b", &b, &seen, &table).await;
+            match (step / 30) % 3 {
+                0 => {
+                    b_task.abort();
+                    (b, b_task) = sqlite_followed(&second).await;
+                }
+                1 => {
+                    FleetRebuild::sqlite(a.clone(), first.clone(), things())
+                        .rebuild()
+                        .await
+                        .expect("rebuild");
+                    rebuilt += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    let (table, _) = sqlite_table(&first).await;
+    check("a", &a, &seen, &table).await;
+    absent += check("b", &b, &seen, &table).await;
+    assert!(absent > 0 && rebuilt > 0, "absent {absent}, rebuilt {rebuilt}");
+    assert!(applied > 0, "no delete was applied from the feed");
+    a_task.abort();
+    b_task.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
