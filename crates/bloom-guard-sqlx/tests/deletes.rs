@@ -161,7 +161,8 @@ async fn pg_table(pool: &PgPool) -> (BTreeSet<String>, Vec<i64>) {
     )
 }
 
-async fn pg_step(pool: &PgPool, writer: &BloomGuard, rng: &mut fastrand::Rng, seen: &mut BTreeSet<String>) {
+/// Runs one step; whether it truncated the table.
+async fn pg_step(pool: &PgPool, writer: &BloomGuard, rng: &mut fastrand::Rng, seen: &mut BTreeSet<String>) -> bool {
     let (_, ids) = pg_table(pool).await;
     let id = |rng: &mut fastrand::Rng| ids.get(rng.usize(..ids.len().max(1))).copied().unwrap_or(0);
     let (k, other) = (key(rng), key(rng));
@@ -213,11 +214,27 @@ async fn pg_step(pool: &PgPool, writer: &BloomGuard, rng: &mut fastrand::Rng, se
                 .await
                 .expect("rows");
             sink.finish().await.expect("copy done");
-            return;
+            return false;
         }
         Op::Truncate => "truncate things".to_owned(),
     };
     exec(pool, &sql).await;
+    matches!(op, Op::Truncate)
+}
+
+/// After a TRUNCATE, each instance rebuilds (a truncation records no
+/// row's delete): waits until the filter in use is newer than it.
+async fn rebuilt_since(guard: &BloomGuard, truncated: Option<std::time::Instant>) {
+    let Some(at) = truncated else {
+        return;
+    };
+    wait_until("a rebuild after the truncation", Duration::from_secs(20), || {
+        guard
+            .stats()
+            .age_ms
+            .is_some_and(|age| u128::from(age) < at.elapsed().as_millis())
+    })
+    .await;
 }
 
 async fn pg_followed(pool: &PgPool, instance: &str) -> (BloomGuard, Running) {
@@ -254,11 +271,16 @@ async fn postgres_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one(
     let (a, _a) = pg_followed(&pool, "a").await;
     let (mut b, mut b_task) = pg_followed(&pool, "b").await;
     let (mut adopted, mut rebuilt, mut absent, mut applied) = (false, 0, 0, 0);
+    let mut truncated = None;
     for step in 0..ops() {
-        pg_step(&pool, &a, &mut rng, &mut seen).await;
+        if pg_step(&pool, &a, &mut rng, &mut seen).await {
+            truncated = Some(std::time::Instant::now());
+        }
         if step % 30 == 29 {
             // Past A's write window: its journal no longer speaks.
             tokio::time::sleep(Duration::from_millis(60)).await;
+            rebuilt_since(&a, truncated).await;
+            rebuilt_since(&b, truncated.take()).await;
             applied = applied.max(a.stats().deletes_applied + b.stats().deletes_applied);
             let (table, _) = pg_table(&pool).await;
             check("a", &a, &seen, &table).await;

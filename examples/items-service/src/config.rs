@@ -173,7 +173,7 @@ impl Config {
             bloom_fpp,
             bloom_expected_items,
             guard_enabled,
-            rebuild_every_secs: parse("BLOOM_REBUILD_SECS", "3600", "a whole number of seconds")?,
+            rebuild_every_secs: parse("BLOOM_REBUILD_SECS", "0", "a whole number of seconds")?,
             debug_header,
             read_barrier: switch("BLOOM_READ_BARRIER", true)?,
             mode,

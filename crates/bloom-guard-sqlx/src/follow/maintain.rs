@@ -89,11 +89,22 @@ impl<B: Database> Follower<B> {
                 }
                 self.republish_if_stale().await;
             }
-            let truncated = self
+            // A truncation: this instance scans the (emptied) table itself,
+            // whatever the fleet does: a snapshot from before it would
+            // bring its keys back.
+            if self
                 .truncated
                 .swap(false, std::sync::atomic::Ordering::AcqRel)
-                .then_some("a watched table was truncated");
-            if let Some(reason) = truncated.or_else(|| self.guard.rebuild_due()) {
+                && self
+                    .guard
+                    .rebuild_newer_than(&source, Instant::now())
+                    .await
+                    .is_err()
+            {
+                self.truncated
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+            if let Some(reason) = self.guard.rebuild_due() {
                 if self.snapshots {
                     self.fleet_rebuild(&source, reason).await;
                 } else {

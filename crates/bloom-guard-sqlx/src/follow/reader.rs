@@ -65,12 +65,6 @@ impl<B: Database> Follower<B> {
                         tracing::info!(feed = feed_name, "the feed's triggers were (re)installed; rebuilding to include keys written without them");
                         resync.notify_one();
                     }
-                    if changes.truncated {
-                        tracing::info!(feed = feed_name, "a watched table was truncated; rebuilding to forget its keys");
-                        self.truncated
-                            .store(true, std::sync::atomic::Ordering::Release);
-                        self.rebuild_soon.notify_one();
-                    }
                     self.guard
                         .record_feed_read(FeedStatus::new(reached.to_string(), total));
                     // A wake-up that found nothing may be anyone's NOTIFY:
@@ -126,6 +120,12 @@ impl<B: Database> Follower<B> {
         }
         if changes.resync {
             self.hold_for_unrecorded();
+        }
+        if changes.truncated {
+            tracing::info!(feed = self.backend.feed(), "a watched table was truncated; rebuilding to forget its keys");
+            self.truncated
+                .store(true, std::sync::atomic::Ordering::Release);
+            self.rebuild_soon.notify_one();
         }
     }
 

@@ -342,6 +342,9 @@ impl CountingFilter {
     /// A filter from a snapshot's parts; not exact until the caller says
     /// so.
     pub(crate) fn from_parts(parts: CountingParts) -> Result<Self, ShardError> {
+        if !supported() {
+            return Err(ShardError("this CPU lacks popcnt or BMI2".to_owned()));
+        }
         let shards = parts
             .shards
             .iter()
@@ -357,6 +360,20 @@ impl CountingFilter {
             parts.overflow.into_iter().collect(),
             parts.skipped,
         ))
+    }
+}
+
+/// Whether this CPU runs qfilter: on x86-64 it needs `popcnt` and BMI2
+/// (every x86-64 CPU since 2013), and would stop the process without them.
+/// Elsewhere, always.
+pub(crate) fn supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("popcnt") && std::is_x86_feature_detected!("bmi2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        true
     }
 }
 

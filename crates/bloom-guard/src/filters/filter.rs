@@ -29,9 +29,10 @@ pub(crate) enum FilterParts {
 
 impl Filter {
     /// A filter sized for `capacity` keys under `target_fpp`, with a fresh
-    /// random hasher; a counting one if `removes`.
+    /// random hasher; a counting one if `removes` and the CPU runs it (a
+    /// Bloom filter otherwise, which keeps deleted keys until a rebuild).
     pub(crate) fn new(capacity: u64, target_fpp: f64, removes: bool) -> Self {
-        if removes {
+        if removes && crate::filters::counting::supported() {
             Self::Counting(CountingFilter::new(capacity, target_fpp, random_seed()))
         } else {
             Self::Bloom(BloomFilter::new(capacity, target_fpp))

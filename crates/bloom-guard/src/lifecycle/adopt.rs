@@ -165,7 +165,7 @@ impl BloomGuard {
         if info.fingerprint != fingerprint {
             return Err(mismatch("key query", fingerprint, &info.fingerprint));
         }
-        let wanted = if shared.fed() {
+        let wanted = if shared.fed() && crate::filters::counting::supported() {
             crate::FilterKind::Counting
         } else {
             crate::FilterKind::Bloom
