@@ -29,10 +29,10 @@ pub(crate) enum FilterParts {
 
 impl Filter {
     /// A filter sized for `capacity` keys under `target_fpp`, with a fresh
-    /// random hasher; a counting one if `removes` and the CPU runs it (a
-    /// Bloom filter otherwise, which keeps deleted keys until a rebuild).
+    /// random hasher; a counting one if `removes` (the caller checked that
+    /// the CPU runs it).
     pub(crate) fn new(capacity: u64, target_fpp: f64, removes: bool) -> Self {
-        if removes && crate::filters::counting::supported() {
+        if removes {
             Self::Counting(CountingFilter::new(capacity, target_fpp, random_seed()))
         } else {
             Self::Bloom(BloomFilter::new(capacity, target_fpp))

@@ -182,11 +182,32 @@ impl Builder {
         self
     }
 
+    /// Whether a guard followed by a change feed forgets deleted rows
+    /// (default `true`): its builds make counting filters, which remove a
+    /// key with its last row as the feed brings the deletes, so no
+    /// scheduled rebuild is needed. `false` keeps the Bloom filter, which
+    /// only ever adds keys: deleted keys pass to the handler until the next
+    /// rebuild (see [`rebuild_interval`](Self::rebuild_interval)). A guard
+    /// without a feed always has a Bloom filter. The crate's filters page
+    /// compares the two.
+    ///
+    /// ```
+    /// use bloom_guard::BloomGuard;
+    ///
+    /// let guard = BloomGuard::builder().forget_deleted_keys(false).build();
+    /// # let _ = guard;
+    /// ```
+    #[must_use]
+    pub fn forget_deleted_keys(mut self, enabled: bool) -> Self {
+        self.config.forget_deleted = enabled;
+        self
+    }
+
     /// How long a write may take between [`BloomGuard::insert`] and its
-    /// commit (default 60 s). A filter build replays the keys inserted this
-    /// long before it started, so this instance finds its own new key even
-    /// when its row commits after the build's scan began (other instances
-    /// get it from the change feed).
+    /// commit (default 60 s): lookups find a key this instance inserted
+    /// for this long whatever filter is in use, so it finds its own new key
+    /// even when its row commits after a build's scan began (other
+    /// instances, and this one afterwards, get it from the change feed).
     #[must_use]
     pub fn write_window(mut self, window: Duration) -> Self {
         self.config.write_window = window;

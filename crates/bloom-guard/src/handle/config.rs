@@ -33,6 +33,9 @@ pub(crate) struct Config {
     pub(crate) read_barrier: Option<Duration>,
     /// Which answers mean the key exists, for shadow mode and the audits.
     pub(crate) found: Found,
+    /// Whether a guard followed by a change feed builds counting filters,
+    /// which forget deleted rows.
+    pub(crate) forget_deleted: bool,
 }
 
 /// How long a refusal waits for the read barrier unless told.
@@ -62,6 +65,7 @@ impl Default for Config {
             rebuild_on_false_negative: true,
             read_barrier: Some(DEFAULT_READ_BARRIER),
             found: Found::default(),
+            forget_deleted: true,
         }
     }
 }

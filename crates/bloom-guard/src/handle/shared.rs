@@ -100,6 +100,12 @@ impl Shared {
         self.fed.load(Ordering::Acquire)
     }
 
+    /// Whether its builds make counting filters: a feed follows it, it
+    /// was not told to keep Bloom filters, and the CPU runs them.
+    pub(crate) fn counts_rows(&self) -> bool {
+        self.fed() && self.config.forget_deleted && crate::filters::counting::supported()
+    }
+
     pub(crate) fn add_catch_up(&self, reader: u64, catch_up: Arc<dyn CatchUp>) {
         let mut catch_ups = lock(&self.catch_ups.0);
         catch_ups.retain(|(id, _)| *id != reader);
@@ -196,11 +202,11 @@ impl Shared {
     }
 
     /// Inserts a key of this instance's write path: into the journal, and
-    /// unless a change feed follows the guard, into the filter in use and
-    /// every filter being built.
+    /// unless the guard builds counting filters (which take each row from
+    /// the feed), into the filter in use and every filter being built.
     pub(crate) fn insert(&self, key: &Key<'_>) {
         let key = &self.config.key_type.canonical_or_same(Key::from(key));
-        if let Some(filter) = &*self.filters.insert(key, self.fed()) {
+        if let Some(filter) = &*self.filters.insert(key, self.counts_rows()) {
             self.metrics.keys(filter.keys(), filter.skipped());
         }
     }
@@ -267,6 +273,16 @@ impl Shared {
             return None;
         }
         self.filters.current().as_ref().map(Arc::clone)
+    }
+
+    /// Whether the counting filter in use spilled keys past its growth
+    /// room into its exact overflow table.
+    pub(crate) fn overflowed(&self) -> bool {
+        self.filters
+            .current()
+            .as_deref()
+            .and_then(Filter::counting)
+            .is_some_and(crate::filters::counting::CountingFilter::overflowed)
     }
 
     /// The sub-filters of the filter in use, 0 if none.

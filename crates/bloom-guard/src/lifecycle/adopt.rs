@@ -165,7 +165,7 @@ impl BloomGuard {
         if info.fingerprint != fingerprint {
             return Err(mismatch("key query", fingerprint, &info.fingerprint));
         }
-        let wanted = if shared.fed() && crate::filters::counting::supported() {
+        let wanted = if shared.counts_rows() {
             crate::FilterKind::Counting
         } else {
             crate::FilterKind::Bloom

@@ -186,9 +186,11 @@ impl BloomGuard {
     /// Why the filter should be rebuilt now, if it should: a false negative
     /// was seen (see [`Mode`](crate::Mode)), the
     /// [`Builder::rebuild_interval`](crate::Builder::rebuild_interval) has
-    /// passed since the last build (which purges deleted keys), the filter
+    /// passed since the last build (which purges deleted keys from a Bloom
+    /// filter), the filter
     /// grew into more sub-filters than
-    /// [`Builder::compact_above`](crate::Builder::compact_above), or its
+    /// [`Builder::compact_above`](crate::Builder::compact_above), a counting
+    /// filter grew past its room (four times its expected keys), or its
     /// estimated false-positive rate passed
     /// [`Builder::rebuild_above`](crate::Builder::rebuild_above) times the
     /// target. Reads the filter's bits (for the estimate): call it on an
@@ -211,6 +213,9 @@ impl BloomGuard {
         }
         if shared.sub_filters() > config.compact_above {
             return Some("the filter grew more sub-filters than compact_above");
+        }
+        if shared.overflowed() {
+            return Some("the counting filter grew past four times its expected keys");
         }
         None
     }

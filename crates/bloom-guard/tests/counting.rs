@@ -1,0 +1,236 @@
+//! The counting filter through the public API: a guard with a feed reader
+//! and an in-memory change feed, its builds brought up to date from their
+//! scan's position, snapshots that carry it, and what it does when it
+//! cannot be sure of a delete.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bloom_guard::{
+    AdoptError, BloomGuard, BuildError, CatchUp, FilterKind, KeyBatch, KeyList, KeySource,
+    PendingFilter, Snapshot,
+};
+use futures_util::future::BoxFuture;
+use futures_util::stream::{self, BoxStream, StreamExt};
+
+/// A table's changes in commit order: (key, added?). A position is how
+/// many of them a filter holds.
+#[derive(Clone, Default)]
+struct Feed(Arc<Mutex<Vec<(String, bool)>>>);
+
+impl Feed {
+    fn add(&self, key: &str) {
+        self.0.lock().expect("feed").push((key.to_owned(), true));
+    }
+
+    fn delete(&self, key: &str) {
+        self.0.lock().expect("feed").push((key.to_owned(), false));
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().expect("feed").len()
+    }
+
+    /// The rows added and removed after `from`, and the position reached.
+    fn read(&self, from: usize) -> (KeyBatch, KeyBatch, usize) {
+        let rows = self.0.lock().expect("feed");
+        let (mut added, mut removed) = (KeyBatch::default(), KeyBatch::default());
+        for (key, add) in &rows[from..] {
+            if *add {
+                added.push(key.as_bytes());
+            } else {
+                removed.push(key.as_bytes());
+            }
+        }
+        (added, removed, rows.len())
+    }
+
+    /// Applies the feed after `from` to `guard`'s filter in use.
+    fn follow(&self, guard: &BloomGuard, from: usize) -> usize {
+        let (added, removed, reached) = self.read(from);
+        guard.apply_changes(&added, &removed, Some(&reached.to_string()));
+        reached
+    }
+}
+
+impl CatchUp for Feed {
+    fn catch_up(&self, pending: PendingFilter) -> BoxFuture<'_, Result<u64, BuildError>> {
+        Box::pin(async move {
+            let from = pending.position().parse().unwrap_or(0);
+            let (added, removed, reached) = self.read(from);
+            pending.apply(&added, &removed, &reached.to_string());
+            pending.promote()
+        })
+    }
+}
+
+/// The table as of its feed's current position, one row per live insert,
+/// tagged with that position.
+impl KeySource for Feed {
+    type Error = std::convert::Infallible;
+
+    async fn count_hint(&self) -> Result<Option<u64>, Self::Error> {
+        Ok(None)
+    }
+
+    fn keys(&self) -> BoxStream<'static, Result<KeyBatch, Self::Error>> {
+        let rows = self.0.lock().expect("feed");
+        let mut live: Vec<String> = Vec::new();
+        for (key, add) in rows.iter() {
+            if *add {
+                live.push(key.clone());
+            } else if let Some(at) = live.iter().position(|k| k == key) {
+                live.remove(at);
+            }
+        }
+        let mut batch: KeyBatch = live.iter().collect();
+        batch.set_position(rows.len().to_string());
+        stream::iter([Ok(batch)]).boxed()
+    }
+}
+
+fn guard() -> BloomGuard {
+    BloomGuard::builder()
+        .name("items")
+        .read_barrier(false)
+        .write_window(Duration::from_millis(50))
+        .build()
+}
+
+#[tokio::test]
+async fn a_key_is_refused_again_with_its_last_row_and_only_then() {
+    let feed = Feed::default();
+    feed.add("a");
+    feed.add("a");
+    feed.add("b");
+    let guard = guard();
+    let reader = guard.feed_reader();
+    reader.catch_up_with(feed.clone());
+    guard.rebuild(&feed).await.expect("build");
+    assert_eq!(guard.stats().filter_kind, Some(FilterKind::Counting));
+    let mut at = feed.len();
+    feed.delete("a");
+    at = feed.follow(&guard, at);
+    assert!(guard.may_contain("a"), "one row of two removed the key");
+    feed.delete("a");
+    feed.delete("b");
+    feed.add("b");
+    feed.follow(&guard, at);
+    assert!(!guard.may_contain("a"));
+    assert!(guard.may_contain("b"), "deleted and inserted again in one read");
+    assert_eq!(guard.stats().deletes_applied, 3);
+}
+
+#[tokio::test]
+async fn a_build_is_brought_up_to_date_from_its_own_scan_not_from_the_follower() {
+    let feed = Feed::default();
+    feed.add("a");
+    feed.add("b");
+    let guard = guard();
+    let reader = guard.feed_reader();
+    reader.catch_up_with(feed.clone());
+    guard.rebuild(&feed).await.expect("first build");
+    // The follower stands at 2; "a" is deleted at 2 and the rebuild scans
+    // at 3: the delete is in its scan already, and must not be applied
+    // again to it (it would take another key's fingerprint with it).
+    feed.delete("a");
+    feed.add("c");
+    guard.rebuild(&feed).await.expect("rebuild");
+    let stats = guard.stats();
+    assert_eq!((stats.keys, stats.deletes_applied), (2, 0), "{stats:?}");
+    feed.delete("b");
+    feed.follow(&guard, 4);
+    assert!(!guard.may_contain("a") && !guard.may_contain("b") && guard.may_contain("c"));
+}
+
+#[tokio::test]
+async fn the_write_paths_keys_are_found_for_the_window_and_come_into_the_filter_from_the_feed() {
+    let feed = Feed::default();
+    let guard = guard();
+    let reader = guard.feed_reader();
+    reader.catch_up_with(feed.clone());
+    guard.rebuild(&feed).await.expect("build");
+    guard.insert("new");
+    assert!(guard.may_contain("new"), "this instance's own new key");
+    assert_eq!(guard.stats().keys, 0, "the write path put a copy in the filter");
+    // Its transaction rolled back: once the window passes, nothing is left.
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    assert!(!guard.may_contain("new"));
+}
+
+#[tokio::test]
+async fn a_snapshot_carries_its_position_and_its_adopter_applies_deletes_from_there() {
+    let feed = Feed::default();
+    for key in ["a", "b", "c"] {
+        feed.add(key);
+    }
+    let first = guard();
+    let reader = first.feed_reader();
+    reader.catch_up_with(feed.clone());
+    first.rebuild(&feed).await.expect("build");
+    let at = feed.len();
+    feed.delete("a");
+    feed.follow(&first, at);
+    // The position passed in is not used: the filter's own is.
+    let writer = first.snapshot("ignored", "q").expect("an exact filter");
+    assert_eq!(writer.info().position, "4");
+    let bytes: Vec<u8> = writer.chunks(4096).flatten().collect();
+    feed.delete("b");
+
+    let second = guard();
+    let _reader = second.feed_reader();
+    let snapshot = Snapshot::decode(&bytes).expect("intact");
+    assert_eq!(snapshot.filter_kind(), FilterKind::Counting);
+    let adoption = second.begin_adoption(snapshot, "q").await.expect("adopt");
+    let (added, removed, reached) = feed.read(adoption.info().position.parse().expect("a count"));
+    adoption.apply(&added, &removed, &reached.to_string());
+    adoption.promote().expect("promote");
+    assert!(!second.may_contain("a") && !second.may_contain("b") && second.may_contain("c"));
+    assert_eq!(second.stats().filter_kind, Some(FilterKind::Counting));
+}
+
+#[tokio::test]
+async fn a_bloom_snapshot_is_refused_by_a_guard_with_a_feed() {
+    let bloom = guard();
+    bloom.rebuild(&KeyList::new(["a"])).await.expect("build");
+    let bytes: Vec<u8> = bloom
+        .snapshot("1", "q")
+        .expect("complete")
+        .chunks(4096)
+        .flatten()
+        .collect();
+    let followed = guard();
+    let _reader = followed.feed_reader();
+    let refused = followed
+        .begin_adoption(Snapshot::decode(&bytes).expect("intact"), "q")
+        .await;
+    assert!(
+        matches!(refused, Err(AdoptError::Mismatch { what: "filter kind", .. })),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn without_a_scan_position_deletes_are_left_not_guessed() {
+    let guard = guard();
+    let _reader = guard.feed_reader();
+    // A source that names no feed position: the filter cannot tell which
+    // deletes its scan already holds.
+    guard.rebuild(&KeyList::new(["a", "b"])).await.expect("build");
+    let removed: KeyBatch = ["a"].into_iter().collect();
+    guard.apply_changes(&KeyBatch::default(), &removed, Some("9"));
+    let stats = guard.stats();
+    assert!(guard.may_contain("a"));
+    assert_eq!((stats.deletes_applied, stats.deletes_left), (0, 1));
+    assert!(guard.snapshot("9", "q").is_none(), "an inexact filter was published");
+}
+
+#[tokio::test]
+async fn kept_bloom_filters_never_forget() {
+    let guard = BloomGuard::builder().forget_deleted_keys(false).build();
+    let _reader = guard.feed_reader();
+    guard.rebuild(&KeyList::new(["a"])).await.expect("build");
+    assert_eq!(guard.stats().filter_kind, Some(FilterKind::Bloom));
+    guard.apply_changes(&KeyBatch::default(), &["a"].into_iter().collect(), None);
+    assert!(guard.may_contain("a"));
+}
