@@ -31,6 +31,10 @@ pub(crate) enum SourceKind {
     /// A `PgFollower` starting after `scan`: it adopts the snapshot and
     /// replays the feed since.
     Snapshot,
+    /// `scan` with the Bloom filter (`forget_deleted_keys(false)`).
+    BloomScan,
+    /// `snapshot` with the Bloom filter, adopting `bloom-scan`'s snapshot.
+    BloomSnapshot,
 }
 
 /// A key written by `psql` between the two followers' starts.
@@ -57,6 +61,12 @@ pub(crate) struct WarmupResult {
     estimated_fpp: f64,
     #[serde(default)]
     generation: u64,
+    /// The kind of the filter in use.
+    #[serde(default)]
+    filter: Option<String>,
+    /// The newest published snapshot's length in bytes.
+    #[serde(default)]
+    snapshot_bytes: Option<i64>,
 }
 
 /// Warms a guard up in this process and prints the result as JSON.
@@ -67,8 +77,13 @@ pub(crate) async fn one(source: SourceKind, url: &str) -> Result<(), Box<dyn std
         .with_ansi(false)
         .init();
     let pool = PgPool::connect(url).await?;
-    let guard = BloomGuard::builder().name("items").build();
+    let bloom = matches!(source, SourceKind::BloomScan | SourceKind::BloomSnapshot);
+    let guard = BloomGuard::builder()
+        .name("items")
+        .forget_deleted_keys(!bloom)
+        .build();
     let mut started = Instant::now();
+    let mut snapshot_bytes = None;
     let stats = match source {
         SourceKind::Copy => guard.rebuild(&PgCopySource::new(pool, KEY_QUERY)).await?,
         SourceKind::Underestimated => {
@@ -84,7 +99,10 @@ pub(crate) async fn one(source: SourceKind, url: &str) -> Result<(), Box<dyn std
             guard.stats()
         }
         SourceKind::Query => guard.rebuild(&QuerySource::new(pool, KEY_QUERY)).await?,
-        SourceKind::Scan | SourceKind::Snapshot => {
+        SourceKind::Scan
+        | SourceKind::Snapshot
+        | SourceKind::BloomScan
+        | SourceKind::BloomSnapshot => {
             let watch = Watch::table("items").key("key");
             bloom_guard_sqlx::install(&pool).await?;
             watch.install(&pool).await?;
@@ -96,7 +114,7 @@ pub(crate) async fn one(source: SourceKind, url: &str) -> Result<(), Box<dyn std
             }));
             guard.ready().await;
             let stats = guard.stats();
-            if source == SourceKind::Scan {
+            if matches!(source, SourceKind::Scan | SourceKind::BloomScan) {
                 // The snapshot the next instance adopts.
                 while sqlx::query_scalar::<_, i64>("select count(*) from bloom_guard.snapshots")
                     .fetch_one(&pool)
@@ -105,6 +123,11 @@ pub(crate) async fn one(source: SourceKind, url: &str) -> Result<(), Box<dyn std
                 {
                     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 }
+                snapshot_bytes = sqlx::query_scalar(
+                    "select len from bloom_guard.snapshots order by id desc limit 1",
+                )
+                .fetch_optional(&pool)
+                .await?;
             }
             let _ = stop.send(());
             task.await?;
@@ -122,11 +145,13 @@ pub(crate) async fn one(source: SourceKind, url: &str) -> Result<(), Box<dyn std
         origin: stats
             .origin
             .map(|origin| FilterOrigin::as_str(origin).to_owned()),
-        found_inserted_between: (source == SourceKind::Snapshot)
+        found_inserted_between: matches!(source, SourceKind::Snapshot | SourceKind::BloomSnapshot)
             .then(|| guard.may_contain(INSERTED_BETWEEN)),
         sub_filters: stats.sub_filters,
         estimated_fpp: stats.estimated_fpp,
         generation: stats.generation,
+        filter: stats.filter_kind.map(|kind| kind.as_str().to_owned()),
+        snapshot_bytes,
     };
     println!("{}", serde_json::to_string(&result)?);
     Ok(())
@@ -173,13 +198,27 @@ pub(crate) async fn compare(
 
     let me = std::env::current_exe()?;
     let mut results = Vec::new();
-    for source in ["copy", "underestimated", "query", "scan", "snapshot"] {
-        if source == "snapshot" {
+    for source in [
+        "copy",
+        "underestimated",
+        "query",
+        "bloom-scan",
+        "bloom-snapshot",
+        "scan",
+        "snapshot",
+    ] {
+        if source == "scan" {
+            // The counting filter's instances start over: no Bloom snapshot.
+            sqlx::query("delete from bloom_guard.snapshots")
+                .execute(db.pool())
+                .await?;
+        }
+        if source.ends_with("snapshot") {
             let inserted = tokio::process::Command::new("psql")
                 .arg(&db.url)
                 .arg("-qc")
                 .arg(format!(
-                    "insert into items (key) values ('{INSERTED_BETWEEN}')"
+                    "insert into items (key) values ('{INSERTED_BETWEEN}') on conflict do nothing"
                 ))
                 .status()
                 .await?;
@@ -216,8 +255,12 @@ pub(crate) async fn compare(
             result.peak_rss_mib - result.filter_mib
         );
         println!(
-            "  generation {}, {} sub-filters, estimated fpp {:.6}",
-            result.generation, result.sub_filters, result.estimated_fpp
+            "  {} filter, generation {}, {} sub-filters, estimated fpp {:.6}, snapshot {:?} bytes",
+            result.filter.as_deref().unwrap_or("no"),
+            result.generation,
+            result.sub_filters,
+            result.estimated_fpp,
+            result.snapshot_bytes
         );
         if let Some(found) = result.found_inserted_between {
             println!(

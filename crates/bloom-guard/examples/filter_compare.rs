@@ -4,7 +4,13 @@
 //!
 //! ```text
 //! cargo run --release -p bloom-guard --example filter_compare -- 1000000 10000000
+//! cargo run --release -p bloom-guard --example filter_compare -- churn 1000000 10000000
 //! ```
+//!
+//! `churn N M`: a counting filter of `N` keys takes `M` deletes and `M`
+//! inserts of new keys (batches of 10 000, the oldest keys deleted), as a
+//! feed would bring them; every `M / 10` its memory, key count, estimated
+//! and measured false-positive rates, and whether a rebuild is due.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -64,8 +70,63 @@ fn lookup_ns(guard: &BloomGuard, first: u64, stride: u64) -> f64 {
     started.elapsed().as_nanos() as f64 / PROBES as f64
 }
 
+/// A counting filter of `n` keys under `m` deletes and inserts.
+async fn churn(n: u64, m: u64) {
+    let guard = BloomGuard::builder()
+        .expected_items(n)
+        .false_positive_rate(RATE)
+        .read_barrier(false)
+        .build();
+    let reader = guard.feed_reader();
+    reader.catch_up_with(Quiet);
+    guard.rebuild(&Keys(n)).await.expect("build");
+    println!("| deletes and inserts | live keys | bits | bits/live key | estimated fpp | measured fpp | deletes applied | rebuild due |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---|");
+    let report = |done: u64| {
+        let stats = guard.stats();
+        let probes = 200_000;
+        let hits = (0..probes)
+            .filter(|i| guard.may_contain(format!("absent-{i}")))
+            .count();
+        println!(
+            "| {done} | {} | {} | {:.2} | {:.5} | {:.5} | {} | {:?} |",
+            stats.keys,
+            stats.bits,
+            stats.bits as f64 / stats.keys.max(1) as f64,
+            stats.estimated_fpp,
+            hits as f64 / probes as f64,
+            stats.deletes_applied,
+            guard.rebuild_due()
+        );
+    };
+    report(0);
+    let batch = 10_000;
+    let mut oldest = 0;
+    let mut done = 0;
+    while done < m {
+        let removed: KeyBatch = (oldest..oldest + batch).map(key).collect();
+        let added: KeyBatch = (n + oldest..n + oldest + batch).map(key).collect();
+        guard.apply_changes(&added, &removed, None);
+        oldest += batch;
+        done += batch;
+        if done % (m / 10).max(batch) == 0 {
+            report(done);
+        }
+    }
+    let started = Instant::now();
+    let present = (oldest..oldest + 100_000).all(|i| guard.may_contain(key(i)));
+    println!("every live key present: {present} ({:?})", started.elapsed());
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("churn") {
+        let n = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(1_000_000);
+        let m = args.get(2).and_then(|m| m.parse().ok()).unwrap_or(10_000_000);
+        churn(n, m).await;
+        return;
+    }
     let sizes: Vec<u64> = std::env::args()
         .skip(1)
         .filter_map(|n| n.parse().ok())

@@ -21,11 +21,13 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::Mutex;
+
+use parking_lot::RwLock;
 
 use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
-use crate::lock::{lock, read_lock, write_lock};
+use crate::lock::lock;
 
 /// The most slots a shard starts with: 2^16, about 62 000 keys at 95 %.
 pub(crate) const SHARD_SLOTS: u64 = 1 << 16;
@@ -138,7 +140,7 @@ impl CountingFilter {
     #[inline]
     pub(crate) fn contains(&self, key: &Key<'_>) -> bool {
         let hash = self.hash(key.as_bytes());
-        if read_lock(self.shard(hash)).contains_fingerprint(hash) {
+        if self.shard(hash).read().contains_fingerprint(hash) {
             return true;
         }
         self.overflowed.load(Ordering::Acquire) && lock(&self.overflow).contains_key(&hash)
@@ -160,7 +162,7 @@ impl CountingFilter {
     }
 
     fn insert_hash(&self, hash: u64) {
-        let full = write_lock(self.shard(hash)).insert_fingerprint(true, hash).is_err();
+        let full = self.shard(hash).write().insert_fingerprint(true, hash).is_err();
         if full {
             let mut overflow = lock(&self.overflow);
             *overflow.entry(hash).or_insert(0) += 1;
@@ -186,7 +188,7 @@ impl CountingFilter {
                 return;
             }
         }
-        if write_lock(self.shard(hash)).remove_fingerprint(hash) {
+        if self.shard(hash).write().remove_fingerprint(hash) {
             self.removed.fetch_add(1, Ordering::Relaxed);
         } else {
             self.missed.fetch_add(1, Ordering::Relaxed);
@@ -241,7 +243,7 @@ impl CountingFilter {
 
     /// Copies of fingerprints held: one per stored row.
     pub(crate) fn keys(&self) -> u64 {
-        let held: u64 = self.shards.iter().map(|shard| read_lock(shard).len()).sum();
+        let held: u64 = self.shards.iter().map(|shard| shard.read().len()).sum();
         let spilled: u64 = lock(&self.overflow).values().map(|&n| u64::from(n)).sum();
         held + spilled
     }
@@ -263,7 +265,7 @@ impl CountingFilter {
     pub(crate) fn capacity(&self) -> u64 {
         self.shards
             .iter()
-            .map(|shard| read_lock(shard).capacity())
+            .map(|shard| shard.read().capacity())
             .sum()
     }
 
@@ -271,7 +273,7 @@ impl CountingFilter {
     pub(crate) fn max_capacity(&self) -> u64 {
         self.shards
             .iter()
-            .map(|shard| read_lock(shard).max_capacity())
+            .map(|shard| shard.read().max_capacity())
             .sum()
     }
 
@@ -279,7 +281,7 @@ impl CountingFilter {
         let bytes: usize = self
             .shards
             .iter()
-            .map(|shard| read_lock(shard).memory_usage())
+            .map(|shard| shard.read().memory_usage())
             .sum();
         bytes as u64 * 8
     }
@@ -294,7 +296,7 @@ impl CountingFilter {
     pub(crate) fn fill(&self) -> f64 {
         let (mut len, mut slots) = (0.0, 0.0);
         for shard in self.shards.iter() {
-            let shard = read_lock(shard);
+            let shard = shard.read();
             len += shard.len() as f64;
             slots += shard.capacity() as f64 / OCCUPANCY;
         }
@@ -311,7 +313,7 @@ impl CountingFilter {
         let sum: f64 = self
             .shards
             .iter()
-            .map(|shard| read_lock(shard).current_error_ratio())
+            .map(|shard| shard.read().current_error_ratio())
             .sum();
         let overflow = if self.overflowed() { 1e-12 } else { 0.0 };
         sum / self.shards.len() as f64 + overflow
@@ -329,7 +331,7 @@ impl CountingFilter {
             shards: self
                 .shards
                 .iter()
-                .map(|shard| ShardParts(encode_shard(&read_lock(shard))))
+                .map(|shard| ShardParts(encode_shard(&shard.read())))
                 .collect(),
             overflow: lock(&self.overflow)
                 .iter()
