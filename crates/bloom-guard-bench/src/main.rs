@@ -14,6 +14,9 @@
 //! `bloom-load warmup` loads 10M keys with `PgCopySource` and `QuerySource`
 //! and compares keys/s and peak RSS with `psql`'s `\copy` of the same query.
 //!
+//! `bloom-load churn` deletes and inserts rows by `psql` in rounds and
+//! counts the deleted keys a counting and a Bloom guard let through.
+//!
 //! `bloom-load deploy` starts an instance after a bulk load that followed
 //! a snapshot of the empty table: its time to ready and to protection, and
 //! its full scans.
@@ -31,6 +34,7 @@
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
 mod chart;
+mod churn;
 mod cross;
 mod deploy;
 mod fleet;
@@ -100,6 +104,19 @@ enum Command {
         /// Rows in the items table.
         #[arg(long, default_value_t = 10_000_000)]
         keys: u64,
+    },
+    /// Deleted keys under churn: rounds of psql deletes and inserts, the
+    /// deleted keys a counting and a Bloom guard let through 2 s later.
+    Churn {
+        /// Rows in the table.
+        #[arg(long, default_value_t = 20_000)]
+        keys: u64,
+        /// Rows deleted and inserted per round.
+        #[arg(long, default_value_t = 10_000)]
+        batch: u64,
+        /// Rounds.
+        #[arg(long, default_value_t = 5)]
+        rounds: u64,
     },
     /// A deploy after a bulk load: a new instance's time to ready and to
     /// protection, and its full scans, after a snapshot of the empty table.
@@ -233,6 +250,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         Command::Warmup { keys } => warmup::compare(&cli.database_url, keys, &cli.out).await,
+        Command::Churn {
+            keys,
+            batch,
+            rounds,
+        } => churn::churn(&cli.database_url, &cli.out, keys, batch, rounds).await,
         Command::Deploy { keys } => deploy::compare(&cli.database_url, &cli.out, &keys).await,
         Command::Writers {
             seconds,
