@@ -22,17 +22,18 @@ fn follow(db: &Database, forget: bool) -> Followed {
         .forget_deleted_keys(forget)
         .build();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let follower = PgFollower::new(guard.clone(), db.pool().clone(), Watch::table("items").key("key"))
-        // Each instance scans: the two kinds share no snapshot.
-        .snapshots(false)
-        .instance_id(if forget { "counting" } else { "bloom" });
+    let follower = PgFollower::new(
+        guard.clone(),
+        db.pool().clone(),
+        Watch::table("items").key("key"),
+    )
+    // Each instance scans: the two kinds share no snapshot.
+    .snapshots(false)
+    .instance_id(if forget { "counting" } else { "bloom" });
     tokio::spawn(follower.run_until(async {
         let _ = stopped.await;
     }));
-    Followed {
-        guard,
-        _stop: stop,
-    }
+    Followed { guard, _stop: stop }
 }
 
 async fn psql(db: &Database, sql: &str) -> Result<(), Box<dyn std::error::Error>> {
@@ -109,7 +110,10 @@ pub(crate) async fn churn(
             }));
         }
     }
-    std::fs::write(out.join("churn.json"), serde_json::to_string_pretty(&report)?)?;
+    std::fs::write(
+        out.join("churn.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
     drop((counting, bloom));
     tokio::time::sleep(Duration::from_millis(200)).await;
     db.drop_database().await?;

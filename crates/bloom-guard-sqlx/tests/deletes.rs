@@ -69,12 +69,21 @@ async fn status(guard: &BloomGuard, key: &str) -> StatusCode {
 /// Asks `guard` for every key ever seen: no key with a row refused, and
 /// the keys without one refused but for twice the target rate. Returns
 /// how many absent keys were asked.
-async fn check(name: &str, guard: &BloomGuard, seen: &BTreeSet<String>, table: &BTreeSet<String>) -> usize {
+async fn check(
+    name: &str,
+    guard: &BloomGuard,
+    seen: &BTreeSet<String>,
+    table: &BTreeSet<String>,
+) -> usize {
     let (mut absent, mut passed) = (0, 0);
     for key in seen {
         let refused = status(guard, key).await == StatusCode::NOT_FOUND;
         if table.contains(key) {
-            assert!(!refused, "{name}: a false negative for {key:?}; {:?}", guard.stats());
+            assert!(
+                !refused,
+                "{name}: a false negative for {key:?}; {:?}",
+                guard.stats()
+            );
         } else {
             absent += 1;
             passed += usize::from(!refused);
@@ -162,7 +171,12 @@ async fn pg_table(pool: &PgPool) -> (BTreeSet<String>, Vec<i64>) {
 }
 
 /// Runs one step; whether it truncated the table.
-async fn pg_step(pool: &PgPool, writer: &BloomGuard, rng: &mut fastrand::Rng, seen: &mut BTreeSet<String>) -> bool {
+async fn pg_step(
+    pool: &PgPool,
+    writer: &BloomGuard,
+    rng: &mut fastrand::Rng,
+    seen: &mut BTreeSet<String>,
+) -> bool {
     let (_, ids) = pg_table(pool).await;
     let id = |rng: &mut fastrand::Rng| ids.get(rng.usize(..ids.len().max(1))).copied().unwrap_or(0);
     let (k, other) = (key(rng), key(rng));
@@ -228,12 +242,16 @@ async fn rebuilt_since(guard: &BloomGuard, truncated: Option<std::time::Instant>
     let Some(at) = truncated else {
         return;
     };
-    wait_until("a rebuild after the truncation", Duration::from_secs(20), || {
-        guard
-            .stats()
-            .age_ms
-            .is_some_and(|age| u128::from(age) < at.elapsed().as_millis())
-    })
+    wait_until(
+        "a rebuild after the truncation",
+        Duration::from_secs(20),
+        || {
+            guard
+                .stats()
+                .age_ms
+                .is_some_and(|age| u128::from(age) < at.elapsed().as_millis())
+        },
+    )
     .await;
 }
 
@@ -265,7 +283,11 @@ async fn postgres_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one(
     .await;
     bloom_guard_sqlx::install(&pool).await.expect("install");
     things().install(&pool).await.expect("watch");
-    exec(&pool, "insert into things (key) select 'k' || g from generate_series(0, 199) g").await;
+    exec(
+        &pool,
+        "insert into things (key) select 'k' || g from generate_series(0, 199) g",
+    )
+    .await;
     let mut rng = rng();
     let mut seen: BTreeSet<String> = (0..200).map(|i| format!("k{i}")).collect();
     let (a, _a) = pg_followed(&pool, "a").await;
@@ -309,7 +331,10 @@ async fn postgres_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one(
     absent += check("b", &b, &seen, &table).await;
     let stats = b.stats();
     assert_eq!(stats.filter_kind, Some(FilterKind::Counting));
-    assert!(absent > 0 && rebuilt > 0, "absent {absent}, rebuilt {rebuilt}");
+    assert!(
+        absent > 0 && rebuilt > 0,
+        "absent {absent}, rebuilt {rebuilt}"
+    );
     assert!(adopted, "no restart adopted a snapshot");
     assert!(applied > 0, "no delete was applied from the feed");
 }
@@ -332,7 +357,12 @@ async fn sqlite_exec(pool: &SqlitePool, sql: &str) {
         .unwrap_or_else(|error| panic!("{sql}: {error}"));
 }
 
-async fn sqlite_step(pool: &SqlitePool, writer: &BloomGuard, rng: &mut fastrand::Rng, seen: &mut BTreeSet<String>) {
+async fn sqlite_step(
+    pool: &SqlitePool,
+    writer: &BloomGuard,
+    rng: &mut fastrand::Rng,
+    seen: &mut BTreeSet<String>,
+) {
     let (_, ids) = sqlite_table(pool).await;
     let id = |rng: &mut fastrand::Rng| ids.get(rng.usize(..ids.len().max(1))).copied().unwrap_or(0);
     let (k, other) = (key(rng), key(rng));
@@ -441,7 +471,10 @@ async fn sqlite_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one() 
     let (table, _) = sqlite_table(&first).await;
     check("a", &a, &seen, &table).await;
     absent += check("b", &b, &seen, &table).await;
-    assert!(absent > 0 && rebuilt > 0, "absent {absent}, rebuilt {rebuilt}");
+    assert!(
+        absent > 0 && rebuilt > 0,
+        "absent {absent}, rebuilt {rebuilt}"
+    );
     assert!(applied > 0, "no delete was applied from the feed");
     a_task.abort();
     b_task.abort();

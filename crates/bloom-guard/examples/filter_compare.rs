@@ -32,7 +32,9 @@ impl KeySource for Keys {
     fn keys(&self) -> BoxStream<'static, Result<KeyBatch, Self::Error>> {
         let n = self.0;
         stream::iter((0..n.div_ceil(8192)).map(move |chunk| {
-            let mut batch: KeyBatch = (chunk * 8192..((chunk + 1) * 8192).min(n)).map(key).collect();
+            let mut batch: KeyBatch = (chunk * 8192..((chunk + 1) * 8192).min(n))
+                .map(key)
+                .collect();
             if chunk == 0 {
                 batch.set_position("0");
             }
@@ -60,7 +62,9 @@ fn key(i: u64) -> String {
 
 /// Nanoseconds per `may_contain` over `PROBES` keys from `first`.
 fn lookup_ns(guard: &BloomGuard, first: u64, stride: u64) -> f64 {
-    let keys: Vec<String> = (0..PROBES).map(|i| key(first + (i * stride) % (u64::MAX / 4))).collect();
+    let keys: Vec<String> = (0..PROBES)
+        .map(|i| key(first + (i * stride) % (u64::MAX / 4)))
+        .collect();
     let started = Instant::now();
     let mut found = 0_u64;
     for key in &keys {
@@ -115,15 +119,24 @@ async fn churn(n: u64, m: u64) {
     }
     let started = Instant::now();
     let present = (oldest..oldest + 100_000).all(|i| guard.may_contain(key(i)));
-    println!("every live key present: {present} ({:?})", started.elapsed());
+    println!(
+        "every live key present: {present} ({:?})",
+        started.elapsed()
+    );
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("churn") {
-        let n = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(1_000_000);
-        let m = args.get(2).and_then(|m| m.parse().ok()).unwrap_or(10_000_000);
+        let n = args
+            .get(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1_000_000);
+        let m = args
+            .get(2)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(10_000_000);
         churn(n, m).await;
         return;
     }
@@ -131,7 +144,11 @@ async fn main() {
         .skip(1)
         .filter_map(|n| n.parse().ok())
         .collect();
-    let sizes = if sizes.is_empty() { vec![1_000_000] } else { sizes };
+    let sizes = if sizes.is_empty() {
+        vec![1_000_000]
+    } else {
+        sizes
+    };
     println!("| keys | filter | bits/key | build s | lookup present ns | lookup absent ns | measured fpp | delete ns |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
@@ -161,7 +178,10 @@ async fn main() {
                 let removed: KeyBatch = (0..n.min(1_000_000)).map(key).collect();
                 let started = Instant::now();
                 guard.apply_changes(&KeyBatch::default(), &removed, None);
-                format!("{:.0}", started.elapsed().as_nanos() as f64 / removed.len() as f64)
+                format!(
+                    "{:.0}",
+                    started.elapsed().as_nanos() as f64 / removed.len() as f64
+                )
             } else {
                 "n/a".to_owned()
             };

@@ -117,7 +117,10 @@ async fn a_key_is_refused_again_with_its_last_row_and_only_then() {
     feed.add("b");
     feed.follow(&guard, at);
     assert!(!guard.may_contain("a"));
-    assert!(guard.may_contain("b"), "deleted and inserted again in one read");
+    assert!(
+        guard.may_contain("b"),
+        "deleted and inserted again in one read"
+    );
     assert_eq!(guard.stats().deletes_applied, 3);
 }
 
@@ -152,7 +155,11 @@ async fn the_write_paths_keys_are_found_for_the_window_and_come_into_the_filter_
     guard.rebuild(&feed).await.expect("build");
     guard.insert("new");
     assert!(guard.may_contain("new"), "this instance's own new key");
-    assert_eq!(guard.stats().keys, 0, "the write path put a copy in the filter");
+    assert_eq!(
+        guard.stats().keys,
+        0,
+        "the write path put a copy in the filter"
+    );
     // Its transaction rolled back: once the window passes, nothing is left.
     tokio::time::sleep(Duration::from_millis(80)).await;
     assert!(!guard.may_contain("new"));
@@ -205,7 +212,13 @@ async fn a_bloom_snapshot_is_refused_by_a_guard_with_a_feed() {
         .begin_adoption(Snapshot::decode(&bytes).expect("intact"), "q")
         .await;
     assert!(
-        matches!(refused, Err(AdoptError::Mismatch { what: "filter kind", .. })),
+        matches!(
+            refused,
+            Err(AdoptError::Mismatch {
+                what: "filter kind",
+                ..
+            })
+        ),
         "{refused:?}"
     );
 }
@@ -216,13 +229,19 @@ async fn without_a_scan_position_deletes_are_left_not_guessed() {
     let _reader = guard.feed_reader();
     // A source that names no feed position: the filter cannot tell which
     // deletes its scan already holds.
-    guard.rebuild(&KeyList::new(["a", "b"])).await.expect("build");
+    guard
+        .rebuild(&KeyList::new(["a", "b"]))
+        .await
+        .expect("build");
     let removed: KeyBatch = ["a"].into_iter().collect();
     guard.apply_changes(&KeyBatch::default(), &removed, Some("9"));
     let stats = guard.stats();
     assert!(guard.may_contain("a"));
     assert_eq!((stats.deletes_applied, stats.deletes_left), (0, 1));
-    assert!(guard.snapshot("9", "q").is_none(), "an inexact filter was published");
+    assert!(
+        guard.snapshot("9", "q").is_none(),
+        "an inexact filter was published"
+    );
 }
 
 #[tokio::test]

@@ -67,7 +67,11 @@ impl<B: Database> Follower<B> {
         let feed_name = self.backend.feed();
         let mut feed = self.feed.lock().await;
         if let Some(position) = feed.clone() {
-            let read = self.backend.read(&position).await.map_err(CatchUpError::from)?;
+            let read = self
+                .backend
+                .read(&position)
+                .await
+                .map_err(CatchUpError::from)?;
             if let Read::Changes {
                 position: reached,
                 changes,

@@ -7,8 +7,8 @@ use std::fmt;
 use bloom_guard::BloomGuard;
 use tokio::time::Instant;
 
-use super::cost::Rates;
 use super::catch_up::CatchUpError;
+use super::cost::Rates;
 use super::{Clock, Database, Follower, LoadError, SnapshotStore, Stored};
 
 /// What the follower knows of the fleet's snapshots.

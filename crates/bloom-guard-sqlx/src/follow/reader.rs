@@ -122,7 +122,10 @@ impl<B: Database> Follower<B> {
             self.hold_for_unrecorded();
         }
         if changes.truncated {
-            tracing::info!(feed = self.backend.feed(), "a watched table was truncated; rebuilding to forget its keys");
+            tracing::info!(
+                feed = self.backend.feed(),
+                "a watched table was truncated; rebuilding to forget its keys"
+            );
             self.truncated
                 .store(true, std::sync::atomic::Ordering::Release);
             self.rebuild_soon.notify_one();

@@ -20,10 +20,7 @@ use crate::watch::Watch;
 const MARKED: &str = "id, guard, kind, hex(quote(key)), at";
 
 /// The mark of row `id`, if the feed holds it.
-async fn mark_of(
-    db: impl sqlx::SqliteExecutor<'_>,
-    id: i64,
-) -> Result<Option<Mark>, sqlx::Error> {
+async fn mark_of(db: impl sqlx::SqliteExecutor<'_>, id: i64) -> Result<Option<Mark>, sqlx::Error> {
     let row: Option<(i64, String, String, String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
         "select {MARKED} from bloom_guard_changes where id = ?"
     )))
@@ -41,9 +38,7 @@ pub(super) async fn position(pool: &SqlitePool) -> Result<Mark, sqlx::Error> {
 
 /// The feed's position as `conn` sees it (in a transaction: as of its
 /// snapshot).
-pub(super) async fn position_in(
-    conn: &mut sqlx::SqliteConnection,
-) -> Result<Mark, sqlx::Error> {
+pub(super) async fn position_in(conn: &mut sqlx::SqliteConnection) -> Result<Mark, sqlx::Error> {
     let last: i64 = sqlx::query_scalar("select coalesce(max(id), 0) from bloom_guard_changes")
         .fetch_one(&mut *conn)
         .await?;

@@ -162,7 +162,11 @@ impl CountingFilter {
     }
 
     fn insert_hash(&self, hash: u64) {
-        let full = self.shard(hash).write().insert_fingerprint(true, hash).is_err();
+        let full = self
+            .shard(hash)
+            .write()
+            .insert_fingerprint(true, hash)
+            .is_err();
         if full {
             let mut overflow = lock(&self.overflow);
             *overflow.entry(hash).or_insert(0) += 1;
@@ -183,7 +187,8 @@ impl CountingFilter {
                 if *count == 0 {
                     overflow.remove(&hash);
                 }
-                self.overflowed.store(!overflow.is_empty(), Ordering::Release);
+                self.overflowed
+                    .store(!overflow.is_empty(), Ordering::Release);
                 self.removed.fetch_add(1, Ordering::Relaxed);
                 return;
             }
@@ -395,7 +400,9 @@ fn new_shard(capacity: u64, rate: f64) -> qfilter::Filter {
     ]
     .into_iter()
     .filter_map(|(initial, max, rate)| qfilter::Filter::new_resizeable(initial, max, rate).ok());
-    tries.next().unwrap_or_else(|| unreachable!("qfilter refuses a one-key filter"))
+    tries
+        .next()
+        .unwrap_or_else(|| unreachable!("qfilter refuses a one-key filter"))
 }
 
 fn encode_shard(shard: &qfilter::Filter) -> Vec<u8> {
@@ -462,7 +469,11 @@ mod tests {
             .count();
         let rate = absent as f64 / 100_000.0;
         assert!(rate <= 2.0 * target, "{rate}");
-        assert!(filter.estimated_fpp() <= 2.0 * target, "{}", filter.estimated_fpp());
+        assert!(
+            filter.estimated_fpp() <= 2.0 * target,
+            "{}",
+            filter.estimated_fpp()
+        );
     }
 
     #[test]
@@ -501,7 +512,10 @@ mod tests {
         let added: KeyBatch = ["a", "b"].into_iter().collect();
         let removed: KeyBatch = ["a"].into_iter().collect();
         filter.apply(&added, &removed, Some("1"));
-        assert!(filter.contains(&key("a")), "an inexact filter removed a key");
+        assert!(
+            filter.contains(&key("a")),
+            "an inexact filter removed a key"
+        );
         assert_eq!(filter.unapplied(), 1);
         filter.set_exact(true);
         filter.apply(&KeyBatch::default(), &removed, Some("2"));

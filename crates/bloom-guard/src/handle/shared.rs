@@ -16,8 +16,8 @@ use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
 use crate::lifecycle::barrier::Barrier;
 use crate::lifecycle::catch_up::CatchUp;
-use crate::lock::lock;
 use crate::lifecycle::single_flight::Builds;
+use crate::lock::lock;
 use crate::report::counters::Counters;
 use crate::report::metrics::{FilterFigures, GuardMetrics};
 use crate::report::stats::{FeedStatus, FilterOrigin, GuardState, Stats};
@@ -225,7 +225,12 @@ impl Shared {
     /// deleted rows' keys, and records the position; a Bloom filter takes
     /// the added keys. Filters being built without a feed position take
     /// the added keys too.
-    pub(crate) fn apply_changes(&self, added: &KeyBatch, removed: &KeyBatch, reached: Option<&str>) {
+    pub(crate) fn apply_changes(
+        &self,
+        added: &KeyBatch,
+        removed: &KeyBatch,
+        reached: Option<&str>,
+    ) {
         let key_type = self.config.key_type;
         let added = key_type.canonical_batch(added);
         let current = self.filters.current();

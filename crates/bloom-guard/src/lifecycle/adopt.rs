@@ -178,12 +178,10 @@ impl BloomGuard {
             return Err(mismatch("filter kind", wanted.as_str(), kind.as_str()));
         }
         let one_at_a_time = shared.builds.one_at_a_time.lock().await;
-        let filter = Filter::from_parts(parts).map_err(|why| {
-            AdoptError::Mismatch {
-                what: "filter",
-                expected: "a counting filter's shards".to_owned(),
-                found: why,
-            }
+        let filter = Filter::from_parts(parts).map_err(|why| AdoptError::Mismatch {
+            what: "filter",
+            expected: "a counting filter's shards".to_owned(),
+            found: why,
         })?;
         if let Some(counting) = filter.counting() {
             // Exactly the rows of its position: the follower applies the

@@ -35,7 +35,11 @@ pub(crate) async fn scan<S: KeySource>(
         .max(floor)
         .max(shared.filters.keys_to_carry());
     let capacity = (wanted as f64 * (1.0 + config.headroom)).ceil() as u64;
-    let filter = Arc::new(Filter::new(capacity, config.target_fpp, shared.counts_rows()));
+    let filter = Arc::new(Filter::new(
+        capacity,
+        config.target_fpp,
+        shared.counts_rows(),
+    ));
     tracing::info!(count_hint = ?hint, capacity, bits = filter.bits(), kind = filter.kind().as_str(), "bloom filter build started");
     // More keys than planned grow the filter's sub-filters: one scan,
     // whatever the hint said.

@@ -217,7 +217,11 @@ impl Header {
                         .try_fold(0_u64, |sum, stage| sum.checked_add(field(stage)))
                         .ok_or(SnapshotError::Field(name))
                 };
-                (sum(|s| s.keys, "keys")?, sum(|s| s.capacity, "capacity")?, count as u32)
+                (
+                    sum(|s| s.keys, "keys")?,
+                    sum(|s| s.capacity, "capacity")?,
+                    count as u32,
+                )
             }
             Parts::Counting { shards, .. } => {
                 let keys = shards

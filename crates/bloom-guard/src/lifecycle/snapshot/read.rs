@@ -205,7 +205,8 @@ impl SnapshotReader {
                     .iter()
                     .zip(self.words)
                     .map(|(shard, words)| {
-                        let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                        let mut bytes: Vec<u8> =
+                            words.iter().flat_map(|w| w.to_le_bytes()).collect();
                         bytes.truncate(shard.bytes as usize);
                         ShardParts(bytes)
                     })
