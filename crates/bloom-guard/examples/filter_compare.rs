@@ -12,6 +12,8 @@
 //! feed would bring them; every `M / 10` its memory, key count, estimated
 //! and measured false-positive rates, and whether a rebuild is due.
 
+#![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
+
 use std::hint::black_box;
 use std::time::Instant;
 

@@ -253,3 +253,36 @@ async fn kept_bloom_filters_never_forget() {
     guard.apply_changes(&KeyBatch::default(), &["a"].into_iter().collect(), None);
     assert!(guard.may_contain("a"));
 }
+
+#[tokio::test]
+async fn a_snapshot_of_many_shards_read_back_in_odd_chunks_holds_every_key() {
+    let feed = Feed::default();
+    let keys: Vec<String> = (0..150_000).map(|i| format!("key-{i}")).collect();
+    for key in &keys {
+        feed.add(key);
+    }
+    let first = BloomGuard::builder()
+        .name("items")
+        .expected_items(150_000)
+        .read_barrier(false)
+        .build();
+    let reader = first.feed_reader();
+    reader.catch_up_with(feed.clone());
+    first.rebuild(&feed).await.expect("build");
+    let writer = first.snapshot("", "q").expect("exact");
+    let len = writer.info().len;
+    let bytes: Vec<u8> = writer.chunks(1001).flatten().collect();
+    assert_eq!(bytes.len() as u64, len);
+
+    let second = guard();
+    let _reader = second.feed_reader();
+    let snapshot = Snapshot::decode(&bytes).expect("intact");
+    second
+        .begin_adoption(snapshot, "q")
+        .await
+        .expect("adopt")
+        .promote()
+        .expect("promote");
+    assert!(keys.iter().all(|key| second.may_contain(key)));
+    assert_eq!(second.stats().keys, 150_000);
+}

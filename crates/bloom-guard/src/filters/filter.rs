@@ -16,6 +16,10 @@ pub(crate) use crate::filters::bloom::{MAX_STAGES, MIN_FPP};
 
 /// A filter of either kind.
 #[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per generation, always behind an Arc: its size is never copied"
+)]
 pub(crate) enum Filter {
     Bloom(BloomFilter),
     Counting(CountingFilter),

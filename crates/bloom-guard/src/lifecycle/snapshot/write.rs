@@ -23,8 +23,9 @@ pub struct SnapshotWriter {
 enum Body {
     /// A Bloom filter's bits, read as the chunks are made.
     Bloom(Arc<Filter>),
-    /// A counting filter's shards, copied at one moment, padded to words.
-    Words(Vec<u64>),
+    /// A counting filter's shards, copied at one moment; each is written
+    /// padded to whole words.
+    Shards(Vec<Vec<u8>>),
 }
 
 impl Body {
@@ -35,9 +36,26 @@ impl Body {
                     bloom.write_words(from, count, out);
                 }
             }
-            Body::Words(words) => {
-                for word in &words[from.min(words.len())..(from + count).min(words.len())] {
-                    out.extend_from_slice(&word.to_le_bytes());
+            Body::Shards(shards) => {
+                // Word `from` onwards, counting through the shards in order.
+                let (mut from, mut count) = (from, count);
+                for shard in shards {
+                    let words = shard.len().div_ceil(8);
+                    if from >= words {
+                        from -= words;
+                        continue;
+                    }
+                    let to = words.min(from + count);
+                    for word in from..to {
+                        let bytes = &shard[word * 8..shard.len().min(word * 8 + 8)];
+                        out.extend_from_slice(bytes);
+                        out.extend(std::iter::repeat_n(0, 8 - bytes.len()));
+                    }
+                    count -= to - from;
+                    from = 0;
+                    if count == 0 {
+                        return;
+                    }
                 }
             }
         }
@@ -109,20 +127,16 @@ impl SnapshotWriter {
         }
         let (parts, position) = filter.to_parts();
         let position = position?;
-        let mut words = Vec::new();
-        let mut shards = Vec::with_capacity(parts.shards.len());
-        for shard in &parts.shards {
-            let bytes = &shard.0;
-            shards.push(ShardHead {
+        let shards: Vec<ShardHead> = parts
+            .shards
+            .iter()
+            .map(|shard| ShardHead {
                 keys: 0,
-                bytes: bytes.len() as u64,
-            });
-            words.extend(bytes.chunks(8).map(|chunk| {
-                let mut word = [0_u8; 8];
-                word[..chunk.len()].copy_from_slice(chunk);
-                u64::from_le_bytes(word)
-            }));
-        }
+                bytes: shard.0.len() as u64,
+            })
+            .collect();
+        let words: u64 = shards.iter().map(|shard| shard.words()).sum();
+        let mut shards = shards;
         let keys = filter.keys();
         if let Some(first) = shards.first_mut() {
             // The keys are counted once, on the first shard.
@@ -137,7 +151,7 @@ impl SnapshotWriter {
                 keys,
                 capacity: keys,
                 sub_filters: 1,
-                bits: words.len() as u64 * 64,
+                bits: words * 64,
                 len: 0,
             },
             seed: parts.seed,
@@ -147,8 +161,8 @@ impl SnapshotWriter {
                 shards,
             },
         };
-        let count = words.len() as u64;
-        Some(Self::with_body(header, count, Body::Words(words)))
+        let bytes = parts.shards.into_iter().map(|shard| shard.0).collect();
+        Some(Self::with_body(header, words, Body::Shards(bytes)))
     }
 
     fn with_body(mut header: Header, words: u64, body: Body) -> Self {
