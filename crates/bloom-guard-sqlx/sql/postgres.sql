@@ -346,6 +346,11 @@ declare
     -- (a rename, a drop, a cascade from a type), the write does not fail.
     gone constant text := bloom_guard.key_columns_gone(key_columns);
 begin
+    -- In a session of the replica role the row trigger records each row
+    -- (it fires there, ENABLE REPLICA): the statement triggers, which fire
+    -- too (ENABLE ALWAYS), record nothing, so no row is counted twice (a
+    -- delete counted twice would remove another key's fingerprint).
+    --
     -- Static SQL names the key columns, planned once per session, and runs
     -- only while they are there under their names (`gone`): a key column
     -- renamed or dropped never makes a writer's statement fail. The
@@ -354,6 +359,9 @@ begin
     -- table's lock keeps the columns as the test saw them.
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'inserted'), pg_catalog.format(
         'begin
+             if pg_catalog.current_setting(''session_replication_role'') operator(pg_catalog.=) ''replica'' then
+                 return null;
+             end if;
              if %3$s then
                  insert into bloom_guard.changes (guard, kind, key, part) values (%1$L, ''r'', '''', %2$s);
                  return null;
@@ -364,6 +372,9 @@ begin
          end', guard, slot, gone, bloom_guard.key_expression(key_columns, 'r')));
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'deleted'), pg_catalog.format(
         'begin
+             if pg_catalog.current_setting(''session_replication_role'') operator(pg_catalog.=) ''replica'' then
+                 return null;
+             end if;
              if %3$s then
                  return null;
              end if;
@@ -378,6 +389,9 @@ begin
     -- filter that counts a key's rows removes it only with its last row.
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'updated'), pg_catalog.format(
         'begin
+             if pg_catalog.current_setting(''session_replication_role'') operator(pg_catalog.=) ''replica'' then
+                 return null;
+             end if;
              if %5$s then
                  insert into bloom_guard.changes (guard, kind, key, part) values (%1$L, ''r'', '''', %2$s);
                  return null;
