@@ -11,7 +11,7 @@
 -- never changes what runs.
 
 -- The event trigger (below) ignores this script's own DDL.
-select pg_catalog.set_config('bloom_guard.installing', 'on', true);
+set bloom_guard.installing = on;
 
 create schema if not exists bloom_guard;
 
@@ -359,6 +359,7 @@ begin
     -- table's lock keeps the columns as the test saw them.
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'inserted'), pg_catalog.format(
         'begin
+             -- bloom_guard: rows counted (7)
              if pg_catalog.current_setting(''session_replication_role'') operator(pg_catalog.=) ''replica'' then
                  return null;
              end if;
@@ -372,6 +373,7 @@ begin
          end', guard, slot, gone, bloom_guard.key_expression(key_columns, 'r')));
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'deleted'), pg_catalog.format(
         'begin
+             -- bloom_guard: rows counted (7)
              if pg_catalog.current_setting(''session_replication_role'') operator(pg_catalog.=) ''replica'' then
                  return null;
              end if;
@@ -389,6 +391,7 @@ begin
     -- filter that counts a key's rows removes it only with its last row.
     execute pg_catalog.format(header, bloom_guard.record_function(guard, key_columns, 'updated'), pg_catalog.format(
         'begin
+             -- bloom_guard: rows counted (7)
              if pg_catalog.current_setting(''session_replication_role'') operator(pg_catalog.=) ''replica'' then
                  return null;
              end if;
@@ -414,6 +417,7 @@ begin
              n jsonb;
              o jsonb;
          begin
+             -- bloom_guard: rows counted (7)
              if tg_op operator(pg_catalog.<>) ''DELETE'' then
                  n := pg_catalog.to_jsonb(new);
              end if;
@@ -449,6 +453,7 @@ as $$
 declare
     rel regclass;
     event text;
+    installing constant text := pg_catalog.current_setting('bloom_guard.installing', true);
 begin
     -- Its own ALTERs pass through states with a trigger missing: the event
     -- trigger ignores them (watch records one resync for the whole).
@@ -490,7 +495,7 @@ begin
             bloom_guard.trigger_name(guard, 'inserted'), bloom_guard.trigger_name(guard, 'updated'),
             bloom_guard.trigger_name(guard, 'deleted'), bloom_guard.trigger_name(guard, 'truncated'));
     end loop;
-    perform pg_catalog.set_config('bloom_guard.installing', 'off', true);
+    perform pg_catalog.set_config('bloom_guard.installing', coalesce(installing, ''), true);
 end
 $$;
 
@@ -516,12 +521,16 @@ begin
             raise exception 'table % has no column %', target, col;
         end if;
     end loop;
-    -- Watched already, with the same key and every trigger in place: nothing
-    -- to do (and no rebuild for the readers).
+    -- Watched already, with the same key and every trigger in place: only
+    -- the functions are written again (this version's, if an earlier one's
+    -- were kept), which changes no trigger and needs no rebuild.
     if exists (
         select from bloom_guard.watched w
         where w.guard = watch.guard and w.rel = target and w.key_columns = watch.key_columns
     ) and not exists (select from bloom_guard.gaps(guard)) then
+        if not bloom_guard.counts_rows(guard) then
+            perform bloom_guard.create_record_functions(guard, key_columns);
+        end if;
         return;
     end if;
     -- Tables of this guard dropped since (a restore, a swap): forgotten.
@@ -568,6 +577,24 @@ begin
         end loop;
     end if;
 end
+$$;
+
+-- Whether every trigger function of `guard` records one feed row per
+-- table row (schema version 7): a counting filter removes keys only then.
+-- A function an earlier version wrote (kept by an install whose role did
+-- not own it) may record a row twice or two rows once.
+create or replace function bloom_guard.counts_rows(guard text)
+returns boolean
+language sql stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select coalesce(bool_and(coalesce(p.prosrc, '') like '%bloom_guard: rows counted (7)%'), false)
+    from bloom_guard.watched w
+    cross join lateral pg_catalog.unnest(array['inserted', 'updated', 'deleted', 'row']) e(event)
+    left join pg_catalog.pg_proc p
+      on p.proname = bloom_guard.record_function(w.guard, w.key_columns, e.event)
+     and p.pronamespace = 'bloom_guard'::regnamespace
+    where w.guard = counts_rows.guard
 $$;
 
 -- Every table of `guard` whose feed triggers are missing, or not enabled
@@ -833,4 +860,4 @@ $recount$;
 insert into bloom_guard.schema_version (version) values (7)
 on conflict (singleton) do update set version = excluded.version;
 
-select pg_catalog.set_config('bloom_guard.installing', 'off', true);
+reset bloom_guard.installing;

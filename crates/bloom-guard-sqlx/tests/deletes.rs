@@ -480,3 +480,61 @@ async fn sqlite_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one() 
     b_task.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Trigger functions an earlier schema version wrote (kept by an install
+/// whose role did not own them) may record a row twice or two rows once:
+/// the follower then passes no deletes to the filter, which keeps their
+/// keys, until the functions are written again.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn with_trigger_functions_of_an_earlier_version_no_delete_is_applied(pool: PgPool) {
+    install(&pool).await;
+    let counts = || async {
+        sqlx::query_scalar::<_, bool>("select bloom_guard.counts_rows('items')")
+            .fetch_one(&pool)
+            .await
+            .expect("counts_rows")
+    };
+    assert!(counts().await);
+    // The delete function as an earlier version left it (its body without
+    // this version's mark).
+    exec(
+        &pool,
+        "do $$
+         declare
+             f name := bloom_guard.record_function('items', array['key'], 'deleted');
+             src text;
+         begin
+             select p.prosrc into src from pg_proc p where p.proname = f;
+             execute format('create or replace function bloom_guard.%I() returns trigger
+                             language plpgsql security definer as %L',
+                            f, replace(src, 'rows counted (7)', 'an earlier version'));
+         end $$",
+    )
+    .await;
+    assert!(!counts().await);
+    exec(&pool, "insert into items (key) values ('a'), ('b')").await;
+    let (guard, _task) = followed(&pool).await;
+    exec(&pool, "delete from items where key = 'a'").await;
+    wait_until("the delete read", Duration::from_secs(5), || {
+        guard.stats().feed.is_some_and(|feed| feed.changes >= 1)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        guard.may_contain("a"),
+        "a delete counted by old functions was applied"
+    );
+    assert_eq!(guard.stats().deletes_applied, 0);
+    // Watched again by their owner: this version's functions (and a
+    // rebuild, as after any watch); deletes are applied once the check
+    // sees them.
+    items().install(&pool).await.expect("watch again");
+    assert!(counts().await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    exec(&pool, "delete from items where key = 'b'").await;
+    wait_until("b refused", Duration::from_secs(10), || {
+        guard.stats().state == bloom_guard::GuardState::Ready && !guard.may_contain("b")
+    })
+    .await;
+}

@@ -112,7 +112,7 @@ async fn churn(n: u64, m: u64) {
     while done < m {
         let removed: KeyBatch = (oldest..oldest + batch).map(key).collect();
         let added: KeyBatch = (n + oldest..n + oldest + batch).map(key).collect();
-        guard.apply_changes(&added, &removed, None);
+        guard.apply_changes(&added, &removed, None, None);
         oldest += batch;
         done += batch;
         if done % (m / 10).max(batch) == 0 {
@@ -179,7 +179,7 @@ async fn main() {
             let delete_ns = if counting {
                 let removed: KeyBatch = (0..n.min(1_000_000)).map(key).collect();
                 let started = Instant::now();
-                guard.apply_changes(&KeyBatch::default(), &removed, None);
+                guard.apply_changes(&KeyBatch::default(), &removed, None, None);
                 format!(
                     "{:.0}",
                     started.elapsed().as_nanos() as f64 / removed.len() as f64

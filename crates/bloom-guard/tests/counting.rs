@@ -48,7 +48,12 @@ impl Feed {
     /// Applies the feed after `from` to `guard`'s filter in use.
     fn follow(&self, guard: &BloomGuard, from: usize) -> usize {
         let (added, removed, reached) = self.read(from);
-        guard.apply_changes(&added, &removed, Some(&reached.to_string()));
+        guard.apply_changes(
+            &added,
+            &removed,
+            Some(&from.to_string()),
+            Some(&reached.to_string()),
+        );
         reached
     }
 }
@@ -185,7 +190,8 @@ async fn a_snapshot_carries_its_position_and_its_adopter_applies_deletes_from_th
     feed.delete("b");
 
     let second = guard();
-    let _reader = second.feed_reader();
+    let second_reader = second.feed_reader();
+    second_reader.catch_up_with(feed.clone());
     let snapshot = Snapshot::decode(&bytes).expect("intact");
     assert_eq!(snapshot.filter_kind(), FilterKind::Counting);
     let adoption = second.begin_adoption(snapshot, "q").await.expect("adopt");
@@ -234,7 +240,7 @@ async fn without_a_scan_position_deletes_are_left_not_guessed() {
         .await
         .expect("build");
     let removed: KeyBatch = ["a"].into_iter().collect();
-    guard.apply_changes(&KeyBatch::default(), &removed, Some("9"));
+    guard.apply_changes(&KeyBatch::default(), &removed, None, Some("9"));
     let stats = guard.stats();
     assert!(guard.may_contain("a"));
     assert_eq!((stats.deletes_applied, stats.deletes_left), (0, 1));
@@ -250,7 +256,12 @@ async fn kept_bloom_filters_never_forget() {
     let _reader = guard.feed_reader();
     guard.rebuild(&KeyList::new(["a"])).await.expect("build");
     assert_eq!(guard.stats().filter_kind, Some(FilterKind::Bloom));
-    guard.apply_changes(&KeyBatch::default(), &["a"].into_iter().collect(), None);
+    guard.apply_changes(
+        &KeyBatch::default(),
+        &["a"].into_iter().collect(),
+        None,
+        None,
+    );
     assert!(guard.may_contain("a"));
 }
 
@@ -285,4 +296,66 @@ async fn a_snapshot_of_many_shards_read_back_in_odd_chunks_holds_every_key() {
         .expect("promote");
     assert!(keys.iter().all(|key| second.may_contain(key)));
     assert_eq!(second.stats().keys, 150_000);
+}
+
+#[tokio::test]
+async fn a_read_that_does_not_start_where_the_filter_stands_removes_nothing() {
+    let feed = Feed::default();
+    feed.add("a");
+    feed.add("a");
+    let guard = guard();
+    let reader = guard.feed_reader();
+    reader.catch_up_with(feed.clone());
+    guard.rebuild(&feed).await.expect("build");
+    // A follower that restarted reads from its own start, not from where
+    // the filter stands: its deletes may be of rows the filter never held.
+    feed.delete("a");
+    let (added, removed, reached) = feed.read(2);
+    guard.apply_changes(&added, &removed, Some("1"), Some(&reached.to_string()));
+    let stats = guard.stats();
+    assert_eq!(
+        (stats.deletes_applied, stats.deletes_left),
+        (0, 1),
+        "{stats:?}"
+    );
+    assert!(guard.may_contain("a"));
+    assert!(
+        guard.snapshot("", "q").is_none(),
+        "an inexact filter was published"
+    );
+}
+
+#[tokio::test]
+async fn a_second_follower_makes_the_filter_keep_deleted_keys() {
+    let feed = Feed::default();
+    feed.add("a");
+    let guard = guard();
+    let first = guard.feed_reader();
+    first.catch_up_with(feed.clone());
+    guard.rebuild(&feed).await.expect("build");
+    let _second = guard.feed_reader();
+    feed.delete("a");
+    feed.follow(&guard, 1);
+    assert!(guard.may_contain("a"));
+    assert_eq!(guard.stats().deletes_left, 1);
+}
+
+#[tokio::test]
+async fn a_delete_of_a_key_the_filter_lacks_stops_removals_and_asks_for_a_rebuild() {
+    let feed = Feed::default();
+    feed.add("a");
+    feed.add("b");
+    let guard = guard();
+    let reader = guard.feed_reader();
+    reader.catch_up_with(feed.clone());
+    guard.rebuild(&feed).await.expect("build");
+    // A row the scan never saw (another table on the feed, a write that
+    // bypassed it) is deleted: the filter and the feed disagree.
+    let removed: KeyBatch = ["never-scanned", "a"].into_iter().collect();
+    guard.apply_changes(&KeyBatch::default(), &removed, Some("2"), Some("4"));
+    assert!(
+        guard.may_contain("a"),
+        "a delete after the disagreement was applied"
+    );
+    assert!(guard.rebuild_due().is_some());
 }

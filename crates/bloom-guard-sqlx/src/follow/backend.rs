@@ -158,6 +158,13 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// disabled triggers, the feed not installed); empty when none.
     fn gaps(&self) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
 
+    /// Whether the feed's triggers record one feed row per table row (so a
+    /// counting filter may remove a key for each deleted row); `false` for
+    /// functions an earlier schema version wrote.
+    fn counts_rows(&self) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
+        async { Ok(true) }
+    }
+
     /// Puts the feed's triggers on the table the key query reads now, if
     /// it is not watched (a table swapped, recreated or shadowed; on SQLite
     /// one rebuilt, which drops its triggers) and the connection may; true

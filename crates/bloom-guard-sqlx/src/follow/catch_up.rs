@@ -39,9 +39,10 @@ impl<B: Database> CatchUp for CatchUpFrom<B> {
             let follower = self.0.upgrade().ok_or(CatchUpError::Stopped)?;
             let from = B::parse_position(pending.position())
                 .ok_or_else(|| CatchUpError::Position(pending.position().to_owned()))?;
+            let deleting = Arc::clone(&follower);
             follower
                 .bring_up_to_date(&from, |changes, reached| {
-                    pending.apply(&changes.added, &changes.removed, reached);
+                    pending.apply(&changes.added, deleting.deletes(changes), reached);
                     pending.promote()
                 })
                 .await
@@ -78,8 +79,13 @@ impl<B: Database> Follower<B> {
             } = read
             {
                 self.note_read(&changes);
-                self.hooks
-                    .apply(&self.guard, feed_name, &changes, &reached.to_string());
+                self.hooks.apply(
+                    &self.guard,
+                    feed_name,
+                    &changes,
+                    self.deletes(&changes),
+                    (&position.to_string(), &reached.to_string()),
+                );
                 *feed = Some(reached);
             }
         }

@@ -205,7 +205,7 @@ impl<B: Database> Follower<B> {
                     return Err(AdoptFailure::Resync);
                 }
                 replayed = changes.rows;
-                adoption.apply(&changes.added, &changes.removed, reached);
+                adoption.apply(&changes.added, self.deletes(changes), reached);
                 adoption.promote().map_err(AdoptFailure::from)
             })
             .await;

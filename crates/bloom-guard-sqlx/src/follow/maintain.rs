@@ -55,6 +55,7 @@ impl<B: Database> Follower<B> {
                 self.hold_for_unrecorded();
             }
             let checked = self.check(&source, &mut gap).await;
+            self.check_counts_rows().await;
             // Writes the feed could not record keep the guard open until a
             // rebuild has them, retried at every check that found no gap
             // (a check that could not run proves nothing).

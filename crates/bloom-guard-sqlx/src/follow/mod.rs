@@ -34,7 +34,7 @@ pub(crate) use backend::{
 pub(crate) use rebuild::Rebuild;
 
 use crate::error::error_chain;
-use crate::follow::changes::Hooks;
+use crate::follow::changes::{Changes, Hooks};
 use fleet::Fleet;
 
 /// The follower engine over one backend; the public followers wrap it.
@@ -64,6 +64,14 @@ pub(crate) struct Follower<B: Database> {
     feed: tokio::sync::Mutex<Option<B::Position>>,
     /// Catch-ups that put a filter in use (and moved `feed` past it).
     catch_ups: std::sync::atomic::AtomicU64,
+    /// Whether the feed's triggers count rows as a counting filter needs:
+    /// until a check says so, deletes are not passed on (the filter keeps
+    /// their keys, harmless false positives).
+    counts_rows: std::sync::atomic::AtomicBool,
+    /// An empty batch, passed for the deletes while `counts_rows` is false.
+    no_keys: bloom_guard::KeyBatch,
+    /// Whether the warning about old trigger functions was logged.
+    warned_counts: std::sync::atomic::AtomicBool,
     /// A table was truncated: a rebuild makes the filter forget its keys.
     truncated: std::sync::atomic::AtomicBool,
     /// Wakes the maintenance for a rebuild now.
@@ -108,6 +116,9 @@ impl<B: Database> Follower<B> {
             reads: guard.feed_reader(),
             feed: tokio::sync::Mutex::new(None),
             catch_ups: std::sync::atomic::AtomicU64::new(0),
+            counts_rows: std::sync::atomic::AtomicBool::new(false),
+            no_keys: bloom_guard::KeyBatch::default(),
+            warned_counts: std::sync::atomic::AtomicBool::new(false),
             truncated: std::sync::atomic::AtomicBool::new(false),
             rebuild_soon: Notify::new(),
             guard,
@@ -184,6 +195,7 @@ impl<B: Database> Follower<B> {
             // Before the first filter: with a gap, it comes already held open.
             let mut gap = None;
             this.check(&source, &mut gap).await;
+            this.check_counts_rows().await;
             let first = Arc::clone(&this).first_filter(source.clone(), start.clone());
             let _first = AbortOnDropHandle::new(tokio::spawn(first.in_current_span()));
             let maintenance = Arc::clone(&this).maintain(
@@ -234,6 +246,36 @@ impl<B: Database> Follower<B> {
                     tokio::time::sleep(pause).await;
                 }
             }
+        }
+    }
+
+    /// The deletes of a read to pass to a filter: none while the feed's
+    /// triggers may count a row twice or two rows once.
+    pub(crate) fn deletes<'c>(&'c self, changes: &'c Changes) -> &'c bloom_guard::KeyBatch {
+        if self.counts_rows.load(std::sync::atomic::Ordering::Acquire) {
+            &changes.removed
+        } else {
+            &self.no_keys
+        }
+    }
+
+    /// Asks the database whether its triggers count rows; warns once when
+    /// they do not.
+    pub(crate) async fn check_counts_rows(&self) {
+        let counts = match self.backend.counts_rows().await {
+            Ok(counts) => counts,
+            Err(error) => {
+                tracing::debug!(%error, "cannot check how the feed's triggers count rows");
+                return;
+            }
+        };
+        self.counts_rows
+            .store(counts, std::sync::atomic::Ordering::Release);
+        let warned = self
+            .warned_counts
+            .swap(!counts, std::sync::atomic::Ordering::AcqRel);
+        if !counts && !warned {
+            tracing::warn!(feed = self.backend.feed(), "the feed's trigger functions predate schema version 7 (installed by a role that does not own them?): deleted keys stay in the filter until `Watch::install` runs as their owner");
         }
     }
 

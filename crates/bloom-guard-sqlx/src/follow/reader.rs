@@ -49,8 +49,13 @@ impl<B: Database> Follower<B> {
                     self.note_read(&changes);
                     // The keys first, then the position: a snapshot
                     // published at the position holds every key before it.
-                    self.hooks
-                        .apply(&self.guard, feed_name, &changes, &reached.to_string());
+                    self.hooks.apply(
+                        &self.guard,
+                        feed_name,
+                        &changes,
+                        self.deletes(&changes),
+                        (&position.to_string(), &reached.to_string()),
+                    );
                     #[cfg(test)]
                     if let (Some(pause), true) = (&self.between_keys_and_position, changes.rows > 0)
                     {

@@ -172,6 +172,13 @@ impl Database for PgBackend {
         feed::prune(&self.pool, retention).await
     }
 
+    async fn counts_rows(&self) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar("select bloom_guard.counts_rows($1)")
+            .bind(self.watch.feed_name())
+            .fetch_one(&self.pool)
+            .await
+    }
+
     async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
         let mut gaps = catalog::gaps(&self.pool, self.watch.feed_name()).await?;
         if gaps.iter().all(|gap| !gap.contains("not installed")) {

@@ -196,7 +196,14 @@ impl CountingFilter {
         if self.shard(hash).write().remove_fingerprint(hash) {
             self.removed.fetch_add(1, Ordering::Relaxed);
         } else {
-            self.missed.fetch_add(1, Ordering::Relaxed);
+            // An exact filter holds every deleted row's insert: this one
+            // does not (a row the scan never saw: a table outside the key
+            // query, writes that bypassed the feed). Other deletes may hit
+            // another key's fingerprint: no more removals, and a rebuild.
+            if self.missed.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!("a deleted row's key was not in the counting filter: the filter and the change feed disagree; it keeps deleted keys until a rebuild");
+            }
+            self.set_exact(false);
         }
     }
 
@@ -217,23 +224,41 @@ impl CountingFilter {
         lock(&self.position).clone()
     }
 
-    /// Applies one read of the feed: the added rows' keys, then the
-    /// removed rows' keys (so a key deleted and inserted again within the
-    /// read never leaves meanwhile), and the position the read reached.
-    /// Removals only while the filter is exact; otherwise they are counted
-    /// and left, a harmless false positive each.
-    pub(crate) fn apply(&self, added: &KeyBatch, removed: &KeyBatch, position: Option<&str>) {
+    /// Applies one read of the feed that began at position `from` (`None`:
+    /// at the filter's own, as a catch-up reads) and reached `reached`:
+    /// the added rows' keys, then the removed rows' keys (so a key deleted
+    /// and inserted again within the read never leaves meanwhile). Removals
+    /// only while the filter is exact and the read began where the filter
+    /// stands; a read from anywhere else (another follower's, one from
+    /// before a restart) makes it inexact for good: its deletes are counted
+    /// and left, a harmless false positive each, until a rebuild.
+    pub(crate) fn apply(
+        &self,
+        added: &KeyBatch,
+        removed: &KeyBatch,
+        from: Option<&str>,
+        reached: Option<&str>,
+    ) {
         let mut at = lock(&self.position);
-        self.insert_batch(added);
-        if self.exact() {
-            for key in removed.iter() {
-                self.remove(&key);
-            }
-        } else {
-            self.unapplied
-                .fetch_add(removed.len() as u64, Ordering::Relaxed);
+        if from.is_some_and(|from| at.as_deref() != Some(from)) && self.exact() {
+            tracing::warn!(
+                filter_at = ?*at,
+                read_from = ?from,
+                "a change feed read that does not start where the counting filter stands; it keeps deleted keys until the next rebuild"
+            );
+            self.set_exact(false);
         }
-        if let Some(position) = position {
+        self.insert_batch(added);
+        for key in removed.iter() {
+            // Checked for each: a delete the filter cannot match stops the
+            // ones after it too.
+            if self.exact() {
+                self.remove(&key);
+            } else {
+                self.unapplied.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if let Some(position) = reached {
             *at = Some(position.to_owned());
         }
     }
@@ -261,7 +286,8 @@ impl CountingFilter {
         self.removed.load(Ordering::Relaxed)
     }
 
-    #[cfg(test)]
+    /// Deletes whose key was not in the filter: the filter and the feed
+    /// disagree, and a rebuild is due.
     pub(crate) fn missed(&self) -> u64 {
         self.missed.load(Ordering::Relaxed)
     }
@@ -511,14 +537,14 @@ mod tests {
         let filter = CountingFilter::new(100, 0.001, 1);
         let added: KeyBatch = ["a", "b"].into_iter().collect();
         let removed: KeyBatch = ["a"].into_iter().collect();
-        filter.apply(&added, &removed, Some("1"));
+        filter.apply(&added, &removed, None, Some("1"));
         assert!(
             filter.contains(&key("a")),
             "an inexact filter removed a key"
         );
         assert_eq!(filter.unapplied(), 1);
         filter.set_exact(true);
-        filter.apply(&KeyBatch::default(), &removed, Some("2"));
+        filter.apply(&KeyBatch::default(), &removed, None, Some("2"));
         assert!(!filter.contains(&key("a")) && filter.contains(&key("b")));
         assert_eq!(filter.position().as_deref(), Some("2"));
     }
@@ -528,8 +554,8 @@ mod tests {
         let filter = CountingFilter::new(100, 0.001, 1);
         filter.set_exact(true);
         let a: KeyBatch = ["a"].into_iter().collect();
-        filter.apply(&a, &KeyBatch::default(), None);
-        filter.apply(&a, &a, None);
+        filter.apply(&a, &KeyBatch::default(), None, None);
+        filter.apply(&a, &a, None, None);
         assert!(filter.contains(&key("a")));
     }
 }

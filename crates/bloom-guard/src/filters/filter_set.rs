@@ -93,14 +93,31 @@ impl FilterSet {
         current
     }
 
-    /// Inserts committed keys into the filters being built that take them
-    /// (not into the one in use).
-    pub(crate) fn insert_building(&self, batch: &KeyBatch) {
+    /// Applies a read of the change feed that began at feed position
+    /// `from` and reached `reached`, under the same lock as a promotion
+    /// (so no filter put in use meanwhile misses it): a counting filter in
+    /// use takes the added rows and, if it is exact at `from`, the removed
+    /// ones; a Bloom filter in use and the filters being built that take
+    /// live keys take the added keys. Returns the filter in use.
+    pub(crate) fn apply(
+        &self,
+        added: &KeyBatch,
+        removed: &KeyBatch,
+        from: Option<&str>,
+        reached: Option<&str>,
+    ) -> Current {
         let building = read_lock(&self.building);
+        let current = self.current();
         let mut hashes = Vec::new();
-        for filter in building.iter().filter(|filter| takes_live_keys(filter)) {
-            filter.insert_batch(batch, &mut hashes);
+        match current.as_deref() {
+            Some(Filter::Counting(counting)) => counting.apply(added, removed, from, reached),
+            Some(filter) => filter.insert_batch(added, &mut hashes),
+            None => {}
         }
+        for filter in building.iter().filter(|filter| takes_live_keys(filter)) {
+            filter.insert_batch(added, &mut hashes);
+        }
+        current
     }
 
     /// Makes `filter` receive every insert from now on, plus the journal.

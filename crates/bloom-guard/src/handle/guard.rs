@@ -142,17 +142,19 @@ impl BloomGuard {
         FeedReader::of(Arc::clone(&self.shared))
     }
 
-    /// Applies a read of the change feed: every added row's key (once per
-    /// row) and every removed row's key, to the filter in use; `reached`
-    /// is the feed position the read reached. A counting filter removes a
-    /// key with the last of its rows, and only once it is sure it holds
-    /// their inserts (it was built from a scan at a feed position and
-    /// brought up to date by the follower's [`CatchUp`](crate::CatchUp));
-    /// a Bloom filter takes the added keys only.
+    /// Applies a read of the change feed that began at feed position
+    /// `from` and reached `reached`: every added row's key (once per row)
+    /// and every removed row's key, to the filter in use. A counting filter
+    /// removes a key with the last of its rows, and only while it is sure
+    /// it holds their inserts: it was built from a scan at a feed position
+    /// and brought up to date by the follower's
+    /// [`CatchUp`](crate::CatchUp), and every read since began where the
+    /// previous one ended (`from` is the position it stands at; a read from
+    /// anywhere else makes it keep deleted keys until the next rebuild). A
+    /// Bloom filter takes the added keys only.
     ///
-    /// Apply each read once, in order, and only reads that follow the
-    /// previous one: a delete applied twice removes another key's
-    /// fingerprint.
+    /// Apply each read once, in order: a delete applied twice removes
+    /// another key's fingerprint.
     ///
     /// ```
     /// use bloom_guard::{BloomGuard, KeyBatch, KeyList};
@@ -161,12 +163,18 @@ impl BloomGuard {
     /// let guard = BloomGuard::builder().build();
     /// guard.rebuild(&KeyList::new(["a"])).await?;
     /// let added: KeyBatch = ["b"].into_iter().collect();
-    /// guard.apply_changes(&added, &KeyBatch::default(), Some("7"));
+    /// guard.apply_changes(&added, &KeyBatch::default(), Some("6"), Some("7"));
     /// assert!(guard.may_contain("b"));
     /// # Ok(()) }
     /// ```
-    pub fn apply_changes(&self, added: &KeyBatch, removed: &KeyBatch, reached: Option<&str>) {
-        self.shared.apply_changes(added, removed, reached);
+    pub fn apply_changes(
+        &self,
+        added: &KeyBatch,
+        removed: &KeyBatch,
+        from: Option<&str>,
+        reached: Option<&str>,
+    ) {
+        self.shared.apply_changes(added, removed, from, reached);
     }
 
     /// Reports where the change feed that keeps this guard complete stands,

@@ -220,29 +220,23 @@ impl Shared {
         }
     }
 
-    /// Applies a read of the change feed to the filter in use: a counting
-    /// filter takes the added rows' keys and, while exact, removes the
-    /// deleted rows' keys, and records the position; a Bloom filter takes
-    /// the added keys. Filters being built without a feed position take
-    /// the added keys too.
+    /// Applies a read of the change feed (from position `from` to
+    /// `reached`) to the filter in use and the filters being built that
+    /// take live keys: see [`FilterSet::apply`].
     pub(crate) fn apply_changes(
         &self,
         added: &KeyBatch,
         removed: &KeyBatch,
+        from: Option<&str>,
         reached: Option<&str>,
     ) {
         let key_type = self.config.key_type;
-        let added = key_type.canonical_batch(added);
-        let current = self.filters.current();
-        match current.as_deref().and_then(Filter::counting) {
-            Some(counting) => {
-                counting.apply(&added, &key_type.canonical_batch(removed), reached);
-                self.filters.insert_building(&added);
-            }
-            None => {
-                self.filters.insert_batch(&added);
-            }
-        }
+        let current = self.filters.apply(
+            &key_type.canonical_batch(added),
+            &key_type.canonical_batch(removed),
+            from,
+            reached,
+        );
         if let Some(filter) = &*current {
             self.metrics.keys(filter.keys(), filter.skipped());
         }
@@ -280,6 +274,14 @@ impl Shared {
         self.filters.current().as_ref().map(Arc::clone)
     }
 
+    /// Makes the counting filter in use keep deleted keys from now on (a
+    /// second follower joined: its reads are not the first's).
+    pub(crate) fn filter_no_longer_exact(&self) {
+        if let Some(counting) = self.filters.current().as_deref().and_then(Filter::counting) {
+            counting.set_exact(false);
+        }
+    }
+
     /// Whether the counting filter in use spilled keys past its growth
     /// room into its exact overflow table.
     pub(crate) fn overflowed(&self) -> bool {
@@ -287,7 +289,7 @@ impl Shared {
             .current()
             .as_deref()
             .and_then(Filter::counting)
-            .is_some_and(crate::filters::counting::CountingFilter::overflowed)
+            .is_some_and(|counting| counting.overflowed() || counting.missed() > 0)
     }
 
     /// The sub-filters of the filter in use, 0 if none.

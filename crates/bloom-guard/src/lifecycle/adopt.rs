@@ -184,10 +184,11 @@ impl BloomGuard {
             found: why,
         })?;
         if let Some(counting) = filter.counting() {
-            // Exactly the rows of its position: the follower applies the
-            // feed from there, each delete once.
+            // Exactly the rows of its position: the guard's one follower
+            // applies the feed from there, each delete once (with several,
+            // a position stands for no one feed: no deletes).
             counting.set_position(&info.position);
-            counting.set_exact(true);
+            counting.set_exact(shared.catch_up().is_some());
         }
         let filter = Arc::new(filter);
         Ok(Adoption {
@@ -261,7 +262,12 @@ impl Adoption<'_> {
         let added = key_type.canonical_batch(added);
         match self.filter.counting() {
             Some(counting) => {
-                counting.apply(&added, &key_type.canonical_batch(removed), Some(reached));
+                counting.apply(
+                    &added,
+                    &key_type.canonical_batch(removed),
+                    None,
+                    Some(reached),
+                );
             }
             None => self.filter.insert_batch(&added, &mut Vec::new()),
         }

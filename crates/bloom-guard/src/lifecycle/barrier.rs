@@ -101,6 +101,11 @@ impl Barrier {
                 .all(|reader| reader.read_from.is_some_and(|started| started > arrived))
     }
 
+    /// How many readers there are.
+    pub(crate) fn readers(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
     fn join(&self) -> (u64, Arc<Notify>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) as u64;
         let asked = Arc::new(Notify::new());
@@ -223,6 +228,11 @@ impl FeedReader {
     pub(crate) fn of(shared: Arc<Shared>) -> Self {
         shared.set_fed();
         let mut reader = Self::new(Arc::clone(&shared.barrier));
+        if shared.barrier.readers() > 1 {
+            // Another follower's reads will reach the filter in use too: its
+            // position no longer says which deletes it holds.
+            shared.filter_no_longer_exact();
+        }
         reader.shared = Some(shared);
         reader
     }

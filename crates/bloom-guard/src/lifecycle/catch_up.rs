@@ -92,7 +92,7 @@ use crate::report::stats::FilterOrigin;
 /// // "a" deleted: the follower applies its read.
 /// feed.0.lock().unwrap().push(("a".into(), false));
 /// let (added, removed, _) = feed.read(2);
-/// guard.apply_changes(&added, &removed, Some("3"));
+/// guard.apply_changes(&added, &removed, Some("2"), Some("3"));
 /// assert!(!guard.may_contain("a") && guard.may_contain("b"));
 /// # Ok(()) }
 /// ```
@@ -153,6 +153,7 @@ impl PendingFilter {
             counting.apply(
                 &key_type.canonical_batch(added),
                 &key_type.canonical_batch(removed),
+                None,
                 Some(reached),
             );
         }

@@ -190,7 +190,8 @@ impl BloomGuard {
     /// filter), the filter
     /// grew into more sub-filters than
     /// [`Builder::compact_above`](crate::Builder::compact_above), a counting
-    /// filter grew past its room (four times its expected keys), or its
+    /// filter grew past its room (four times its expected keys) or met a
+    /// deleted row's key it did not hold (it and the feed disagree), or its
     /// estimated false-positive rate passed
     /// [`Builder::rebuild_above`](crate::Builder::rebuild_above) times the
     /// target. Reads the filter's bits (for the estimate): call it on an
@@ -215,7 +216,7 @@ impl BloomGuard {
             return Some("the filter grew more sub-filters than compact_above");
         }
         if shared.overflowed() {
-            return Some("the counting filter grew past four times its expected keys");
+            return Some("the counting filter overflowed, or a deleted row's key was not in it");
         }
         None
     }

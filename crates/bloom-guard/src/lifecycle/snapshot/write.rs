@@ -126,6 +126,11 @@ impl SnapshotWriter {
             return None;
         }
         let (parts, position) = filter.to_parts();
+        // Keys that overflowed while the copy was taken: a snapshot holds
+        // no overflow table.
+        if !parts.overflow.is_empty() || !filter.exact() {
+            return None;
+        }
         let position = position?;
         let shards: Vec<ShardHead> = parts
             .shards
