@@ -208,8 +208,29 @@ impl BloomGuard {
     /// with the rejections, next to the estimate.
     ///
     /// Call it where the database answers "not found" for a key that went
-    /// through the guard (a cache's load, not a cache hit). Reports made
-    /// while the guard lets every request through are not counted.
+    /// through the guard: inside a cache's load, not on a cache hit (a
+    /// cached "not found" answered again is one false positive, not many).
+    /// Reports made while the guard lets every request through are not
+    /// counted.
+    ///
+    /// ```
+    /// # #[cfg(feature = "cache")] {
+    /// use bloom_guard::{BloomGuard, ReadThroughCache};
+    ///
+    /// # async fn find(_: &str) -> Result<Option<String>, std::io::Error> { Ok(None) }
+    /// # async fn handler(guard: BloomGuard, cache: ReadThroughCache<String, String>, key: String) {
+    /// let value = cache
+    ///     .get_or_load(key.clone(), || async {
+    ///         let found = find(&key).await?;
+    ///         if found.is_none() {
+    ///             guard.record_false_positive();
+    ///         }
+    ///         Ok::<_, std::io::Error>(found)
+    ///     })
+    ///     .await;
+    /// # let _ = value; }
+    /// # }
+    /// ```
     pub fn record_false_positive(&self) {
         self.shared.record_false_positive();
     }

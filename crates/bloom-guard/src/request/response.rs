@@ -91,6 +91,20 @@ impl CannedResponse {
 /// assert_eq!(response.status(), 404);
 /// assert_eq!(response.body().as_ref(), br#"{"error":"not found"}"#);
 /// ```
+///
+/// In an axum handler, its body as axum's:
+///
+/// ```
+/// # #[cfg(feature = "axum")] {
+/// use axum::response::{IntoResponse, Response};
+///
+/// async fn missing() -> Response {
+///     bloom_guard::not_found_response()
+///         .map(axum::body::Body::from)
+///         .into_response()
+/// }
+/// # }
+/// ```
 pub fn not_found_response() -> Response<Bytes> {
     let canned = CannedResponse::not_found();
     let mut response = Response::new(canned.body.clone());
