@@ -51,6 +51,8 @@ fn guard() -> BloomGuard {
         .false_positive_rate(FPP)
         // The write path's journal would find a deleted key for a while.
         .write_window(Duration::from_millis(50))
+        // A loaded machine (CI) must not turn refusals into timeouts.
+        .read_barrier_timeout(Duration::from_secs(10))
         .build()
 }
 

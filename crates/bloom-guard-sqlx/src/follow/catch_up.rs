@@ -19,6 +19,8 @@ pub(super) enum CatchUpError {
     Position(String),
     #[error("the change feed was pruned past the filter's position")]
     Pruned,
+    #[error("a watched table was truncated after the filter's scan")]
+    Truncated,
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
@@ -42,6 +44,11 @@ impl<B: Database> CatchUp for CatchUpFrom<B> {
             let deleting = Arc::clone(&follower);
             follower
                 .bring_up_to_date(&from, |changes, reached| {
+                    // Truncated after the scan: the rebuild that follows
+                    // scans what is left.
+                    if changes.truncated {
+                        return Err(CatchUpError::Truncated.into());
+                    }
                     pending.apply(&changes.added, deleting.deletes(changes), reached);
                     pending.promote()
                 })
@@ -83,8 +90,10 @@ impl<B: Database> Follower<B> {
                     &self.guard,
                     feed_name,
                     &changes,
-                    self.deletes(&changes),
-                    (&position.to_string(), &reached.to_string()),
+                    (
+                        self.read_start(&position.to_string(), &changes),
+                        &reached.to_string(),
+                    ),
                 );
                 *feed = Some(reached);
             }

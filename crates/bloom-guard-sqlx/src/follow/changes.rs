@@ -55,18 +55,16 @@ pub(crate) struct Hooks {
 
 impl Hooks {
     /// Applies a read from position `from` to `reached` to the filter in
-    /// use (its added keys and `deletes`, the read's removed keys or none)
-    /// and tells the hooks.
+    /// use and tells the hooks.
     pub(crate) fn apply(
         &self,
         guard: &BloomGuard,
         feed: &str,
         changes: &Changes,
-        deletes: &KeyBatch,
         (from, reached): (&str, &str),
     ) {
         warn_skipped(feed, changes);
-        guard.apply_changes(&changes.added, deletes, Some(from), Some(reached));
+        guard.apply_changes(&changes.added, &changes.removed, Some(from), Some(reached));
         self.tell(changes);
     }
 

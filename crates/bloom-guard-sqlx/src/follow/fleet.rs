@@ -56,6 +56,8 @@ enum AdoptFailure {
     Resync,
     #[error("the snapshot's feed position {0:?} cannot be read")]
     Position(String),
+    #[error("a watched table was truncated after the snapshot")]
+    Truncated,
     #[error(transparent)]
     Adopt(#[from] bloom_guard::AdoptError),
     #[error(transparent)]
@@ -203,6 +205,9 @@ impl<B: Database> Follower<B> {
             .bring_up_to_date(&position, |changes, reached| {
                 if changes.resync {
                     return Err(AdoptFailure::Resync);
+                }
+                if changes.truncated {
+                    return Err(AdoptFailure::Truncated);
                 }
                 replayed = changes.rows;
                 adoption.apply(&changes.added, self.deletes(changes), reached);

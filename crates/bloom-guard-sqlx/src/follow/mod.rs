@@ -72,7 +72,8 @@ pub(crate) struct Follower<B: Database> {
     no_keys: bloom_guard::KeyBatch,
     /// Whether the warning about old trigger functions was logged.
     warned_counts: std::sync::atomic::AtomicBool,
-    /// A table was truncated: a rebuild makes the filter forget its keys.
+    /// A rebuild on this instance is due: a table was truncated, or the
+    /// triggers count rows again after a spell when they did not.
     truncated: std::sync::atomic::AtomicBool,
     /// Wakes the maintenance for a rebuild now.
     rebuild_soon: Notify,
@@ -195,7 +196,6 @@ impl<B: Database> Follower<B> {
             // Before the first filter: with a gap, it comes already held open.
             let mut gap = None;
             this.check(&source, &mut gap).await;
-            this.check_counts_rows().await;
             let first = Arc::clone(&this).first_filter(source.clone(), start.clone());
             let _first = AbortOnDropHandle::new(tokio::spawn(first.in_current_span()));
             let maintenance = Arc::clone(&this).maintain(
@@ -234,6 +234,10 @@ impl<B: Database> Follower<B> {
                     fleet.fingerprint = Some(keys.fingerprint);
                     fleet.trigger_versions = Some(keys.trigger_versions);
                 }
+                // Known before any filter: a transient failure later keeps
+                // the answer, never turns deletes off.
+                let counts_rows = self.backend.counts_rows().await?;
+                self.set_counts_rows(counts_rows);
                 let start = self.backend.position().await?;
                 Ok::<_, sqlx::Error>((keys.source, start))
             };
@@ -249,8 +253,9 @@ impl<B: Database> Follower<B> {
         }
     }
 
-    /// The deletes of a read to pass to a filter: none while the feed's
-    /// triggers may count a row twice or two rows once.
+    /// The deletes of a read to pass to a new filter (a build's or a
+    /// snapshot's catch-up): none while the feed's triggers may count a row
+    /// twice or two rows once.
     pub(crate) fn deletes<'c>(&'c self, changes: &'c Changes) -> &'c bloom_guard::KeyBatch {
         if self.counts_rows.load(std::sync::atomic::Ordering::Acquire) {
             &changes.removed
@@ -259,18 +264,49 @@ impl<B: Database> Follower<B> {
         }
     }
 
-    /// Asks the database whether its triggers count rows; warns once when
-    /// they do not.
+    /// Where a read began, as the filter in use is told: a position that
+    /// never matches while the feed's triggers may count rows wrongly, or
+    /// for a read with a truncation, so the counting filter keeps every
+    /// deleted key from then on (counted in `deletes_left`, and never
+    /// published as exact) until the rebuild that follows.
+    pub(crate) fn read_start<'p>(&self, from: &'p str, changes: &Changes) -> &'p str {
+        // A truncation removed rows the feed does not list: the filter holds
+        // them until its rebuild, and must not be published as exact.
+        if self.counts_rows.load(std::sync::atomic::Ordering::Acquire) && !changes.truncated {
+            from
+        } else {
+            UNCOUNTED
+        }
+    }
+
+    /// Asks the database whether its triggers count rows; a failed check
+    /// keeps the last answer.
     pub(crate) async fn check_counts_rows(&self) {
-        let counts = match self.backend.counts_rows().await {
-            Ok(counts) => counts,
+        match self.backend.counts_rows().await {
+            Ok(counts) => self.set_counts_rows(counts),
             Err(error) => {
                 tracing::debug!(%error, "cannot check how the feed's triggers count rows");
-                return;
             }
-        };
-        self.counts_rows
-            .store(counts, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    fn set_counts_rows(&self, counts: bool) {
+        let before = self
+            .counts_rows
+            .swap(counts, std::sync::atomic::Ordering::AcqRel);
+        if counts
+            && !before
+            && self
+                .warned_counts
+                .load(std::sync::atomic::Ordering::Acquire)
+        {
+            // The functions were written again: the filter in use kept the
+            // deletes meanwhile; a rebuild here makes it exact again.
+            tracing::info!(feed = self.backend.feed(), "the feed's trigger functions count rows again; rebuilding to forget the deleted keys kept meanwhile");
+            self.truncated
+                .store(true, std::sync::atomic::Ordering::Release);
+            self.rebuild_soon.notify_one();
+        }
         let warned = self
             .warned_counts
             .swap(!counts, std::sync::atomic::Ordering::AcqRel);
@@ -284,6 +320,10 @@ impl<B: Database> Follower<B> {
         crate::lock::lock(&self.fleet)
     }
 }
+
+/// The read start told to a counting filter while the feed's triggers may
+/// count rows wrongly: no filter stands there.
+const UNCOUNTED: &str = "(rows not counted)";
 
 /// The longest pause between two attempts of anything that fails.
 const MAX_PAUSE: Duration = Duration::from_secs(10);

@@ -53,8 +53,10 @@ impl<B: Database> Follower<B> {
                         &self.guard,
                         feed_name,
                         &changes,
-                        self.deletes(&changes),
-                        (&position.to_string(), &reached.to_string()),
+                        (
+                            self.read_start(&position.to_string(), &changes),
+                            &reached.to_string(),
+                        ),
                     );
                     #[cfg(test)]
                     if let (Some(pause), true) = (&self.between_keys_and_position, changes.rows > 0)

@@ -10,7 +10,6 @@ use futures_util::StreamExt;
 use crate::error::BuildError;
 use crate::filters::filter::Filter;
 use crate::handle::shared::{Overfull, Shared};
-use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
 use crate::lifecycle::catch_up::PendingFilter;
 use crate::lifecycle::source::KeySource;
@@ -44,7 +43,12 @@ pub(crate) async fn scan<S: KeySource>(
     // More keys than planned grow the filter's sub-filters: one scan,
     // whatever the hint said.
 
-    let registration = Registration::new(shared, Arc::clone(&filter));
+    // A counting filter of a guard with one follower is brought up to date
+    // from its scan's feed position: it takes no keys as they come (a key
+    // both scanned and taken would be a copy no delete removes), so its
+    // source must name that position. Any other filter takes them.
+    let from_position = filter.removes() && shared.catch_up().is_some();
+    let registration = (!from_position).then(|| Registration::new(shared, Arc::clone(&filter)));
     let mut keys = source.keys();
     let mut scanned: u64 = 0;
     let mut sample: Vec<Vec<u8>> = Vec::with_capacity(SAMPLE_SIZE);
@@ -53,8 +57,12 @@ pub(crate) async fn scan<S: KeySource>(
     let mut first = true;
     while let Some(batch) = keys.next().await {
         let batch = batch.map_err(BuildError::source)?;
-        if std::mem::take(&mut first) {
-            position_from(shared, &filter, &batch);
+        if std::mem::take(&mut first) && from_position {
+            let (Some(counting), Some(position)) = (filter.counting(), batch.position()) else {
+                return Err(BuildError::source(NoPosition));
+            };
+            counting.set_position(position);
+            counting.set_exact(true);
         }
         let batch = config.key_type.canonical_batch(&batch);
         filter.insert_batch(&batch, &mut hashes);
@@ -106,19 +114,19 @@ pub(crate) async fn scan<S: KeySource>(
                 position,
                 FilterOrigin::Scan,
             );
-            let generation = catch_up.catch_up(pending).await?;
-            drop(registration);
-            generation
+            catch_up.catch_up(pending).await?
         }
         // The follower stopped during the scan: the filter took no feed
         // keys since its position, and none will bring it up to date.
         Some((_, None)) => return Err(BuildError::source(FollowerGone)),
-        None => registration
-            .promote(FilterOrigin::Scan)
-            .map_err(|overfull| BuildError::Overfull {
-                estimated_fpp: overfull.estimated_fpp,
-                bound: overfull.bound,
-            })?,
+        None => match registration {
+            Some(registration) => registration.promote(FilterOrigin::Scan),
+            None => shared.promote(&filter, FilterOrigin::Scan),
+        }
+        .map_err(|overfull| BuildError::Overfull {
+            estimated_fpp: overfull.estimated_fpp,
+            bound: overfull.bound,
+        })?,
     };
     let elapsed = started.elapsed();
     tracing::info!(
@@ -138,20 +146,10 @@ pub(crate) async fn scan<S: KeySource>(
 #[error("the change feed's follower stopped during the scan; the filter could not be brought up to date")]
 struct FollowerGone;
 
-/// Takes the feed position a source tagged its first batch with, for a
-/// counting filter whose guard has one follower to bring it up to date
-/// from there: the filter is then exact (it holds the rows of the scan's
-/// snapshot) and stops taking the feed's keys as they come. Otherwise it
-/// goes on taking them, and never removes a key.
-fn position_from(shared: &Shared, filter: &Filter, batch: &KeyBatch) {
-    let (Some(counting), Some(position)) = (filter.counting(), batch.position()) else {
-        return;
-    };
-    if shared.catch_up().is_some() {
-        counting.set_position(position);
-        counting.set_exact(true);
-    }
-}
+/// A source of a guard that a change feed follows named no feed position.
+#[derive(Debug, thiserror::Error)]
+#[error("the key source names no change feed position (KeyBatch::set_position on its first batch): a guard that a change feed follows builds from such a source only, or with Builder::forget_deleted_keys(false)")]
+struct NoPosition;
 
 /// A filter registered for write-through inserts; unregistered on drop
 /// unless promoted, so a failed or cancelled build leaves nothing behind.
