@@ -61,6 +61,21 @@ pub(crate) struct CountingFilter {
     /// The change feed's position whose changes it holds, if known; held
     /// while a read is applied, so a snapshot copies one moment.
     position: Mutex<Option<String>>,
+    /// What it does with the feed's keys while it is being built.
+    live: Mutex<Live>,
+}
+
+/// What a counting filter being built does with the feed's keys as they
+/// come, before its scan has said where it stands.
+#[derive(Debug)]
+enum Live {
+    /// Holds them aside until the scan's first batch tells whether it names
+    /// a feed position.
+    Hold(Vec<Box<[u8]>>),
+    /// Takes them (no position: it applies no delete).
+    Take,
+    /// Ignores them: it is brought up to date from its scan's position.
+    Ignore,
 }
 
 /// A shard as a snapshot stores it.
@@ -117,6 +132,53 @@ impl CountingFilter {
             missed: AtomicU64::new(0),
             unapplied: AtomicU64::new(0),
             position: Mutex::new(None),
+            live: Mutex::new(Live::Take),
+        }
+    }
+
+    /// Holds the feed's keys aside until [`settle`](Self::settle): for a
+    /// build whose scan may name its feed position.
+    pub(crate) fn hold_live_keys(&self) {
+        *lock(&self.live) = Live::Hold(Vec::new());
+    }
+
+    /// A batch of the feed's keys while the filter is being built: held,
+    /// taken or ignored (see [`Live`]).
+    pub(crate) fn take_live(&self, batch: &KeyBatch) {
+        let mut live = lock(&self.live);
+        match &mut *live {
+            Live::Hold(held) => held.extend(batch.iter().map(|key| key.as_bytes().into())),
+            Live::Take => self.insert_batch(batch),
+            Live::Ignore => {}
+        }
+    }
+
+    /// The scan's first batch said where it stands: at `position` (the keys
+    /// held are dropped: the catch-up from there brings them once, and the
+    /// filter is exact), or nowhere (the keys held go in, it takes the rest
+    /// as they come, and it applies no delete).
+    pub(crate) fn settle(&self, position: Option<&str>) {
+        let mut live = lock(&self.live);
+        let held = std::mem::replace(
+            &mut *live,
+            if position.is_some() {
+                Live::Ignore
+            } else {
+                Live::Take
+            },
+        );
+        match position {
+            Some(position) => {
+                self.set_position(position);
+                self.set_exact(true);
+            }
+            None => {
+                if let Live::Hold(held) = held {
+                    for key in held {
+                        self.insert(&Key::from(&key[..]));
+                    }
+                }
+            }
         }
     }
 

@@ -87,8 +87,8 @@ impl FilterSet {
         if let Some(filter) = &*current {
             filter.insert_batch(batch, &mut hashes);
         }
-        for filter in building.iter().filter(|filter| takes_live_keys(filter)) {
-            filter.insert_batch(batch, &mut hashes);
+        for filter in building.iter() {
+            take_live(filter, batch, &mut hashes);
         }
         current
     }
@@ -114,8 +114,8 @@ impl FilterSet {
             Some(filter) => filter.insert_batch(added, &mut hashes),
             None => {}
         }
-        for filter in building.iter().filter(|filter| takes_live_keys(filter)) {
-            filter.insert_batch(added, &mut hashes);
+        for filter in building.iter() {
+            take_live(filter, added, &mut hashes);
         }
         current
     }
@@ -143,12 +143,13 @@ impl FilterSet {
     }
 }
 
-/// Whether a filter being built takes the feed's keys as they come: not a
-/// counting filter whose scan has a feed position, which the follower
-/// brings up to date from that position (the keys twice would be a copy
-/// that no delete ever removes).
-fn takes_live_keys(filter: &Filter) -> bool {
-    filter
-        .counting()
-        .is_none_or(|counting| counting.position().is_none())
+/// Hands the feed's keys to a filter being built: a Bloom filter takes
+/// them; a counting filter holds, takes or ignores them, as its scan's feed
+/// position says (a key both scanned and taken would be a copy no delete
+/// removes).
+fn take_live(filter: &Filter, batch: &KeyBatch, hashes: &mut Vec<u64>) {
+    match filter {
+        Filter::Counting(counting) => counting.take_live(batch),
+        Filter::Bloom(_) => filter.insert_batch(batch, hashes),
+    }
 }

@@ -44,11 +44,14 @@ pub(crate) async fn scan<S: KeySource>(
     // whatever the hint said.
 
     // A counting filter of a guard with one follower is brought up to date
-    // from its scan's feed position: it takes no keys as they come (a key
-    // both scanned and taken would be a copy no delete removes), so its
-    // source must name that position. Any other filter takes them.
+    // from its scan's feed position, if the source names one: until its
+    // first batch says, it holds the feed's keys aside (a key both scanned
+    // and taken would be a copy no delete removes).
     let from_position = filter.removes() && shared.catch_up().is_some();
-    let registration = (!from_position).then(|| Registration::new(shared, Arc::clone(&filter)));
+    if let (Some(counting), true) = (filter.counting(), from_position) {
+        counting.hold_live_keys();
+    }
+    let registration = Registration::new(shared, Arc::clone(&filter));
     let mut keys = source.keys();
     let mut scanned: u64 = 0;
     let mut sample: Vec<Vec<u8>> = Vec::with_capacity(SAMPLE_SIZE);
@@ -57,12 +60,8 @@ pub(crate) async fn scan<S: KeySource>(
     let mut first = true;
     while let Some(batch) = keys.next().await {
         let batch = batch.map_err(BuildError::source)?;
-        if std::mem::take(&mut first) && from_position {
-            let (Some(counting), Some(position)) = (filter.counting(), batch.position()) else {
-                return Err(BuildError::source(NoPosition));
-            };
-            counting.set_position(position);
-            counting.set_exact(true);
+        if let (true, Some(counting)) = (std::mem::take(&mut first), filter.counting()) {
+            counting.settle(batch.position().filter(|_| from_position));
         }
         let batch = config.key_type.canonical_batch(&batch);
         filter.insert_batch(&batch, &mut hashes);
@@ -91,6 +90,10 @@ pub(crate) async fn scan<S: KeySource>(
         }
     }
     drop(keys);
+    if let (true, Some(counting)) = (first, filter.counting()) {
+        // No batch at all: no position either.
+        counting.settle(None);
+    }
     let missing = sample
         .iter()
         .filter(|key| !filter.contains(&Key::from(&key[..])))
@@ -114,19 +117,19 @@ pub(crate) async fn scan<S: KeySource>(
                 position,
                 FilterOrigin::Scan,
             );
-            catch_up.catch_up(pending).await?
+            let generation = catch_up.catch_up(pending).await?;
+            drop(registration);
+            generation
         }
         // The follower stopped during the scan: the filter took no feed
         // keys since its position, and none will bring it up to date.
         Some((_, None)) => return Err(BuildError::source(FollowerGone)),
-        None => match registration {
-            Some(registration) => registration.promote(FilterOrigin::Scan),
-            None => shared.promote(&filter, FilterOrigin::Scan),
-        }
-        .map_err(|overfull| BuildError::Overfull {
-            estimated_fpp: overfull.estimated_fpp,
-            bound: overfull.bound,
-        })?,
+        None => registration
+            .promote(FilterOrigin::Scan)
+            .map_err(|overfull| BuildError::Overfull {
+                estimated_fpp: overfull.estimated_fpp,
+                bound: overfull.bound,
+            })?,
     };
     let elapsed = started.elapsed();
     tracing::info!(
@@ -145,11 +148,6 @@ pub(crate) async fn scan<S: KeySource>(
 #[derive(Debug, thiserror::Error)]
 #[error("the change feed's follower stopped during the scan; the filter could not be brought up to date")]
 struct FollowerGone;
-
-/// A source of a guard that a change feed follows named no feed position.
-#[derive(Debug, thiserror::Error)]
-#[error("the key source names no change feed position (KeyBatch::set_position on its first batch): a guard that a change feed follows builds from such a source only, or with Builder::forget_deleted_keys(false)")]
-struct NoPosition;
 
 /// A filter registered for write-through inserts; unregistered on drop
 /// unless promoted, so a failed or cancelled build leaves nothing behind.
