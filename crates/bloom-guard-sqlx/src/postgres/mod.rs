@@ -173,10 +173,20 @@ impl Database for PgBackend {
     }
 
     async fn counts_rows(&self) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar("select bloom_guard.counts_rows($1)")
+        let counts = sqlx::query_scalar("select bloom_guard.counts_rows($1)")
             .bind(self.watch.feed_name())
             .fetch_one(&self.pool)
-            .await
+            .await;
+        match counts {
+            // A feed of a version before 7 (no such function, or no such
+            // schema yet): its functions do not count rows.
+            Err(sqlx::Error::Database(error))
+                if matches!(error.code().as_deref(), Some("42883" | "3F000")) =>
+            {
+                Ok(false)
+            }
+            counts => counts,
+        }
     }
 
     async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
