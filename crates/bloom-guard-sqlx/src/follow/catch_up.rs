@@ -41,7 +41,6 @@ impl<B: Database> CatchUp for CatchUpFrom<B> {
             let follower = self.0.upgrade().ok_or(CatchUpError::Stopped)?;
             let from = B::parse_position(pending.position())
                 .ok_or_else(|| CatchUpError::Position(pending.position().to_owned()))?;
-            let deleting = Arc::clone(&follower);
             follower
                 .bring_up_to_date(&from, |changes, reached| {
                     // Truncated after the scan: the rebuild that follows
@@ -49,7 +48,7 @@ impl<B: Database> CatchUp for CatchUpFrom<B> {
                     if changes.truncated {
                         return Err(CatchUpError::Truncated.into());
                     }
-                    pending.apply(&changes.added, deleting.deletes(changes), reached);
+                    pending.apply(&changes.added, follower.deletes(changes), reached);
                     pending.promote()
                 })
                 .await

@@ -94,7 +94,7 @@ impl<B: Database> Follower<B> {
             // whatever the fleet does: a snapshot from before it would
             // bring its keys back.
             if self
-                .truncated
+                .rebuild_here
                 .swap(false, std::sync::atomic::Ordering::AcqRel)
                 && self
                     .guard
@@ -102,7 +102,7 @@ impl<B: Database> Follower<B> {
                     .await
                     .is_err()
             {
-                self.truncated
+                self.rebuild_here
                     .store(true, std::sync::atomic::Ordering::Release);
             }
             if let Some(reason) = self.guard.rebuild_due() {

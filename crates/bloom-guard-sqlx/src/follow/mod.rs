@@ -74,7 +74,7 @@ pub(crate) struct Follower<B: Database> {
     warned_counts: std::sync::atomic::AtomicBool,
     /// A rebuild on this instance is due: a table was truncated, or the
     /// triggers count rows again after a spell when they did not.
-    truncated: std::sync::atomic::AtomicBool,
+    rebuild_here: std::sync::atomic::AtomicBool,
     /// Wakes the maintenance for a rebuild now.
     rebuild_soon: Notify,
     /// Set at start when the key type is exact only for ASCII keys; the
@@ -120,7 +120,7 @@ impl<B: Database> Follower<B> {
             counts_rows: std::sync::atomic::AtomicBool::new(false),
             no_keys: bloom_guard::KeyBatch::default(),
             warned_counts: std::sync::atomic::AtomicBool::new(false),
-            truncated: std::sync::atomic::AtomicBool::new(false),
+            rebuild_here: std::sync::atomic::AtomicBool::new(false),
             rebuild_soon: Notify::new(),
             guard,
             backend,
@@ -303,7 +303,7 @@ impl<B: Database> Follower<B> {
             // The functions were written again: the filter in use kept the
             // deletes meanwhile; a rebuild here makes it exact again.
             tracing::info!(feed = self.backend.feed(), "the feed's trigger functions count rows again; rebuilding to forget the deleted keys kept meanwhile");
-            self.truncated
+            self.rebuild_here
                 .store(true, std::sync::atomic::Ordering::Release);
             self.rebuild_soon.notify_one();
         }

@@ -133,7 +133,7 @@ impl<B: Database> Follower<B> {
                 feed = self.backend.feed(),
                 "a watched table was truncated; rebuilding to forget its keys"
             );
-            self.truncated
+            self.rebuild_here
                 .store(true, std::sync::atomic::Ordering::Release);
             self.rebuild_soon.notify_one();
         }

@@ -75,22 +75,12 @@ impl FilterSet {
         self.journal.contains(key)
     }
 
-    /// Inserts committed keys (a change feed's) into every filter that
-    /// takes them: the one in use, and those being built whose scan has no
-    /// feed position (a build with one is brought up to date from the
-    /// feed instead). Returns the filter in use. No journal: a build that
-    /// starts later scans their rows.
+    /// Inserts committed keys (a change feed's) into the filter in use and
+    /// the filters being built that take them: a read of the feed with no
+    /// deletes and no position. Returns the filter in use. No journal: a
+    /// build that starts later scans their rows.
     pub(crate) fn insert_batch(&self, batch: &KeyBatch) -> Current {
-        let building = read_lock(&self.building);
-        let current = self.current();
-        let mut hashes = Vec::new();
-        if let Some(filter) = &*current {
-            filter.insert_batch(batch, &mut hashes);
-        }
-        for filter in building.iter() {
-            take_live(filter, batch, &mut hashes);
-        }
-        current
+        self.apply(batch, &KeyBatch::default(), None, None)
     }
 
     /// Applies a read of the change feed that began at feed position

@@ -132,7 +132,7 @@ impl SnapshotWriter {
             return None;
         }
         let position = position?;
-        let shards: Vec<ShardHead> = parts
+        let mut shards: Vec<ShardHead> = parts
             .shards
             .iter()
             .map(|shard| ShardHead {
@@ -141,7 +141,6 @@ impl SnapshotWriter {
             })
             .collect();
         let words: u64 = shards.iter().map(|shard| shard.words()).sum();
-        let mut shards = shards;
         let keys = filter.keys();
         if let Some(first) = shards.first_mut() {
             // The keys are counted once, on the first shard.
