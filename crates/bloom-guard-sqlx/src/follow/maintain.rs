@@ -121,15 +121,30 @@ impl<B: Database> Follower<B> {
     /// Whether the check ran.
     pub(super) async fn check(&self, source: &B::Source, gap: &mut Option<HoldOpen>) -> bool {
         let feed = self.backend.feed();
-        let gaps = match self.backend.gaps().await {
+        let mut gaps = match self.backend.gaps().await {
             Ok(gaps) => gaps,
             Err(error) => {
                 tracing::debug!(%error, "cannot check the change feed's triggers");
                 return false;
             }
         };
-        if gaps.is_empty() && gap.is_none() {
-            self.check_trigger_versions(source).await;
+        // Held until the gaps are looked at again: a trigger dropped
+        // between the two queries changed the versions but showed no gap
+        // yet, and the rebuild must not leave the guard answering without
+        // it.
+        let versions_hold = if gaps.is_empty() && gap.is_none() {
+            self.check_trigger_versions(source).await
+        } else {
+            None
+        };
+        if versions_hold.is_some() {
+            gaps = match self.backend.gaps().await {
+                Ok(gaps) => gaps,
+                Err(error) => {
+                    tracing::debug!(%error, "cannot check the change feed's triggers");
+                    return false;
+                }
+            };
         }
         if gaps.is_empty() {
             if gap.is_some() {
@@ -179,19 +194,19 @@ impl<B: Database> Follower<B> {
     /// since the last check: a trigger disabled for a bulk load and enabled
     /// again shows no gap, but the keys loaded meanwhile are not in the
     /// feed. The guard fails open until the rebuild is in place.
-    async fn check_trigger_versions(&self, source: &B::Source) {
-        let Ok(versions) = self.backend.trigger_versions().await else {
-            return;
-        };
+    /// The hold it took, if the versions changed: the caller looks at the
+    /// gaps again before letting go.
+    async fn check_trigger_versions(&self, source: &B::Source) -> Option<HoldOpen> {
+        let versions = self.backend.trigger_versions().await.ok()?;
         let previous = self.fleet().trigger_versions.replace(versions.clone());
         if previous
             .as_ref()
             .is_none_or(|previous| *previous == versions)
         {
-            return;
+            return None;
         }
         tracing::error!(feed = self.backend.feed(), "a watched table was recreated or a feed trigger altered since the last check (disabled and enabled again?): writes may have bypassed the change feed; rebuilding, the guard lets every request through meanwhile");
-        let _hold = self.guard.hold_open_because(
+        let hold = self.guard.hold_open_because(
             "a watched table was recreated or a feed trigger altered: rebuilding",
         );
         // Snapshots from before the change are not this guard's any more.
@@ -207,6 +222,7 @@ impl<B: Database> Follower<B> {
             // Try again at the next check.
             self.fleet().trigger_versions = previous;
         }
+        Some(hold)
     }
 
     /// Holds the guard open if its key type could refuse a key stored in
