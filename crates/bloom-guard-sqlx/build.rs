@@ -1,5 +1,6 @@
 //! Tests that need Postgres run when `DATABASE_URL` is set at build time and
-//! show as ignored, with the reason, when it is not. Tests that start a
+//! show as ignored, with the reason, when it is not; tests that need MySQL
+//! or MariaDB, the same with `MYSQL_URL`. Tests that start a
 //! Postgres server of their own (a publisher for logical replication) also
 //! need its binaries: in `PG_BIN`, by default `/usr/lib/postgresql/15/bin`.
 
@@ -10,6 +11,11 @@ const DEFAULT_PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(database)");
     println!("cargo::rustc-check-cfg=cfg(pg_server)");
+    println!("cargo::rustc-check-cfg=cfg(mysql_database)");
+    println!("cargo::rerun-if-env-changed=MYSQL_URL");
+    if std::env::var_os("MYSQL_URL").is_some_and(|url| !url.is_empty()) {
+        println!("cargo::rustc-cfg=mysql_database");
+    }
     println!("cargo::rerun-if-env-changed=DATABASE_URL");
     println!("cargo::rerun-if-env-changed=PG_BIN");
     if std::env::var_os("DATABASE_URL").is_some_and(|url| !url.is_empty()) {

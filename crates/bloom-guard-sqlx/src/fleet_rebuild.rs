@@ -3,6 +3,8 @@
 use bloom_guard::{BloomGuard, BuildError, Stats};
 
 use crate::follow::Rebuild;
+#[cfg(feature = "mysql")]
+use crate::mysql::MySqlBackend;
 #[cfg(feature = "postgres")]
 use crate::postgres::PgBackend;
 #[cfg(feature = "sqlite")]
@@ -51,6 +53,8 @@ enum Engine {
     Postgres(Rebuild<PgBackend>),
     #[cfg(feature = "sqlite")]
     Sqlite(Rebuild<SqliteBackend>),
+    #[cfg(feature = "mysql")]
+    MySql(Rebuild<MySqlBackend>),
 }
 
 impl FleetRebuild {
@@ -72,6 +76,15 @@ impl FleetRebuild {
         }
     }
 
+    /// Rebuilds of `guard`, holding the keys of `watch`'s table in a MySQL
+    /// or MariaDB database.
+    #[cfg(feature = "mysql")]
+    pub fn mysql(guard: BloomGuard, pool: sqlx::MySqlPool, watch: Watch) -> Self {
+        Self {
+            engine: Engine::MySql(Rebuild::new(guard, MySqlBackend::new(pool, watch))),
+        }
+    }
+
     /// Whether the rebuild is shared through a snapshot (default on, as
     /// the followers' [`snapshots`](crate::PgFollower::snapshots)). Off, it
     /// rebuilds this instance's filter only, from the same keys.
@@ -82,6 +95,8 @@ impl FleetRebuild {
             Engine::Postgres(engine) => engine.snapshots = enabled,
             #[cfg(feature = "sqlite")]
             Engine::Sqlite(engine) => engine.snapshots = enabled,
+            #[cfg(feature = "mysql")]
+            Engine::MySql(engine) => engine.snapshots = enabled,
         }
         self
     }
@@ -98,6 +113,8 @@ impl FleetRebuild {
             Engine::Postgres(engine) => engine.rebuild().await,
             #[cfg(feature = "sqlite")]
             Engine::Sqlite(engine) => engine.rebuild().await,
+            #[cfg(feature = "mysql")]
+            Engine::MySql(engine) => engine.rebuild().await,
         }
     }
 }

@@ -3,27 +3,33 @@
 
 // The key sources (any sqlx query, Postgres COPY), the SQL tables every
 // backend shares (snapshots, fleet), the follower engine, and its backends.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+mod digest;
 mod error;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod fleet_rebuild;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod follow;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod lock;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod source;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod store;
 mod watch;
 
 pub use error::{FeedError, SourceError};
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use fleet_rebuild::FleetRebuild;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use follow::Follow;
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlFollower;
 #[cfg(feature = "postgres")]
 pub use postgres::{
     install, uninstall, PgCopySource, PgFollower, LISTENER_APPLICATION_NAME,

@@ -44,6 +44,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     insert: "insert into bloom_guard.snapshots (guard, format, fingerprint, position, scanned_at, len, keys)
              values ($1, $2, $3, $4, pg_catalog.to_timestamp($5::float8 / 1000000), $6, $7)
              returning id",
+    inserted_id: None,
     insert_chunk: "insert into bloom_guard.snapshot_chunks (snapshot, seq, data) values ($1, $2, $3)",
     after: &[
         // The newest two are kept (chunks go with their snapshot).

@@ -8,8 +8,6 @@
 
 use std::fmt;
 
-use sha2::{Digest, Sha256};
-
 /// A feed position: every row up to `id` is behind it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Mark {
@@ -55,17 +53,9 @@ impl fmt::Display for Mark {
     }
 }
 
-/// 64 bits of SHA-256 over a feed row's columns, in hex.
+/// The digest of a feed row's columns.
 fn digest(id: i64, guard: &str, kind: &str, quoted_key: &str, at: i64) -> String {
-    let mut hasher = Sha256::new();
-    for part in [&id.to_string(), guard, kind, quoted_key, &at.to_string()] {
-        hasher.update((part.len() as u64).to_le_bytes());
-        hasher.update(part.as_bytes());
-    }
-    hasher.finalize()[..8]
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    crate::digest::row_digest(&[&id.to_string(), guard, kind, quoted_key, &at.to_string()])
 }
 
 #[cfg(test)]

@@ -76,6 +76,7 @@ pub(super) const STATEMENTS: Statements = Statements {
     chunks: "select data from bloom_guard_snapshot_chunks where snapshot = ?1 order by seq",
     insert: "insert into bloom_guard_snapshots (guard, format, fingerprint, position, scanned_at, len, keys)
              values (?1, ?2, ?3, ?4, ?5, ?6, ?7) returning id",
+    inserted_id: None,
     insert_chunk: "insert into bloom_guard_snapshot_chunks (snapshot, seq, data) values (?1, ?2, ?3)",
     // The newest two are kept, chunks first.
     after: &[

@@ -5,7 +5,7 @@
 
 use bloom_guard::{Snapshot, SnapshotReader, SnapshotWriter, SNAPSHOT_FORMAT};
 use futures_util::TryStreamExt;
-use sqlx::{AssertSqlSafe, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
+use sqlx::{AssertSqlSafe, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
 use crate::follow::{LoadError, SnapshotStore, Stored};
 
@@ -22,8 +22,12 @@ pub(crate) struct Statements {
     /// Selects the chunks' bytes of snapshot `$1`, in order.
     pub(crate) chunks: &'static str,
     /// Inserts a snapshot (guard, format, fingerprint, position, scan time
-    /// in µs, length, keys) and returns its id.
+    /// in µs, length, keys) and returns its id, or (with `inserted_id`)
+    /// returns nothing.
     pub(crate) insert: &'static str,
+    /// Selects the id `insert` gave, where `insert` cannot return it
+    /// (MySQL).
+    pub(crate) inserted_id: Option<&'static str>,
     /// Inserts chunk (snapshot, sequence number, bytes).
     pub(crate) insert_chunk: &'static str,
     /// Run last in the publishing transaction with the guard's name as the
@@ -142,16 +146,28 @@ where
 {
     let info = writer.info().clone();
     let mut tx = pool.begin().await?;
-    let id: i64 = sqlx::query_scalar::<DB, i64>(AssertSqlSafe(statements.insert))
+    let insert = sqlx::query::<DB>(AssertSqlSafe(statements.insert))
         .bind(info.guard.clone())
         .bind(i32::try_from(SNAPSHOT_FORMAT).unwrap_or(i32::MAX))
         .bind(info.fingerprint.clone())
         .bind(info.position.clone())
         .bind(scanned_at)
         .bind(i64::try_from(info.len).unwrap_or(i64::MAX))
-        .bind(i64::try_from(info.keys).unwrap_or(i64::MAX))
-        .fetch_one(&mut *tx)
-        .await?;
+        .bind(i64::try_from(info.keys).unwrap_or(i64::MAX));
+    let id: i64 = match statements.inserted_id {
+        Some(inserted_id) => {
+            insert.execute(&mut *tx).await?;
+            sqlx::query_scalar::<DB, i64>(AssertSqlSafe(inserted_id))
+                .fetch_one(&mut *tx)
+                .await?
+        }
+        None => {
+            insert
+                .try_map(|row: DB::Row| row.try_get(0))
+                .fetch_one(&mut *tx)
+                .await?
+        }
+    };
     for (seq, chunk) in writer.chunks(CHUNK_BYTES).enumerate() {
         sqlx::query::<DB>(AssertSqlSafe(statements.insert_chunk))
             .bind(id)

@@ -2,6 +2,9 @@
 
 #![allow(dead_code, reason = "each test file uses its own part")]
 
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
+
 use std::time::Duration;
 
 use bloom_guard::{BloomGuard, GuardState};

@@ -1,0 +1,468 @@
+//! Reading the MySQL change feed without skipping a late commit, pruning
+//! it, checking its triggers and the key columns.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool};
+
+use super::cursor::Cursor;
+use super::install::{ident, table_parts};
+use super::settle::Settled;
+use crate::digest::row_digest;
+use crate::follow::changes::Changes;
+use crate::follow::column::{Comparison, KeyColumn};
+use crate::follow::Read;
+use crate::watch::Watch;
+
+/// Open ids asked for by value; more are read as a range and filtered.
+const OPEN_BY_VALUE: usize = 1000;
+
+/// A feed row: id, guard, kind, key, time.
+type Row = (i64, String, String, Option<Vec<u8>>, i64);
+
+const COLUMNS: &str = "id, guard, kind, k, at";
+
+/// The digest of a feed row, as a cursor keeps it.
+fn digest_of((id, guard, kind, key, at): &Row) -> String {
+    let key = key.as_deref().map(hex).unwrap_or_default();
+    row_digest(&[&id.to_string(), guard, kind, &key, &at.to_string()])
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// The transaction every read of the feed runs in: one snapshot, taken
+/// at its start.
+pub(super) const SNAPSHOT: &str = "start transaction with consistent snapshot, read only";
+
+/// The feed's position as `conn`'s snapshot sees it, ids up to `settled`
+/// settled: the highest row, and the ids below it not visible yet.
+pub(super) async fn position_in(
+    conn: &mut MySqlConnection,
+    settled: i64,
+) -> Result<Cursor, sqlx::Error> {
+    let below = horizon(&mut *conn).await?;
+    let lower = settled.max(below - 1).max(0);
+    let mut ids =
+        sqlx::query_scalar::<_, i64>("select id from bloom_guard_changes where id > ? order by id")
+            .bind(lower)
+            .fetch(&mut *conn);
+    let mut open = Vec::new();
+    let mut high = lower;
+    while let Some(id) = ids.try_next().await? {
+        open.extend(high + 1..id);
+        high = id;
+    }
+    drop(ids);
+    if high == 0 {
+        return Ok(Cursor::START);
+    }
+    let Some(row) = row_at(&mut *conn, high).await? else {
+        // Below the horizon, and pruned: nothing newer was visible.
+        return Ok(Cursor::START);
+    };
+    Ok(Cursor {
+        high,
+        digest: Some(digest_of(&row)),
+        open,
+    })
+}
+
+async fn row_at(conn: &mut MySqlConnection, id: i64) -> Result<Option<Row>, sqlx::Error> {
+    sqlx::query_as(AssertSqlSafe(format!(
+        "select {COLUMNS} from bloom_guard_changes where id = ?"
+    )))
+    .bind(id)
+    .fetch_optional(conn)
+    .await
+}
+
+async fn horizon(conn: &mut MySqlConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("select cast(coalesce(max(below), 0) as signed) from bloom_guard_horizon")
+        .fetch_one(conn)
+        .await
+}
+
+/// The rows after `since` (the ids above its highest, and its open ones):
+/// the condition and its values.
+fn after(since: &Cursor) -> (String, Vec<i64>) {
+    match since.open.as_slice() {
+        [] => ("id > ?".to_owned(), vec![since.high]),
+        open if open.len() <= OPEN_BY_VALUE => {
+            let marks = vec!["?"; open.len()].join(", ");
+            let mut values = vec![since.high];
+            values.extend_from_slice(open);
+            (format!("(id > ? or id in ({marks}))"), values)
+        }
+        // Many open ids (a long transaction held them): the range from the
+        // first, filtered as it is read.
+        open => ("id >= ?".to_owned(), vec![open[0]]),
+    }
+}
+
+/// Reads the changes of feed `name` after `since`.
+pub(super) async fn read_since(
+    pool: &MySqlPool,
+    settled: &Settled,
+    name: &str,
+    since: &Cursor,
+) -> Result<Read<Cursor>, sqlx::Error> {
+    // Settled before the snapshot: an id up to it that this read does not
+    // see never commits.
+    let settled = settled.advance(pool).await;
+    let mut tx = pool.begin_with(SNAPSHOT).await?;
+    let (condition, values) = after(since);
+    let mut query = sqlx::query_as::<_, Row>(AssertSqlSafe(format!(
+        "select {COLUMNS} from bloom_guard_changes where {condition} order by id"
+    )));
+    for value in values {
+        query = query.bind(value);
+    }
+    let open: BTreeSet<i64> = since.open.iter().copied().collect();
+    let mut rows = query.fetch(&mut *tx);
+    let mut changes = Changes::default();
+    let mut seen = BTreeSet::new();
+    let mut last: Option<Row> = None;
+    while let Some(row) = rows.try_next().await? {
+        let id = row.0;
+        if id <= since.high && !open.contains(&id) {
+            continue;
+        }
+        seen.insert(id);
+        if row.1 == name {
+            changes.record(&row.2, row.3.as_deref());
+        }
+        last = Some(row);
+    }
+    drop(rows);
+    // Pruning moves the horizon before it deletes: rows this reader still
+    // needs may be gone once it passed them.
+    let below = horizon(&mut tx).await?;
+    if since.high + 1 < below || since.open.first().is_some_and(|&first| first < below) {
+        return Ok(Read::Pruned);
+    }
+    // The row at the position must still be the one it was taken at, or
+    // gone by pruning: otherwise the feed was rewritten under the reader.
+    if since.high > 0 {
+        match row_at(&mut tx, since.high).await? {
+            Some(row) if Some(digest_of(&row)) == since.digest => {}
+            None if since.high < below => {}
+            _ => return Ok(Read::Pruned),
+        }
+    }
+    tx.commit().await?;
+    let mut reached = since.clone();
+    if let Some(row) = last.filter(|row| row.0 > since.high) {
+        reached
+            .open
+            .extend((since.high + 1..row.0).filter(|id| !seen.contains(id)));
+        reached.high = row.0;
+        reached.digest = Some(digest_of(&row));
+    }
+    reached
+        .open
+        .retain(|&id| id > settled && !seen.contains(&id));
+    Ok(Read::Changes {
+        position: reached,
+        changes,
+    })
+}
+
+/// Counts the rows of feed `name` after `since`, up to `limit`.
+pub(super) async fn pending(
+    pool: &MySqlPool,
+    name: &str,
+    since: &Cursor,
+    limit: u64,
+) -> Result<u64, sqlx::Error> {
+    let (condition, values) = after(since);
+    let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+        "select cast(count(*) as signed) from (
+            select 1 from bloom_guard_changes where guard = ? and {condition} limit ?) as pending"
+    )))
+    .bind(name);
+    for value in values {
+        query = query.bind(value);
+    }
+    let count = query
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_one(pool)
+        .await?;
+    Ok(count.max(0) as u64)
+}
+
+/// Moves the horizon past the rows older than the retention, then deletes
+/// them; how many.
+pub(super) async fn prune(pool: &MySqlPool, retention: Duration) -> Result<i64, sqlx::Error> {
+    sqlx::query(
+        "update bloom_guard_horizon set below = greatest(below, coalesce(
+            (select max(id) + 1 from bloom_guard_changes where at < unix_timestamp() - ?), 0))",
+    )
+    .bind(i64::try_from(retention.as_secs()).unwrap_or(i64::MAX))
+    .execute(pool)
+    .await?;
+    let below: i64 =
+        sqlx::query_scalar("select cast(max(below) as signed) from bloom_guard_horizon")
+            .fetch_one(pool)
+            .await?;
+    let deleted = sqlx::query("delete from bloom_guard_changes where id < ?")
+        .bind(below)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    Ok(i64::try_from(deleted).unwrap_or(i64::MAX))
+}
+
+/// The triggers `Watch::install_mysql` puts on the watched table.
+pub(super) fn trigger_names(watch: &Watch) -> [String; 3] {
+    ["inserted", "updated", "deleted"].map(|event| trigger_name(watch, event))
+}
+
+/// A trigger's name: at most 64 characters, as MySQL allows.
+pub(super) fn trigger_name(watch: &Watch, event: &str) -> String {
+    let name = format!("bloom_guard_{}_{event}", watch.feed_name());
+    if name.len() <= 64 {
+        return name;
+    }
+    let digest = row_digest(&[watch.feed_name()]);
+    format!("bloom_guard_{digest}_{event}")
+}
+
+/// The watched table's schema (the connection's database if the watch
+/// names none) and name.
+async fn located(pool: &MySqlPool, watch: &Watch) -> Result<(String, String), sqlx::Error> {
+    match table_parts(&watch.table) {
+        (Some(schema), table) => Ok((schema, table)),
+        (None, table) => {
+            let schema: Option<String> = sqlx::query_scalar("select database()")
+                .fetch_one(pool)
+                .await?;
+            Ok((schema.unwrap_or_default(), table))
+        }
+    }
+}
+
+/// What keeps the feed from being complete: the feed not installed, or a
+/// trigger missing from the watched table (a table swapped by an online
+/// schema change, or recreated). Empty when all is well.
+pub(super) async fn gaps(pool: &MySqlPool, watch: &Watch) -> Result<Vec<String>, sqlx::Error> {
+    let installed: i64 = sqlx::query_scalar(
+        "select count(*) from information_schema.tables
+          where table_schema = database() and table_name = 'bloom_guard_changes'",
+    )
+    .fetch_one(pool)
+    .await?;
+    if installed == 0 {
+        return Ok(vec![
+            "the change feed is not installed: call Watch::install_mysql".to_owned(),
+        ]);
+    }
+    let (schema, table) = located(pool, watch).await?;
+    let present: Vec<String> = sqlx::query_scalar(
+        "select trigger_name from information_schema.triggers
+          where event_object_schema = ? and event_object_table = ?",
+    )
+    .bind(&schema)
+    .bind(&table)
+    .fetch_all(pool)
+    .await?;
+    Ok(trigger_names(watch)
+        .into_iter()
+        .filter(|name| !present.contains(name))
+        .map(|name| format!("{}: trigger {} is missing", ident(&table), name))
+        .collect())
+}
+
+/// The watched table's identity (InnoDB gives a table a new id when it is
+/// truncated or rebuilt) and its feed triggers' definitions and creation
+/// times: it changes when writes may have bypassed the feed.
+pub(super) async fn trigger_versions(
+    pool: &MySqlPool,
+    watch: &Watch,
+) -> Result<String, sqlx::Error> {
+    let (schema, table) = located(pool, watch).await?;
+    let triggers: Option<String> = sqlx::query_scalar(
+        "select group_concat(concat(trigger_name, '@', cast(created as char), '#', md5(action_statement))
+                order by trigger_name separator ';')
+           from information_schema.triggers
+          where event_object_schema = ? and event_object_table = ?",
+    )
+    .bind(&schema)
+    .bind(&table)
+    .fetch_one(pool)
+    .await?;
+    let inner_name = format!("{schema}/{table}");
+    // MariaDB and MySQL 8 name InnoDB's table list differently.
+    let mut identity: Option<String> = None;
+    for list in ["innodb_sys_tables", "innodb_tables"] {
+        let found = sqlx::query_scalar::<_, Option<String>>(AssertSqlSafe(format!(
+            "select max(cast(table_id as char)) from information_schema.{list} where name = ?"
+        )))
+        .bind(&inner_name)
+        .fetch_one(pool)
+        .await;
+        match found {
+            Ok(id) => {
+                identity = id;
+                break;
+            }
+            // No such table in this server's information schema: the other.
+            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("42S02") => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(format!(
+        "{}|{}",
+        identity.unwrap_or_default(),
+        triggers.unwrap_or_default()
+    ))
+}
+
+/// Whether the watched table has every key column.
+pub(super) async fn has_key_columns(pool: &MySqlPool, watch: &Watch) -> Result<bool, sqlx::Error> {
+    let columns = columns(pool, watch).await?;
+    Ok(watch.key_columns.iter().all(|key| {
+        columns
+            .iter()
+            .any(|(column, ..)| column.eq_ignore_ascii_case(key))
+    }))
+}
+
+/// Records that writes bypassed feed `name`: every reader rebuilds.
+pub(super) async fn record_resync(pool: &MySqlPool, name: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "insert into bloom_guard_changes (guard, kind, k, at) values (?, 'r', '', unix_timestamp())",
+    )
+    .bind(name)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The watched table's columns: name, data type, collation (none for
+/// numbers and binary strings).
+pub(super) async fn columns(
+    pool: &MySqlPool,
+    watch: &Watch,
+) -> Result<Vec<(String, String, Option<String>)>, sqlx::Error> {
+    let (schema, table) = located(pool, watch).await?;
+    sqlx::query_as(
+        "select cast(column_name as char), cast(data_type as char), cast(collation_name as char)
+           from information_schema.columns
+          where table_schema = ? and table_name = ?
+          order by ordinal_position",
+    )
+    .bind(schema)
+    .bind(table)
+    .fetch_all(pool)
+    .await
+}
+
+/// The watched key columns, in the watch's order.
+pub(super) async fn key_columns(
+    pool: &MySqlPool,
+    watch: &Watch,
+) -> Result<Vec<KeyColumn>, sqlx::Error> {
+    let columns = columns(pool, watch).await?;
+    Ok(watch
+        .key_columns
+        .iter()
+        .filter_map(|key| {
+            let (name, data_type, collation) = columns
+                .iter()
+                .find(|(name, ..)| name.eq_ignore_ascii_case(key))?;
+            Some(KeyColumn {
+                name: name.clone(),
+                comparison: comparison(data_type, collation.as_deref()),
+            })
+        })
+        .collect())
+}
+
+/// How MySQL compares a key column of `data_type` under `collation`.
+pub(super) fn comparison(data_type: &str, collation: Option<&str>) -> Comparison {
+    let data_type = data_type.to_ascii_lowercase();
+    match data_type.as_str() {
+        "tinyint" | "smallint" | "mediumint" | "int" | "integer" | "bigint" => {
+            return Comparison::Integer
+        }
+        "uuid" => return Comparison::Uuid,
+        // Bytes as they are; `binary(n)` pads with zero bytes, which no
+        // request carries.
+        "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob" => return Comparison::Exact,
+        _ => {}
+    }
+    let Some(collation) = collation.map(str::to_ascii_lowercase) else {
+        return Comparison::Unmatched(format!(
+            "a {data_type} column compares its values, not their text"
+        ));
+    };
+    let no_pad = collation.contains("nopad") || collation.contains("0900");
+    let binary = collation.ends_with("_bin") || collation == "binary";
+    match (binary, no_pad, data_type.as_str()) {
+        (true, true, "varchar" | "tinytext" | "text" | "mediumtext" | "longtext") => {
+            Comparison::Exact
+        }
+        (true, _, "char") => Comparison::Unmatched(
+            "a char column pads its values with spaces; use varchar with a NO PAD binary collation".to_owned(),
+        ),
+        (true, false, _) => Comparison::Unmatched(format!(
+            "its collation {collation} ignores trailing spaces (PAD SPACE): `abc ` finds `abc`; use a NO PAD binary collation (utf8mb4_nopad_bin on MariaDB, utf8mb4_0900_bin on MySQL) or varbinary"
+        )),
+        _ => Comparison::Unmatched(format!(
+            "its collation {collation} equates spellings no key type reproduces (case, accents, trailing spaces); use a NO PAD binary collation (utf8mb4_nopad_bin on MariaDB, utf8mb4_0900_bin on MySQL) or varbinary"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_byte_exact_columns_compare_as_text() {
+        assert_eq!(comparison("bigint", None), Comparison::Integer);
+        assert_eq!(comparison("varbinary", None), Comparison::Exact);
+        assert_eq!(
+            comparison("varchar", Some("utf8mb4_nopad_bin")),
+            Comparison::Exact
+        );
+        assert_eq!(
+            comparison("VARCHAR", Some("utf8mb4_0900_bin")),
+            Comparison::Exact
+        );
+        for (data_type, collation) in [
+            ("varchar", Some("utf8mb4_bin")),
+            ("varchar", Some("utf8mb4_general_ci")),
+            ("varchar", Some("utf8mb4_0900_ai_ci")),
+            ("char", Some("utf8mb4_nopad_bin")),
+            ("date", None),
+        ] {
+            assert!(
+                matches!(comparison(data_type, collation), Comparison::Unmatched(_)),
+                "{data_type} {collation:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn reads_ask_for_open_ids_by_value_up_to_a_bound() {
+        let mut since = Cursor {
+            high: 10,
+            digest: None,
+            open: vec![3, 7],
+        };
+        assert_eq!(
+            after(&since),
+            ("(id > ? or id in (?, ?))".to_owned(), vec![10, 3, 7])
+        );
+        since.open = (1..=2000).collect();
+        since.high = 3000;
+        assert_eq!(after(&since), ("id >= ?".to_owned(), vec![1]));
+        since.open.clear();
+        assert_eq!(after(&since), ("id > ?".to_owned(), vec![3000]));
+    }
+}

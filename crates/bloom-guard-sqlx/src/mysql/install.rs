@@ -1,0 +1,301 @@
+//! Installing the change feed in a MySQL or MariaDB database: the feed,
+//! snapshot and fleet tables, and row triggers on the watched table.
+
+use sqlx::{AssertSqlSafe, MySqlPool};
+
+use super::feed;
+use crate::error::FeedError;
+use crate::watch::Watch;
+
+/// The feed's, the snapshots' and the fleet's tables. Idempotent.
+const TABLES: [&str; 9] = [
+    "create table if not exists bloom_guard_changes (
+        id bigint not null auto_increment primary key,
+        guard varchar(255) not null,
+        kind char(1) not null,
+        k blob,
+        at bigint not null
+    ) engine = InnoDB",
+    "create table if not exists bloom_guard_horizon (below bigint not null) engine = InnoDB",
+    "insert into bloom_guard_horizon (below)
+     select 0 from dual where not exists (select 1 from bloom_guard_horizon)",
+    "create table if not exists bloom_guard_snapshots (
+        id bigint not null auto_increment primary key,
+        guard varchar(255) not null,
+        format int not null,
+        fingerprint varchar(255) not null,
+        position longtext not null,
+        scanned_at bigint not null,
+        created_at double not null,
+        len bigint not null,
+        `keys` bigint not null,
+        key bloom_guard_snapshots_guard (guard, id)
+    ) engine = InnoDB",
+    "create table if not exists bloom_guard_snapshot_chunks (
+        snapshot bigint not null,
+        seq int not null,
+        data longblob not null,
+        primary key (snapshot, seq)
+    ) engine = InnoDB",
+    "create table if not exists bloom_guard_settings (
+        guard varchar(255) not null primary key,
+        mode varchar(16),
+        audit_rate double,
+        updated_at bigint not null,
+        check (mode in ('enforce', 'shadow', 'off')),
+        check (audit_rate >= 0 and audit_rate <= 1)
+    ) engine = InnoDB",
+    "create table if not exists bloom_guard_instances (
+        guard varchar(255) not null,
+        id varchar(255) not null,
+        seen_at bigint not null,
+        report longtext not null,
+        primary key (guard, id)
+    ) engine = InnoDB",
+    "create table if not exists bloom_guard_identity (id varchar(64) not null) engine = InnoDB",
+    "insert into bloom_guard_identity (id)
+     select replace(uuid(), '-', '') from dual where not exists (select 1 from bloom_guard_identity)",
+];
+
+/// `` `name` `` with inner backquotes doubled: a MySQL identifier.
+pub(super) fn ident(name: &str) -> String {
+    format!("`{}`", name.replace('`', "``"))
+}
+
+/// `'text'` with inner quotes and backslashes escaped: a MySQL string
+/// literal (under any `sql_mode`).
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// A watched table's schema, if named (`shop.orders`), and name, without
+/// the backquotes SQL may give them.
+pub(super) fn table_parts(table: &str) -> (Option<String>, String) {
+    let unquoted = |part: &str| part.trim_matches('`').to_owned();
+    match table.split_once('.') {
+        Some((schema, name)) if !table.starts_with('`') || schema.ends_with('`') => {
+            (Some(unquoted(schema)), unquoted(name))
+        }
+        _ => (None, unquoted(table)),
+    }
+}
+
+/// The watched table as SQL names it.
+fn table_ident(table: &str) -> String {
+    match table_parts(table) {
+        (Some(schema), name) => format!("{}.{}", ident(&schema), ident(&name)),
+        (None, name) => ident(&name),
+    }
+}
+
+/// The database file's identity, written at install (empty before):
+/// snapshot fingerprints include it, so a snapshot restored into another
+/// server is not taken for this one's.
+pub(super) async fn identity(pool: &MySqlPool) -> Result<String, sqlx::Error> {
+    let identity = sqlx::query_scalar::<_, String>(
+        "select cast(coalesce(max(id), '') as char) from bloom_guard_identity",
+    )
+    .fetch_one(pool)
+    .await;
+    match identity {
+        Ok(identity) => Ok(identity),
+        // Not installed yet.
+        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("42S02") => {
+            Ok(String::new())
+        }
+        Err(error) => Err(error),
+    }
+}
+
+impl Watch {
+    /// The canonical key of row `alias` in MySQL, as bytes: as for
+    /// Postgres (see [`Watch`]), text as UTF-8, numbers in decimal, a
+    /// binary string as its bytes. `collations` holds each key column's
+    /// collation (none for numbers and binary strings).
+    fn mysql_key(&self, alias: &str, collations: &[Option<String>]) -> String {
+        let part = |index: usize, column: &String| {
+            let column = format!("{alias}.{}", ident(column));
+            match collations.get(index) {
+                Some(Some(_)) => format!("cast(convert({column} using utf8mb4) as binary)"),
+                _ => format!("cast({column} as binary)"),
+            }
+        };
+        match self.key_columns.as_slice() {
+            [one] => part(0, one),
+            columns => {
+                let parts: Vec<String> = columns
+                    .iter()
+                    .enumerate()
+                    .map(|(index, column)| {
+                        let value = part(index, column);
+                        format!("cast(octet_length({value}) as binary), ':', {value}")
+                    })
+                    .collect();
+                format!("concat({})", parts.join(", "))
+            }
+        }
+    }
+
+    /// The key columns' collations, in the watch's order.
+    async fn mysql_collations(&self, pool: &MySqlPool) -> Result<Vec<Option<String>>, sqlx::Error> {
+        let columns = feed::columns(pool, self).await?;
+        Ok(self
+            .key_columns
+            .iter()
+            .map(|key| {
+                columns
+                    .iter()
+                    .find(|(name, ..)| name.eq_ignore_ascii_case(key))
+                    .and_then(|(_, _, collation)| collation.clone())
+            })
+            .collect())
+    }
+
+    /// The key query of a scan: every row's key, as bytes.
+    pub(super) async fn mysql_key_query(&self, pool: &MySqlPool) -> Result<String, sqlx::Error> {
+        let collations = self.mysql_collations(pool).await?;
+        Ok(format!(
+            "select {} as k from {} as t",
+            self.mysql_key("t", &collations),
+            table_ident(&self.table)
+        ))
+    }
+
+    /// The bodies of this table's three feed triggers, by event.
+    fn mysql_triggers(
+        &self,
+        collations: &[Option<String>],
+    ) -> [(&'static str, &'static str, String); 3] {
+        let name = literal(self.feed_name());
+        let (new, old) = (
+            self.mysql_key("new", collations),
+            self.mysql_key("old", collations),
+        );
+        let insert = |kind: &str, key: &str| {
+            format!(
+                "insert into bloom_guard_changes (guard, kind, k, at) values ({name}, '{kind}', {key}, unix_timestamp())"
+            )
+        };
+        [
+            (
+                "inserted",
+                "insert",
+                format!("if ({new}) is not null then {}; end if", insert("i", &new)),
+            ),
+            (
+                "updated",
+                "update",
+                format!(
+                    "if not (({new}) <=> ({old})) then
+    if ({old}) is not null then {}; end if;
+    if ({new}) is not null then {}; end if;
+end if",
+                    insert("d", &old),
+                    insert("i", &new)
+                ),
+            ),
+            (
+                "deleted",
+                "delete",
+                format!("if ({old}) is not null then {}; end if", insert("d", &old)),
+            ),
+        ]
+    }
+
+    /// Installs the feed's tables and this table's triggers in a MySQL (8.0
+    /// or later) or MariaDB (10.6 or later) database: every key written by
+    /// any client (another instance, the `mysql` shell, `LOAD DATA`)
+    /// reaches [`MySqlFollower`](crate::MySqlFollower)s. Idempotent: a
+    /// trigger already as it should be is left alone; one of another
+    /// version is replaced, and every follower rebuilds (writes between
+    /// the drop and the create are in no feed).
+    ///
+    /// Needs the `CREATE` and `TRIGGER` privileges (with binary logging
+    /// on, `SUPER` or `log_bin_trust_function_creators`). Followers need
+    /// `PROCESS` too, to read `information_schema.innodb_trx`.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Database`] if the table or a column does not exist, or
+    /// a privilege is missing.
+    pub async fn install_mysql(&self, pool: &MySqlPool) -> Result<(), FeedError> {
+        for statement in TABLES {
+            sqlx::query(statement).execute(pool).await?;
+        }
+        let collations = self.mysql_collations(pool).await?;
+        if collations.len() != self.key_columns.len() || self.key_columns.is_empty() {
+            return Err(FeedError::Database(sqlx::Error::Protocol(format!(
+                "{}: a key column is missing (the watch names {:?})",
+                self.table, self.key_columns
+            ))));
+        }
+        let (schema, table) = table_parts(&self.table);
+        let table_sql = table_ident(&self.table);
+        let mut replaced = false;
+        for (event, verb, body) in self.mysql_triggers(&collations) {
+            let name = feed::trigger_name(self, event);
+            let qualified = match &schema {
+                Some(schema) => format!("{}.{}", ident(schema), ident(&name)),
+                None => ident(&name),
+            };
+            let statement = format!("begin\n{body};\nend");
+            let stored: Option<String> = sqlx::query_scalar(
+                "select cast(action_statement as char) from information_schema.triggers
+                  where trigger_schema = coalesce(?, database()) and trigger_name = ?
+                    and event_object_table = ?",
+            )
+            .bind(schema.as_deref())
+            .bind(&name)
+            .bind(&table)
+            .fetch_optional(pool)
+            .await?;
+            if stored.as_deref() == Some(statement.as_str()) {
+                continue;
+            }
+            replaced |= stored.is_some();
+            sqlx::query(AssertSqlSafe(format!("drop trigger if exists {qualified}")))
+                .execute(pool)
+                .await?;
+            sqlx::query(AssertSqlSafe(format!(
+                "create trigger {qualified} after {verb} on {table_sql} for each row {statement}"
+            )))
+            .execute(pool)
+            .await?;
+        }
+        if replaced {
+            feed::record_resync(pool, self.feed_name()).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_split_into_schema_and_table() {
+        assert_eq!(table_parts("items"), (None, "items".to_owned()));
+        assert_eq!(
+            table_parts("shop.orders"),
+            (Some("shop".to_owned()), "orders".to_owned())
+        );
+        assert_eq!(
+            table_parts("`shop`.`orders`"),
+            (Some("shop".to_owned()), "orders".to_owned())
+        );
+        assert_eq!(table_parts("`a.b`"), (None, "a.b".to_owned()));
+        assert_eq!(ident("we`ird"), "`we``ird`");
+        assert_eq!(literal(r"it's \ here"), r"'it''s \\ here'");
+    }
+
+    #[test]
+    fn composite_keys_prefix_each_part_with_its_length() {
+        let watch = Watch::table("orders").key("tenant").key("number");
+        let key = watch.mysql_key("new", &[Some("utf8mb4_nopad_bin".to_owned()), None]);
+        assert_eq!(
+            key,
+            "concat(cast(octet_length(cast(convert(new.`tenant` using utf8mb4) as binary)) as binary), ':', cast(convert(new.`tenant` using utf8mb4) as binary), cast(octet_length(cast(new.`number` as binary)) as binary), ':', cast(new.`number` as binary))"
+        );
+    }
+}

@@ -1,0 +1,234 @@
+//! The follower engine's MySQL and MariaDB backend: the feed read by row
+//! id with the ids of open transactions kept open, wake-ups by a look at
+//! the feed's highest id, the trigger check, snapshots under `GET_LOCK`,
+//! the feed's tables and triggers, and the scan.
+
+mod cursor;
+mod feed;
+mod install;
+mod scan;
+mod settle;
+mod store;
+mod wake;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bloom_guard::BloomGuard;
+use sqlx::{MySql, MySqlPool};
+use tokio_util::sync::CancellationToken;
+
+use crate::follow::column::KeyColumn;
+use crate::follow::{follower_api, Clock, Database, Follower, KeySet, Read, WakeUps};
+use crate::store::fleet::FleetTables;
+use crate::store::snapshots::Tables;
+use crate::watch::Watch;
+use cursor::Cursor;
+use scan::MySqlScan;
+use settle::Settled;
+
+#[doc = include_str!("../follow/protocol.md")]
+///
+/// On MySQL and MariaDB the feed is read whenever its highest row id
+/// moves (looked at every 10 ms while it does, every half second at
+/// rest), at every refusal's read barrier, and at least every
+/// [`poll_interval`](Self::poll_interval). Needs
+/// [`Watch::install_mysql`] first.
+///
+/// # No key skipped
+///
+/// MySQL hands out auto-increment ids when a row is written, not when its
+/// transaction commits, so a reader that only remembers the highest id it
+/// read would skip a transaction that commits after a later id was read.
+/// The follower's position keeps the ids below its highest that no read
+/// has seen, and every read asks for them again, in one consistent
+/// snapshot with the new rows. An id is given up only once every
+/// transaction that could hold it has ended (two looks at
+/// `information_schema.innodb_trx`, at least 150 ms apart) and a read begun
+/// after that still lacks it: its transaction rolled back. Each feed row
+/// is applied once: deletes too. The follower's user needs the `PROCESS`
+/// privilege for that look; without it, ids of rolled-back transactions
+/// stay open until the feed is pruned past them, and the follower rebuilds
+/// then (it never skips a row).
+///
+/// `TRUNCATE` and statements that rebuild the table give it a new InnoDB
+/// table id: the trigger check (every
+/// [`check_interval`](Self::check_interval)) sees it and rebuilds, its
+/// keys staying in the filter meanwhile (false positives only). A table
+/// swapped in by an online schema change has none of the feed's
+/// triggers: the guard lets every request through until they are back.
+///
+/// # Example
+///
+/// ```no_run
+/// use bloom_guard::BloomGuard;
+/// use bloom_guard_sqlx::{MySqlFollower, Watch};
+///
+/// # async fn run(pool: sqlx::MySqlPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+/// let items = Watch::table("items").key("key");
+/// items.install_mysql(&pool).await?;
+/// let guard = BloomGuard::builder().build();
+/// tokio::spawn(MySqlFollower::new(guard.clone(), pool, items).run());
+/// # Ok(()) }
+/// ```
+pub struct MySqlFollower {
+    engine: Follower<MySqlBackend>,
+}
+
+follower_api!(MySqlFollower);
+
+impl MySqlFollower {
+    /// A follower for `guard`, holding the keys of `watch`'s table.
+    pub fn new(guard: BloomGuard, pool: MySqlPool, watch: Watch) -> Self {
+        Self {
+            engine: Follower::new(guard, MySqlBackend::new(pool, watch)),
+        }
+    }
+}
+
+/// A MySQL or MariaDB database holding a watched table and its change feed.
+#[derive(Debug, Clone)]
+pub(crate) struct MySqlBackend {
+    pool: MySqlPool,
+    watch: Watch,
+    settled: Arc<Settled>,
+    snapshots: Tables<MySql>,
+    fleet: FleetTables<MySql>,
+}
+
+impl MySqlBackend {
+    pub(crate) fn new(pool: MySqlPool, watch: Watch) -> Self {
+        Self {
+            snapshots: Tables::new(&pool, &store::STATEMENTS),
+            fleet: FleetTables::new(&pool, &store::FLEET),
+            settled: Arc::default(),
+            pool,
+            watch,
+        }
+    }
+}
+
+impl Database for MySqlBackend {
+    type Position = Cursor;
+    type Source = MySqlScan;
+    type Snapshots = Tables<MySql>;
+    type Fleet = FleetTables<MySql>;
+    type Lock = store::MySqlBuildLock;
+
+    fn watch(&self) -> &Watch {
+        &self.watch
+    }
+
+    fn parse_position(text: &str) -> Option<Cursor> {
+        Cursor::parse(text)
+    }
+
+    async fn key_source(&self) -> Result<KeySet<MySqlScan>, sqlx::Error> {
+        let query = self.watch.mysql_key_query(&self.pool).await?;
+        let identity = install::identity(&self.pool).await?;
+        let versions = feed::trigger_versions(&self.pool, &self.watch).await?;
+        Ok(KeySet {
+            fingerprint: store::fingerprint(&identity, &query, &versions),
+            source: MySqlScan::new(self.pool.clone(), query, Arc::clone(&self.settled)),
+            trigger_versions: versions,
+        })
+    }
+
+    async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
+        feed::key_columns(&self.pool, &self.watch).await
+    }
+
+    async fn has_unsafe_keys(&self, source: &MySqlScan) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+            "select cast(exists (select 1 from ({}) as q where q.k regexp '[^\\t-\\r -~]') as signed)",
+            source.query()
+        )))
+        .fetch_one(&self.pool)
+        .await
+        .map(|found| found != 0)
+    }
+
+    async fn position(&self) -> Result<Clock<Cursor>, sqlx::Error> {
+        // A fresh settled id keeps the position's open ids few: wait for
+        // one (two looks), for about a second at most.
+        let before = self.settled.now();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        while self.settled.advance(&self.pool).await == before
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(settle::STEP).await;
+        }
+        let settled = self.settled.now();
+        let mut tx = self.pool.begin_with(feed::SNAPSHOT).await?;
+        let at: i64 = sqlx::query_scalar("select cast(unix_timestamp(now(6)) * 1000000 as signed)")
+            .fetch_one(&mut *tx)
+            .await?;
+        let position = feed::position_in(&mut tx, settled).await?;
+        tx.commit().await?;
+        Ok(Clock { position, at })
+    }
+
+    async fn read(&self, since: &Cursor) -> Result<Read<Cursor>, sqlx::Error> {
+        feed::read_since(&self.pool, &self.settled, self.watch.feed_name(), since).await
+    }
+
+    async fn pending(&self, since: &Cursor, limit: u64) -> Result<u64, sqlx::Error> {
+        feed::pending(&self.pool, self.watch.feed_name(), since, limit).await
+    }
+
+    async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
+        feed::prune(&self.pool, retention).await
+    }
+
+    async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
+        feed::gaps(&self.pool, &self.watch).await
+    }
+
+    async fn repair(&self) -> Result<bool, sqlx::Error> {
+        // A table swapped in (an online schema change's copy) has none of
+        // the triggers: this role puts them back if it may, as long as the
+        // key columns are there.
+        if feed::gaps(&self.pool, &self.watch).await?.is_empty()
+            || !feed::has_key_columns(&self.pool, &self.watch).await?
+        {
+            return Ok(false);
+        }
+        if let Err(crate::error::FeedError::Database(error)) =
+            self.watch.install_mysql(&self.pool).await
+        {
+            return Err(error);
+        }
+        // Every instance rebuilds: writes made without the triggers are in
+        // no feed.
+        feed::record_resync(&self.pool, self.watch.feed_name()).await?;
+        Ok(true)
+    }
+
+    async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
+        feed::trigger_versions(&self.pool, &self.watch).await
+    }
+
+    fn wake_ups(
+        &self,
+        wake: WakeUps,
+        stop: CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        wake::watch(self.pool.clone(), wake, stop)
+    }
+
+    fn snapshots(&self) -> &Tables<MySql> {
+        &self.snapshots
+    }
+
+    fn fleet(&self) -> &FleetTables<MySql> {
+        &self.fleet
+    }
+
+    async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {
+        store::MySqlBuildLock::acquire(&self.pool, guard).await
+    }
+
+    async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, sqlx::Error> {
+        store::MySqlBuildLock::try_acquire(&self.pool, guard).await
+    }
+}

@@ -1,0 +1,82 @@
+//! Every key of a watched MySQL table, for a scan.
+
+use std::sync::Arc;
+
+use bloom_guard::{KeyBatch, KeySource};
+use futures_util::stream::BoxStream;
+use futures_util::TryStreamExt;
+use sqlx::{AssertSqlSafe, MySql, MySqlPool};
+
+use super::feed::{position_in, SNAPSHOT};
+use super::settle::Settled;
+use crate::error::SourceError;
+use crate::source::batches::{spawn_scan, BatchSender};
+use crate::source::query::QuerySource;
+
+/// Every key of a watched MySQL table, streamed from one snapshot that
+/// also names the feed position of exactly the rows scanned.
+#[derive(Debug, Clone)]
+pub(crate) struct MySqlScan {
+    pool: MySqlPool,
+    query: String,
+    settled: Arc<Settled>,
+    /// Counts the rows of the key query.
+    count: QuerySource<MySql>,
+}
+
+impl MySqlScan {
+    pub(super) fn new(pool: MySqlPool, query: String, settled: Arc<Settled>) -> Self {
+        Self {
+            count: QuerySource::new(pool.clone(), query.clone()),
+            pool,
+            query,
+            settled,
+        }
+    }
+
+    /// The key query.
+    pub(super) fn query(&self) -> &str {
+        &self.query
+    }
+}
+
+impl KeySource for MySqlScan {
+    type Error = SourceError;
+
+    async fn count_hint(&self) -> Result<Option<u64>, SourceError> {
+        self.count.count_hint().await
+    }
+
+    fn keys(&self) -> BoxStream<'static, Result<KeyBatch, SourceError>> {
+        let (pool, query, settled) = (
+            self.pool.clone(),
+            self.query.clone(),
+            Arc::clone(&self.settled),
+        );
+        spawn_scan(move |batches| async move {
+            // Settled before the snapshot; the feed's position and the keys
+            // from that one snapshot, so the first batch names the position
+            // of exactly the rows scanned.
+            let settled = settled.advance(&pool).await;
+            let mut tx = pool.begin_with(SNAPSHOT).await?;
+            let position = position_in(&mut tx, settled).await?;
+            let mut batch = BatchSender::new_batch();
+            batch.set_position(position.to_string());
+            let mut rows =
+                sqlx::query_scalar::<_, Option<Vec<u8>>>(AssertSqlSafe(query)).fetch(&mut *tx);
+            while let Some(key) = rows.try_next().await? {
+                // A NULL key names no row.
+                if let Some(key) = key {
+                    batch.push_text(&key);
+                }
+                if !batches.send_if_full(&mut batch).await {
+                    return Ok(());
+                }
+            }
+            drop(rows);
+            tx.commit().await?;
+            batches.finish(batch).await;
+            Ok(())
+        })
+    }
+}
