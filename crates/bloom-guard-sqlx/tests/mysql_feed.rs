@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bloom_guard::{BloomGuard, GuardState};
 use bloom_guard_sqlx::MySqlFollower;
-use common::mysql::{fresh, items};
+use common::mysql::{client, database, fresh, items};
 use common::wait_until;
 use sqlx::{Connection, MySqlPool};
 
@@ -370,4 +370,105 @@ async fn many_writers_with_late_commits_and_rollbacks_skip_no_key() {
         gone.len(),
         stats.deletes_applied
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn a_truncated_table_is_rebuilt_and_keys_written_after_are_kept() {
+    let pool = fresh(8).await;
+    sqlx::raw_sql("insert into items (code) values ('old-1'), ('old-2')")
+        .execute(&pool)
+        .await
+        .expect("seed");
+    let (guard, _running) = followed(&pool).await;
+    sqlx::raw_sql("truncate table items; insert into items (code) values ('after-truncate')")
+        .execute(&pool)
+        .await
+        .expect("truncate");
+    assert_ne!(
+        status(&guard, "after-truncate").await,
+        http::StatusCode::NOT_FOUND
+    );
+    // TRUNCATE gives the table a new id: the trigger check rebuilds.
+    wait_until(
+        "the rebuild after the truncation",
+        Duration::from_secs(5),
+        || {
+            guard.stats().state == GuardState::Ready
+                && !guard.may_contain("old-1")
+                && !guard.may_contain("old-2")
+                && guard.may_contain("after-truncate")
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn keys_written_after_a_restore_of_an_older_dump_are_never_refused() {
+    let pool = fresh(8).await;
+    let name = database(&pool).await;
+    sqlx::raw_sql("insert into items (code) values ('dumped')")
+        .execute(&pool)
+        .await
+        .expect("seed");
+    let dump = std::env::temp_dir().join(format!("{name}.sql"));
+    let mut command = client("mariadb-dump", &name);
+    command
+        .arg("--single-transaction")
+        .arg("--triggers")
+        .arg(format!("--result-file={}", dump.display()));
+    assert!(run(command).await.success(), "mariadb-dump");
+    let (guard, _running) = followed(&pool).await;
+    // Rows after the dump: the feed's ids move past the dump's.
+    let later: Vec<String> = (0..50).map(|i| format!("('later-{i}')")).collect();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "insert into items (code) values {}",
+        later.join(", ")
+    )))
+    .execute(&pool)
+    .await
+    .expect("later rows");
+    wait_until("the later rows", Duration::from_secs(2), || {
+        guard.may_contain("later-49")
+    })
+    .await;
+    // The restore takes the feed back: new rows take ids the follower has
+    // passed, and must not be skipped.
+    let mut command = client("mariadb", &name);
+    command.stdin(std::fs::File::open(&dump).expect("the dump"));
+    assert!(run(command).await.success(), "restore");
+    let _ = std::fs::remove_file(&dump);
+    for i in 0..20 {
+        let key = format!("after-restore-{i}");
+        sqlx::query("insert into items (code) values (?)")
+            .bind(&key)
+            .execute(&pool)
+            .await
+            .expect("insert after the restore");
+        assert_ne!(
+            status(&guard, &key).await,
+            http::StatusCode::NOT_FOUND,
+            "{key} was refused"
+        );
+    }
+    wait_until(
+        "the rebuild after the restore",
+        Duration::from_secs(10),
+        || {
+            guard.stats().state == GuardState::Ready
+                && guard.may_contain("dumped")
+                && guard.may_contain("after-restore-19")
+                && !guard.may_contain("later-7")
+        },
+    )
+    .await;
+}
+
+/// Runs `command` off the test's runtime thread.
+async fn run(mut command: std::process::Command) -> std::process::ExitStatus {
+    tokio::task::spawn_blocking(move || command.status())
+        .await
+        .expect("the command's thread")
+        .expect("the command on PATH")
 }

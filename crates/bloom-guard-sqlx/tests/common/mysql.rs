@@ -38,3 +38,29 @@ pub(crate) async fn fresh(max_connections: u32) -> MySqlPool {
     items().install_mysql(&pool).await.expect("install");
     pool
 }
+
+/// The database `pool` is connected to.
+pub(crate) async fn database(pool: &MySqlPool) -> String {
+    sqlx::query_scalar("select database()")
+        .fetch_one(pool)
+        .await
+        .expect("the database's name")
+}
+
+/// A command line of the MariaDB or MySQL client `program` (`mariadb`,
+/// `mariadb-dump`) for `database` on the `MYSQL_URL` server.
+pub(crate) fn client(program: &str, database: &str) -> std::process::Command {
+    let url = std::env::var("MYSQL_URL").expect("MYSQL_URL");
+    let rest = url.trim_start_matches("mysql://");
+    let (credentials, address) = rest.split_once('@').unwrap_or(("root", rest));
+    let (user, password) = credentials.split_once(':').unwrap_or((credentials, ""));
+    let address = address.split('/').next().unwrap_or(address);
+    let (host, port) = address.split_once(':').unwrap_or((address, "3306"));
+    let mut command = std::process::Command::new(program);
+    command
+        .arg("--no-defaults")
+        .args(["-h", host, "-P", port, "-u", user])
+        .arg(format!("--password={password}"))
+        .arg(database);
+    command
+}
