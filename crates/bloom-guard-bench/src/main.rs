@@ -28,6 +28,10 @@
 //! `bloom-load fleet` times a fleet-wide mode switch until every instance
 //! has it.
 //!
+//! `bloom-load mysql` measures the MySQL/MariaDB backend: writers on a
+//! watched table ÷ its unwatched twin, propagation, warm-up ÷ a plain
+//! `SELECT`.
+//!
 //! Run with `cargo run --release -p bloom-guard-bench -- run` (after
 //! `cargo build --release -p items-service`).
 
@@ -39,6 +43,7 @@ mod cross;
 mod deploy;
 mod fleet;
 mod load;
+mod mysql;
 mod propagation;
 mod run;
 mod services;
@@ -174,6 +179,26 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         minutes: u64,
     },
+    /// The MySQL/MariaDB backend: 32 writers on a watched table ÷ its
+    /// unwatched twin, commit → filter latency, warm-up ÷ a plain SELECT.
+    Mysql {
+        /// A MySQL or MariaDB server; the benchmark makes its own database.
+        #[arg(
+            long,
+            env = "MYSQL_URL",
+            default_value = "mysql://root@127.0.0.1:3306/test"
+        )]
+        mysql_url: String,
+        /// Seconds per measured writers' run (each statement runs four).
+        #[arg(long, default_value_t = 4)]
+        seconds: u64,
+        /// Keys of the warm-up.
+        #[arg(long, default_value_t = 1_000_000)]
+        keys: u64,
+        /// Propagation samples per load.
+        #[arg(long, default_value_t = 300)]
+        samples: usize,
+    },
     /// Draws chart.svg again from a results.json.
     Chart {
         /// The results file.
@@ -275,6 +300,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Command::Retention { minutes } => {
             writers::retention(&cli.database_url, &cli.out, minutes).await
         }
+        Command::Mysql {
+            mysql_url,
+            seconds,
+            keys,
+            samples,
+        } => mysql::run(&mysql_url, &cli.out, seconds, keys, samples).await,
         Command::WarmupOne { source, url } => warmup::one(source, &url).await,
         Command::Chart { from } => {
             let rows: Vec<run::Row> = serde_json::from_slice(&std::fs::read(&from)?)?;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bloom_guard::{BloomGuard, GuardState};
-use bloom_guard_sqlx::MySqlFollower;
+use bloom_guard_sqlx::{MySqlFollower, Watch};
 use common::mysql::{client, database, fresh, items};
 use common::wait_until;
 use sqlx::{Connection, MySqlPool};
@@ -471,4 +471,73 @@ async fn run(mut command: std::process::Command) -> std::process::ExitStatus {
         .await
         .expect("the command's thread")
         .expect("the command on PATH")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn integer_and_uuid_keys_are_held_in_their_text_form() {
+    let pool = fresh(8).await;
+    // MariaDB has a uuid type (MySQL 8 does not: the test keeps to integers there).
+    let uuid =
+        sqlx::raw_sql("create table users (id uuid primary key default uuid(), n bigint not null)")
+            .execute(&pool)
+            .await
+            .is_ok();
+    if !uuid {
+        sqlx::raw_sql("create table users (id char(36) primary key, n bigint not null)")
+            .execute(&pool)
+            .await
+            .expect("users");
+    }
+    let by_id = Watch::table("users").key("id");
+    let by_number = Watch::table("users").key("n").name("numbers");
+    by_id.install_mysql(&pool).await.expect("install");
+    by_number.install_mysql(&pool).await.expect("install");
+    sqlx::raw_sql("insert into users (id, n) values ('0b6ac9b4-1f4c-4a0e-9b0f-6a1c2e3d4f50', 7)")
+        .execute(&pool)
+        .await
+        .expect("a user");
+    let numbers = BloomGuard::builder()
+        .name("numbers")
+        .key_type(bloom_guard::KeyType::Integer)
+        .build();
+    let ids = BloomGuard::builder()
+        .name("users")
+        .key_type(bloom_guard::KeyType::Uuid)
+        .build();
+    let mut running = Vec::new();
+    for (guard, watch) in [(&numbers, &by_number), (&ids, &by_id)] {
+        let follower = MySqlFollower::new(guard.clone(), pool.clone(), watch.clone())
+            .check_interval(Duration::from_millis(200));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(follower.run_until(async move {
+            let _ = stopped.await;
+        }));
+        running.push(Running(Some(stop)));
+    }
+    wait_until("the warm-ups", Duration::from_secs(10), || {
+        numbers.is_ready() && (ids.is_ready() || !uuid)
+    })
+    .await;
+    sqlx::raw_sql("insert into users (id, n) values ('0b6ac9b4-1f4c-4a0e-9b0f-6a1c2e3d4f51', 42)")
+        .execute(&pool)
+        .await
+        .expect("another user");
+    wait_until("the second user", Duration::from_secs(2), || {
+        numbers.may_contain("42")
+    })
+    .await;
+    assert!(numbers.may_contain("7") && numbers.may_contain("007"));
+    assert!(!numbers.may_contain("8"));
+    if uuid {
+        wait_until("the second id", Duration::from_secs(2), || {
+            ids.may_contain("0B6AC9B4-1F4C-4A0E-9B0F-6A1C2E3D4F51")
+        })
+        .await;
+        assert!(ids.may_contain("{0b6ac9b4-1f4c-4a0e-9b0f-6a1c2e3d4f50}"));
+        assert!(!ids.may_contain("0b6ac9b4-1f4c-4a0e-9b0f-6a1c2e3d4f52"));
+    } else {
+        // char(36) under a case-insensitive collation: held open.
+        assert!(!ids.is_ready());
+    }
 }

@@ -107,17 +107,29 @@ pub(super) async fn identity(pool: &MySqlPool) -> Result<String, sqlx::Error> {
     }
 }
 
+/// Whether a column of `data_type` holds binary strings, its key their
+/// bytes.
+fn is_binary_string(data_type: &str) -> bool {
+    matches!(
+        data_type.to_ascii_lowercase().as_str(),
+        "binary" | "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob"
+    )
+}
+
 impl Watch {
     /// The canonical key of row `alias` in MySQL, as bytes: as for
-    /// Postgres (see [`Watch`]), text as UTF-8, numbers in decimal, a
-    /// binary string as its bytes. `collations` holds each key column's
-    /// collation (none for numbers and binary strings).
-    fn mysql_key(&self, alias: &str, collations: &[Option<String>]) -> String {
+    /// Postgres (see [`Watch`]), a value's text as UTF-8 (numbers in
+    /// decimal, a UUID with hyphens), a binary string as its bytes.
+    /// `binary` says, per key column, whether it holds binary strings.
+    fn mysql_key(&self, alias: &str, binary: &[bool]) -> String {
         let part = |index: usize, column: &String| {
             let column = format!("{alias}.{}", ident(column));
-            match collations.get(index) {
-                Some(Some(_)) => format!("cast(convert({column} using utf8mb4) as binary)"),
-                _ => format!("cast({column} as binary)"),
+            if binary.get(index).copied().unwrap_or(false) {
+                format!("cast({column} as binary)")
+            } else {
+                // Not `cast(x as binary)` alone: a MariaDB `uuid` gives its
+                // 16 bytes that way, and a latin1 string its latin1 bytes.
+                format!("cast(convert({column} using utf8mb4) as binary)")
             }
         };
         match self.key_columns.as_slice() {
@@ -136,8 +148,9 @@ impl Watch {
         }
     }
 
-    /// The key columns' collations, in the watch's order.
-    async fn mysql_collations(&self, pool: &MySqlPool) -> Result<Vec<Option<String>>, sqlx::Error> {
+    /// Whether each key column, in the watch's order, holds binary strings
+    /// (`None` for a column the table lacks).
+    async fn mysql_binary(&self, pool: &MySqlPool) -> Result<Vec<Option<bool>>, sqlx::Error> {
         let columns = feed::columns(pool, self).await?;
         Ok(self
             .key_columns
@@ -146,31 +159,30 @@ impl Watch {
                 columns
                     .iter()
                     .find(|(name, ..)| name.eq_ignore_ascii_case(key))
-                    .and_then(|(_, _, collation)| collation.clone())
+                    .map(|(_, data_type, _)| is_binary_string(data_type))
             })
             .collect())
     }
 
     /// The key query of a scan: every row's key, as bytes.
     pub(super) async fn mysql_key_query(&self, pool: &MySqlPool) -> Result<String, sqlx::Error> {
-        let collations = self.mysql_collations(pool).await?;
+        let binary: Vec<bool> = self
+            .mysql_binary(pool)
+            .await?
+            .into_iter()
+            .map(|binary| binary.unwrap_or(false))
+            .collect();
         Ok(format!(
             "select {} as k from {} as t",
-            self.mysql_key("t", &collations),
+            self.mysql_key("t", &binary),
             table_ident(&self.table)
         ))
     }
 
     /// The bodies of this table's three feed triggers, by event.
-    fn mysql_triggers(
-        &self,
-        collations: &[Option<String>],
-    ) -> [(&'static str, &'static str, String); 3] {
+    fn mysql_triggers(&self, binary: &[bool]) -> [(&'static str, &'static str, String); 3] {
         let name = literal(self.feed_name());
-        let (new, old) = (
-            self.mysql_key("new", collations),
-            self.mysql_key("old", collations),
-        );
+        let (new, old) = (self.mysql_key("new", binary), self.mysql_key("old", binary));
         let insert = |kind: &str, key: &str| {
             format!(
                 "insert into bloom_guard_changes (guard, kind, k, at) values ({name}, '{kind}', {key}, unix_timestamp())"
@@ -222,17 +234,20 @@ end if",
         for statement in TABLES {
             sqlx::query(statement).execute(pool).await?;
         }
-        let collations = self.mysql_collations(pool).await?;
-        if collations.len() != self.key_columns.len() || self.key_columns.is_empty() {
-            return Err(FeedError::Database(sqlx::Error::Protocol(format!(
-                "{}: a key column is missing (the watch names {:?})",
-                self.table, self.key_columns
-            ))));
-        }
+        let binary: Option<Vec<bool>> = self.mysql_binary(pool).await?.into_iter().collect();
+        let binary = match binary {
+            Some(binary) if !binary.is_empty() => binary,
+            _ => {
+                return Err(FeedError::Database(sqlx::Error::Protocol(format!(
+                    "{}: the table or a key column is missing (the watch names {:?})",
+                    self.table, self.key_columns
+                ))))
+            }
+        };
         let (schema, table) = table_parts(&self.table);
         let table_sql = table_ident(&self.table);
         let mut replaced = false;
-        for (event, verb, body) in self.mysql_triggers(&collations) {
+        for (event, verb, body) in self.mysql_triggers(&binary) {
             let name = feed::trigger_name(self, event);
             let qualified = match &schema {
                 Some(schema) => format!("{}.{}", ident(schema), ident(&name)),
@@ -292,7 +307,7 @@ mod tests {
     #[test]
     fn composite_keys_prefix_each_part_with_its_length() {
         let watch = Watch::table("orders").key("tenant").key("number");
-        let key = watch.mysql_key("new", &[Some("utf8mb4_nopad_bin".to_owned()), None]);
+        let key = watch.mysql_key("new", &[false, true]);
         assert_eq!(
             key,
             "concat(cast(octet_length(cast(convert(new.`tenant` using utf8mb4) as binary)) as binary), ':', cast(convert(new.`tenant` using utf8mb4) as binary), cast(octet_length(cast(new.`number` as binary)) as binary), ':', cast(new.`number` as binary))"
