@@ -116,6 +116,14 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
         self.watch().feed_name()
     }
 
+    /// How soon to read again from `position` however quiet the feed
+    /// looks: a position that waits on transactions still open (MySQL's
+    /// open ids, whose commit moves no wake-up) is read again soon, not at
+    /// the poll interval.
+    fn revisit(_position: &Self::Position) -> Option<Duration> {
+        None
+    }
+
     /// A position read back from a snapshot.
     fn parse_position(text: &str) -> Option<Self::Position>;
 

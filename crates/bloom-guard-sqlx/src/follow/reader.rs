@@ -30,6 +30,7 @@ impl<B: Database> Follower<B> {
             let started = reads.begin();
             let read_at = Instant::now();
             let mut gap = Duration::ZERO;
+            let mut next_poll = self.poll_interval;
             let mut feed = self.feed.lock().await;
             let Some(position) = feed.clone() else {
                 // Set before the loop starts.
@@ -63,6 +64,9 @@ impl<B: Database> Follower<B> {
                     {
                         pause.0.notify_one();
                         pause.1.notified().await;
+                    }
+                    if let Some(soon) = B::revisit(&reached) {
+                        next_poll = next_poll.min(soon);
                     }
                     *feed = Some(reached.clone());
                     drop(feed);
@@ -107,7 +111,7 @@ impl<B: Database> Follower<B> {
                 // start is over, so the refusals of a flood share reads.
                 () = reads.asked() => sleep_until(read_at + BARRIER_GAP).await,
                 () = async { sleep(gap).await; wake.notified().await } => {}
-                () = sleep(self.poll_interval) => {}
+                () = sleep(next_poll) => {}
             }
         }
     }

@@ -27,36 +27,19 @@ use cursor::Cursor;
 use scan::MySqlScan;
 use settle::Settled;
 
+/// How soon a position with open ids is read again: their commit moves
+/// no wake-up (the feed's highest id stays).
+const REVISIT: Duration = Duration::from_millis(25);
+
 #[doc = include_str!("../follow/protocol.md")]
 ///
 /// On MySQL and MariaDB the feed is read whenever its highest row id
-/// moves (looked at every 10 ms while it does, every half second at
+/// moves (looked at every 10 ms while it does, every 100 ms at
 /// rest), at every refusal's read barrier, and at least every
 /// [`poll_interval`](Self::poll_interval). Needs
 /// [`Watch::install_mysql`] first.
 ///
-/// # No key skipped
-///
-/// MySQL hands out auto-increment ids when a row is written, not when its
-/// transaction commits, so a reader that only remembers the highest id it
-/// read would skip a transaction that commits after a later id was read.
-/// The follower's position keeps the ids below its highest that no read
-/// has seen, and every read asks for them again, in one consistent
-/// snapshot with the new rows. An id is given up only once every
-/// transaction that could hold it has ended (two looks at
-/// `information_schema.innodb_trx`, at least 150 ms apart) and a read begun
-/// after that still lacks it: its transaction rolled back. Each feed row
-/// is applied once: deletes too. The follower's user needs the `PROCESS`
-/// privilege for that look; without it, ids of rolled-back transactions
-/// stay open until the feed is pruned past them, and the follower rebuilds
-/// then (it never skips a row).
-///
-/// `TRUNCATE` and statements that rebuild the table give it a new InnoDB
-/// table id: the trigger check (every
-/// [`check_interval`](Self::check_interval)) sees it and rebuilds, its
-/// keys staying in the filter meanwhile (false positives only). A table
-/// swapped in by an online schema change has none of the feed's
-/// triggers: the guard lets every request through until they are back.
+#[doc = include_str!("../../docs/mysql.md")]
 ///
 /// # Example
 ///
@@ -119,6 +102,10 @@ impl Database for MySqlBackend {
         &self.watch
     }
 
+    fn revisit(position: &Cursor) -> Option<Duration> {
+        (!position.open.is_empty()).then_some(REVISIT)
+    }
+
     fn parse_position(text: &str) -> Option<Cursor> {
         Cursor::parse(text)
     }
@@ -150,12 +137,14 @@ impl Database for MySqlBackend {
 
     async fn position(&self) -> Result<Clock<Cursor>, sqlx::Error> {
         // A fresh settled id keeps the position's open ids few: wait for
-        // one (two looks), for about a second at most.
-        let before = self.settled.now();
+        // the ids handed out so far to settle (two looks), for about a
+        // second at most (a long transaction holds them longer).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        while self.settled.advance(&self.pool).await == before
-            && tokio::time::Instant::now() < deadline
-        {
+        loop {
+            self.settled.advance(&self.pool).await;
+            if !self.settled.settling() || tokio::time::Instant::now() >= deadline {
+                break;
+            }
             tokio::time::sleep(settle::STEP).await;
         }
         let settled = self.settled.now();

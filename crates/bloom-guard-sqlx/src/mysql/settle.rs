@@ -63,6 +63,12 @@ impl Settled {
         crate::lock::lock(&self.state).settled
     }
 
+    /// Whether ids wait to be settled: never looked, or a look under way.
+    pub(super) fn settling(&self) -> bool {
+        let state = crate::lock::lock(&self.state);
+        state.last_look.is_none() || state.candidate.is_some()
+    }
+
     /// Takes one step of the method if one is due, and returns the settled
     /// id: every id up to it that ever commits is visible to a read begun
     /// after this call.
