@@ -152,7 +152,8 @@ async fn drive(
                 let row = next_row.fetch_add(1, Ordering::Relaxed);
                 let key = format!("{statement}-{writer}-{i}-{row}");
                 let sql = match statement {
-                    "insert" => format!("insert into {table} (code) values (?)"),
+                    // Two parameters in every statement, as two are bound.
+                    "insert" => format!("insert into {table} (code) values (concat(?, '-', ?))"),
                     "update_key" => {
                         format!("update {table} set code = ? where code = concat('row-', ?)")
                     }

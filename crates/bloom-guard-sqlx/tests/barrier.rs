@@ -8,26 +8,12 @@ mod common;
 use std::str::FromStr;
 use std::time::Duration;
 
-use axum::body::Body;
-use bloom_guard::{BloomGuard, PathParam};
+use bloom_guard::BloomGuard;
 use bloom_guard_sqlx::{SqliteFollower, Watch};
 use common::*;
 use http::StatusCode;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::PgPool;
-use tower::ServiceExt as _;
-
-/// The status of `GET /items/{key}` through `guard`, in front of a handler
-/// that finds every key.
-async fn status(guard: &BloomGuard, key: &str) -> StatusCode {
-    let app = axum::Router::new()
-        .route("/items/{key}", axum::routing::get(|| async { "an item" }))
-        .route_layer(guard.layer(PathParam("key")));
-    let request = http::Request::get(format!("/items/{key}"))
-        .body(Body::empty())
-        .expect("a request");
-    app.oneshot(request).await.expect("infallible").status()
-}
 
 /// Inserts each key through `write` (instance A's write path: its own
 /// guard first, then the row) and asks `read` (instance B) at once; the

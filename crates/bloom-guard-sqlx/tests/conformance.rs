@@ -10,13 +10,12 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
-use axum::body::Body;
-use bloom_guard::{BloomGuard, FilterOrigin, GuardState, PathParam};
+use bloom_guard::{BloomGuard, FilterOrigin, GuardState};
 use bloom_guard_sqlx::{Follow, MySqlFollower, PgFollower, SqliteFollower, Watch};
+use common::{spawn, status, wait_until, Running};
 use http::StatusCode;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{ConnectOptions, Connection, MySqlPool, PgPool, SqlitePool};
-use tower::ServiceExt as _;
 
 /// What a scenario needs of a database holding `items (id, code)`, the
 /// feed installed and watching `code`.
@@ -46,36 +45,6 @@ fn guard() -> BloomGuard {
         .build()
 }
 
-/// Runs `follower` until the value is dropped.
-struct Running(Option<tokio::sync::oneshot::Sender<()>>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(stop) = self.0.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-fn spawn(follower: impl Follow) -> Running {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(follower.run_until(async move {
-        let _ = stopped.await;
-    }));
-    Running(Some(stop))
-}
-
-async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + limit;
-    while !done() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// A guard followed on `db`, once ready.
 async fn followed(db: &impl Db) -> (BloomGuard, Running) {
     let guard = guard();
@@ -90,18 +59,6 @@ fn holds(guard: &BloomGuard, keys: &[&str]) -> bool {
 
 fn forgot(guard: &BloomGuard, keys: &[&str]) -> bool {
     guard.stats().state == GuardState::Ready && keys.iter().all(|key| !guard.may_contain(key))
-}
-
-/// The status of `GET /items/{key}` through `guard`, in front of a handler
-/// that finds every key: 404 is a refusal.
-async fn status(guard: &BloomGuard, key: &str) -> StatusCode {
-    let app = axum::Router::new()
-        .route("/items/{key}", axum::routing::get(|| async { "an item" }))
-        .route_layer(guard.layer(PathParam("key")));
-    let request = http::Request::get(format!("/items/{key}"))
-        .body(Body::empty())
-        .expect("a request");
-    app.oneshot(request).await.expect("infallible").status()
 }
 
 /// `insert into items (code) values ('p0'), ('p1'), …`.

@@ -12,7 +12,7 @@ use std::time::Duration;
 use bloom_guard::{BloomGuard, GuardState};
 use bloom_guard_sqlx::{MySqlFollower, Watch};
 use common::mysql::{client, database, fresh, items};
-use common::wait_until;
+use common::{spawn, status, wait_until, Running};
 use sqlx::{Connection, MySqlPool};
 
 fn guard() -> BloomGuard {
@@ -22,27 +22,14 @@ fn guard() -> BloomGuard {
         .build()
 }
 
-struct Running(Option<tokio::sync::oneshot::Sender<()>>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(stop) = self.0.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
 async fn followed(pool: &MySqlPool) -> (BloomGuard, Running) {
     let guard = guard();
     let follower = MySqlFollower::new(guard.clone(), pool.clone(), items())
         .check_interval(Duration::from_millis(200))
         .poll_interval(Duration::from_millis(200));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(follower.run_until(async move {
-        let _ = stopped.await;
-    }));
+    let running = spawn(follower);
     wait_until("the warm-up", Duration::from_secs(20), || guard.is_ready()).await;
-    (guard, Running(Some(stop)))
+    (guard, running)
 }
 
 fn position(guard: &BloomGuard) -> String {
@@ -127,19 +114,6 @@ impl Model {
             .map(|(key, _)| key.clone())
             .collect()
     }
-}
-
-/// The status of `GET /items/{key}` through `guard`, in front of a handler
-/// that finds every key: 404 is a refusal.
-async fn status(guard: &BloomGuard, key: &str) -> http::StatusCode {
-    use tower::ServiceExt as _;
-    let app = axum::Router::new()
-        .route("/items/{key}", axum::routing::get(|| async { "an item" }))
-        .route_layer(guard.layer(bloom_guard::PathParam("key")));
-    let request = http::Request::get(format!("/items/{key}"))
-        .body(axum::body::Body::empty())
-        .expect("a request");
-    app.oneshot(request).await.expect("infallible").status()
 }
 
 /// One writer's transactions: inserts, deletes, key updates, some held
@@ -509,11 +483,7 @@ async fn integer_and_uuid_keys_are_held_in_their_text_form() {
     for (guard, watch) in [(&numbers, &by_number), (&ids, &by_id)] {
         let follower = MySqlFollower::new(guard.clone(), pool.clone(), watch.clone())
             .check_interval(Duration::from_millis(200));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(follower.run_until(async move {
-            let _ = stopped.await;
-        }));
-        running.push(Running(Some(stop)));
+        running.push(spawn(follower));
     }
     wait_until("the warm-ups", Duration::from_secs(10), || {
         numbers.is_ready() && (ids.is_ready() || !uuid)

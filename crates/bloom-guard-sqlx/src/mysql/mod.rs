@@ -214,10 +214,10 @@ impl Database for MySqlBackend {
     }
 
     async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {
-        store::MySqlBuildLock::acquire(&self.pool, guard).await
+        store::build_lock(&self.pool, guard).await
     }
 
     async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, sqlx::Error> {
-        store::MySqlBuildLock::try_acquire(&self.pool, guard).await
+        store::try_build_lock(&self.pool, guard).await
     }
 }

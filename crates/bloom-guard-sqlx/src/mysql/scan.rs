@@ -5,7 +5,7 @@ use std::sync::Arc;
 use bloom_guard::{KeyBatch, KeySource};
 use futures_util::stream::BoxStream;
 use futures_util::TryStreamExt;
-use sqlx::{AssertSqlSafe, MySql, MySqlPool};
+use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row};
 
 use super::feed::{position_in, SNAPSHOT};
 use super::settle::Settled;
@@ -43,8 +43,31 @@ impl MySqlScan {
 impl KeySource for MySqlScan {
     type Error = SourceError;
 
+    /// The optimizer's estimate of the key query's rows (`EXPLAIN`, from
+    /// InnoDB's statistics): sizing needs no exact count, and counting
+    /// would read the whole table once more. A count where the estimate
+    /// cannot be had.
     async fn count_hint(&self) -> Result<Option<u64>, SourceError> {
-        self.count.count_hint().await
+        let plan = sqlx::query(AssertSqlSafe(format!("explain {}", self.query)))
+            .fetch_all(&self.pool)
+            .await;
+        let estimate = plan.ok().and_then(|rows| {
+            let row = rows.first()?;
+            row.try_get::<Option<u64>, _>("rows")
+                .ok()
+                .flatten()
+                .or_else(|| {
+                    row.try_get::<Option<i64>, _>("rows")
+                        .ok()
+                        .flatten()?
+                        .try_into()
+                        .ok()
+                })
+        });
+        match estimate {
+            Some(rows) => Ok(Some(rows)),
+            None => self.count.count_hint().await,
+        }
     }
 
     fn keys(&self) -> BoxStream<'static, Result<KeyBatch, SourceError>> {
@@ -62,12 +85,11 @@ impl KeySource for MySqlScan {
             let position = position_in(&mut tx, settled).await?;
             let mut batch = BatchSender::new_batch();
             batch.set_position(position.to_string());
-            let mut rows =
-                sqlx::query_scalar::<_, Option<Vec<u8>>>(AssertSqlSafe(query)).fetch(&mut *tx);
-            while let Some(key) = rows.try_next().await? {
+            let mut rows = sqlx::query(AssertSqlSafe(query)).fetch(&mut *tx);
+            while let Some(row) = rows.try_next().await? {
                 // A NULL key names no row.
-                if let Some(key) = key {
-                    batch.push_text(&key);
+                if let Some(key) = row.try_get::<Option<&[u8]>, _>(0)? {
+                    batch.push_text(key);
                 }
                 if !batches.send_if_full(&mut batch).await {
                     return Ok(());

@@ -6,6 +6,7 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, MySqlPool};
 
 use crate::store::fleet::FleetStatements;
+use crate::store::session_lock::SessionLock;
 use crate::store::snapshots::Statements;
 
 /// The fingerprint of the key query in the database of `identity` (a
@@ -93,69 +94,47 @@ pub(super) const FLEET: FleetStatements = FleetStatements {
 /// The lock on building a guard's filter, held by one instance of the
 /// fleet: a `GET_LOCK` on a connection of its own, released when the lock
 /// is dropped or the connection dies (a crashed holder frees it).
-pub(crate) struct MySqlBuildLock {
-    connection: Option<MySqlConnection>,
-}
-
-impl std::fmt::Debug for MySqlBuildLock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MySqlBuildLock").finish_non_exhaustive()
-    }
-}
+pub(crate) type MySqlBuildLock = SessionLock<MySqlConnection>;
 
 /// Lock names are at most 64 characters: the guard's name is hashed.
 const LOCK_SQL: &str = "select get_lock(concat('bloom_guard.build.', left(sha2(?, 256), 40)), ?)";
 
-impl MySqlBuildLock {
-    /// Waits for the lock.
-    pub(super) async fn acquire(pool: &MySqlPool, guard: &str) -> Result<Self, sqlx::Error> {
-        loop {
-            // A day at a time: GET_LOCK's timeout is in seconds, and
-            // servers differ on what a negative one means.
-            if let Some(lock) = Self::take(pool, guard, 86_400).await? {
-                return Ok(lock);
-            }
+/// Waits for the build lock of `guard`.
+pub(super) async fn build_lock(
+    pool: &MySqlPool,
+    guard: &str,
+) -> Result<MySqlBuildLock, sqlx::Error> {
+    loop {
+        // A day at a time: GET_LOCK's timeout is in seconds, and servers
+        // differ on what a negative one means.
+        if let Some(lock) = take(pool, guard, 86_400).await? {
+            return Ok(lock);
         }
-    }
-
-    /// The lock if nobody holds it.
-    pub(super) async fn try_acquire(
-        pool: &MySqlPool,
-        guard: &str,
-    ) -> Result<Option<Self>, sqlx::Error> {
-        Self::take(pool, guard, 0).await
-    }
-
-    async fn take(
-        pool: &MySqlPool,
-        guard: &str,
-        wait_secs: i64,
-    ) -> Result<Option<Self>, sqlx::Error> {
-        let mut connection = MySqlConnection::connect_with(&pool.connect_options()).await?;
-        let locked: Option<i64> = sqlx::query_scalar(LOCK_SQL)
-            .bind(guard)
-            .bind(wait_secs)
-            .fetch_one(&mut connection)
-            .await?;
-        if locked != Some(1) {
-            connection.close().await?;
-            return Ok(None);
-        }
-        Ok(Some(Self {
-            connection: Some(connection),
-        }))
     }
 }
 
-impl Drop for MySqlBuildLock {
-    fn drop(&mut self) {
-        let Some(connection) = self.connection.take() else {
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = connection.close().await;
-            });
-        }
+/// The build lock of `guard`, if nobody holds it.
+pub(super) async fn try_build_lock(
+    pool: &MySqlPool,
+    guard: &str,
+) -> Result<Option<MySqlBuildLock>, sqlx::Error> {
+    take(pool, guard, 0).await
+}
+
+async fn take(
+    pool: &MySqlPool,
+    guard: &str,
+    wait_secs: i64,
+) -> Result<Option<MySqlBuildLock>, sqlx::Error> {
+    let mut connection = MySqlConnection::connect_with(&pool.connect_options()).await?;
+    let locked: Option<i64> = sqlx::query_scalar(LOCK_SQL)
+        .bind(guard)
+        .bind(wait_secs)
+        .fetch_one(&mut connection)
+        .await?;
+    if locked != Some(1) {
+        connection.close().await?;
+        return Ok(None);
     }
+    Ok(Some(SessionLock::new(connection)))
 }

@@ -238,10 +238,10 @@ impl Database for PgBackend {
     }
 
     async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {
-        snapshot::PgBuildLock::acquire(&self.pool, guard).await
+        snapshot::build_lock(&self.pool, guard).await
     }
 
     async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, sqlx::Error> {
-        snapshot::PgBuildLock::try_acquire(&self.pool, guard).await
+        snapshot::try_build_lock(&self.pool, guard).await
     }
 }

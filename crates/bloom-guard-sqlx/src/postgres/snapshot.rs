@@ -7,6 +7,7 @@ use sqlx::postgres::PgConnection;
 use sqlx::{Connection, PgPool};
 
 use crate::follow::Clock;
+use crate::store::session_lock::SessionLock;
 use crate::store::snapshots::Statements;
 
 /// What names a guard's key set: the database (cluster and database, as a
@@ -71,63 +72,34 @@ pub(super) async fn position_now(pool: &PgPool) -> Result<Clock<String>, sqlx::E
 /// The fleet-wide lock on building `guard`'s filter: a session advisory
 /// lock on a connection of its own, released when the connection closes,
 /// so a crashed holder never keeps it. Dropped, it closes its connection.
-pub(crate) struct PgBuildLock {
-    connection: Option<PgConnection>,
-}
-
-impl std::fmt::Debug for PgBuildLock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgBuildLock").finish_non_exhaustive()
-    }
-}
+pub(crate) type PgBuildLock = SessionLock<PgConnection>;
 
 const LOCK_SQL: &str = "select pg_catalog.pg_advisory_lock(pg_catalog.hashtext('bloom_guard.build'), pg_catalog.hashtext($1))";
 const TRY_LOCK_SQL: &str = "select pg_catalog.pg_try_advisory_lock(pg_catalog.hashtext('bloom_guard.build'), pg_catalog.hashtext($1))";
 
-impl PgBuildLock {
-    /// Waits for the lock.
-    pub(super) async fn acquire(pool: &PgPool, guard: &str) -> Result<Self, sqlx::Error> {
-        let mut connection = PgConnection::connect_with(&pool.connect_options()).await?;
-        sqlx::query(LOCK_SQL)
-            .bind(guard)
-            .execute(&mut connection)
-            .await?;
-        Ok(Self {
-            connection: Some(connection),
-        })
-    }
-
-    /// The lock if nobody holds it.
-    pub(super) async fn try_acquire(
-        pool: &PgPool,
-        guard: &str,
-    ) -> Result<Option<Self>, sqlx::Error> {
-        let mut connection = PgConnection::connect_with(&pool.connect_options()).await?;
-        let locked: bool = sqlx::query_scalar(TRY_LOCK_SQL)
-            .bind(guard)
-            .fetch_one(&mut connection)
-            .await?;
-        if !locked {
-            connection.close().await?;
-            return Ok(None);
-        }
-        Ok(Some(Self {
-            connection: Some(connection),
-        }))
-    }
+/// Waits for the build lock of `guard`.
+pub(super) async fn build_lock(pool: &PgPool, guard: &str) -> Result<PgBuildLock, sqlx::Error> {
+    let mut connection = PgConnection::connect_with(&pool.connect_options()).await?;
+    sqlx::query(LOCK_SQL)
+        .bind(guard)
+        .execute(&mut connection)
+        .await?;
+    Ok(SessionLock::new(connection))
 }
 
-impl Drop for PgBuildLock {
-    fn drop(&mut self) {
-        let Some(connection) = self.connection.take() else {
-            return;
-        };
-        // Closing the connection releases the lock; without a runtime the
-        // socket's close does it, as the server sees the client gone.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = connection.close().await;
-            });
-        }
+/// The build lock of `guard`, if nobody holds it.
+pub(super) async fn try_build_lock(
+    pool: &PgPool,
+    guard: &str,
+) -> Result<Option<PgBuildLock>, sqlx::Error> {
+    let mut connection = PgConnection::connect_with(&pool.connect_options()).await?;
+    let locked: bool = sqlx::query_scalar(TRY_LOCK_SQL)
+        .bind(guard)
+        .fetch_one(&mut connection)
+        .await?;
+    if !locked {
+        connection.close().await?;
+        return Ok(None);
     }
+    Ok(Some(SessionLock::new(connection)))
 }

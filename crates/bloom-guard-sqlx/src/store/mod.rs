@@ -3,4 +3,6 @@
 //! (`snapshots`) and the fleet's settings and heartbeats (`fleet`).
 
 pub(crate) mod fleet;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) mod session_lock;
 pub(crate) mod snapshots;

@@ -50,7 +50,7 @@ impl Drop for Running {
 }
 
 /// Runs `follower` until the returned value is dropped.
-pub(crate) fn spawn(follower: PgFollower) -> Running {
+pub(crate) fn spawn(follower: impl bloom_guard_sqlx::Follow) -> Running {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(follower.run_until(async move {
         let _ = stopped.await;
@@ -141,4 +141,17 @@ pub(crate) async fn run(mut command: std::process::Command) -> std::process::Exi
         .await
         .expect("the command's thread")
         .expect("the command on PATH")
+}
+
+/// The status of `GET /items/{key}` through `guard`, in front of a handler
+/// that finds every key: 404 is the guard's refusal.
+pub(crate) async fn status(guard: &BloomGuard, key: &str) -> http::StatusCode {
+    use tower::ServiceExt as _;
+    let app = axum::Router::new()
+        .route("/items/{key}", axum::routing::get(|| async { "an item" }))
+        .route_layer(guard.layer(bloom_guard::PathParam("key")));
+    let request = http::Request::get(format!("/items/{key}"))
+        .body(axum::body::Body::empty())
+        .expect("a request");
+    app.oneshot(request).await.expect("infallible").status()
 }
