@@ -198,6 +198,9 @@ enum Command {
         /// Propagation samples per load.
         #[arg(long, default_value_t = 300)]
         samples: usize,
+        /// Only these parts: writers, propagation, warmup.
+        #[arg(long, value_delimiter = ',')]
+        parts: Vec<String>,
     },
     /// Draws chart.svg again from a results.json.
     Chart {
@@ -305,7 +308,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             seconds,
             keys,
             samples,
-        } => mysql::run(&mysql_url, &cli.out, seconds, keys, samples).await,
+            parts,
+        } => mysql::run(&mysql_url, &cli.out, seconds, keys, samples, &parts).await,
         Command::WarmupOne { source, url } => warmup::one(source, &url).await,
         Command::Chart { from } => {
             let rows: Vec<run::Row> = serde_json::from_slice(&std::fs::read(&from)?)?;

@@ -51,7 +51,7 @@ struct Report {
     server: String,
     writers: Vec<Writers>,
     propagation: Vec<Propagation>,
-    warmup: Warmup,
+    warmup: Option<Warmup>,
 }
 
 /// `bloom-load mysql`.
@@ -61,14 +61,31 @@ pub(crate) async fn run(
     seconds: u64,
     keys: u64,
     samples: usize,
+    parts: &[String],
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+    let part = |name: &str| parts.is_empty() || parts.iter().any(|part| part == name);
     let pool = database(server_url, "bloom_guard_bench_mysql").await?;
     let server: String = sqlx::query_scalar("select version()")
         .fetch_one(&pool)
         .await?;
-    let writers = writers(&pool, Duration::from_secs(seconds)).await?;
-    let propagation = propagation(&pool, samples).await?;
-    let warmup = warmup(&pool, keys).await?;
+    let writers = if part("writers") {
+        writers(&pool, Duration::from_secs(seconds)).await?
+    } else {
+        Vec::new()
+    };
+    let propagation = if part("propagation") {
+        propagation(&pool, samples).await?
+    } else {
+        Vec::new()
+    };
+    let warmup = if part("warmup") {
+        Some(warmup(&pool, keys).await?)
+    } else {
+        None
+    };
     let report = Report {
         server,
         writers,
