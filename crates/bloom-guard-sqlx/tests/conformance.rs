@@ -32,6 +32,9 @@ trait Db: Sized + Send + Sync + 'static {
     fn drop_insert_trigger(&self) -> impl Future<Output = ()> + Send;
     /// Watches `items` again, as its owner would after a gap.
     fn watch_again(&self) -> impl Future<Output = ()> + Send;
+    /// Ends every other session on the database (a failover, an operator's
+    /// kill); how many. SQLite has no sessions to end: 0.
+    fn kill_other_sessions(&self) -> impl Future<Output = u64> + Send;
 }
 
 fn items() -> Watch {
@@ -232,6 +235,39 @@ async fn a_missing_trigger_fails_open_until_rebuilt(db: impl Db) {
     assert_eq!(status(&guard, "never-written").await, StatusCode::NOT_FOUND);
 }
 
+/// Sessions killed between writes and reads: no key is refused, each
+/// arrives once the follower has connected again.
+async fn killed_sessions_lose_no_key(db: impl Db) {
+    let other = db.another().await;
+    let (guard, _running) = followed(&other).await;
+    let mut killed = 0;
+    for i in 0..20 {
+        let key = format!("across-a-kill-{i}");
+        db.exec(&format!("insert into items (code) values ('{key}')"))
+            .await;
+        killed += db.kill_other_sessions().await;
+        assert_ne!(
+            status(&guard, &key).await,
+            StatusCode::NOT_FOUND,
+            "{key} was refused after the sessions were killed"
+        );
+    }
+    let keys: Vec<String> = (0..20).map(|i| format!("across-a-kill-{i}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    wait_until("every key after the kills", Duration::from_secs(20), || {
+        holds(&guard, &keys)
+    })
+    .await;
+    db.exec("insert into items (code) values ('after-the-kills')")
+        .await;
+    assert_ne!(
+        status(&guard, "after-the-kills").await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(status(&guard, "never-written").await, StatusCode::NOT_FOUND);
+    eprintln!("{killed} sessions killed");
+}
+
 macro_rules! conformance {
     ($($scenario:ident),* $(,)?) => {
         mod postgres {
@@ -273,6 +309,7 @@ conformance!(
     a_fleet_started_together_scans_once,
     a_key_committed_elsewhere_is_never_refused,
     a_missing_trigger_fails_open_until_rebuilt,
+    killed_sessions_lose_no_key,
 );
 
 // The databases.
@@ -356,6 +393,17 @@ impl Db for Postgres {
     async fn watch_again(&self) {
         items().install(&self.0).await.expect("watch items");
     }
+
+    async fn kill_other_sessions(&self) -> u64 {
+        sqlx::query(
+            "select pg_terminate_backend(pid) from pg_stat_activity
+              where datname = current_database() and pid <> pg_backend_pid()",
+        )
+        .execute(&self.0)
+        .await
+        .expect("kill sessions")
+        .rows_affected()
+    }
 }
 
 struct Sqlite(SqlitePool, std::path::PathBuf);
@@ -416,6 +464,10 @@ impl Db for Sqlite {
     async fn watch_again(&self) {
         items().install_sqlite(&self.0).await.expect("watch items");
     }
+
+    async fn kill_other_sessions(&self) -> u64 {
+        0
+    }
 }
 
 struct MySql(MySqlPool);
@@ -458,5 +510,27 @@ impl Db for MySql {
     }
     async fn watch_again(&self) {
         items().install_mysql(&self.0).await.expect("watch items");
+    }
+
+    async fn kill_other_sessions(&self) -> u64 {
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "select cast(id as signed) from information_schema.processlist
+              where db = database() and id <> connection_id()",
+        )
+        .fetch_all(&self.0)
+        .await
+        .expect("sessions");
+        let mut killed = 0;
+        for id in ids {
+            // A session may end by itself meanwhile.
+            if sqlx::raw_sql(sqlx::AssertSqlSafe(format!("kill {id}")))
+                .execute(&self.0)
+                .await
+                .is_ok()
+            {
+                killed += 1;
+            }
+        }
+        killed
     }
 }
