@@ -1,5 +1,6 @@
 //! Tests that need Postgres run when `DATABASE_URL` is set at build time and
-//! show as ignored, with the reason, when it is not. The test that scrapes
+//! show as ignored, with the reason, when it is not; those that need MySQL
+//! or MariaDB, the same with `MYSQL_URL`. The test that scrapes
 //! the service with a real Prometheus needs the `prometheus` binary: on the
 //! `PATH`, or where `PROMETHEUS` says. The TLS tests start a Postgres server
 //! of their own: they need its binaries, in `PG_BIN` (by default
@@ -9,6 +10,11 @@ use std::path::PathBuf;
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(database)");
+    println!("cargo::rustc-check-cfg=cfg(mysql_database)");
+    println!("cargo::rerun-if-env-changed=MYSQL_URL");
+    if std::env::var_os("MYSQL_URL").is_some_and(|url| !url.is_empty()) {
+        println!("cargo::rustc-cfg=mysql_database");
+    }
     println!("cargo::rustc-check-cfg=cfg(prometheus)");
     println!("cargo::rustc-check-cfg=cfg(pg_server)");
     println!("cargo::rerun-if-env-changed=PG_BIN");

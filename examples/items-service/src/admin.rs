@@ -25,6 +25,7 @@ pub fn admin_app(state: &AppState, token: &str, prometheus: Option<PrometheusHan
     let rebuild = |guard: &BloomGuard, watch| match state.db.pool().clone() {
         Pool::Postgres(pool) => FleetRebuild::new(guard.clone(), pool, watch),
         Pool::Sqlite(pool) => FleetRebuild::sqlite(guard.clone(), pool, watch),
+        Pool::MySql(pool) => FleetRebuild::mysql(guard.clone(), pool, watch),
     };
     let mut admin = Admin::new(token);
     for (guard, watch) in [(&guards.items, items_feed()), (&guards.users, users_feed())] {

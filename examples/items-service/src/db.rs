@@ -1,4 +1,5 @@
-//! The items table, on Postgres or an embedded SQLite file.
+//! The items table, on Postgres, MySQL or MariaDB, or an embedded SQLite
+//! file.
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -6,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 /// An item as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
@@ -59,9 +61,19 @@ pub enum MigrateError {
     Feed(#[from] bloom_guard_sqlx::FeedError),
 }
 
-/// Why a Postgres URL cannot be used.
+/// Why a database URL cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum UrlError {
+    /// The URL names a database this service does not speak.
+    #[error("DATABASE_URL must start with postgres://, postgresql://, mysql:// or mariadb:// (unset, an embedded SQLite file is used); it starts with {scheme:?}")]
+    UnknownKind {
+        /// What the URL starts with, up to its `://`.
+        scheme: String,
+    },
+    /// The MySQL URL does not parse; fix it, in the form
+    /// `mysql://user:password@host:port/database`.
+    #[error("invalid MySQL URL: {0}")]
+    InvalidMySql(sqlx::Error),
     /// The URL does not parse; fix it, in the form
     /// `postgres://user:password@host:port/database?sslmode=require`.
     #[error("invalid Postgres URL: {0}")]
@@ -85,6 +97,8 @@ pub enum Pool {
     Postgres(PgPool),
     /// An embedded SQLite database.
     Sqlite(SqlitePool),
+    /// MySQL or MariaDB.
+    MySql(MySqlPool),
 }
 
 impl Database {
@@ -106,6 +120,42 @@ impl Database {
             .acquire_timeout(Duration::from_secs(3))
             .connect_lazy_with(options);
         Ok(Self::from_pool(Pool::Postgres(pool)))
+    }
+
+    /// The database `url` names: Postgres (`postgres://`, `postgresql://`)
+    /// or MySQL and MariaDB (`mysql://`, `mariadb://`). Connects lazily.
+    ///
+    /// # Errors
+    ///
+    /// If the URL names another kind of database or does not parse: a
+    /// clear error at start, never an endless retry.
+    pub fn connect(url: &str) -> Result<Self, UrlError> {
+        let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
+        match scheme.to_ascii_lowercase().as_str() {
+            "postgres" | "postgresql" => Self::postgres(url),
+            "mysql" => Self::mysql(url),
+            "mariadb" => Self::mysql(&format!("mysql{}", &url[scheme.len()..])),
+            _ => Err(UrlError::UnknownKind {
+                scheme: scheme.chars().take(32).collect(),
+            }),
+        }
+    }
+
+    /// A MySQL or MariaDB database. Connects lazily, so the service starts
+    /// while the server is down; call [`migrate`](Self::migrate) before
+    /// use. The followers need the `PROCESS` privilege (see the library's
+    /// `MySqlFollower`).
+    ///
+    /// # Errors
+    ///
+    /// If `url` is not a valid MySQL URL.
+    pub fn mysql(url: &str) -> Result<Self, UrlError> {
+        let options = MySqlConnectOptions::from_str(url).map_err(UrlError::InvalidMySql)?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_lazy_with(options);
+        Ok(Self::from_pool(Pool::MySql(pool)))
     }
 
     /// An embedded SQLite database in the file at `path`, created if missing,
@@ -160,6 +210,11 @@ impl Database {
                 items.install_sqlite(&pool).await?;
                 users.install_sqlite(&pool).await?;
             }
+            Pool::MySql(pool) => {
+                sqlx::migrate!("./mysql").run(&pool).await?;
+                items.install_mysql(&pool).await?;
+                users.install_mysql(&pool).await?;
+            }
         }
         Ok(())
     }
@@ -179,6 +234,11 @@ impl Database {
                     .await?
             }
             Pool::Sqlite(pool) => {
+                sqlx::query_scalar("select count(*) from items")
+                    .fetch_one(pool)
+                    .await?
+            }
+            Pool::MySql(pool) => {
                 sqlx::query_scalar("select count(*) from items")
                     .fetch_one(pool)
                     .await?
@@ -206,6 +266,9 @@ impl Database {
                     .bind(value)
                     .execute(pool)
                     .await?;
+                }
+                Pool::MySql(_) => {
+                    self.insert(key, value).await?;
                 }
             }
         }
@@ -236,6 +299,14 @@ impl Database {
                     .fetch_optional(pool)
                     .await
             }
+            Pool::MySql(pool) => {
+                sqlx::query_as(
+                    "select cast(`key` as char) as `key`, value from items where `key` = ?",
+                )
+                .bind(key)
+                .fetch_optional(pool)
+                .await
+            }
         }
     }
 
@@ -264,6 +335,22 @@ impl Database {
                 .fetch_optional(pool)
                 .await
             }
+            // No RETURNING on MySQL 8: the row is what was given.
+            Pool::MySql(pool) => {
+                let inserted = sqlx::query("insert into items (`key`, value) values (?, ?)")
+                    .bind(key)
+                    .bind(value)
+                    .execute(pool)
+                    .await;
+                match inserted {
+                    Ok(_) => Ok(Some(Item {
+                        key: key.to_owned(),
+                        value: value.to_owned(),
+                    })),
+                    Err(error) if is_duplicate_key(&error) => Ok(None),
+                    Err(error) => Err(error),
+                }
+            }
         }
     }
 
@@ -283,6 +370,13 @@ impl Database {
             }
             Pool::Sqlite(pool) => {
                 let result = sqlx::query("delete from items where key = ?")
+                    .bind(key)
+                    .execute(pool)
+                    .await?;
+                result.rows_affected()
+            }
+            Pool::MySql(pool) => {
+                let result = sqlx::query("delete from items where `key` = ?")
                     .bind(key)
                     .execute(pool)
                     .await?;
@@ -313,6 +407,12 @@ impl Database {
                     .fetch_optional(pool)
                     .await
             }
+            Pool::MySql(pool) => {
+                sqlx::query_as("select cast(id as char) as id, name from users where id = ?")
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await
+            }
         }
     }
 
@@ -338,6 +438,17 @@ impl Database {
                     .fetch_one(pool)
                     .await
             }
+            Pool::MySql(pool) => {
+                sqlx::query("insert into users (id, name) values (?, ?)")
+                    .bind(&id)
+                    .bind(name)
+                    .execute(pool)
+                    .await?;
+                Ok(User {
+                    id,
+                    name: name.to_owned(),
+                })
+            }
         }
     }
 
@@ -347,6 +458,7 @@ impl Database {
         match &self.pool {
             Pool::Postgres(pool) => pool.close().await,
             Pool::Sqlite(pool) => pool.close().await,
+            Pool::MySql(pool) => pool.close().await,
         }
     }
 
@@ -354,6 +466,13 @@ impl Database {
     pub fn lookups(&self) -> u64 {
         self.lookups.load(Ordering::Relaxed)
     }
+}
+
+/// Whether `error` is MySQL's duplicate key (error 1062).
+fn is_duplicate_key(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db
+        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .is_some_and(|db| db.number() == 1062))
 }
 
 /// Refuses an `sslmode` that needs TLS when the build has none: every
@@ -403,6 +522,32 @@ mod tests {
                 "{message}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_url_of_another_kind_is_refused_at_start() {
+        for url in ["mongodb://db/app", "redis://127.0.0.1", "items.db", ""] {
+            let error = Database::connect(url).expect_err(url);
+            assert!(
+                matches!(error, UrlError::UnknownKind { .. }),
+                "{url}: {error:?}"
+            );
+            assert!(error.to_string().contains("mysql://"), "{error}");
+        }
+        for url in [
+            "mysql://root@127.0.0.1:3306/app",
+            "mariadb://root@127.0.0.1:3306/app",
+            "MySQL://root@db/app",
+        ] {
+            let db = Database::connect(url).expect(url);
+            assert!(matches!(db.pool(), Pool::MySql(_)), "{url}");
+        }
+        let db = Database::connect("postgresql://db/app").expect("postgres");
+        assert!(matches!(db.pool(), Pool::Postgres(_)));
+        assert!(matches!(
+            Database::connect("mysql://db:notaport/app"),
+            Err(UrlError::InvalidMySql(_))
+        ));
     }
 
     #[test]

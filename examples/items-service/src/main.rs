@@ -60,7 +60,7 @@ async fn main() -> ExitCode {
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let config = Config::from_env()?;
     let db = match &config.database_url {
-        Some(url) => Database::postgres(url)?,
+        Some(url) => Database::connect(url)?,
         None => {
             tracing::info!(path = %config.sqlite_path, "DATABASE_URL is unset: using an embedded SQLite database");
             Database::sqlite(&config.sqlite_path).await?

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use bloom_guard_sqlx::{Follow, PgFollower, SqliteFollower};
+use bloom_guard_sqlx::{Follow, MySqlFollower, PgFollower, SqliteFollower};
 
 use crate::db::Pool;
 use crate::feeds::{items_feed, users_feed};
@@ -13,8 +13,8 @@ use crate::state::AppState;
 
 /// Brings the database up and the guard warm: applies the migrations and
 /// installs the change feed (retrying while the database is unreachable),
-/// starts the follower that keeps the filter complete ([`PgFollower`] or
-/// [`SqliteFollower`]: warm-up, every key written by any instance or SQL
+/// starts the follower that keeps the filter complete ([`PgFollower`],
+/// [`MySqlFollower`] or [`SqliteFollower`]: warm-up, every key written by any instance or SQL
 /// client, scheduled rebuilds), and returns once the guard is ready. The
 /// service fails open until then.
 pub async fn prepare(state: AppState) {
@@ -63,6 +63,14 @@ pub async fn prepare(state: AppState) {
             &guards,
             SqliteFollower::new(items, pool.clone(), items_feed()),
             SqliteFollower::new(users, pool, users_feed()),
+            invalidate,
+            drop_all,
+        ),
+        Pool::MySql(pool) => follow(
+            &state,
+            &guards,
+            MySqlFollower::new(items, pool.clone(), items_feed()),
+            MySqlFollower::new(users, pool, users_feed()),
             invalidate,
             drop_all,
         ),

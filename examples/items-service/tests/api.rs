@@ -1,6 +1,7 @@
 //! The items API through `oneshot`, on SQLite always and on Postgres when
 //! `DATABASE_URL` is set.
 
+use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::body::Body;
@@ -74,6 +75,34 @@ async fn postgres(pool: PgPool) -> Database {
             .expect("seed");
     }
     Database::from_pool(Pool::Postgres(pool))
+}
+
+/// MySQL or MariaDB: a database of the test's own on the `MYSQL_URL`
+/// server, migrated, with the demo keys.
+async fn mysql() -> Database {
+    use sqlx::{ConnectOptions, Connection};
+    let url = std::env::var("MYSQL_URL").expect("MYSQL_URL");
+    let options = sqlx::mysql::MySqlConnectOptions::from_str(&url).expect("MYSQL_URL");
+    let name = format!("items_service_test_{}", fastrand::u64(..));
+    let mut admin = options.connect().await.expect("connect to MySQL");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("create database {name}")))
+        .execute(&mut admin)
+        .await
+        .expect("create the test database");
+    let _ = admin.close().await;
+    let pool = sqlx::MySqlPool::connect_with(options.database(&name))
+        .await
+        .expect("connect to the test database");
+    let db = Database::from_pool(Pool::MySql(pool.clone()));
+    db.migrate().await.expect("migrate");
+    for key in ["apple", "banana", "cherry"] {
+        sqlx::query("insert into items (`key`, value) values (?, 'fruit')")
+            .bind(key)
+            .execute(&pool)
+            .await
+            .expect("seed");
+    }
+    db
 }
 
 /// The app, with its guard warm.
@@ -183,6 +212,42 @@ async fn sqlite_concurrent_requests_share_one_query() {
 #[tokio::test]
 async fn sqlite_false_positives_are_negative_cached() {
     false_positives_are_negative_cached(sqlite().await).await;
+}
+
+#[tokio::test]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn mysql_existing_and_absent_keys() {
+    existing_and_absent_keys(mysql().await).await;
+}
+
+#[tokio::test]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn mysql_created_key_is_found_at_once() {
+    created_key_is_found_at_once(mysql().await).await;
+}
+
+#[tokio::test]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn mysql_concurrent_requests_share_one_query() {
+    concurrent_requests_share_one_query(mysql().await).await;
+}
+
+#[tokio::test]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn mysql_false_positives_are_negative_cached() {
+    false_positives_are_negative_cached(mysql().await).await;
+}
+
+#[tokio::test]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn mysql_the_guard_answers_every_path_as_the_unguarded_service_does() {
+    the_guard_answers_every_path_as_the_unguarded_service_does(mysql().await).await;
+}
+
+#[tokio::test]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn mysql_users_have_typed_ids() {
+    users_have_typed_ids(mysql().await).await;
 }
 
 #[sqlx::test(migrations = "../../migrations")]
@@ -439,6 +504,11 @@ async fn insert_by_sql(db: &Database, key: &str) {
     match db.pool() {
         Pool::Postgres(pool) => sqlx::query(sql).bind(key).execute(pool).await,
         Pool::Sqlite(pool) => sqlx::query(sql)
+            .bind(key)
+            .execute(pool)
+            .await
+            .map(|_| Default::default()),
+        Pool::MySql(pool) => sqlx::query("insert into items (`key`) values (?)")
             .bind(key)
             .execute(pool)
             .await
