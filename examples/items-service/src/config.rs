@@ -14,7 +14,8 @@ pub struct Config {
     pub bind_addr: SocketAddr,
     /// `ADMIN_ADDR`: the admin API.
     pub admin_addr: SocketAddr,
-    /// `DATABASE_URL`: Postgres; unset, the SQLite file at `sqlite_path`.
+    /// `DATABASE_URL`: Postgres (`postgres://`) or MySQL and MariaDB
+    /// (`mysql://`, `mariadb://`); unset, the SQLite file at `sqlite_path`.
     pub database_url: Option<String>,
     /// `SQLITE_PATH`: the embedded database's file.
     pub sqlite_path: String,
@@ -48,8 +49,8 @@ pub struct Config {
     /// `BLOOM_AUDIT_RATE`: in enforce mode, the share of would-be
     /// rejections passed on and checked.
     pub audit_rate: f64,
-    /// `SEED_DEMO`: `on` inserts the demo items into an empty Postgres
-    /// table at start (a new SQLite file always gets them).
+    /// `SEED_DEMO`: `on` inserts the demo items into an empty Postgres or
+    /// MySQL table at start (a new SQLite file always gets them).
     pub seed_demo: bool,
     /// `MAX_CONNECTIONS`: connections served at once on each port.
     pub max_connections: usize,

@@ -220,7 +220,7 @@ impl Database {
     }
 
     /// Inserts the demo items if the table is empty (always for a new
-    /// SQLite file; on Postgres when `SEED_DEMO` asks for it). They go
+    /// SQLite file; on Postgres or MySQL when `SEED_DEMO` asks for it). They go
     /// through the change feed like any other write.
     ///
     /// # Errors
