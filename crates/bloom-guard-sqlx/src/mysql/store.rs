@@ -1,7 +1,6 @@
 //! Snapshots and the fleet's settings and heartbeats in MySQL tables, and
 //! the fleet's build lock (`GET_LOCK`).
 
-use sha2::{Digest, Sha256};
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, MySqlPool};
 
@@ -12,16 +11,7 @@ use crate::store::snapshots::Statements;
 /// The fingerprint of the key query in the database of `identity` (a
 /// random id written at install), under the feed triggers' `versions`.
 pub(super) fn fingerprint(identity: &str, key_query: &str, versions: &str) -> String {
-    let mut hasher = Sha256::new();
-    for part in [identity, key_query, versions] {
-        hasher.update((part.len() as u64).to_le_bytes());
-        hasher.update(part.as_bytes());
-    }
-    hasher
-        .finalize()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    crate::digest::parts_digest(&[identity, key_query, versions])
 }
 
 /// The snapshot tables' statements. MySQL cannot return an inserted id,

@@ -4,7 +4,6 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sha2::{Digest, Sha256};
 use sqlx::SqlitePool;
 
 use tokio_util::task::AbortOnDropHandle;
@@ -55,16 +54,7 @@ pub(super) fn now_micros() -> i64 {
 /// from another file, whose feed positions mean nothing here, is not this
 /// guard's.
 pub(super) fn fingerprint(identity: &str, key_query: &str) -> String {
-    let mut hasher = Sha256::new();
-    for part in [identity, key_query] {
-        hasher.update((part.len() as u64).to_le_bytes());
-        hasher.update(part.as_bytes());
-    }
-    hasher
-        .finalize()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    crate::digest::parts_digest(&[identity, key_query])
 }
 
 /// The snapshot tables' statements.
