@@ -11,7 +11,9 @@
 //!
 //! The digest tells a feed rewritten under the reader (a restore of an
 //! older backup, whose new rows take ids the reader has passed), as on
-//! SQLite.
+//! SQLite. A position in a feed pruned empty has no row to digest: its
+//! highest id is the one below the horizon, and it holds while the
+//! horizon stays above it.
 
 use std::fmt;
 
@@ -19,7 +21,8 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Cursor {
     pub(super) high: i64,
-    /// The digest of row `high`; `None` before any row.
+    /// The digest of row `high`; `None` before any row, or where row
+    /// `high` was pruned.
     pub(super) digest: Option<String>,
     /// Ids below `high` not read yet, ascending.
     pub(super) open: Vec<i64>,
@@ -33,7 +36,8 @@ impl Cursor {
         open: Vec::new(),
     };
 
-    /// Reads back a position written by `Display`: `high:digest`, then
+    /// Reads back a position written by `Display`: `high:digest` (`high:-`
+    /// without a digest), then
     /// `~` and the open ids as ascending runs (`7,9-12`) if any.
     pub(super) fn parse(text: &str) -> Option<Self> {
         let (head, open) = match text.split_once('~') {
@@ -41,6 +45,7 @@ impl Cursor {
             None => (text, Vec::new()),
         };
         let (high, digest) = match head.split_once(':') {
+            Some((high, "-")) => (high.parse().ok()?, None),
             Some((high, digest)) if digest.len() == 16 => (high.parse().ok()?, Some(digest)),
             Some(_) => return None,
             None if head == "0" => (0, None),
@@ -84,7 +89,8 @@ impl fmt::Display for Cursor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.digest {
             Some(digest) => write!(f, "{}:{digest}", self.high)?,
-            None => write!(f, "{}", self.high)?,
+            None if self.high == 0 => f.write_str("0")?,
+            None => write!(f, "{}:-", self.high)?,
         }
         let mut ids = self.open.iter().copied().peekable();
         let mut first_run = true;
@@ -130,6 +136,13 @@ mod tests {
             "12:0011223344556677~3-5,9"
         );
         assert_eq!(Cursor::parse("0"), Some(Cursor::START));
+        let pruned = Cursor {
+            high: 40,
+            digest: None,
+            open: vec![35],
+        };
+        assert_eq!(pruned.to_string(), "40:-~35");
+        assert_eq!(Cursor::parse("40:-~35"), Some(pruned));
     }
 
     #[test]

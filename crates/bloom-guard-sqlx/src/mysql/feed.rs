@@ -2,13 +2,14 @@
 //! it, checking its triggers and the key columns.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, MySqlPool};
 
 use super::cursor::Cursor;
-use super::install::{ident, table_parts};
+use super::install::{ident, table_parts, Trigger};
 use super::settle::Settled;
 use crate::digest::row_digest;
 use crate::follow::changes::Changes;
@@ -35,8 +36,10 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// The transaction every read of the feed runs in: one snapshot, taken
-/// at its start.
-pub(super) const SNAPSHOT: &str = "start transaction with consistent snapshot, read only";
+/// at its start, in `REPEATABLE READ` whatever the server's or the
+/// session's default (under `READ COMMITTED` each statement would see
+/// another moment; under `SERIALIZABLE` reads would lock).
+pub(super) const SNAPSHOT: &str = "set transaction isolation level repeatable read; start transaction with consistent snapshot, read only";
 
 /// The feed's position as `conn`'s snapshot sees it, ids up to `settled`
 /// settled: the highest row, and the ids below it not visible yet.
@@ -57,17 +60,37 @@ pub(super) async fn position_in(
         high = id;
     }
     drop(ids);
-    if high == 0 {
-        return Ok(Cursor::START);
+    if high > lower {
+        if let Some(row) = row_at(&mut *conn, high).await? {
+            return Ok(Cursor {
+                high,
+                digest: Some(digest_of(&row)),
+                open,
+            });
+        }
     }
-    let Some(row) = row_at(&mut *conn, high).await? else {
-        // Below the horizon, and pruned: nothing newer was visible.
-        return Ok(Cursor::START);
-    };
-    Ok(Cursor {
-        high,
-        digest: Some(digest_of(&row)),
-        open,
+    // Nothing visible above `lower`: the ids up to it are settled (those
+    // not visible never commit) or below the horizon. The highest row at
+    // or below it anchors the position, if pruning left one in reach.
+    let anchor: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
+        "select {COLUMNS} from bloom_guard_changes where id <= ? order by id desc limit 1"
+    )))
+    .bind(lower)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(match anchor {
+        Some(row) if row.0 + 1 >= below => Cursor {
+            high: row.0,
+            digest: Some(digest_of(&row)),
+            open: Vec::new(),
+        },
+        // Pruned empty: the position holds while the horizon stays above.
+        _ if below > 1 => Cursor {
+            high: below - 1,
+            digest: None,
+            open: Vec::new(),
+        },
+        _ => Cursor::START,
     })
 }
 
@@ -106,13 +129,17 @@ fn after(since: &Cursor) -> (String, Vec<i64>) {
 /// Reads the changes of feed `name` after `since`.
 pub(super) async fn read_since(
     pool: &MySqlPool,
-    settled: &Settled,
+    settled: &Arc<Settled>,
     name: &str,
     since: &Cursor,
 ) -> Result<Read<Cursor>, sqlx::Error> {
     // Settled before the snapshot: an id up to it that this read does not
-    // see never commits.
-    let settled = settled.advance(pool).await;
+    // see never commits. A position with open ids moves the method on.
+    let settled = if since.open.is_empty() {
+        settled.now()
+    } else {
+        settled.advance(pool)
+    };
     let mut tx = pool.begin_with(SNAPSHOT).await?;
     let (condition, values) = after(since);
     let mut query = sqlx::query_as::<_, Row>(AssertSqlSafe(format!(
@@ -194,31 +221,77 @@ pub(super) async fn pending(
     Ok(count.max(0) as u64)
 }
 
-/// Moves the horizon past the rows older than the retention, then deletes
-/// them; how many.
-pub(super) async fn prune(pool: &MySqlPool, retention: Duration) -> Result<i64, sqlx::Error> {
-    sqlx::query(
-        "update bloom_guard_horizon set below = greatest(below, coalesce(
-            (select max(id) + 1 from bloom_guard_changes where at < unix_timestamp() - ?), 0))",
+/// Rows deleted by one statement of a prune: short locks.
+const PRUNE_BATCH: i64 = 5000;
+
+/// Moves the horizon past the rows older than the retention, never past
+/// `settled` (an id above it may still commit), then deletes them; how
+/// many. One instance at a time: the others find the lock taken.
+pub(super) async fn prune(
+    pool: &MySqlPool,
+    settled: i64,
+    retention: Duration,
+) -> Result<i64, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let locked: Option<i64> = sqlx::query_scalar(
+        "select get_lock(concat('bloom_guard.prune.', left(sha2(database(), 256), 40)), 0)",
     )
-    .bind(i64::try_from(retention.as_secs()).unwrap_or(i64::MAX))
-    .execute(pool)
+    .fetch_one(&mut *conn)
     .await?;
-    let below: i64 =
-        sqlx::query_scalar("select cast(max(below) as signed) from bloom_guard_horizon")
-            .fetch_one(pool)
-            .await?;
-    let deleted = sqlx::query("delete from bloom_guard_changes where id < ?")
-        .bind(below)
-        .execute(pool)
-        .await?
-        .rows_affected();
-    Ok(i64::try_from(deleted).unwrap_or(i64::MAX))
+    if locked != Some(1) {
+        return Ok(0);
+    }
+    let pruned = prune_locked(&mut conn, settled, retention).await;
+    let released = sqlx::query(
+        "select release_lock(concat('bloom_guard.prune.', left(sha2(database(), 256), 40)))",
+    )
+    .execute(&mut *conn)
+    .await;
+    if released.is_err() {
+        // The lock goes with the session.
+        drop(conn.detach());
+    }
+    pruned
 }
 
-/// The triggers `Watch::install_mysql` puts on the watched table.
-pub(super) fn trigger_names(watch: &Watch) -> [String; 3] {
-    ["inserted", "updated", "deleted"].map(|event| trigger_name(watch, event))
+async fn prune_locked(
+    conn: &mut MySqlConnection,
+    settled: i64,
+    retention: Duration,
+) -> Result<i64, sqlx::Error> {
+    // A plain read: no locks in the writers' way.
+    let old: Option<i64> = sqlx::query_scalar(
+        "select cast(max(id) as signed) from bloom_guard_changes where at < unix_timestamp() - ?",
+    )
+    .bind(i64::try_from(retention.as_secs()).unwrap_or(i64::MAX))
+    .fetch_one(&mut *conn)
+    .await?;
+    let Some(old) = old else {
+        return Ok(0);
+    };
+    sqlx::query("update bloom_guard_horizon set below = greatest(below, ?)")
+        .bind((old + 1).min(settled + 1))
+        .execute(&mut *conn)
+        .await?;
+    let below = horizon(&mut *conn).await?;
+    let mut deleted = 0;
+    loop {
+        // Row locks only, no gap locks: writers append meanwhile.
+        let mut tx = conn
+            .begin_with("set transaction isolation level read committed; start transaction")
+            .await?;
+        let batch = sqlx::query("delete from bloom_guard_changes where id < ? order by id limit ?")
+            .bind(below)
+            .bind(PRUNE_BATCH)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        deleted += i64::try_from(batch).unwrap_or(i64::MAX);
+        if batch < PRUNE_BATCH.unsigned_abs() {
+            return Ok(deleted);
+        }
+    }
 }
 
 /// A trigger's name: at most 64 characters, as MySQL allows.
@@ -245,10 +318,65 @@ async fn located(pool: &MySqlPool, watch: &Watch) -> Result<(String, String), sq
     }
 }
 
-/// What keeps the feed from being complete: the feed not installed, or a
-/// trigger missing from the watched table (a table swapped by an online
-/// schema change, or recreated). Empty when all is well.
-pub(super) async fn gaps(pool: &MySqlPool, watch: &Watch) -> Result<Vec<String>, sqlx::Error> {
+/// A reason writes to the watched table could bypass the feed, and
+/// whether installing the triggers again mends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Gap {
+    pub(super) reason: String,
+    pub(super) repairable: bool,
+}
+
+impl Gap {
+    fn repairable(reason: String) -> Self {
+        Self {
+            reason,
+            repairable: true,
+        }
+    }
+
+    fn lasting(reason: String) -> Self {
+        Self {
+            reason,
+            repairable: false,
+        }
+    }
+}
+
+/// The watched table's triggers as the server shows them.
+pub(super) async fn stored_triggers(
+    pool: &MySqlPool,
+    watch: &Watch,
+) -> Result<Vec<Trigger>, sqlx::Error> {
+    let (schema, table) = located(pool, watch).await?;
+    let rows: Vec<(String, String, String, String)> = sqlx::query_as(
+        "select cast(trigger_name as char), lower(action_timing), lower(event_manipulation),
+                cast(action_statement as char)
+           from information_schema.triggers
+          where event_object_schema = ? and event_object_table = ?",
+    )
+    .bind(&schema)
+    .bind(&table)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(name, timing, event, statement)| Trigger {
+            name,
+            timing,
+            event,
+            statement,
+        })
+        .collect())
+}
+
+/// What keeps the feed from being complete: the feed not installed, a
+/// trigger missing or not as installed (a table swapped by an online
+/// schema change or recreated, a trigger rewritten, a key column's type
+/// changed under it), writes that fire no trigger (a cascading foreign key
+/// on a key column, a table not in InnoDB), a server that takes writes it
+/// does not run the triggers for, or cannot order them (a replica, a
+/// Galera node). Empty when all is well.
+pub(super) async fn gaps(pool: &MySqlPool, watch: &Watch) -> Result<Vec<Gap>, sqlx::Error> {
     let installed: i64 = sqlx::query_scalar(
         "select count(*) from information_schema.tables
           where table_schema = database() and table_name = 'bloom_guard_changes'",
@@ -256,29 +384,153 @@ pub(super) async fn gaps(pool: &MySqlPool, watch: &Watch) -> Result<Vec<String>,
     .fetch_one(pool)
     .await?;
     if installed == 0 {
-        return Ok(vec![
+        return Ok(vec![Gap::repairable(
             "the change feed is not installed: call Watch::install_mysql".to_owned(),
-        ]);
+        )]);
     }
+    let mut gaps = server_gaps(pool).await?;
     let (schema, table) = located(pool, watch).await?;
-    let present: Vec<String> = sqlx::query_scalar(
-        "select trigger_name from information_schema.triggers
-          where event_object_schema = ? and event_object_table = ?",
+    let engine: Option<String> = sqlx::query_scalar(
+        "select cast(engine as char) from information_schema.tables
+          where table_schema = ? and table_name = ?",
     )
     .bind(&schema)
     .bind(&table)
+    .fetch_optional(pool)
+    .await?
+    .flatten();
+    if let Some(engine) = engine.filter(|engine| !engine.eq_ignore_ascii_case("innodb")) {
+        gaps.push(Gap::lasting(format!(
+            "{}: its engine {engine} does not roll back with the feed, and the feed's ids cannot be settled for it; the feed needs InnoDB",
+            ident(&table)
+        )));
+    }
+    gaps.extend(cascades(pool, watch, &schema, &table).await?);
+    let binary: Option<Vec<bool>> = watch.mysql_binary(pool).await?.into_iter().collect();
+    let stored = stored_triggers(pool, watch).await?;
+    for expected in watch.mysql_expected_triggers(&binary.unwrap_or_default()) {
+        match stored.iter().find(|found| found.name == expected.name) {
+            None => gaps.push(Gap::repairable(format!(
+                "{}: trigger {} is missing (or this user lacks the TRIGGER privilege, without which MySQL shows none)",
+                ident(&table),
+                expected.name
+            ))),
+            Some(found) if *found != expected => gaps.push(Gap::repairable(format!(
+                "{}: trigger {} is not as Watch::install_mysql puts it (rewritten, or a key column's type changed)",
+                ident(&table),
+                expected.name
+            ))),
+            Some(_) => {}
+        }
+    }
+    Ok(gaps)
+}
+
+/// Why this server's feed cannot be complete or ordered: it is read-only
+/// (a replica: its primary's writes arrive late, and replicated row
+/// events fire no trigger), it replicates from another server, or it is a
+/// Galera node (other nodes' writes arrive late, with interleaved ids).
+async fn server_gaps(pool: &MySqlPool) -> Result<Vec<Gap>, sqlx::Error> {
+    let mut gaps = Vec::new();
+    let read_only: i64 = sqlx::query_scalar("select cast(@@global.read_only as signed)")
+        .fetch_one(pool)
+        .await?;
+    if read_only != 0 {
+        gaps.push(Gap::lasting(
+            "the server is read-only (a replica?): writes on its primary reach this feed late, so a refusal here could miss a key just written there; follow the primary".to_owned(),
+        ));
+    }
+    match sqlx::query_scalar::<_, i64>("select cast(@@global.wsrep_on as signed)")
+        .fetch_one(pool)
+        .await
+    {
+        Ok(0) => {}
+        Ok(_) => gaps.push(Gap::lasting(
+            "the server is a Galera node (wsrep_on): writes on other nodes reach this feed late and out of id order; the MySQL feed needs one primary".to_owned(),
+        )),
+        // Not MariaDB: no such variable.
+        Err(sqlx::Error::Database(_)) => {}
+        Err(error) => return Err(error),
+    }
+    // Needs REPLICATION CLIENT (MySQL) or SLAVE MONITOR (MariaDB); without
+    // it, this is not known.
+    for statement in ["show replica status", "show slave status"] {
+        match sqlx::raw_sql(statement).fetch_optional(pool).await {
+            Ok(Some(_)) => {
+                gaps.push(Gap::lasting(
+                    "the server replicates from another (SHOW REPLICA STATUS): replicated writes fire no trigger and arrive late; follow the primary".to_owned(),
+                ));
+                break;
+            }
+            Ok(None) => break,
+            Err(sqlx::Error::Database(_)) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(gaps)
+}
+
+/// Foreign keys that update a key column by `ON UPDATE CASCADE`: MySQL
+/// fires no trigger for a cascaded change, so the new key would be in no
+/// feed.
+async fn cascades(
+    pool: &MySqlPool,
+    watch: &Watch,
+    schema: &str,
+    table: &str,
+) -> Result<Vec<Gap>, sqlx::Error> {
+    let cascading: Vec<(String, String)> = sqlx::query_as(
+        "select cast(k.constraint_name as char), cast(k.column_name as char)
+           from information_schema.key_column_usage k
+           join information_schema.referential_constraints r
+             on r.constraint_schema = k.constraint_schema
+            and r.constraint_name = k.constraint_name
+            and r.table_name = k.table_name
+          where k.table_schema = ? and k.table_name = ?
+            and k.referenced_table_name is not null
+            and r.update_rule = 'CASCADE'",
+    )
+    .bind(schema)
+    .bind(table)
     .fetch_all(pool)
     .await?;
-    Ok(trigger_names(watch)
+    Ok(cascading
         .into_iter()
-        .filter(|name| !present.contains(name))
-        .map(|name| format!("{}: trigger {} is missing", ident(&table), name))
+        .filter(|(_, column)| {
+            watch
+                .key_columns
+                .iter()
+                .any(|key| key.eq_ignore_ascii_case(column))
+        })
+        .map(|(constraint, column)| {
+            Gap::lasting(format!(
+                "{}: foreign key {constraint} changes key column {column} by ON UPDATE CASCADE, which fires no trigger; make it ON UPDATE RESTRICT",
+                ident(table)
+            ))
+        })
         .collect())
 }
 
-/// The watched table's identity (InnoDB gives a table a new id when it is
-/// truncated or rebuilt) and its feed triggers' definitions and creation
-/// times: it changes when writes may have bypassed the feed.
+/// A name as InnoDB's table list spells it: ASCII letters, digits and
+/// `_` as they are, other ASCII as `@` and four hex digits; `None` for
+/// other characters, which it spells in ways not reproduced here.
+fn innodb_name(name: &str) -> Option<String> {
+    let mut spelled = String::with_capacity(name.len());
+    for character in name.chars() {
+        match character {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '_' => spelled.push(character),
+            other if other.is_ascii() => spelled.push_str(&format!("@{:04x}", u32::from(other))),
+            _ => return None,
+        }
+    }
+    Some(spelled)
+}
+
+/// The watched table's identity and its feed triggers' definitions and
+/// creation times: it changes when writes may have bypassed the feed. The
+/// identity is InnoDB's ids of the table, or of each of its partitions:
+/// a table truncated or rebuilt, or a partition exchanged with another
+/// table, gets new ones.
 pub(super) async fn trigger_versions(
     pool: &MySqlPool,
     watch: &Watch,
@@ -294,31 +546,42 @@ pub(super) async fn trigger_versions(
     .bind(&table)
     .fetch_one(pool)
     .await?;
-    let inner_name = format!("{schema}/{table}");
-    // MariaDB and MySQL 8 name InnoDB's table list differently.
-    let mut identity: Option<String> = None;
-    for list in ["innodb_sys_tables", "innodb_tables"] {
-        let found = sqlx::query_scalar::<_, Option<String>>(AssertSqlSafe(format!(
-            "select max(cast(table_id as char)) from information_schema.{list} where name = ?"
-        )))
-        .bind(&inner_name)
-        .fetch_one(pool)
-        .await;
-        match found {
-            Ok(id) => {
-                identity = id;
-                break;
-            }
-            // No such table in this server's information schema: the other.
-            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("42S02") => {}
-            Err(error) => return Err(error),
-        }
-    }
+    let identity = match (innodb_name(&schema), innodb_name(&table)) {
+        (Some(schema), Some(table)) => innodb_ids(pool, &format!("{schema}/{table}")).await?,
+        _ => None,
+    };
     Ok(format!(
         "{}|{}",
         identity.unwrap_or_default(),
         triggers.unwrap_or_default()
     ))
+}
+
+/// InnoDB's ids of table `inner_name` (`schema/table` as InnoDB spells
+/// it) and of its partitions (`schema/table#P#p0`), in order.
+async fn innodb_ids(pool: &MySqlPool, inner_name: &str) -> Result<Option<String>, sqlx::Error> {
+    let partitions = format!("{inner_name}#");
+    // MariaDB and MySQL 8 name InnoDB's table list differently.
+    for list in ["innodb_sys_tables", "innodb_tables"] {
+        let found = sqlx::query_scalar::<_, Option<String>>(AssertSqlSafe(format!(
+            "select group_concat(cast(table_id as char) order by name separator ',')
+               from information_schema.{list}
+              where cast(name as binary) = cast(? as binary)
+                 or left(cast(name as binary), ?) = cast(? as binary)"
+        )))
+        .bind(inner_name)
+        .bind(i64::try_from(partitions.len()).unwrap_or(i64::MAX))
+        .bind(&partitions)
+        .fetch_one(pool)
+        .await;
+        match found {
+            Ok(ids) => return Ok(ids),
+            // No such table in this server's information schema: the other.
+            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("42S02") => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(None)
 }
 
 /// Whether the watched table has every key column.

@@ -62,10 +62,16 @@ pub(super) fn ident(name: &str) -> String {
     format!("`{}`", name.replace('`', "``"))
 }
 
-/// `'text'` with inner quotes and backslashes escaped: a MySQL string
-/// literal (under any `sql_mode`).
+/// A MySQL string literal of `text`, read alike under any `sql_mode`
+/// (`NO_BACKSLASH_ESCAPES` changes what a backslash means): `'text'`, or
+/// its UTF-8 bytes in hex where it holds a quote or a backslash.
 fn literal(text: &str) -> String {
-    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
+    if text.contains(['\\', '\'']) {
+        let hex: String = text.bytes().map(|byte| format!("{byte:02x}")).collect();
+        format!("convert(x'{hex}' using utf8mb4)")
+    } else {
+        format!("'{text}'")
+    }
 }
 
 /// A watched table's schema, if named (`shop.orders`), and name, without
@@ -150,7 +156,10 @@ impl Watch {
 
     /// Whether each key column, in the watch's order, holds binary strings
     /// (`None` for a column the table lacks).
-    async fn mysql_binary(&self, pool: &MySqlPool) -> Result<Vec<Option<bool>>, sqlx::Error> {
+    pub(super) async fn mysql_binary(
+        &self,
+        pool: &MySqlPool,
+    ) -> Result<Vec<Option<bool>>, sqlx::Error> {
         let columns = feed::columns(pool, self).await?;
         Ok(self
             .key_columns
@@ -224,7 +233,9 @@ end if",
     ///
     /// Needs the `CREATE` and `TRIGGER` privileges (with binary logging
     /// on, `SUPER` or `log_bin_trust_function_creators`). Followers need
-    /// `PROCESS` too, to read `information_schema.innodb_trx`.
+    /// `PROCESS`, to read `information_schema.innodb_trx`, and `TRIGGER`
+    /// on the watched table: MySQL shows a table's triggers only to users
+    /// who have it, and a follower that sees none holds its guard open.
     ///
     /// # Errors
     ///
@@ -244,35 +255,33 @@ end if",
                 ))))
             }
         };
-        let (schema, table) = table_parts(&self.table);
+        let (schema, _) = table_parts(&self.table);
         let table_sql = table_ident(&self.table);
+        let stored = feed::stored_triggers(pool, self).await?;
         let mut replaced = false;
-        for (event, verb, body) in self.mysql_triggers(&binary) {
-            let name = feed::trigger_name(self, event);
-            let qualified = match &schema {
-                Some(schema) => format!("{}.{}", ident(schema), ident(&name)),
-                None => ident(&name),
-            };
-            let statement = format!("begin\n{body};\nend");
-            let stored: Option<String> = sqlx::query_scalar(
-                "select cast(action_statement as char) from information_schema.triggers
-                  where trigger_schema = coalesce(?, database()) and trigger_name = ?
-                    and event_object_table = ?",
-            )
-            .bind(schema.as_deref())
-            .bind(&name)
-            .bind(&table)
-            .fetch_optional(pool)
-            .await?;
-            if stored.as_deref() == Some(statement.as_str()) {
+        for expected in self.mysql_expected_triggers(&binary) {
+            let found = stored.iter().find(|found| found.name == expected.name);
+            if found == Some(&expected) {
                 continue;
             }
-            replaced |= stored.is_some();
-            sqlx::query(AssertSqlSafe(format!("drop trigger if exists {qualified}")))
+            if found.is_some() && !replaced {
+                // Writes between the drop and the create are in no feed:
+                // every follower holds open from here until it rebuilt
+                // after the second record, below.
+                feed::record_resync(pool, self.feed_name()).await?;
+                replaced = true;
+            }
+            let qualified = match &schema {
+                Some(schema) => format!("{}.{}", ident(schema), ident(&expected.name)),
+                None => ident(&expected.name),
+            };
+            // Trigger DDL as plain text: MySQL prepares no CREATE TRIGGER.
+            sqlx::raw_sql(AssertSqlSafe(format!("drop trigger if exists {qualified}")))
                 .execute(pool)
                 .await?;
-            sqlx::query(AssertSqlSafe(format!(
-                "create trigger {qualified} after {verb} on {table_sql} for each row {statement}"
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "create trigger {qualified} {} {} on {table_sql} for each row {}",
+                expected.timing, expected.event, expected.statement
             )))
             .execute(pool)
             .await?;
@@ -282,6 +291,31 @@ end if",
         }
         Ok(())
     }
+
+    /// The feed triggers this table should have, given which key columns
+    /// hold binary strings.
+    pub(super) fn mysql_expected_triggers(&self, binary: &[bool]) -> Vec<Trigger> {
+        self.mysql_triggers(binary)
+            .into_iter()
+            .map(|(event, verb, body)| Trigger {
+                name: feed::trigger_name(self, event),
+                timing: "after".to_owned(),
+                event: verb.to_owned(),
+                statement: format!("begin\n{body};\nend"),
+            })
+            .collect()
+    }
+}
+
+/// A row trigger as `information_schema.triggers` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Trigger {
+    pub(super) name: String,
+    /// `after` or `before`, in lower case.
+    pub(super) timing: String,
+    /// `insert`, `update` or `delete`, in lower case.
+    pub(super) event: String,
+    pub(super) statement: String,
 }
 
 #[cfg(test)]
@@ -301,7 +335,8 @@ mod tests {
         );
         assert_eq!(table_parts("`a.b`"), (None, "a.b".to_owned()));
         assert_eq!(ident("we`ird"), "`we``ird`");
-        assert_eq!(literal(r"it's \ here"), r"'it''s \\ here'");
+        assert_eq!(literal("items"), "'items'");
+        assert_eq!(literal(r"it's \"), "convert(x'69742773205c' using utf8mb4)");
     }
 
     #[test]

@@ -136,16 +136,16 @@ impl Database for MySqlBackend {
     }
 
     async fn position(&self) -> Result<Clock<Cursor>, sqlx::Error> {
-        // A fresh settled id keeps the position's open ids few: wait for
-        // the ids handed out so far to settle (two looks), for about a
-        // second at most (a long transaction holds them longer).
+        // A fresh settled id keeps the position's open ids few: settle the
+        // ids handed out so far, for about a second at most (a long
+        // transaction holds them longer).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
         loop {
-            self.settled.advance(&self.pool).await;
+            self.settled.round(&self.pool).await;
             if !self.settled.settling() || tokio::time::Instant::now() >= deadline {
                 break;
             }
-            tokio::time::sleep(settle::STEP).await;
+            tokio::time::sleep(REVISIT).await;
         }
         let settled = self.settled.now();
         let mut tx = self.pool.begin_with(feed::SNAPSHOT).await?;
@@ -166,18 +166,21 @@ impl Database for MySqlBackend {
     }
 
     async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
-        feed::prune(&self.pool, retention).await
+        feed::prune(&self.pool, self.settled.now(), retention).await
     }
 
     async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
-        feed::gaps(&self.pool, &self.watch).await
+        let gaps = feed::gaps(&self.pool, &self.watch).await?;
+        Ok(gaps.into_iter().map(|gap| gap.reason).collect())
     }
 
     async fn repair(&self) -> Result<bool, sqlx::Error> {
         // A table swapped in (an online schema change's copy) has none of
-        // the triggers: this role puts them back if it may, as long as the
-        // key columns are there.
-        if feed::gaps(&self.pool, &self.watch).await?.is_empty()
+        // the triggers, a rewritten one the wrong ones: this role puts them
+        // back if it may, as long as the key columns are there. Other gaps
+        // (a replica, a cascading foreign key) wait for a person.
+        let gaps = feed::gaps(&self.pool, &self.watch).await?;
+        if !gaps.iter().any(|gap| gap.repairable)
             || !feed::has_key_columns(&self.pool, &self.watch).await?
         {
             return Ok(false);

@@ -80,7 +80,7 @@ impl KeySource for MySqlScan {
             // Settled before the snapshot; the feed's position and the keys
             // from that one snapshot, so the first batch names the position
             // of exactly the rows scanned.
-            let settled = settled.advance(&pool).await;
+            let settled = settled.advance(&pool);
             let mut tx = pool.begin_with(SNAPSHOT).await?;
             let position = position_in(&mut tx, settled).await?;
             let mut batch = BatchSender::new_batch();

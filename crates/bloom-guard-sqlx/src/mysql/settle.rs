@@ -1,42 +1,68 @@
 //! Which feed ids are settled: every transaction that could hold one has
 //! ended, so a read begun after that sees the id if it ever commits.
 //!
-//! The method, in two looks at `information_schema.innodb_trx` (which needs
-//! the `PROCESS` privilege):
+//! The method, from `information_schema.innodb_trx` (which needs the
+//! `PROCESS` privilege):
 //!
 //! 1. Read the highest committed feed id, `up_to`. Ids are handed out in
 //!    increasing order, so every id up to it was handed out before this
-//!    read; a transaction that holds one and has not committed is running
-//!    now.
-//! 2. At least [`STEP`] later, list the running transactions. InnoDB
-//!    refreshes that list at most every 100 ms, so it shows a moment after
-//!    step 1: a holder still running is in it.
-//! 3. Once a later list shares no transaction with it, every holder has
-//!    ended, committed or rolled back: ids up to `up_to` are settled.
+//!    read, to a transaction that had already written a row of the watched
+//!    table; one that has not ended is running now.
+//! 2. Open a *canary*: a new connection, so a thread id no list showed
+//!    before, and a transaction on it. Then list the running transactions.
+//!    InnoDB serves that list from a cache it refreshes only when nobody
+//!    read it for 100 ms, so a list may be older than the canary; it is
+//!    taken only if it shows the canary, which proves it was made after
+//!    step 1. Looks take a server-wide `GET_LOCK` and space their reads,
+//!    so several instances do not keep the cache from refreshing.
+//! 3. The holders are the listed transactions that have modified rows
+//!    (a holder wrote the row and the feed row; MariaDB lists others with
+//!    id 0), keyed by id, thread and start. Each later fresh list keeps
+//!    only the holders still in it; once none is left, every holder has
+//!    ended, committed or rolled back, and ids up to `up_to` are settled.
 //!
-//! A transaction that stays open long (a report in `REPEATABLE READ`)
-//! delays the settling of the ids handed out before it ends; readers keep
-//! asking for those ids meanwhile. Without the privilege nothing settles:
-//! ids of rolled-back transactions stay open until pruning passes them,
-//! and the reader rebuilds then (it never skips one).
+//! A list of [`MAX_LISTED`] transactions or more may be truncated (InnoDB
+//! caps the cache's memory): such a list settles nothing. A transaction
+//! that stays open long delays the settling of the ids handed out before
+//! it ends; readers keep asking for those ids meanwhile. Without the
+//! privilege nothing settles: ids of rolled-back transactions stay open
+//! until pruning passes them, and the reader rebuilds then (it never
+//! skips one).
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::MySqlPool;
+use sqlx::{ConnectOptions, Connection, MySqlConnection, MySqlPool};
 use tokio::time::Instant;
 
-/// The least time between two looks at the running transactions: more
-/// than InnoDB's 100 ms refresh of the list.
-pub(super) const STEP: Duration = Duration::from_millis(150);
+/// The least time between two rounds of the method.
+const STEP: Duration = Duration::from_millis(100);
+
+/// How long after a read of the transaction list InnoDB may still serve
+/// the same copy, with a margin.
+const REFRESH: Duration = Duration::from_millis(120);
+
+/// How long one look waits for a list that shows its canary.
+const LOOK: Duration = Duration::from_secs(1);
+
+/// A list this long may be truncated: InnoDB caps the cache at 16 MiB,
+/// and a transaction waiting on locks can take several kilobytes of it.
+pub(super) const MAX_LISTED: usize = 1000;
+
+/// The server-wide lock looks take: the cache is the server's.
+const LOOK_LOCK: &str = "bloom_guard.innodb_trx";
+
+/// A running transaction: id, thread, start.
+type Trx = (String, u64, String);
 
 /// The settled feed ids of one database, advanced by the reads.
 #[derive(Debug, Default)]
 pub(crate) struct Settled {
     state: Mutex<State>,
-    /// One look at a time.
-    looking: tokio::sync::Mutex<()>,
+    /// Whether a round is under way.
+    running: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -44,77 +70,78 @@ struct State {
     /// Every id up to this one is settled.
     settled: i64,
     candidate: Option<Candidate>,
-    last_look: Option<Instant>,
-    /// Whether the missing privilege was logged.
+    /// When the last round started; `None` before the first.
+    last_round: Option<Instant>,
+    /// Whether a failed look was logged.
     warned: bool,
 }
 
 #[derive(Debug)]
 struct Candidate {
     up_to: i64,
-    read_at: Instant,
-    /// The transactions running a moment after `up_to` was read.
-    running: Option<BTreeSet<String>>,
+    /// The transactions that may hold ids up to `up_to`, as of the last
+    /// fresh list; `None` before the first.
+    holders: Option<BTreeSet<Trx>>,
+}
+
+/// Clears `running` when a round ends, however it ends.
+struct Running<'a>(&'a AtomicBool);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 impl Settled {
-    /// Every id up to the returned one is settled (as of the last look).
+    /// Every id up to the returned one is settled: a read begun after this
+    /// call that lacks such an id proves it never commits.
     pub(super) fn now(&self) -> i64 {
         crate::lock::lock(&self.state).settled
     }
 
-    /// Whether ids wait to be settled: never looked, or a look under way.
+    /// Whether ids wait to be settled: no round yet, or one under way.
     pub(super) fn settling(&self) -> bool {
         let state = crate::lock::lock(&self.state);
-        state.last_look.is_none() || state.candidate.is_some()
+        state.last_round.is_none() || state.candidate.is_some()
     }
 
-    /// Takes one step of the method if one is due, and returns the settled
-    /// id: every id up to it that ever commits is visible to a read begun
-    /// after this call.
-    pub(super) async fn advance(&self, pool: &MySqlPool) -> i64 {
-        let Ok(_looking) = self.looking.try_lock() else {
-            return self.now();
-        };
-        let due = {
-            let state = crate::lock::lock(&self.state);
-            state.last_look.is_none_or(|at| at.elapsed() >= STEP)
-        };
+    /// Starts a round in the background if one is due (none under way,
+    /// the last at least [`STEP`] ago), and returns the settled id as of
+    /// now: reads need not wait for a look.
+    pub(super) fn advance(self: &Arc<Self>, pool: &MySqlPool) -> i64 {
+        let due = crate::lock::lock(&self.state)
+            .last_round
+            .is_none_or(|at| at.elapsed() >= STEP);
         if due {
-            if let Err(error) = self.step(pool).await {
-                let mut state = crate::lock::lock(&self.state);
-                if !state.warned {
-                    state.warned = true;
-                    tracing::warn!(%error, "cannot list the running transactions (information_schema.innodb_trx needs the PROCESS privilege): ids of rolled-back transactions stay open until the feed is pruned past them, and the follower rebuilds then");
-                }
-            }
+            let settled = Arc::clone(self);
+            let pool = pool.clone();
+            tokio::spawn(async move { settled.round(&pool).await });
         }
         self.now()
     }
 
-    async fn step(&self, pool: &MySqlPool) -> Result<(), sqlx::Error> {
-        let now = Instant::now();
-        let ripe = {
+    /// One round of the method, unless one is under way.
+    pub(super) async fn round(&self, pool: &MySqlPool) {
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _running = Running(&self.running);
+        if let Err(error) = self.step(pool).await {
             let mut state = crate::lock::lock(&self.state);
-            state.last_look = Some(now);
-            state
-                .candidate
-                .as_ref()
-                .is_some_and(|candidate| now.duration_since(candidate.read_at) >= STEP)
-        };
-        if ripe {
-            let running = running(pool).await?;
-            let mut state = crate::lock::lock(&self.state);
-            if let Some(candidate) = state.candidate.as_mut() {
-                let before = candidate.running.get_or_insert_with(|| running.clone());
-                if before.is_disjoint(&running) {
-                    let up_to = candidate.up_to;
-                    state.settled = state.settled.max(up_to);
-                    state.candidate = None;
-                }
+            if !state.warned {
+                state.warned = true;
+                tracing::warn!(%error, "cannot list the running transactions (information_schema.innodb_trx needs the PROCESS privilege): ids of rolled-back transactions stay open until the feed is pruned past them, and the follower rebuilds then");
             }
         }
-        let idle = crate::lock::lock(&self.state).candidate.is_none();
+    }
+
+    async fn step(&self, pool: &MySqlPool) -> Result<(), sqlx::Error> {
+        let idle = {
+            let mut state = crate::lock::lock(&self.state);
+            state.last_round = Some(Instant::now());
+            state.candidate.is_none()
+        };
         if idle {
             let up_to: i64 = sqlx::query_scalar(
                 "select cast(coalesce(max(id), 0) as signed) from bloom_guard_changes",
@@ -122,25 +149,86 @@ impl Settled {
             .fetch_one(pool)
             .await?;
             let mut state = crate::lock::lock(&self.state);
-            if up_to > state.settled {
-                state.candidate = Some(Candidate {
-                    up_to,
-                    read_at: Instant::now(),
-                    running: None,
-                });
+            if up_to <= state.settled {
+                return Ok(());
             }
+            state.candidate = Some(Candidate {
+                up_to,
+                holders: None,
+            });
+        }
+        // After the read of `up_to`: the canary connects now.
+        let Some(running) = fresh_list(pool).await? else {
+            return Ok(());
+        };
+        let mut state = crate::lock::lock(&self.state);
+        let Some(candidate) = state.candidate.as_mut() else {
+            return Ok(());
+        };
+        let holders = match candidate.holders.take() {
+            None => running,
+            Some(holders) => holders.intersection(&running).cloned().collect(),
+        };
+        if holders.is_empty() {
+            let up_to = candidate.up_to;
+            state.settled = state.settled.max(up_to);
+            state.candidate = None;
+        } else {
+            candidate.holders = Some(holders);
         }
         Ok(())
     }
 }
 
-/// The transactions InnoDB lists as running, but this connection's.
-async fn running(pool: &MySqlPool) -> Result<BTreeSet<String>, sqlx::Error> {
-    let ids: Vec<String> = sqlx::query_scalar(
-        "select cast(trx_id as char) from information_schema.innodb_trx
-          where trx_mysql_thread_id <> connection_id()",
-    )
-    .fetch_all(pool)
-    .await?;
-    Ok(ids.into_iter().collect())
+/// The transactions running at a moment after this call began that have
+/// modified rows; `None` if no such list could be had within [`LOOK`].
+async fn fresh_list(pool: &MySqlPool) -> Result<Option<BTreeSet<Trx>>, sqlx::Error> {
+    let mut canary = pool.connect_options().connect().await?;
+    let listed = look(&mut canary).await;
+    // The canary's transaction ends with its connection.
+    let _ = canary.close().await;
+    listed
+}
+
+async fn look(canary: &mut MySqlConnection) -> Result<Option<BTreeSet<Trx>>, sqlx::Error> {
+    let (thread, _locked): (u64, Option<i64>) =
+        sqlx::query_as("select connection_id(), get_lock(?, 2)")
+            .bind(LOOK_LOCK)
+            .fetch_one(&mut *canary)
+            .await?;
+    sqlx::raw_sql("start transaction with consistent snapshot")
+        .execute(&mut *canary)
+        .await?;
+    let deadline = Instant::now() + LOOK;
+    loop {
+        let listed: Vec<(String, u64, String, u64)> = sqlx::query_as(
+            "select cast(trx_id as char), trx_mysql_thread_id, cast(trx_started as char),
+                    trx_rows_modified
+               from information_schema.innodb_trx",
+        )
+        .fetch_all(&mut *canary)
+        .await?;
+        if listed.iter().any(|(_, listed, ..)| *listed == thread) {
+            if listed.len() >= MAX_LISTED {
+                tracing::warn!(
+                    listed = listed.len(),
+                    "too many running transactions to trust InnoDB's list of them; feed ids stay open"
+                );
+                return Ok(None);
+            }
+            return Ok(Some(
+                listed
+                    .into_iter()
+                    .filter(|(_, listed, _, modified)| *listed != thread && *modified > 0)
+                    .map(|(id, thread, started, _)| (id, thread, started))
+                    .collect(),
+            ));
+        }
+        // An older copy: InnoDB refreshes it once nobody read it for
+        // 100 ms.
+        if Instant::now() + REFRESH > deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(REFRESH).await;
+    }
 }
