@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bloom_guard::{BloomGuard, GuardState};
 use bloom_guard_sqlx::{MySqlFollower, Watch};
-use common::mysql::{client, database, fresh, items};
+use common::mysql::{busy_transaction_list, client, database, fresh, items, with_isolation};
 use common::{spawn, status, wait_until, Running};
 use sqlx::{Connection, MySqlPool};
 
@@ -247,6 +247,26 @@ fn lock(model: &Shared) -> std::sync::MutexGuard<'_, Model> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
 async fn many_writers_with_late_commits_and_rollbacks_skip_no_key() {
+    many_writers(None, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn many_writers_skip_no_key_under_read_committed_with_an_old_transaction_list() {
+    // Sessions that default to READ COMMITTED (a common server setting),
+    // and InnoDB serving a transaction list older than the writes.
+    many_writers(Some("read committed"), true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn many_writers_skip_no_key_under_serializable() {
+    many_writers(Some("serializable"), false).await;
+}
+
+/// Writers and a follower on sessions defaulting to `isolation`, with
+/// someone reading the transaction list all along if `busy_list`.
+async fn many_writers(isolation: Option<&'static str>, busy_list: bool) {
     let writers: usize = std::env::var("BLOOM_GUARD_MYSQL_WRITERS")
         .ok()
         .and_then(|value| value.parse().ok())
@@ -255,7 +275,12 @@ async fn many_writers_with_late_commits_and_rollbacks_skip_no_key() {
         .ok()
         .and_then(|value| value.parse().ok())
         .unwrap_or(60);
-    let pool = fresh(u32::try_from(writers).unwrap_or(16) + 8).await;
+    let connections = u32::try_from(writers).unwrap_or(16) + 8;
+    let pool = fresh(connections).await;
+    let pool = match isolation {
+        Some(isolation) => with_isolation(&pool, isolation, connections).await,
+        None => pool,
+    };
     sqlx::raw_sql("insert into items (code) values ('seed-1'), ('seed-2'), ('seed-3'), ('seed-3')")
         .execute(&pool)
         .await
@@ -269,6 +294,11 @@ async fn many_writers_with_late_commits_and_rollbacks_skip_no_key() {
         removing: BTreeMap::new(),
     }));
     let (guard, _running) = followed(&pool).await;
+    let reader = if busy_list {
+        Some(busy_transaction_list(&pool).await)
+    } else {
+        None
+    };
     let tasks: Vec<_> = (0..writers)
         .map(|w| tokio::spawn(writer(pool.clone(), Arc::clone(&model), w, transactions)))
         .collect();
@@ -298,6 +328,11 @@ async fn many_writers_with_late_commits_and_rollbacks_skip_no_key() {
     }
     for task in tasks {
         task.await.expect("writer");
+    }
+    if let Some(reader) = reader {
+        // The keys are checked below once the ids settled, which the
+        // reader kept from happening.
+        reader.abort();
     }
     let stored: BTreeMap<String, i64> = sqlx::query_as(
         "select cast(code as char), cast(count(*) as signed) from items group by code",

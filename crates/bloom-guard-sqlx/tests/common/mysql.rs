@@ -64,3 +64,59 @@ pub(crate) fn client(program: &str, database: &str) -> std::process::Command {
         .arg(database);
     command
 }
+
+/// Another pool on `pool`'s database whose sessions default to
+/// `isolation` (`read committed`, `serializable`), as a server or a pool
+/// may be configured.
+pub(crate) async fn with_isolation(
+    pool: &MySqlPool,
+    isolation: &'static str,
+    max_connections: u32,
+) -> MySqlPool {
+    let options = (*pool.connect_options()).clone();
+    MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "set session transaction isolation level {isolation}"
+                )))
+                .execute(conn)
+                .await
+                .map(|_| ())
+            })
+        })
+        .connect_with(options)
+        .await
+        .expect("connect with another isolation level")
+}
+
+/// Reads InnoDB's list of running transactions every 30 ms until dropped,
+/// as a monitoring agent or another guard might: InnoDB then serves the
+/// same old copy of it. The copy kept is one that lists no transaction,
+/// the copy most apt to pass for a moment when all is settled.
+pub(crate) async fn busy_transaction_list(pool: &MySqlPool) -> tokio::task::JoinHandle<()> {
+    let pool = pool.clone();
+    let list = || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from information_schema.innodb_trx")
+            .fetch_one(&pool)
+            .await
+            .expect("the transaction list")
+    };
+    // Left unread for over 100 ms, the list is made anew at the next read.
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+        if list().await == 0 {
+            break;
+        }
+    }
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        loop {
+            let _ = sqlx::query("select count(*) from information_schema.innodb_trx")
+                .fetch_one(&pool)
+                .await;
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        }
+    })
+}
