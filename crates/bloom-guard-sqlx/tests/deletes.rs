@@ -1,7 +1,9 @@
 //! Deletes applied from the feed, checked against the table: a random SQL
 //! workload (rows of one key twice, deletes by id and by key, keys changed
 //! and swapped by one UPDATE, MERGE, COPY, DELETE and INSERT again in one
-//! transaction, rollbacks, TRUNCATE) on Postgres and on SQLite, with two
+//! transaction, rollbacks, TRUNCATE; on MySQL `REPLACE`, `INSERT ...
+//! SELECT` and transactions that commit after later ones) on Postgres,
+//! SQLite and MySQL, with two
 //! instances, restarts that adopt a snapshot, and rebuilds in between. At
 //! every checkpoint each key ever seen is asked through the guard's layer,
 //! as a request would be: a key with a row is never refused, and a key
@@ -18,11 +20,11 @@ use std::time::Duration;
 
 use axum::body::Body;
 use bloom_guard::{BloomGuard, FilterKind, FilterOrigin, PathParam};
-use bloom_guard_sqlx::{FleetRebuild, PgFollower, SqliteFollower, Watch};
+use bloom_guard_sqlx::{FleetRebuild, MySqlFollower, PgFollower, SqliteFollower, Watch};
 use common::*;
 use http::StatusCode;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
 use tower::ServiceExt as _;
 
 /// The target false-positive rate of the test's guards.
@@ -485,6 +487,226 @@ async fn sqlite_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one() 
     a_task.abort();
     b_task.abort();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The MySQL table's keys, and its row ids.
+async fn mysql_table(pool: &MySqlPool) -> (BTreeSet<String>, Vec<i64>) {
+    let rows: Vec<(i64, String)> = sqlx::query_as("select id, cast(code as char) from things")
+        .fetch_all(pool)
+        .await
+        .expect("rows");
+    (
+        rows.iter().map(|(_, key)| key.clone()).collect(),
+        rows.iter().map(|(id, _)| *id).collect(),
+    )
+}
+
+async fn mysql_exec(pool: &MySqlPool, sql: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(pool)
+        .await
+        .unwrap_or_else(|error| panic!("{sql}: {error}"));
+}
+
+/// A transaction that took its feed id and has not committed: it commits
+/// after the next step's statement took later ones.
+type Late = Option<sqlx::pool::PoolConnection<sqlx::MySql>>;
+
+async fn commit_late(late: &mut Late) {
+    if let Some(mut conn) = late.take() {
+        sqlx::raw_sql("commit")
+            .execute(&mut *conn)
+            .await
+            .expect("the late commit");
+    }
+}
+
+/// Runs one step; whether it truncated the table.
+async fn mysql_step(
+    pool: &MySqlPool,
+    writer: &BloomGuard,
+    rng: &mut fastrand::Rng,
+    seen: &mut BTreeSet<String>,
+    late: &mut Late,
+) -> bool {
+    let (_, ids) = mysql_table(pool).await;
+    let id = |rng: &mut fastrand::Rng| ids.get(rng.usize(..ids.len().max(1))).copied().unwrap_or(0);
+    let (k, other) = (key(rng), key(rng));
+    seen.insert(k.clone());
+    seen.insert(other.clone());
+    let op = if late.is_some() {
+        Op::Insert
+    } else {
+        pick(rng, true)
+    };
+    let sql = match op {
+        Op::Insert => {
+            writer.insert(&k);
+            format!("insert into things (code) values ('{k}')")
+        }
+        Op::InsertTwice => format!("insert into things (code) values ('{k}'), ('{k}')"),
+        Op::DeleteRow => format!("delete from things where id = {}", id(rng)),
+        Op::DeleteKey => format!("delete from things where code = '{k}'"),
+        Op::ChangeKey => format!("update things set code = '{k}' where id = {}", id(rng)),
+        Op::Swap => {
+            let (a, b) = (id(rng), id(rng));
+            format!(
+                "update things t join (select id, code from things where id in ({a}, {b})) s
+                    on s.id = if(t.id = {a}, {b}, {a})
+                   set t.code = s.code
+                 where t.id in ({a}, {b})"
+            )
+        }
+        Op::DeleteAndInsertAgain => format!(
+            "begin; delete from things where code = '{k}'; insert into things (code) values ('{k}'); commit"
+        ),
+        Op::RolledBack => {
+            writer.insert(&k);
+            format!(
+                "begin; insert into things (code) values ('{k}'); delete from things where code = '{other}'; rollback"
+            )
+        }
+        // MySQL's upsert of a row: the row of that id deleted, a new one
+        // inserted.
+        Op::Merge => format!("replace into things (id, code) values ({}, '{k}')", id(rng)),
+        // A transaction that takes its feed ids now and commits after the
+        // next statement's: plain inserts, which lock no gap, and the next
+        // statement an insert too, which waits on none.
+        Op::Copy => {
+            commit_late(late).await;
+            let mut conn = pool.acquire().await.expect("a connection");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "begin; insert into things (code) values ('{k}'), ('{other}')"
+            )))
+            .execute(&mut *conn)
+            .await
+            .expect("the late transaction");
+            *late = Some(conn);
+            return false;
+        }
+        Op::Truncate => "truncate things".to_owned(),
+    };
+    mysql_exec(pool, &sql).await;
+    if late.is_some() {
+        // The followers read this statement's ids first.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        commit_late(late).await;
+    }
+    matches!(op, Op::Truncate)
+}
+
+/// After a TRUNCATE on MySQL, which records no row and is seen by the
+/// trigger check (every 200 ms here) as a new table id: waits until the
+/// guard rebuilt from the table as it is now, forgetting what the
+/// truncation removed (but for the rate).
+async fn mysql_rebuilt_since(
+    guard: &BloomGuard,
+    truncated: Option<std::time::Instant>,
+    seen: &BTreeSet<String>,
+    table: &BTreeSet<String>,
+) {
+    if truncated.is_none() {
+        return;
+    }
+    let absent: Vec<&String> = seen.iter().filter(|key| !table.contains(*key)).collect();
+    let allowed = (absent.len() as f64 * 2.0 * FPP).ceil() as usize + 2;
+    wait_until(
+        "a rebuild after the truncation",
+        Duration::from_secs(20),
+        || {
+            guard.stats().state == bloom_guard::GuardState::Ready
+                && absent.iter().filter(|key| guard.may_contain(key)).count() <= allowed
+        },
+    )
+    .await;
+}
+
+async fn mysql_followed(pool: &MySqlPool, instance: &str) -> (BloomGuard, Running) {
+    let guard = guard();
+    let follower = MySqlFollower::new(guard.clone(), pool.clone(), mysql_things())
+        .check_interval(Duration::from_millis(200))
+        .poll_interval(Duration::from_millis(200))
+        .snapshot_interval(Duration::from_secs(1))
+        .instance_id(instance);
+    let task = spawn(follower);
+    wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
+    (guard, task)
+}
+
+fn mysql_things() -> Watch {
+    Watch::table("things").key("code")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn mysql_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one() {
+    let pool = common::mysql::fresh(8).await;
+    // A second pool: instance B's own connections.
+    let other = common::mysql::with_isolation(&pool, "repeatable read", 4).await;
+    mysql_exec(
+        &pool,
+        "create table things (id bigint auto_increment primary key,
+                              code varchar(100) collate utf8mb4_nopad_bin not null,
+                              key things_code (code))",
+    )
+    .await;
+    mysql_things().install_mysql(&pool).await.expect("watch");
+    let values: Vec<String> = (0..200).map(|i| format!("('k{i}')")).collect();
+    mysql_exec(
+        &pool,
+        &format!("insert into things (code) values {}", values.join(", ")),
+    )
+    .await;
+    let mut rng = rng();
+    let mut seen: BTreeSet<String> = (0..200).map(|i| format!("k{i}")).collect();
+    let (a, _a) = mysql_followed(&pool, "a").await;
+    let (mut b, mut b_task) = mysql_followed(&other, "b").await;
+    let (mut adopted, mut rebuilt, mut absent, mut applied) = (false, 0, 0, 0);
+    let (mut truncated, mut late) = (None, None);
+    for step in 0..ops() {
+        if mysql_step(&pool, &a, &mut rng, &mut seen, &mut late).await {
+            truncated = Some(std::time::Instant::now());
+        }
+        if step % 30 == 29 {
+            commit_late(&mut late).await;
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            let (table, _) = mysql_table(&pool).await;
+            mysql_rebuilt_since(&a, truncated, &seen, &table).await;
+            mysql_rebuilt_since(&b, truncated.take(), &seen, &table).await;
+            applied = applied.max(a.stats().deletes_applied + b.stats().deletes_applied);
+            check("a", &a, &seen, &table).await;
+            absent += check("b", &b, &seen, &table).await;
+            match (step / 30) % 3 {
+                0 => {
+                    drop(b_task);
+                    (b, b_task) = mysql_followed(&other, "b").await;
+                    adopted |= b.stats().origin == Some(FilterOrigin::Snapshot);
+                }
+                1 => {
+                    FleetRebuild::mysql(a.clone(), pool.clone(), mysql_things())
+                        .rebuild()
+                        .await
+                        .expect("rebuild");
+                    rebuilt += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    commit_late(&mut late).await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let (table, _) = mysql_table(&pool).await;
+    mysql_rebuilt_since(&a, truncated, &seen, &table).await;
+    mysql_rebuilt_since(&b, truncated, &seen, &table).await;
+    check("a", &a, &seen, &table).await;
+    absent += check("b", &b, &seen, &table).await;
+    assert_eq!(b.stats().filter_kind, Some(FilterKind::Counting));
+    assert!(
+        absent > 0 && rebuilt > 0,
+        "absent {absent}, rebuilt {rebuilt}"
+    );
+    assert!(adopted, "no restart adopted a snapshot");
+    assert!(applied > 0, "no delete was applied from the feed");
 }
 
 /// Trigger functions an earlier schema version wrote (kept by an install
