@@ -70,6 +70,10 @@ pub enum UrlError {
         /// What the URL starts with, up to its `://`.
         scheme: String,
     },
+    /// The URL has no `://`: not a database URL. Not repeated in the
+    /// message, where it could show a password.
+    #[error("DATABASE_URL must start with postgres://, postgresql://, mysql:// or mariadb:// (unset, an embedded SQLite file is used); it has no `://`")]
+    NoScheme,
     /// The MySQL URL does not parse; fix it, in the form
     /// `mysql://user:password@host:port/database`.
     #[error("invalid MySQL URL: {0}")]
@@ -130,7 +134,9 @@ impl Database {
     /// If the URL names another kind of database or does not parse: a
     /// clear error at start, never an endless retry.
     pub fn connect(url: &str) -> Result<Self, UrlError> {
-        let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
+        let Some((scheme, _)) = url.split_once("://") else {
+            return Err(UrlError::NoScheme);
+        };
         match scheme.to_ascii_lowercase().as_str() {
             "postgres" | "postgresql" => Self::postgres(url),
             "mysql" => Self::mysql(url),
@@ -526,13 +532,21 @@ mod tests {
 
     #[tokio::test]
     async fn a_url_of_another_kind_is_refused_at_start() {
-        for url in ["mongodb://db/app", "redis://127.0.0.1", "items.db", ""] {
+        for url in ["mongodb://db/app", "redis://127.0.0.1"] {
             let error = Database::connect(url).expect_err(url);
             assert!(
                 matches!(error, UrlError::UnknownKind { .. }),
                 "{url}: {error:?}"
             );
             assert!(error.to_string().contains("mysql://"), "{error}");
+        }
+        // Without `://` the value is not repeated: it may hold a password.
+        for url in ["items.db", "", "admin:s3cret@db/app"] {
+            let error = Database::connect(url).expect_err(url);
+            assert!(matches!(error, UrlError::NoScheme), "{url}: {error:?}");
+            let message = error.to_string();
+            assert!(message.contains("mysql://"), "{message}");
+            assert!(!message.contains("s3cret"), "{message}");
         }
         for url in [
             "mysql://root@127.0.0.1:3306/app",

@@ -46,7 +46,13 @@ impl From<sqlx::Error> for ApiError {
         // Input the database cannot store is the client's to fix: a NUL
         // byte, or a character the database's encoding cannot hold.
         if let sqlx::Error::Database(db) = &error {
-            if matches!(db.code().as_deref(), Some("22021" | "22P05")) {
+            // MySQL: 1366, an incorrect string value for the column's
+            // character set.
+            let mysql_number = db
+                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .map(sqlx::mysql::MySqlDatabaseError::number);
+            if matches!(db.code().as_deref(), Some("22021" | "22P05")) || mysql_number == Some(1366)
+            {
                 return Self::BadRequest {
                     status: StatusCode::UNPROCESSABLE_ENTITY,
                     message: "the text holds characters the database cannot store".to_owned(),

@@ -80,15 +80,22 @@ async fn postgres(pool: PgPool) -> Database {
 /// MySQL or MariaDB: a database of the test's own on the `MYSQL_URL`
 /// server, migrated, with the demo keys.
 async fn mysql() -> Database {
+    mysql_with_charset("utf8mb4").await
+}
+
+/// As [`mysql`], on a database whose default character set is `charset`.
+async fn mysql_with_charset(charset: &str) -> Database {
     use sqlx::{ConnectOptions, Connection};
     let url = std::env::var("MYSQL_URL").expect("MYSQL_URL");
     let options = sqlx::mysql::MySqlConnectOptions::from_str(&url).expect("MYSQL_URL");
     let name = format!("items_service_test_{}", fastrand::u64(..));
     let mut admin = options.connect().await.expect("connect to MySQL");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("create database {name}")))
-        .execute(&mut admin)
-        .await
-        .expect("create the test database");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "create database {name} character set {charset}"
+    )))
+    .execute(&mut admin)
+    .await
+    .expect("create the test database");
     let _ = admin.close().await;
     let pool = sqlx::MySqlPool::connect_with(options.database(&name))
         .await
@@ -248,6 +255,35 @@ async fn mysql_the_guard_answers_every_path_as_the_unguarded_service_does() {
 #[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
 async fn mysql_users_have_typed_ids() {
     users_have_typed_ids(mysql().await).await;
+}
+
+#[tokio::test]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn mysql_text_of_any_language_on_a_latin1_database_and_users_written_by_sql() {
+    let db = mysql_with_charset("latin1").await;
+    let Pool::MySql(pool) = db.pool().clone() else {
+        unreachable!("a MySQL database")
+    };
+    let (app, _state) = ready_app(db).await;
+    let created = post_json(&app, r#"{"key":"crab","value":"🦀 ünïcödé 漢字"}"#).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let found = get(&app, "/items/crab").await;
+    assert_eq!(found.status, StatusCode::OK);
+    assert!(found.body.contains("🦀 ünïcödé 漢字"), "{}", found.body);
+    let named = send_json(&app, "POST", "/users", r#"{"name":"Łukasz 🦀"}"#).await;
+    assert_eq!(named.status, StatusCode::CREATED, "{}", named.body);
+    // A user written by SQL without an id gets one, as on Postgres.
+    sqlx::query("insert into users (name) values ('by sql')")
+        .execute(&pool)
+        .await
+        .expect("a user without an id");
+    let id: String = sqlx::query_scalar("select cast(id as char) from users where name = 'by sql'")
+        .fetch_one(&pool)
+        .await
+        .expect("its id");
+    uuid::Uuid::parse_str(&id).expect("a uuid");
+    let found = get(&app, &format!("/users/{id}")).await;
+    assert_eq!(found.status, StatusCode::OK, "{}", found.body);
 }
 
 #[sqlx::test(migrations = "../../migrations")]
