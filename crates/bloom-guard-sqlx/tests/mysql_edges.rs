@@ -405,3 +405,50 @@ async fn every_way_mysql_writes_rows_reaches_the_filter() {
     }
     assert_eq!(guard.stats().state, GuardState::Ready);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn a_bulk_load_that_commits_after_later_writes_is_not_skipped() {
+    const ROWS: usize = 50_000;
+    let pool = fresh(8).await;
+    let (guard, _running) = followed(&pool, items()).await;
+    let mut bulk = pool.acquire().await.expect("connection");
+    // Both cap recursion at 1000 by default, each with its own setting.
+    for setting in ["cte_max_recursion_depth", "max_recursive_iterations"] {
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "set session {setting} = 1000000"
+        )))
+        .execute(&mut *bulk)
+        .await;
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "begin;
+         insert into items (code)
+           with recursive n (i) as (select 1 union all select i + 1 from n where i < {ROWS})
+           select concat('bulk-', i) from n"
+    )))
+    .execute(&mut *bulk)
+    .await
+    .expect("the bulk load");
+    exec(&pool, "insert into items (code) values ('after-bulk')").await;
+    wait_until("the later write", Duration::from_secs(5), || {
+        guard.may_contain("after-bulk")
+    })
+    .await;
+    // The load's ids are one open run, read as a range.
+    let open = position(&guard);
+    assert!(open.contains('~') && open.contains('-'), "{open}");
+    sqlx::raw_sql("commit")
+        .execute(&mut *bulk)
+        .await
+        .expect("commit");
+    assert_ne!(status(&guard, "bulk-1").await, StatusCode::NOT_FOUND);
+    wait_until("the bulk load", Duration::from_secs(20), || {
+        (1..=ROWS).all(|i| guard.may_contain(format!("bulk-{i}")))
+    })
+    .await;
+    wait_until("the ids to settle", Duration::from_secs(5), || {
+        !position(&guard).contains('~')
+    })
+    .await;
+}

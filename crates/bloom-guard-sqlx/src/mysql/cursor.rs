@@ -15,6 +15,7 @@
 //! highest id is the one below the horizon, and it holds while the
 //! horizon stays above it.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// A feed position: every row up to `high` is behind it but those of `open`.
@@ -24,8 +25,8 @@ pub(crate) struct Cursor {
     /// The digest of row `high`; `None` before any row, or where row
     /// `high` was pruned.
     pub(super) digest: Option<String>,
-    /// Ids below `high` not read yet, ascending.
-    pub(super) open: Vec<i64>,
+    /// Ids below `high` not read yet.
+    pub(super) open: OpenIds,
 }
 
 impl Cursor {
@@ -33,7 +34,7 @@ impl Cursor {
     pub(super) const START: Self = Self {
         high: 0,
         digest: None,
-        open: Vec::new(),
+        open: OpenIds::new(),
     };
 
     /// Reads back a position written by `Display`: `high:digest` (`high:-`
@@ -42,7 +43,7 @@ impl Cursor {
     pub(super) fn parse(text: &str) -> Option<Self> {
         let (head, open) = match text.split_once('~') {
             Some((head, runs)) => (head, parse_runs(runs)?),
-            None => (text, Vec::new()),
+            None => (text, OpenIds::new()),
         };
         let (high, digest) = match head.split_once(':') {
             Some((high, "-")) => (high.parse().ok()?, None),
@@ -51,7 +52,9 @@ impl Cursor {
             None if head == "0" => (0, None),
             None => return None,
         };
-        if open.iter().any(|&id| id <= 0 || id >= high) {
+        if open.first().is_some_and(|first| first <= 0)
+            || open.last().is_some_and(|last| last >= high)
+        {
             return None;
         }
         Some(Self {
@@ -62,9 +65,9 @@ impl Cursor {
     }
 }
 
-fn parse_runs(runs: &str) -> Option<Vec<i64>> {
-    let mut open: Vec<i64> = Vec::new();
-    for run in runs.split(',') {
+fn parse_runs(text: &str) -> Option<OpenIds> {
+    let mut open = OpenIds::new();
+    for run in text.split(',') {
         let (first, last): (i64, i64) = match run.split_once('-') {
             Some((first, last)) => (first.parse().ok()?, last.parse().ok()?),
             None => {
@@ -73,16 +76,136 @@ fn parse_runs(runs: &str) -> Option<Vec<i64>> {
             }
         };
         // Ascending, without overlaps: the form `Display` writes.
-        if last < first || open.last().is_some_and(|&before| first <= before) {
+        if last < first || open.last().is_some_and(|before| first <= before) {
             return None;
         }
-        // A run longer than this is not a position this crate wrote.
-        if last - first > 1_000_000 {
-            return None;
-        }
-        open.extend(first..=last);
+        open.insert_run(first, last);
     }
     Some(open)
+}
+
+/// A set of feed ids kept as runs of consecutive ids: a transaction that
+/// wrote a million rows and has not committed is one run, not a million
+/// ids.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct OpenIds {
+    /// First id of each run → its last id; runs neither overlap nor touch.
+    runs: BTreeMap<i64, i64>,
+    len: u64,
+}
+
+impl OpenIds {
+    pub(super) const fn new() -> Self {
+        Self {
+            runs: BTreeMap::new(),
+            len: 0,
+        }
+    }
+
+    /// How many ids.
+    pub(super) fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(super) fn first(&self) -> Option<i64> {
+        self.runs.first_key_value().map(|(&first, _)| first)
+    }
+
+    pub(super) fn last(&self) -> Option<i64> {
+        self.runs.last_key_value().map(|(_, &last)| last)
+    }
+
+    pub(super) fn contains(&self, id: i64) -> bool {
+        self.runs
+            .range(..=id)
+            .next_back()
+            .is_some_and(|(_, &last)| id <= last)
+    }
+
+    /// Adds `first..=last` (nothing if empty); ids already in stay once.
+    pub(super) fn insert_run(&mut self, first: i64, last: i64) {
+        if last < first {
+            return;
+        }
+        let (mut first, mut last) = (first, last);
+        // Merge with every run that overlaps or touches.
+        let touching: Vec<(i64, i64)> = self
+            .runs
+            .range(..=last.saturating_add(1))
+            .rev()
+            .take_while(|(_, &end)| end.saturating_add(1) >= first)
+            .map(|(&start, &end)| (start, end))
+            .collect();
+        for (start, end) in touching {
+            self.runs.remove(&start);
+            self.len -= run_len(start, end);
+            first = first.min(start);
+            last = last.max(end);
+        }
+        self.runs.insert(first, last);
+        self.len += run_len(first, last);
+    }
+
+    /// Removes `id` if it is in.
+    pub(super) fn remove(&mut self, id: i64) {
+        let Some((&start, &end)) = self.runs.range(..=id).next_back() else {
+            return;
+        };
+        if id > end {
+            return;
+        }
+        self.runs.remove(&start);
+        if start < id {
+            self.runs.insert(start, id - 1);
+        }
+        if id < end {
+            self.runs.insert(id + 1, end);
+        }
+        self.len -= 1;
+    }
+
+    /// Removes every id up to `id`.
+    pub(super) fn remove_up_to(&mut self, id: i64) {
+        while let Some((&start, &end)) = self.runs.first_key_value() {
+            if start > id {
+                return;
+            }
+            self.runs.remove(&start);
+            self.len -= run_len(start, end);
+            if end > id {
+                self.insert_run(id + 1, end);
+                return;
+            }
+        }
+    }
+
+    /// The runs, ascending: first and last id of each.
+    pub(super) fn runs(&self) -> impl Iterator<Item = (i64, i64)> + '_ {
+        self.runs.iter().map(|(&first, &last)| (first, last))
+    }
+
+    /// Every id, ascending.
+    pub(super) fn ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.runs().flat_map(|(first, last)| first..=last)
+    }
+}
+
+impl FromIterator<i64> for OpenIds {
+    fn from_iter<I: IntoIterator<Item = i64>>(ids: I) -> Self {
+        let mut open = Self::new();
+        for id in ids {
+            open.insert_run(id, id);
+        }
+        open
+    }
+}
+
+fn run_len(first: i64, last: i64) -> u64 {
+    last.abs_diff(first) + 1
 }
 
 impl fmt::Display for Cursor {
@@ -92,16 +215,8 @@ impl fmt::Display for Cursor {
             None if self.high == 0 => f.write_str("0")?,
             None => write!(f, "{}:-", self.high)?,
         }
-        let mut ids = self.open.iter().copied().peekable();
-        let mut first_run = true;
-        while let Some(first) = ids.next() {
-            let mut last = first;
-            while ids.peek() == Some(&(last + 1)) {
-                last += 1;
-                ids.next();
-            }
-            f.write_str(if first_run { "~" } else { "," })?;
-            first_run = false;
+        for (index, (first, last)) in self.open.runs().enumerate() {
+            f.write_str(if index == 0 { "~" } else { "," })?;
             if first == last {
                 write!(f, "{first}")?;
             } else {
@@ -120,7 +235,7 @@ mod tests {
         Cursor {
             high,
             digest: Some("0011223344556677".to_owned()),
-            open: open.to_vec(),
+            open: open.iter().copied().collect(),
         }
     }
 
@@ -139,10 +254,47 @@ mod tests {
         let pruned = Cursor {
             high: 40,
             digest: None,
-            open: vec![35],
+            open: [35].into_iter().collect(),
         };
         assert_eq!(pruned.to_string(), "40:-~35");
         assert_eq!(Cursor::parse("40:-~35"), Some(pruned));
+    }
+
+    #[test]
+    fn a_long_run_of_open_ids_is_one_run() {
+        let mut open = OpenIds::new();
+        open.insert_run(10, 5_000_009);
+        assert_eq!(open.len(), 5_000_000);
+        let written = Cursor {
+            high: 6_000_000,
+            digest: Some("0011223344556677".to_owned()),
+            open,
+        };
+        let text = written.to_string();
+        assert_eq!(text, "6000000:0011223344556677~10-5000009");
+        assert_eq!(Cursor::parse(&text), Some(written));
+    }
+
+    #[test]
+    fn open_ids_are_added_and_removed_as_runs() {
+        let mut open: OpenIds = [3, 4, 5, 9].into_iter().collect();
+        assert_eq!(open.runs().collect::<Vec<_>>(), [(3, 5), (9, 9)]);
+        open.insert_run(6, 8);
+        assert_eq!(open.runs().collect::<Vec<_>>(), [(3, 9)]);
+        assert_eq!(open.len(), 7);
+        open.remove(5);
+        open.remove(3);
+        open.remove(42);
+        assert_eq!(open.runs().collect::<Vec<_>>(), [(4, 4), (6, 9)]);
+        assert!(open.contains(7) && !open.contains(5) && !open.contains(10));
+        open.remove_up_to(6);
+        assert_eq!(open.ids().collect::<Vec<_>>(), [7, 8, 9]);
+        assert_eq!(
+            (open.first(), open.last(), open.len()),
+            (Some(7), Some(9), 3)
+        );
+        open.remove_up_to(9);
+        assert!(open.is_empty());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, MySqlPool};
 
-use super::cursor::Cursor;
+use super::cursor::{Cursor, OpenIds};
 use super::install::{ident, table_parts, Trigger};
 use super::settle::Settled;
 use crate::digest::row_digest;
@@ -18,7 +18,7 @@ use crate::follow::Read;
 use crate::watch::Watch;
 
 /// Open ids asked for by value; more are read as a range and filtered.
-const OPEN_BY_VALUE: usize = 1000;
+const OPEN_BY_VALUE: u64 = 1000;
 
 /// A feed row: id, guard, kind, key, time.
 type Row = (i64, String, String, Option<Vec<u8>>, i64);
@@ -53,10 +53,10 @@ pub(super) async fn position_in(
         sqlx::query_scalar::<_, i64>("select id from bloom_guard_changes where id > ? order by id")
             .bind(lower)
             .fetch(&mut *conn);
-    let mut open = Vec::new();
+    let mut open = OpenIds::new();
     let mut high = lower;
     while let Some(id) = ids.try_next().await? {
-        open.extend(high + 1..id);
+        open.insert_run(high + 1, id - 1);
         high = id;
     }
     drop(ids);
@@ -82,13 +82,13 @@ pub(super) async fn position_in(
         Some(row) if row.0 + 1 >= below => Cursor {
             high: row.0,
             digest: Some(digest_of(&row)),
-            open: Vec::new(),
+            open: OpenIds::new(),
         },
         // Pruned empty: the position holds while the horizon stays above.
         _ if below > 1 => Cursor {
             high: below - 1,
             digest: None,
-            open: Vec::new(),
+            open: OpenIds::new(),
         },
         _ => Cursor::START,
     })
@@ -112,17 +112,18 @@ async fn horizon(conn: &mut MySqlConnection) -> Result<i64, sqlx::Error> {
 /// The rows after `since` (the ids above its highest, and its open ones):
 /// the condition and its values.
 fn after(since: &Cursor) -> (String, Vec<i64>) {
-    match since.open.as_slice() {
-        [] => ("id > ?".to_owned(), vec![since.high]),
-        open if open.len() <= OPEN_BY_VALUE => {
-            let marks = vec!["?"; open.len()].join(", ");
+    let open = &since.open;
+    match open.first() {
+        None => ("id > ?".to_owned(), vec![since.high]),
+        Some(_) if open.len() <= OPEN_BY_VALUE => {
+            let marks = vec!["?"; open.ids().count()].join(", ");
             let mut values = vec![since.high];
-            values.extend_from_slice(open);
+            values.extend(open.ids());
             (format!("(id > ? or id in ({marks}))"), values)
         }
         // Many open ids (a long transaction held them): the range from the
         // first, filtered as it is read.
-        open => ("id >= ?".to_owned(), vec![open[0]]),
+        Some(first) => ("id >= ?".to_owned(), vec![first]),
     }
 }
 
@@ -148,14 +149,13 @@ pub(super) async fn read_since(
     for value in values {
         query = query.bind(value);
     }
-    let open: BTreeSet<i64> = since.open.iter().copied().collect();
     let mut rows = query.fetch(&mut *tx);
     let mut changes = Changes::default();
     let mut seen = BTreeSet::new();
     let mut last: Option<Row> = None;
     while let Some(row) = rows.try_next().await? {
         let id = row.0;
-        if id <= since.high && !open.contains(&id) {
+        if id <= since.high && !since.open.contains(id) {
             continue;
         }
         seen.insert(id);
@@ -168,7 +168,7 @@ pub(super) async fn read_since(
     // Pruning moves the horizon before it deletes: rows this reader still
     // needs may be gone once it passed them.
     let below = horizon(&mut tx).await?;
-    if since.high + 1 < below || since.open.first().is_some_and(|&first| first < below) {
+    if since.high + 1 < below || since.open.first().is_some_and(|first| first < below) {
         return Ok(Read::Pruned);
     }
     // The row at the position must still be the one it was taken at, or
@@ -183,15 +183,14 @@ pub(super) async fn read_since(
     tx.commit().await?;
     let mut reached = since.clone();
     if let Some(row) = last.filter(|row| row.0 > since.high) {
-        reached
-            .open
-            .extend((since.high + 1..row.0).filter(|id| !seen.contains(id)));
+        reached.open.insert_run(since.high + 1, row.0 - 1);
         reached.high = row.0;
         reached.digest = Some(digest_of(&row));
     }
-    reached
-        .open
-        .retain(|&id| id > settled && !seen.contains(&id));
+    reached.open.remove_up_to(settled);
+    for id in seen {
+        reached.open.remove(id);
+    }
     Ok(Read::Changes {
         position: reached,
         changes,
@@ -716,7 +715,7 @@ mod tests {
         let mut since = Cursor {
             high: 10,
             digest: None,
-            open: vec![3, 7],
+            open: [3, 7].into_iter().collect(),
         };
         assert_eq!(
             after(&since),
@@ -725,7 +724,7 @@ mod tests {
         since.open = (1..=2000).collect();
         since.high = 3000;
         assert_eq!(after(&since), ("id >= ?".to_owned(), vec![1]));
-        since.open.clear();
+        since.open = OpenIds::new();
         assert_eq!(after(&since), ("id > ?".to_owned(), vec![3000]));
     }
 }
