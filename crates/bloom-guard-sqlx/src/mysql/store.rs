@@ -86,8 +86,11 @@ pub(super) const FLEET: FleetStatements = FleetStatements {
 /// is dropped or the connection dies (a crashed holder frees it).
 pub(crate) type MySqlBuildLock = SessionLock<MySqlConnection>;
 
-/// Lock names are at most 64 characters: the guard's name is hashed.
-const LOCK_SQL: &str = "select get_lock(concat('bloom_guard.build.', left(sha2(?, 256), 40)), ?)";
+/// Lock names are server-wide and at most 64 characters: the database's
+/// and the guard's names are hashed, so guards of one name in two
+/// databases do not wait on each other.
+const LOCK_SQL: &str =
+    "select get_lock(concat('bloom_guard.build.', left(sha2(concat(database(), '/', ?), 256), 40)), ?)";
 
 /// Waits for the build lock of `guard`.
 pub(super) async fn build_lock(
