@@ -1,7 +1,8 @@
 //! `bloom-load cross`: a key created through one instance of the example
 //! service and read through another at once, the way a client of a fleet
 //! behind one address creates and then reads. Two processes on one
-//! Postgres database, then on one SQLite file; each with the read barrier
+//! Postgres database, then on one SQLite file, then (with a MySQL URL) on
+//! one MySQL or MariaDB database; each with the read barrier
 //! (the default) and without it (`BLOOM_READ_BARRIER=off`). Reports the
 //! refusals (404) and the read's latency.
 
@@ -26,23 +27,29 @@ struct Run {
 /// `bloom-load cross`.
 pub(crate) async fn cross(
     server_url: &str,
+    mysql_url: Option<&str>,
     binary: &Path,
     out: &Path,
     requests: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let db = Database::create(server_url, "bloom_guard_cross").await?;
+    let mysql = match mysql_url {
+        Some(url) => Some(mysql_database(url, "bloom_guard_cross").await?),
+        None => None,
+    };
     let dir = std::env::temp_dir().join(format!("bloom-load-cross-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut runs = Vec::new();
-    for (run, (backend, read_barrier)) in [
+    let mut backends = vec![
         ("postgres", true),
         ("postgres", false),
         ("sqlite", true),
         ("sqlite", false),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    ];
+    if mysql.is_some() {
+        backends.extend([("mysql", true), ("mysql", false)]);
+    }
+    for (run, (backend, read_barrier)) in backends.into_iter().enumerate() {
         // Ports of their own: the last run's processes may still hold theirs.
         let port = 3110 + 20 * run as u16;
         let mut env = vec![(
@@ -51,6 +58,8 @@ pub(crate) async fn cross(
         )];
         if backend == "postgres" {
             env.push(("DATABASE_URL", db.url.clone()));
+        } else if let (Some(url), "mysql") = (&mysql, backend) {
+            env.push(("DATABASE_URL", url.clone()));
         } else {
             let file = dir.join(format!("items-{read_barrier}.db"));
             env.push(("SQLITE_PATH", file.display().to_string()));
@@ -100,4 +109,27 @@ pub(crate) async fn cross(
     let _ = std::fs::remove_dir_all(&dir);
     db.drop_database().await?;
     Ok(())
+}
+
+/// A new, empty database `name` on the MySQL server of `server_url` (both
+/// runs share it, as the Postgres ones do); its URL.
+async fn mysql_database(
+    server_url: &str,
+    name: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
+    use sqlx::{ConnectOptions, Connection};
+    let options: sqlx::mysql::MySqlConnectOptions = server_url.parse()?;
+    let mut admin = options.connect().await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "drop database if exists {name}; create database {name}"
+    )))
+    .execute(&mut admin)
+    .await?;
+    admin.close().await?;
+    // The server's URL with the database replaced: `scheme://authority/name`.
+    let (scheme, rest) = server_url
+        .split_once("://")
+        .ok_or("a MySQL URL has the form mysql://user@host:port/database")?;
+    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+    Ok(format!("{scheme}://{authority}/{name}"))
 }

@@ -153,7 +153,7 @@ enum Command {
     Idle,
     /// A key created through one instance and read through another at
     /// once: refusals with and without the read barrier, Postgres and
-    /// SQLite.
+    /// SQLite (and MySQL with `--mysql-url`).
     Cross {
         /// The items-service binary.
         #[arg(long, default_value = "target/release/items-service")]
@@ -161,6 +161,10 @@ enum Command {
         /// Keys created and read, per run.
         #[arg(long, default_value_t = 1000)]
         requests: usize,
+        /// A MySQL or MariaDB server to run on too; the benchmark makes
+        /// its own database there.
+        #[arg(long, env = "MYSQL_URL")]
+        mysql_url: Option<String>,
     },
     /// A fleet-wide mode switch: time until every instance has it, and
     /// the fleet's load on the primary at rest.
@@ -293,8 +297,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             propagation::propagation(&cli.database_url, &cli.out, samples).await
         }
         Command::Idle => writers::idle(&cli.database_url, &cli.out).await,
-        Command::Cross { binary, requests } => {
-            cross::cross(&cli.database_url, &binary, &cli.out, requests).await
+        Command::Cross {
+            binary,
+            requests,
+            mysql_url,
+        } => {
+            cross::cross(
+                &cli.database_url,
+                mysql_url.as_deref(),
+                &binary,
+                &cli.out,
+                requests,
+            )
+            .await
         }
         Command::Fleet {
             instances,
