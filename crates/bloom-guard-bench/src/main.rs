@@ -202,7 +202,7 @@ enum Command {
         /// Propagation samples per load.
         #[arg(long, default_value_t = 300)]
         samples: usize,
-        /// Only these parts: writers, propagation, warmup.
+        /// Only these parts: writers, propagation, warmup, deploy.
         #[arg(long, value_delimiter = ',')]
         parts: Vec<String>,
     },

@@ -8,7 +8,11 @@
 //!   filter (another pool, as another instance), idle and under 16
 //!   writers, p50 and p99;
 //! - warm-up: a follower's scan of 1M keys into a guard, against a plain
-//!   `SELECT` of the same keys fetched by sqlx, alternating.
+//!   `SELECT` of the same keys fetched by sqlx, alternating;
+//! - deploy: an instance published a snapshot of the empty table and
+//!   stopped, a bulk load inserted the keys in one statement, a new
+//!   instance starts: until ready, and until it rejects 99% of absent
+//!   keys.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,11 +51,25 @@ struct Warmup {
 }
 
 #[derive(Debug, Serialize)]
+struct Deploy {
+    keys: u64,
+    /// From the new instance's start until `is_ready`.
+    ready_secs: f64,
+    /// Until at least 99% of absent keys were rejected.
+    protected_secs: Option<f64>,
+    /// Where its first filter came from, and the generation once
+    /// protected.
+    origin: Option<String>,
+    generation: u64,
+}
+
+#[derive(Debug, Serialize)]
 struct Report {
     server: String,
     writers: Vec<Writers>,
     propagation: Vec<Propagation>,
     warmup: Option<Warmup>,
+    deploy: Option<Deploy>,
 }
 
 /// `bloom-load mysql`.
@@ -86,11 +104,17 @@ pub(crate) async fn run(
     } else {
         None
     };
+    let deploy = if part("deploy") {
+        Some(deploy(&pool, keys).await?)
+    } else {
+        None
+    };
     let report = Report {
         server,
         writers,
         propagation,
         warmup,
+        deploy,
     };
     let json = serde_json::to_string_pretty(&report)?;
     std::fs::write(out.join("mysql.json"), &json)?;
@@ -368,4 +392,96 @@ async fn warmup(pool: &MySqlPool, keys: u64) -> Result<Warmup, Box<dyn std::erro
     };
     println!("{warmup:?}");
     Ok(warmup)
+}
+
+/// The share of random absent keys `guard` rejects.
+fn rejected_share(guard: &BloomGuard) -> f64 {
+    const PROBES: u64 = 1_000;
+    let rejected = (0..PROBES)
+        .filter(|i| !guard.may_contain(format!("absent-{}", fastrand::u64(..) ^ i)))
+        .count();
+    rejected as f64 / PROBES as f64
+}
+
+/// A deploy after a bulk load: the instance that ran the migrations
+/// published a snapshot of the empty table and stopped; the keys are
+/// loaded in one statement; a new instance starts.
+async fn deploy(pool: &MySqlPool, keys: u64) -> Result<Deploy, Box<dyn std::error::Error>> {
+    sqlx::raw_sql(
+        "drop table items;
+         create table items (id bigint auto_increment primary key, code varbinary(200) not null, unique key (code));
+         delete from bloom_guard_snapshot_chunks; delete from bloom_guard_snapshots;
+         delete from bloom_guard_changes",
+    )
+    .execute(pool)
+    .await?;
+    let watch = || Watch::table("items").key("code");
+    watch().install_mysql(pool).await?;
+    let first = BloomGuard::builder().name("items").build();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(
+        MySqlFollower::new(first.clone(), pool.clone(), watch()).run_until(async {
+            let _ = stopped.await;
+        }),
+    );
+    first.ready().await;
+    while sqlx::query_scalar::<_, i64>("select count(*) from bloom_guard_snapshots")
+        .fetch_one(pool)
+        .await?
+        == 0
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(());
+    task.await?;
+    // The bulk load: one statement (each server caps recursion at 1000 by
+    // default, with a setting of its own).
+    let mut conn = pool.acquire().await?;
+    for setting in ["cte_max_recursion_depth", "max_recursive_iterations"] {
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "set session {setting} = {keys}"
+        )))
+        .execute(&mut *conn)
+        .await;
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "insert into items (code)
+           with recursive n (i) as (select 1 union all select i + 1 from n where i < {keys})
+           select concat('key-', i) from n"
+    )))
+    .execute(&mut *conn)
+    .await?;
+    drop(conn);
+    let guard = BloomGuard::builder().name("items").build();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let started = Instant::now();
+    let task = tokio::spawn(
+        MySqlFollower::new(guard.clone(), pool.clone(), watch()).run_until(async {
+            let _ = stopped.await;
+        }),
+    );
+    let (mut ready, mut protected) = (None, None);
+    while protected.is_none() && started.elapsed() < Duration::from_secs(120) {
+        if ready.is_none() && guard.is_ready() {
+            ready = Some(started.elapsed());
+        }
+        if ready.is_some() && rejected_share(&guard) >= 0.99 {
+            protected = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats = guard.stats();
+    let _ = stop.send(());
+    task.await?;
+    let deploy = Deploy {
+        keys,
+        ready_secs: ready.map_or(f64::NAN, |at| at.as_secs_f64()),
+        protected_secs: protected.map(|at| at.as_secs_f64()),
+        origin: stats
+            .origin
+            .map(|origin| bloom_guard::FilterOrigin::as_str(origin).to_owned()),
+        generation: stats.generation,
+    };
+    println!("{deploy:?}");
+    Ok(deploy)
 }

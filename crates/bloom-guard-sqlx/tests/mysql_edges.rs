@@ -452,3 +452,35 @@ async fn a_bulk_load_that_commits_after_later_writes_is_not_skipped() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn rows_past_the_retention_are_pruned_though_no_id_was_left_open() {
+    let pool = fresh(8).await;
+    let guard = guard();
+    let _running = spawn(follower(&guard, &pool, items()).retention(Duration::from_secs(1)));
+    wait_until("the warm-up", Duration::from_secs(20), || guard.is_ready()).await;
+    exec(&pool, "insert into items (code) values ('a'), ('b'), ('c')").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let left: i64 = sqlx::query_scalar("select count(*) from bloom_guard_changes")
+            .fetch_one(&pool)
+            .await
+            .expect("the feed");
+        if left == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{left} feed rows left past the retention"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    exec(&pool, "insert into items (code) values ('after-the-prune')").await;
+    assert_ne!(
+        status(&guard, "after-the-prune").await,
+        StatusCode::NOT_FOUND
+    );
+    assert!(guard.may_contain("a") && guard.may_contain("c"));
+    assert_eq!(guard.stats().state, GuardState::Ready);
+}

@@ -74,6 +74,9 @@ struct State {
     last_round: Option<Instant>,
     /// Whether a failed look was logged.
     warned: bool,
+    /// Whether the last round could not list the transactions (no
+    /// `PROCESS` privilege).
+    unlisted: bool,
 }
 
 #[derive(Debug)]
@@ -100,6 +103,12 @@ impl Settled {
         crate::lock::lock(&self.state).settled
     }
 
+    /// Whether the last round could not list the running transactions:
+    /// nothing settles (see the module's note on `PROCESS`).
+    pub(super) fn unlisted(&self) -> bool {
+        crate::lock::lock(&self.state).unlisted
+    }
+
     /// Whether ids wait to be settled: no round yet, or one under way.
     pub(super) fn settling(&self) -> bool {
         let state = crate::lock::lock(&self.state);
@@ -110,9 +119,10 @@ impl Settled {
     /// the last at least [`STEP`] ago), and returns the settled id as of
     /// now: reads need not wait for a look.
     pub(super) fn advance(self: &Arc<Self>, pool: &MySqlPool) -> i64 {
-        let due = crate::lock::lock(&self.state)
-            .last_round
-            .is_none_or(|at| at.elapsed() >= STEP);
+        let due = !self.running.load(Ordering::Acquire)
+            && crate::lock::lock(&self.state)
+                .last_round
+                .is_none_or(|at| at.elapsed() >= STEP);
         if due {
             let settled = Arc::clone(self);
             let pool = pool.clone();
@@ -127,8 +137,10 @@ impl Settled {
             return;
         }
         let _running = Running(&self.running);
-        if let Err(error) = self.step(pool).await {
-            let mut state = crate::lock::lock(&self.state);
+        let stepped = self.step(pool).await;
+        let mut state = crate::lock::lock(&self.state);
+        state.unlisted = stepped.is_err();
+        if let Err(error) = stepped {
             if !state.warned {
                 state.warned = true;
                 tracing::warn!(%error, "cannot list the running transactions (information_schema.innodb_trx needs the PROCESS privilege): ids of rolled-back transactions stay open until the feed is pruned past them, and the follower rebuilds then");
