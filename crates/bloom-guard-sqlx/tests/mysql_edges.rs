@@ -484,3 +484,46 @@ async fn rows_past_the_retention_are_pruned_though_no_id_was_left_open() {
     assert!(guard.may_contain("a") && guard.may_contain("c"));
     assert_eq!(guard.stats().state, GuardState::Ready);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn a_prepared_xa_transaction_whose_client_left_is_not_skipped() {
+    use sqlx::{ConnectOptions, Connection};
+    let pool = fresh(8).await;
+    let (guard, _running) = followed(&pool, items()).await;
+    let xid = format!("bloom-guard-{}", fastrand::u64(..));
+    // A transaction manager's client: it prepares, then goes away.
+    let mut client = pool.connect_options().connect().await.expect("connect");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "xa start '{xid}'; insert into items (code) values ('xa-key'); xa end '{xid}'; xa prepare '{xid}'"
+    )))
+    .execute(&mut client)
+    .await
+    .expect("the prepared transaction");
+    exec(&pool, "insert into items (code) values ('after-xa')").await;
+    wait_until("the later id", Duration::from_secs(2), || {
+        guard.may_contain("after-xa")
+    })
+    .await;
+    // Rounds of the settling method see it with its client.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    client.close().await.expect("disconnect");
+    // And without: the server keeps it prepared, under thread 0.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let kept_open = position(&guard);
+    // The recovery commits it from another session (before any assertion:
+    // a prepared transaction left behind would hold the whole server's
+    // ids open).
+    exec(&pool, &format!("xa commit '{xid}'")).await;
+    assert!(
+        kept_open.contains('~'),
+        "the id of a prepared transaction was given up: {kept_open}"
+    );
+    assert_ne!(status(&guard, "xa-key").await, StatusCode::NOT_FOUND);
+    wait_until(
+        "the prepared transaction's key",
+        Duration::from_secs(2),
+        || guard.may_contain("xa-key"),
+    )
+    .await;
+}

@@ -594,13 +594,27 @@ pub(super) async fn has_key_columns(pool: &MySqlPool, watch: &Watch) -> Result<b
 }
 
 /// Records that writes bypassed feed `name`: every reader rebuilds.
+///
+/// The row's transaction modifies another row first, a transient one in
+/// the horizon table: a transaction is counted as a holder of feed ids
+/// once it modified rows (see `settle.rs`), and a trigger's feed row
+/// always follows its table row, but this row has none to follow.
 pub(super) async fn record_resync(pool: &MySqlPool, name: &str) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("insert into bloom_guard_horizon (below) values (-1)")
+        .execute(&mut *tx)
+        .await?;
     sqlx::query(
         "insert into bloom_guard_changes (guard, kind, k, at) values (?, 'r', '', unix_timestamp())",
     )
     .bind(name)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
+    // The horizon is the greatest mark: gone again, the row changed nothing.
+    sqlx::query("delete from bloom_guard_horizon where below = -1")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
     Ok(())
 }
 

@@ -17,7 +17,9 @@
 //!    so several instances do not keep the cache from refreshing.
 //! 3. The holders are the listed transactions that have modified rows
 //!    (a holder wrote the row and the feed row; MariaDB lists others with
-//!    id 0), keyed by id, thread and start. Each later fresh list keeps
+//!    id 0), keyed by their id alone: a read-write transaction's id never
+//!    changes and is never reused, while its thread does change (a
+//!    prepared XA transaction whose client left is listed with thread 0). Each later fresh list keeps
 //!    only the holders still in it; once none is left, every holder has
 //!    ended, committed or rolled back, and ids up to `up_to` are settled.
 //!
@@ -54,8 +56,16 @@ pub(super) const MAX_LISTED: usize = 1000;
 /// The server-wide lock looks take: the cache is the server's.
 const LOOK_LOCK: &str = "bloom_guard.innodb_trx";
 
-/// A running transaction: id, thread, start.
-type Trx = (String, u64, String);
+/// A running transaction that modified rows: its id.
+type Trx = String;
+
+/// How long a round may take before it is given up: a canary stuck on a
+/// half-open connection must not stop settling for good.
+const ROUND_LIMIT: Duration = Duration::from_secs(10);
+
+/// Looks in a row that found only old copies of the list before that is
+/// logged.
+const STALE_WARNING: u32 = 20;
 
 /// The settled feed ids of one database, advanced by the reads.
 #[derive(Debug, Default)]
@@ -74,9 +84,11 @@ struct State {
     last_round: Option<Instant>,
     /// Whether a failed look was logged.
     warned: bool,
-    /// Whether the last round could not list the transactions (no
+    /// Whether the last round was refused the transaction list (no
     /// `PROCESS` privilege).
     unlisted: bool,
+    /// Looks in a row that found no fresh list.
+    stale: u32,
 }
 
 #[derive(Debug)]
@@ -137,14 +149,28 @@ impl Settled {
             return;
         }
         let _running = Running(&self.running);
-        let stepped = self.step(pool).await;
+        let stepped = tokio::time::timeout(ROUND_LIMIT, self.step(pool)).await;
         let mut state = crate::lock::lock(&self.state);
-        state.unlisted = stepped.is_err();
-        if let Err(error) = stepped {
-            if !state.warned {
-                state.warned = true;
-                tracing::warn!(%error, "cannot list the running transactions (information_schema.innodb_trx needs the PROCESS privilege): ids of rolled-back transactions stay open until the feed is pruned past them, and the follower rebuilds then");
+        match stepped {
+            Ok(Ok(())) => state.unlisted = false,
+            // A privilege refused: nothing will settle (pruning goes by age).
+            Ok(Err(error)) if refused(&error) => {
+                if !state.unlisted {
+                    tracing::warn!(%error, "cannot list the running transactions (information_schema.innodb_trx needs the PROCESS privilege): ids of rolled-back transactions stay open until the feed is pruned past them, and the follower rebuilds then");
+                }
+                state.unlisted = true;
             }
+            // Anything else (a connection refused, a network blip): the
+            // last proof stands, and the next round tries again.
+            Ok(Err(error)) => {
+                if !state.warned {
+                    state.warned = true;
+                    tracing::warn!(%error, "cannot settle the change feed's ids this time; retrying");
+                }
+            }
+            Err(_) => tracing::warn!(
+                "a look at the running transactions took over {ROUND_LIMIT:?}; given up, retrying"
+            ),
         }
     }
 
@@ -171,9 +197,15 @@ impl Settled {
         }
         // After the read of `up_to`: the canary connects now.
         let Some(running) = fresh_list(pool).await? else {
+            let mut state = crate::lock::lock(&self.state);
+            state.stale += 1;
+            if state.stale == STALE_WARNING {
+                tracing::warn!(looks = STALE_WARNING, "InnoDB served only old copies of its transaction list (something reads information_schema.innodb_trx more often than every 100 ms, or a thousand transactions or more are open): feed ids stay open, and pruning waits");
+            }
             return Ok(());
         };
         let mut state = crate::lock::lock(&self.state);
+        state.stale = 0;
         let Some(candidate) = state.candidate.as_mut() else {
             return Ok(());
         };
@@ -221,18 +253,15 @@ async fn look(canary: &mut MySqlConnection) -> Result<Option<BTreeSet<Trx>>, sql
         .fetch_all(&mut *canary)
         .await?;
         if listed.iter().any(|(_, listed, ..)| *listed == thread) {
+            // Possibly truncated: the memory cap may have cut holders.
             if listed.len() >= MAX_LISTED {
-                tracing::warn!(
-                    listed = listed.len(),
-                    "too many running transactions to trust InnoDB's list of them; feed ids stay open"
-                );
                 return Ok(None);
             }
             return Ok(Some(
                 listed
                     .into_iter()
                     .filter(|(_, listed, _, modified)| *listed != thread && *modified > 0)
-                    .map(|(id, thread, started, _)| (id, thread, started))
+                    .map(|(id, ..)| id)
                     .collect(),
             ));
         }
@@ -243,4 +272,17 @@ async fn look(canary: &mut MySqlConnection) -> Result<Option<BTreeSet<Trx>>, sql
         }
         tokio::time::sleep(REFRESH).await;
     }
+}
+
+/// Whether `error` is the server refusing a privilege (`PROCESS` for the
+/// transaction list).
+fn refused(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(error) = error else {
+        return false;
+    };
+    let number = error
+        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .map(sqlx::mysql::MySqlDatabaseError::number);
+    // Access denied: to a privilege, to a table, to a database.
+    matches!(number, Some(1227 | 1142 | 1044))
 }
