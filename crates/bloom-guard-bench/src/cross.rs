@@ -117,15 +117,7 @@ async fn mysql_database(
     server_url: &str,
     name: &str,
 ) -> Result<String, Box<dyn std::error::Error>> {
-    use sqlx::{ConnectOptions, Connection};
-    let options: sqlx::mysql::MySqlConnectOptions = server_url.parse()?;
-    let mut admin = options.connect().await?;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "drop database if exists {name}; create database {name}"
-    )))
-    .execute(&mut admin)
-    .await?;
-    admin.close().await?;
+    crate::mysql::create_database(server_url, name).await?;
     // The server's URL with the database replaced: `scheme://authority/name`.
     let (scheme, rest) = server_url
         .split_once("://")

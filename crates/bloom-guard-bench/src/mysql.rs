@@ -122,8 +122,12 @@ pub(crate) async fn run(
     Ok(())
 }
 
-/// A new database `name` on the server, `items` watched and its twin.
-async fn database(server_url: &str, name: &str) -> Result<MySqlPool, Box<dyn std::error::Error>> {
+/// A new, empty database `name` on the server of `server_url` (dropped
+/// first if there); the options to connect to it.
+pub(crate) async fn create_database(
+    server_url: &str,
+    name: &str,
+) -> Result<sqlx::mysql::MySqlConnectOptions, Box<dyn std::error::Error>> {
     let options: sqlx::mysql::MySqlConnectOptions = server_url.parse()?;
     let mut admin = options.connect().await?;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
@@ -132,9 +136,14 @@ async fn database(server_url: &str, name: &str) -> Result<MySqlPool, Box<dyn std
     .execute(&mut admin)
     .await?;
     admin.close().await?;
+    Ok(options.database(name))
+}
+
+/// A new database `name` on the server, `items` watched and its twin.
+async fn database(server_url: &str, name: &str) -> Result<MySqlPool, Box<dyn std::error::Error>> {
     let pool = MySqlPoolOptions::new()
         .max_connections(64)
-        .connect_with(options.database(name))
+        .connect_with(create_database(server_url, name).await?)
         .await?;
     for table in ["items", "items_plain"] {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(

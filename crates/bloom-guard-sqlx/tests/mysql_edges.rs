@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bloom_guard::{BloomGuard, GuardState};
 use bloom_guard_sqlx::{MySqlFollower, Watch};
-use common::mysql::{busy_transaction_list, client, database, fresh, items};
+use common::mysql::{busy_transaction_list, client, database, fresh, items, position};
 use common::{spawn, status, wait_until, Running};
 use http::StatusCode;
 use sqlx::MySqlPool;
@@ -40,14 +40,6 @@ async fn exec(pool: &MySqlPool, sql: &str) {
         .execute(pool)
         .await
         .unwrap_or_else(|error| panic!("{sql}: {error}"));
-}
-
-fn position(guard: &BloomGuard) -> String {
-    guard
-        .stats()
-        .feed
-        .map(|feed| feed.position)
-        .unwrap_or_default()
 }
 
 /// Waits until the guard holds open for a reason that says `why`.

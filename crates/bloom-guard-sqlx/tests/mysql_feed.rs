@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use bloom_guard::{BloomGuard, GuardState};
 use bloom_guard_sqlx::{MySqlFollower, Watch};
-use common::mysql::{busy_transaction_list, client, database, fresh, items, with_isolation};
+use common::mysql::{
+    busy_transaction_list, client, database, fresh, items, position, with_isolation,
+};
 use common::{spawn, status, wait_until, Running};
 use sqlx::{Connection, MySqlPool};
 
@@ -30,14 +32,6 @@ async fn followed(pool: &MySqlPool) -> (BloomGuard, Running) {
     let running = spawn(follower);
     wait_until("the warm-up", Duration::from_secs(20), || guard.is_ready()).await;
     (guard, running)
-}
-
-fn position(guard: &BloomGuard) -> String {
-    guard
-        .stats()
-        .feed
-        .map(|feed| feed.position)
-        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

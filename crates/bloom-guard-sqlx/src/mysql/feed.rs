@@ -303,18 +303,11 @@ pub(super) fn trigger_name(watch: &Watch, event: &str) -> String {
     format!("bloom_guard_{digest}_{event}")
 }
 
-/// The watched table's schema (the connection's database if the watch
-/// names none) and name.
-async fn located(pool: &MySqlPool, watch: &Watch) -> Result<(String, String), sqlx::Error> {
-    match table_parts(&watch.table) {
-        (Some(schema), table) => Ok((schema, table)),
-        (None, table) => {
-            let schema: Option<String> = sqlx::query_scalar("select database()")
-                .fetch_one(pool)
-                .await?;
-            Ok((schema.unwrap_or_default(), table))
-        }
-    }
+/// The watched table's schema, if the watch names one (else the
+/// connection's database: queries ask `coalesce(?, database())`), and
+/// its name.
+fn located(watch: &Watch) -> (Option<String>, String) {
+    table_parts(&watch.table)
 }
 
 /// A reason writes to the watched table could bypass the feed, and
@@ -346,12 +339,12 @@ pub(super) async fn stored_triggers(
     pool: &MySqlPool,
     watch: &Watch,
 ) -> Result<Vec<Trigger>, sqlx::Error> {
-    let (schema, table) = located(pool, watch).await?;
+    let (schema, table) = located(watch);
     let rows: Vec<(String, String, String, String)> = sqlx::query_as(
         "select cast(trigger_name as char), lower(action_timing), lower(event_manipulation),
                 cast(action_statement as char)
            from information_schema.triggers
-          where event_object_schema = ? and event_object_table = ?",
+          where event_object_schema = coalesce(?, database()) and event_object_table = ?",
     )
     .bind(&schema)
     .bind(&table)
@@ -388,10 +381,10 @@ pub(super) async fn gaps(pool: &MySqlPool, watch: &Watch) -> Result<Vec<Gap>, sq
         )]);
     }
     let mut gaps = server_gaps(pool).await?;
-    let (schema, table) = located(pool, watch).await?;
+    let (schema, table) = located(watch);
     let engine: Option<String> = sqlx::query_scalar(
         "select cast(engine as char) from information_schema.tables
-          where table_schema = ? and table_name = ?",
+          where table_schema = coalesce(?, database()) and table_name = ?",
     )
     .bind(&schema)
     .bind(&table)
@@ -404,7 +397,7 @@ pub(super) async fn gaps(pool: &MySqlPool, watch: &Watch) -> Result<Vec<Gap>, sq
             ident(&table)
         )));
     }
-    gaps.extend(cascades(pool, watch, &schema, &table).await?);
+    gaps.extend(cascades(pool, watch, schema.as_deref(), &table).await?);
     let binary: Option<Vec<bool>> = watch.mysql_binary(pool).await?.into_iter().collect();
     let stored = stored_triggers(pool, watch).await?;
     for expected in watch.mysql_expected_triggers(&binary.unwrap_or_default()) {
@@ -475,7 +468,7 @@ async fn server_gaps(pool: &MySqlPool) -> Result<Vec<Gap>, sqlx::Error> {
 async fn cascades(
     pool: &MySqlPool,
     watch: &Watch,
-    schema: &str,
+    schema: Option<&str>,
     table: &str,
 ) -> Result<Vec<Gap>, sqlx::Error> {
     let cascading: Vec<(String, String)> = sqlx::query_as(
@@ -485,7 +478,7 @@ async fn cascades(
              on r.constraint_schema = k.constraint_schema
             and r.constraint_name = k.constraint_name
             and r.table_name = k.table_name
-          where k.table_schema = ? and k.table_name = ?
+          where k.table_schema = coalesce(?, database()) and k.table_name = ?
             and k.referenced_table_name is not null
             and r.update_rule = 'CASCADE'",
     )
@@ -534,17 +527,24 @@ pub(super) async fn trigger_versions(
     pool: &MySqlPool,
     watch: &Watch,
 ) -> Result<String, sqlx::Error> {
-    let (schema, table) = located(pool, watch).await?;
+    let (schema, table) = located(watch);
     let triggers: Option<String> = sqlx::query_scalar(
         "select group_concat(concat(trigger_name, '@', cast(created as char), '#', md5(action_statement))
                 order by trigger_name separator ';')
            from information_schema.triggers
-          where event_object_schema = ? and event_object_table = ?",
+          where event_object_schema = coalesce(?, database()) and event_object_table = ?",
     )
     .bind(&schema)
     .bind(&table)
     .fetch_one(pool)
     .await?;
+    let schema = match schema {
+        Some(schema) => schema,
+        None => sqlx::query_scalar::<_, Option<String>>("select database()")
+            .fetch_one(pool)
+            .await?
+            .unwrap_or_default(),
+    };
     let identity = match (innodb_name(&schema), innodb_name(&table)) {
         (Some(schema), Some(table)) => innodb_ids(pool, &format!("{schema}/{table}")).await?,
         _ => None,
@@ -624,11 +624,11 @@ pub(super) async fn columns(
     pool: &MySqlPool,
     watch: &Watch,
 ) -> Result<Vec<(String, String, Option<String>)>, sqlx::Error> {
-    let (schema, table) = located(pool, watch).await?;
+    let (schema, table) = located(watch);
     sqlx::query_as(
         "select cast(column_name as char), cast(data_type as char), cast(collation_name as char)
            from information_schema.columns
-          where table_schema = ? and table_name = ?
+          where table_schema = coalesce(?, database()) and table_name = ?
           order by ordinal_position",
     )
     .bind(schema)

@@ -120,3 +120,13 @@ pub(crate) async fn busy_transaction_list(pool: &MySqlPool) -> tokio::task::Join
         }
     })
 }
+
+/// The feed position of `guard`'s follower, as its stats show it (open ids
+/// after a `~`).
+pub(crate) fn position(guard: &bloom_guard::BloomGuard) -> String {
+    guard
+        .stats()
+        .feed
+        .map(|feed| feed.position)
+        .unwrap_or_default()
+}
