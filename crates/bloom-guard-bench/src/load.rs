@@ -71,6 +71,41 @@ pub(crate) async fn run(
     duration: Duration,
     label: &str,
 ) -> Measured {
+    let load = Load {
+        addrs: vec![addr.to_owned()],
+        workload,
+        hot_keys,
+        connections,
+        rate: None,
+    };
+    run_load(&load, warm_up, duration, label).await
+}
+
+/// A load: where, what, how many connections, and at what total rate
+/// (back to back when `None`).
+pub(crate) struct Load {
+    /// Connection `i` goes to `addrs[i % addrs.len()]`.
+    pub(crate) addrs: Vec<String>,
+    pub(crate) workload: Workload,
+    pub(crate) hot_keys: u64,
+    pub(crate) connections: usize,
+    /// Requests per second over all connections, each connection sending
+    /// on its own fixed schedule.
+    pub(crate) rate: Option<f64>,
+}
+
+/// Runs `load` for `duration`, after a `warm_up` whose requests are not
+/// counted.
+pub(crate) async fn run_load(
+    load: &Load,
+    warm_up: Duration,
+    duration: Duration,
+    label: &str,
+) -> Measured {
+    let (workload, hot_keys) = (load.workload, load.hot_keys);
+    let interval = load
+        .rate
+        .map(|rate| Duration::from_secs_f64(load.connections as f64 / rate.max(1e-3)));
     let done = Arc::new(AtomicU64::new(0));
     let all = Arc::new(AtomicU64::new(0));
     let bar = ProgressBar::new(duration.as_millis() as u64);
@@ -82,11 +117,23 @@ pub(crate) async fn run(
     bar.set_prefix(label.to_owned());
     let measure_from = Instant::now() + warm_up;
     let until = measure_from + duration;
-    let tasks: Vec<_> = (0..connections)
-        .map(|_| {
-            let (addr, done, all) = (addr.to_owned(), Arc::clone(&done), Arc::clone(&all));
+    let tasks: Vec<_> = (0..load.connections)
+        .map(|i| {
+            let addr = load.addrs[i % load.addrs.len()].clone();
+            let (done, all) = (Arc::clone(&done), Arc::clone(&all));
+            // Paced connections start spread over one interval.
+            let first = Instant::now()
+                + interval.map_or(Duration::ZERO, |every| {
+                    every.mul_f64(i as f64 / load.connections as f64)
+                });
             tokio::spawn(async move {
-                connection(&addr, workload, hot_keys, measure_from, until, &done, &all).await
+                let schedule = Schedule {
+                    measure_from,
+                    until,
+                    next: first,
+                    interval,
+                };
+                connection(&addr, workload, hot_keys, schedule, &done, &all).await
             })
         })
         .collect();
@@ -145,16 +192,25 @@ struct Part {
     statuses: std::collections::BTreeMap<u16, u64>,
 }
 
+/// When one connection sends.
+struct Schedule {
+    measure_from: Instant,
+    until: Instant,
+    /// The next request's time, when paced.
+    next: Instant,
+    interval: Option<Duration>,
+}
+
 /// One connection's loop; reconnects after an error.
 async fn connection(
     addr: &str,
     workload: Workload,
     hot_keys: u64,
-    measure_from: Instant,
-    until: Instant,
+    mut schedule: Schedule,
     done: &AtomicU64,
     all: &AtomicU64,
 ) -> Part {
+    let (measure_from, until) = (schedule.measure_from, schedule.until);
     let mut part = Part {
         histogram: Histogram::new(3).expect("a valid histogram precision"),
         errors: 0,
@@ -175,6 +231,10 @@ async fn connection(
         };
         tokio::spawn(conn);
         loop {
+            if let Some(every) = schedule.interval {
+                tokio::time::sleep_until(schedule.next.into()).await;
+                schedule.next += every;
+            }
             let started = Instant::now();
             if started >= until {
                 break 'connect;

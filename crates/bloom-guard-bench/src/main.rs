@@ -8,6 +8,11 @@
 //! errors and database lookups per 1000 requests (from
 //! `pg_stat_user_tables`), and writes `results.json` and `chart.svg`.
 //!
+//! `bloom-load barrier` floods the service with absent keys at 64, 256 and
+//! 1 024 connections (by `wrk`), the read barrier on and off, beside the
+//! same process's unrouted 404, and counts the database reads; then a flood
+//! at a fixed rate and one spread over four instances.
+//!
 //! `bloom-load drive --addr 127.0.0.1:3000 --workload attack` drives a
 //! service that is already running with one workload.
 //!
@@ -37,6 +42,7 @@
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
+mod barrier;
 mod chart;
 mod churn;
 mod cross;
@@ -92,6 +98,28 @@ enum Command {
         /// Rounds of the whole plan; each row reports its median round.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+    },
+    /// Refusals under a flood with the read barrier on and off, beside
+    /// the unrouted 404, and the database reads they cost (needs `wrk`).
+    Barrier {
+        /// The items-service binary.
+        #[arg(long, default_value = "target/release/items-service")]
+        binary: PathBuf,
+        /// Rows in the items table.
+        #[arg(long, default_value_t = 1_000_000)]
+        keys: u64,
+        /// Seconds per flood.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// The floods' connection counts.
+        #[arg(long, value_delimiter = ',', default_value = "64,256,1024")]
+        connections: Vec<usize>,
+        /// The fixed-rate flood's requests a second.
+        #[arg(long, default_value_t = 5000.0)]
+        rate: f64,
+        /// Instances under the spread flood.
+        #[arg(long, default_value_t = 4)]
+        instances: usize,
     },
     /// One workload against a service that is already running.
     Drive {
@@ -257,6 +285,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 rounds: rounds.max(1),
             };
             run::run(&cli.database_url, &binary, &cli.out, &settings).await
+        }
+        Command::Barrier {
+            binary,
+            keys,
+            seconds,
+            connections,
+            rate,
+            instances,
+        } => {
+            let settings = barrier::BarrierSettings {
+                keys,
+                seconds,
+                connections,
+                rate,
+                instances: instances.max(1),
+            };
+            barrier::barrier(&cli.database_url, &binary, &cli.out, &settings).await
         }
         Command::Drive {
             addr,

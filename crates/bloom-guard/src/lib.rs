@@ -32,7 +32,7 @@ pub use keys::batch::KeyBatch;
 pub use keys::key::{Key, KeyError};
 pub use keys::key_type::KeyType;
 pub use lifecycle::adopt::Adoption;
-pub use lifecycle::barrier::{FeedReader, ReadStart};
+pub use lifecycle::barrier::{FeedReader, ReadPace, ReadStart};
 pub use lifecycle::catch_up::{CatchUp, PendingFilter};
 pub use lifecycle::snapshot::{
     Snapshot, SnapshotChunks, SnapshotError, SnapshotInfo, SnapshotReader, SnapshotWriter,

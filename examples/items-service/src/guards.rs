@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, KeyType};
+use bloom_guard::{BloomGuard, KeyType, ReadPace};
 
 use crate::config::{Config, MAX_KEY_LEN};
 
@@ -40,6 +40,9 @@ impl Guards {
 /// # Ok::<(), items_service::config::ConfigError>(())
 /// ```
 pub fn guards(config: &Config) -> Guards {
+    // One ceiling on barrier reads for the instance, whichever guard a
+    // flood hits.
+    let pace = ReadPace::default();
     let guard = |name: &'static str, key_type: KeyType| {
         let mut builder = BloomGuard::builder()
             .name(name)
@@ -49,6 +52,7 @@ pub fn guards(config: &Config) -> Guards {
             .max_key_len(MAX_KEY_LEN)
             .debug_header(config.debug_header)
             .read_barrier(config.read_barrier)
+            .read_pace(pace.clone())
             .mode(config.mode)
             .audit_rate(config.audit_rate)
             // Back within seconds of the database.

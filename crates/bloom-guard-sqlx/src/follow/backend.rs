@@ -194,6 +194,12 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
         stop: CancellationToken,
     ) -> impl Future<Output = ()> + Send + 'static;
 
+    /// Closes the connections the backend keeps of its own (the follower
+    /// stopped).
+    fn close(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
     /// Where the guard's snapshots are kept.
     fn snapshots(&self) -> &Self::Snapshots;
 

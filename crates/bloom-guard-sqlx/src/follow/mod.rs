@@ -212,6 +212,7 @@ impl<B: Database> Follower<B> {
         }
         stop.cancel();
         let _ = wake_ups.await;
+        this.backend.close().await;
         drop(presence);
         drop(membership);
         this.leave().await;

@@ -4,16 +4,10 @@ use bloom_guard::FeedStatus;
 use std::time::Duration;
 use tokio::sync::Notify;
 
-use tokio::time::{sleep, sleep_until, Instant};
+use tokio::time::{sleep, Instant};
 
 use super::changes::Changes;
 use super::{retry_pauses, Database, Follower, Read, MAX_PAUSE};
-
-/// The shortest time between the starts of two reads the read barrier
-/// asked for: the refusals that arrive meanwhile share the next one, so a
-/// flood of absent keys costs the database at most one read per gap, and a
-/// lone refusal after a quiet spell is read for at once.
-const BARRIER_GAP: Duration = Duration::from_millis(2);
 
 impl<B: Database> Follower<B> {
     /// Reads the feed from the follower's position on every wake-up and
@@ -28,7 +22,6 @@ impl<B: Database> Follower<B> {
         let reads = &self.reads;
         loop {
             let started = reads.begin();
-            let read_at = Instant::now();
             let mut gap = Duration::ZERO;
             let mut next_poll = self.poll_interval;
             let mut feed = self.feed.lock().await;
@@ -107,9 +100,9 @@ impl<B: Database> Follower<B> {
                 }
             }
             tokio::select! {
-                // A refusal waits: read once the gap since the last read's
-                // start is over, so the refusals of a flood share reads.
-                () = reads.asked() => sleep_until(read_at + BARRIER_GAP).await,
+                // A refusal waits: read as soon as the guard's read pace
+                // allows, so the refusals of a flood share reads.
+                () = reads.asked() => {}
                 () = async { sleep(gap).await; wake.notified().await } => {}
                 () = sleep(next_poll) => {}
             }

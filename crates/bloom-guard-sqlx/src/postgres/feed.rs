@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use sqlx::{PgPool, Row, ValueRef};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection, PgPool, Row, ValueRef};
 
 use crate::follow::changes::Changes;
 use crate::follow::Read;
@@ -31,35 +32,97 @@ from now left join bloom_guard.changes c
  and c.xid >= pg_catalog.pg_snapshot_xmin($2::pg_snapshot)
  and not pg_catalog.pg_visible_in_snapshot(c.xid, $2::pg_snapshot)";
 
-/// Reads and retention run at this level, whatever the database's or the
-/// role's default: under REPEATABLE READ a statement's snapshot would
-/// predate the lock it waits for. And without parallel workers: a read
-/// finds a handful of rows, but on a feed whose statistics predate a bulk
-/// load the planner expects a third of the table and starts workers,
-/// which costs a read (and every refusal waiting on the read barrier)
-/// milliseconds. One round trip: both go as one simple query.
+/// Retention runs at this level, whatever the database's or the role's
+/// default: under REPEATABLE READ a statement's snapshot would predate the
+/// lock it waits for. And without parallel workers (see [`FeedConnection`]).
+/// One round trip: both go as one simple query.
 const READ_COMMITTED: &str =
     "begin isolation level read committed; set local max_parallel_workers_per_gather = 0";
 
-/// Reads the changes of feed `name` committed after position `seen`.
-pub(super) async fn read_since(
-    pool: &PgPool,
+/// The application name of the connection feed reads go through.
+pub const FEED_APPLICATION_NAME: &str = "bloom_guard_feed";
+
+/// The connection a follower's feed reads go through, kept between reads:
+/// a read (the read barrier's included) is one prepared statement, one
+/// round trip, with no pool's ping before or after it.
+///
+/// The session runs at READ COMMITTED whatever the database's or the
+/// role's default (under REPEATABLE READ a statement's snapshot would
+/// predate the lock it waits for, and miss the horizon a truncation behind
+/// that lock moved), and without parallel workers: a read finds a handful
+/// of rows, but on a feed whose statistics predate a bulk load the planner
+/// expects a third of the table and starts workers, which costs a read
+/// (and every refusal waiting on the read barrier) milliseconds. Both are
+/// startup parameters, so connecting costs no extra round trip.
+#[derive(Debug)]
+pub(super) struct FeedConnection {
+    options: PgConnectOptions,
+    connection: tokio::sync::Mutex<Option<PgConnection>>,
+}
+
+impl FeedConnection {
+    /// Connects (on the first read) as the pool does.
+    pub(super) fn new(pool: &PgPool) -> Self {
+        let options = pool
+            .connect_options()
+            .as_ref()
+            .clone()
+            .application_name(FEED_APPLICATION_NAME)
+            .options([
+                ("default_transaction_isolation", "read committed"),
+                ("max_parallel_workers_per_gather", "0"),
+                ("tcp_keepalives_idle", "30"),
+                ("tcp_keepalives_interval", "10"),
+                ("tcp_keepalives_count", "3"),
+            ]);
+        Self {
+            options,
+            connection: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Reads the changes of feed `name` committed after position `seen`.
+    /// A connection that failed is dropped: the next read connects again.
+    pub(super) async fn read_since(
+        &self,
+        name: &str,
+        seen: &str,
+    ) -> Result<Read<String>, sqlx::Error> {
+        let mut kept = self.connection.lock().await;
+        let connection = match kept.take() {
+            Some(connection) => connection,
+            None => PgConnection::connect_with(&self.options).await?,
+        };
+        let connection = kept.insert(connection);
+        let read = read_since(connection, name, seen).await;
+        if read.is_err() {
+            kept.take();
+        }
+        read
+    }
+
+    /// Closes the connection cleanly.
+    pub(super) async fn close(&self) {
+        if let Some(connection) = self.connection.lock().await.take() {
+            let _ = connection.close().await;
+        }
+    }
+}
+
+/// Reads the changes of feed `name` committed after position `seen`, in
+/// one statement: its own snapshot, under the session's READ COMMITTED.
+async fn read_since(
+    connection: &mut PgConnection,
     name: &str,
     seen: &str,
 ) -> Result<Read<String>, sqlx::Error> {
-    // READ COMMITTED whatever the database's default: the statement's
-    // snapshot is then taken after it waits for a truncation's lock, so it
-    // sees the horizon that truncation moved.
-    let mut tx = pool.begin_with(READ_COMMITTED).await?;
-    let mut rows = sqlx::query(READ).bind(name).bind(seen).fetch(&mut *tx);
+    let mut rows = sqlx::query(READ).bind(name).bind(seen).fetch(connection);
     let mut position = None;
     let mut changes = Changes::default();
     while let Some(row) = rows.try_next().await? {
         if position.is_none() {
             position = Some(row.try_get(0)?);
             if row.try_get::<bool, _>(1)? {
-                drop(rows);
-                tx.commit().await?;
                 return Ok(Read::Pruned);
             }
         }
@@ -74,8 +137,6 @@ pub(super) async fn read_since(
         };
         changes.record(&kind, Some(key));
     }
-    drop(rows);
-    tx.commit().await?;
     let position = position.ok_or(sqlx::Error::RowNotFound)?;
     Ok(Read::Changes { position, changes })
 }

@@ -18,6 +18,7 @@ use sqlx::{PgPool, Postgres};
 use tokio_util::sync::CancellationToken;
 
 pub use copy::PgCopySource;
+pub use feed::FEED_APPLICATION_NAME;
 pub use install::{install, uninstall, POSTGRES_SQL, SCHEMA_VERSION};
 pub use listen::LISTENER_APPLICATION_NAME;
 pub use notifier::NOTIFIER_APPLICATION_NAME;
@@ -89,6 +90,8 @@ impl PgFollower {
 #[derive(Debug, Clone)]
 pub(crate) struct PgBackend {
     pool: PgPool,
+    /// The connection feed reads go through.
+    feed: std::sync::Arc<feed::FeedConnection>,
     watch: Watch,
     snapshots: Tables<Postgres>,
     fleet: FleetTables<Postgres>,
@@ -101,6 +104,7 @@ impl PgBackend {
         let snapshots = Tables::new(&pool, &snapshot::STATEMENTS);
         let fleet = FleetTables::new(&pool, &fleet::STATEMENTS);
         Self {
+            feed: std::sync::Arc::new(feed::FeedConnection::new(&pool)),
             pool,
             watch,
             snapshots,
@@ -161,7 +165,7 @@ impl Database for PgBackend {
     }
 
     async fn read(&self, since: &String) -> Result<Read<String>, sqlx::Error> {
-        feed::read_since(&self.pool, self.watch.feed_name(), since).await
+        self.feed.read_since(self.watch.feed_name(), since).await
     }
 
     async fn pending(&self, since: &String, limit: u64) -> Result<u64, sqlx::Error> {
@@ -227,6 +231,10 @@ impl Database for PgBackend {
         async move {
             tokio::join!(listen, notify);
         }
+    }
+
+    async fn close(&self) {
+        self.feed.close().await;
     }
 
     fn snapshots(&self) -> &Tables<Postgres> {

@@ -45,48 +45,74 @@ pub(super) async fn position_in(conn: &mut sqlx::SqliteConnection) -> Result<Mar
     Ok(mark_of(&mut *conn, last).await?.unwrap_or(Mark::START))
 }
 
+/// The changes after a position, the pruning horizon and the row at the
+/// position, in one statement: one snapshot, one step on the pool's
+/// connection. A read that lost rows to pruning sees the horizon it moved
+/// (pruning moves the horizon before it deletes). `?1` the feed, `?2` the
+/// position's id; the first row carries the horizon and the mark's row,
+/// and a read that found nothing is that row alone.
+const READ: &str = "
+with now as (select below from bloom_guard_horizon)
+select now.below,
+       m.id, m.guard, m.kind, hex(quote(m.key)), m.at,
+       c.id, c.kind, hex(quote(c.key)), c.at, c.key
+from now
+left join bloom_guard_changes m on m.id = ?2
+left join bloom_guard_changes c on c.guard = ?1 and c.id > ?2
+order by c.id";
+
 /// Reads the changes of feed `name` after `position`.
 pub(super) async fn read_since(
     pool: &SqlitePool,
     name: &str,
     position: &Mark,
 ) -> Result<Read<Mark>, sqlx::Error> {
-    let mut rows = sqlx::query(AssertSqlSafe(format!(
-        "select {MARKED}, key from bloom_guard_changes where guard = ? and id > ? order by id"
-    )))
-    .bind(name)
-    .bind(position.id)
-    .fetch(pool);
+    let mut rows = sqlx::query(READ).bind(name).bind(position.id).fetch(pool);
     let mut changes = Changes::default();
     let mut reached = position.clone();
+    let mut first = true;
     while let Some(row) = rows.try_next().await? {
-        let (id, kind, quoted, at): (i64, String, String, i64) = (
-            row.try_get(0)?,
-            row.try_get(2)?,
-            row.try_get(3)?,
-            row.try_get(4)?,
-        );
-        changes.record(&kind, key_bytes(row.try_get_raw(5)?)?);
+        if first {
+            first = false;
+            let below: i64 = row.try_get(0)?;
+            if position.id + 1 < below {
+                return Ok(Read::Pruned);
+            }
+            // The row at the position must still be the one it was taken
+            // at, or gone by pruning: otherwise the feed was rewritten under
+            // the reader (a restore), and rows it never read may hold ids
+            // it has passed.
+            if position.id > 0 {
+                let now = row
+                    .try_get::<Option<i64>, _>(1)?
+                    .map(|id| -> Result<Mark, sqlx::Error> {
+                        Ok(Mark::at(
+                            id,
+                            &row.try_get::<String, _>(2)?,
+                            &row.try_get::<String, _>(3)?,
+                            &row.try_get::<String, _>(4)?,
+                            row.try_get(5)?,
+                        ))
+                    })
+                    .transpose()?;
+                match now {
+                    Some(now) if now == *position => {}
+                    None if position.id < below => {}
+                    _ => return Ok(Read::Pruned),
+                }
+            }
+        }
+        let Some(id) = row.try_get::<Option<i64>, _>(6)? else {
+            continue; // the one row of a read that found nothing
+        };
+        let (kind, quoted, at): (String, String, i64) =
+            (row.try_get(7)?, row.try_get(8)?, row.try_get(9)?);
+        changes.record(&kind, key_bytes(row.try_get_raw(10)?)?);
         reached = Mark::at(id, name, &kind, &quoted, at);
     }
-    drop(rows);
-    // After the rows: pruning moves the horizon before it deletes, so a
-    // read that lost rows to it sees the new horizon here.
-    let below: i64 = sqlx::query_scalar("select below from bloom_guard_horizon")
-        .fetch_one(pool)
-        .await?;
-    if position.id + 1 < below {
-        return Ok(Read::Pruned);
-    }
-    // The row at the position must still be the one it was taken at, or
-    // gone by pruning: otherwise the feed was rewritten under the reader
-    // (a restore), and rows it never read may hold ids it has passed.
-    if position.id > 0 {
-        match mark_of(pool, position.id).await? {
-            Some(now) if now == *position => {}
-            None if position.id < below => {}
-            _ => return Ok(Read::Pruned),
-        }
+    if first {
+        // No row at all: the horizon's row is missing.
+        return Err(sqlx::Error::RowNotFound);
     }
     Ok(Read::Changes {
         position: reached,

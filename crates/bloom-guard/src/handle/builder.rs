@@ -11,6 +11,7 @@ use crate::handle::config::{Config, DEFAULT_READ_BARRIER};
 use crate::handle::guard::BloomGuard;
 use crate::handle::shared::Shared;
 use crate::keys::key_type::KeyType;
+use crate::lifecycle::barrier::ReadPace;
 use crate::request::found::Found;
 use crate::request::response::CannedResponse;
 
@@ -364,6 +365,28 @@ impl Builder {
     #[must_use]
     pub fn read_barrier_timeout(mut self, bound: Duration) -> Self {
         self.config.read_barrier = Some(bound);
+        self
+    }
+
+    /// How often the guard's followers read the feed while refusals wait
+    /// (see [`ReadPace`]): by default at once after a quiet spell, and in
+    /// a flood one read per 50 refusals or per 10 ms, at most 2 000 reads
+    /// a second. Give every guard of an instance a clone of one pace to
+    /// share one ceiling.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use bloom_guard::{BloomGuard, ReadPace};
+    ///
+    /// let guard = BloomGuard::builder()
+    ///     .read_pace(ReadPace::default().max_reads_per_sec(500))
+    ///     .build();
+    /// # let _ = guard;
+    /// ```
+    #[must_use]
+    pub fn read_pace(mut self, pace: ReadPace) -> Self {
+        self.config.read_pace = pace;
         self
     }
 

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::control::mode::Mode;
 use crate::keys::key_type::KeyType;
+use crate::lifecycle::barrier::ReadPace;
 use crate::request::found::Found;
 use crate::request::response::CannedResponse;
 
@@ -31,6 +32,8 @@ pub(crate) struct Config {
     pub(crate) rebuild_on_false_negative: bool,
     /// How long a refusal waits for a feed read; `None`: no read barrier.
     pub(crate) read_barrier: Option<Duration>,
+    /// How often followers read for waiting refusals.
+    pub(crate) read_pace: ReadPace,
     /// Which answers mean the key exists, for shadow mode and the audits.
     pub(crate) found: Found,
     /// Whether a guard followed by a change feed builds counting filters,
@@ -64,6 +67,7 @@ impl Default for Config {
             audit_rate: 0.0,
             rebuild_on_false_negative: true,
             read_barrier: Some(DEFAULT_READ_BARRIER),
+            read_pace: ReadPace::default(),
             found: Found::default(),
             forget_deleted: true,
         }

@@ -79,7 +79,7 @@ impl Shared {
         Self {
             filters: FilterSet::new(config.write_window),
             builds: Builds::default(),
-            barrier: Arc::new(Barrier::new(config.read_barrier)),
+            barrier: Arc::new(Barrier::new(config.read_barrier, config.read_pace.clone())),
             health: Health::new(config.name),
             control: Control::new(config.name, config.mode, config.audit_rate),
             counters: Counters::new(config.name),

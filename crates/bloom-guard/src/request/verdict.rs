@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 use http::{HeaderMap, StatusCode};
-use tokio::time::Instant;
 
 use crate::control::mode::Mode;
 use crate::handle::shared::Shared;
 use crate::keys::key::{Key, KeyError};
+use crate::lifecycle::barrier::Ticket;
 use crate::request::response::CannedResponse;
 
 /// What the guard decided for one request.
@@ -81,7 +81,7 @@ pub(crate) fn decide<'s, 'k>(
     } else if shared.barrier.active() {
         return Verdict::Confirm(Confirm {
             key: key.as_bytes().into(),
-            arrived: Instant::now(),
+            ticket: shared.barrier.ticket(),
         });
     } else {
         shared.counters.rejected();
@@ -91,11 +91,11 @@ pub(crate) fn decide<'s, 'k>(
 }
 
 /// A would-be refusal waiting for the read barrier: the key in canonical
-/// form, and when the guard saw the request.
+/// form, and the reads it waits for.
 #[derive(Debug)]
 pub(crate) struct Confirm {
     key: Box<[u8]>,
-    arrived: Instant,
+    ticket: Ticket,
 }
 
 impl Confirm {
@@ -104,7 +104,7 @@ impl Confirm {
     /// read brought the key, or when no read finished within the bound: a
     /// refusal never trusts a filter older than its request.
     pub(crate) async fn absent(self, shared: &Shared) -> bool {
-        let fresh = shared.barrier.wait_past(self.arrived).await;
+        let fresh = shared.barrier.wait(self.ticket).await;
         let found = fresh && shared.may_contain(&Key::from(&*self.key));
         shared.counters.barrier_wait(found, !fresh);
         if fresh && !found {
@@ -130,15 +130,20 @@ fn audit(rate: f64) -> bool {
 pub(crate) struct AuditToken {
     shared: Arc<Shared>,
     key: Box<[u8]>,
-    arrived: Instant,
+    /// The reads enforce mode would have waited for; none without a
+    /// barrier.
+    ticket: Option<Ticket>,
 }
 
 impl AuditToken {
     pub(crate) fn new(shared: Arc<Shared>, key: Box<[u8]>) -> Self {
+        // Noted now, as enforce mode would; the followers are asked for
+        // the reads only if the answer says the key exists.
+        let ticket = shared.barrier.active().then(|| shared.barrier.note());
         Self {
             shared,
             key,
-            arrived: Instant::now(),
+            ticket,
         }
     }
 
@@ -154,16 +159,17 @@ impl AuditToken {
         }
         let runtime = tokio::runtime::Handle::try_current();
         match runtime {
-            Ok(runtime) if self.shared.barrier.active() => {
+            Ok(runtime) if self.ticket.is_some() => {
                 runtime.spawn(async move {
                     let Self {
                         shared,
                         key,
-                        arrived,
+                        ticket,
                     } = self;
                     // Enforce mode passes a request whose read did not
                     // come (the database down, the followers stopped).
-                    let read = shared.barrier.wait_past(arrived).await;
+                    let Some(ticket) = ticket else { return };
+                    let read = shared.barrier.wait(ticket).await;
                     if read && !shared.may_contain(&Key::from(&*key)) {
                         shared.record_false_negative(&key);
                     }

@@ -1,0 +1,297 @@
+//! `bloom-load barrier`: refusals under a flood of absent keys with the
+//! read barrier on and off, beside the same process's unrouted 404, and
+//! the database reads the barrier costs; a flood at a fixed rate; and
+//! several instances under one spread flood.
+//!
+//! The floods run `wrk` (lighter than this process's own generator, which
+//! would take a core from the service); the fixed rate runs this process's
+//! paced generator.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::process::Command;
+
+use crate::load::{self, Load, Workload};
+use crate::services::{Database, Service};
+
+/// What `bloom-load barrier` measures.
+pub(crate) struct BarrierSettings {
+    pub(crate) keys: u64,
+    pub(crate) seconds: u64,
+    pub(crate) connections: Vec<usize>,
+    pub(crate) rate: f64,
+    pub(crate) instances: usize,
+}
+
+/// One measured flood.
+#[derive(Debug, Serialize)]
+struct Row {
+    run: String,
+    connections: usize,
+    requests_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// Database transactions a second during the flood (the feed reads,
+    /// and a few of the followers' own).
+    db_reads_per_sec: Option<f64>,
+}
+
+impl Row {
+    fn reads_share(&self) -> Option<f64> {
+        self.db_reads_per_sec
+            .map(|reads| reads / self.requests_per_sec.max(1.0))
+    }
+}
+
+const ATTACK_LUA: &str = r#"
+local counter = 0
+setup = function(thread)
+  counter = counter + 1
+  thread:set("id", counter)
+end
+init = function(args)
+  math.randomseed(os.time() * 1000 + id)
+end
+request = function()
+  return wrk.format("GET", string.format("/items/absent-%08x%08x",
+    math.random(0, 0x7fffffff), math.random(0, 0x7fffffff)))
+end
+"#;
+
+const UNROUTED_LUA: &str = r#"
+request = function()
+  return wrk.format("GET", string.format("/unrouted/%08x", math.random(0, 0x7fffffff)))
+end
+"#;
+
+/// `bloom-load barrier`.
+pub(crate) async fn barrier(
+    server_url: &str,
+    binary: &Path,
+    out: &Path,
+    settings: &BarrierSettings,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let scripts = tempfile_dir()?;
+    let attack = scripts.join("attack.lua");
+    let unrouted = scripts.join("unrouted.lua");
+    std::fs::write(&attack, ATTACK_LUA)?;
+    std::fs::write(&unrouted, UNROUTED_LUA)?;
+
+    let db = Database::create(server_url, "bloom_guard_barrier").await?;
+    println!("filling {} rows", settings.keys);
+    db.fill(settings.keys).await?;
+    let env = |barrier: &str| {
+        vec![
+            ("DATABASE_URL", db.url.clone()),
+            ("BLOOM_EXPECTED_ITEMS", settings.keys.to_string()),
+            ("BLOOM_READ_BARRIER", barrier.to_owned()),
+        ]
+    };
+    let on = Service::start_with(binary, 3600, &env("on")).await?;
+    let off = Service::start_with(binary, 3700, &env("off")).await?;
+    let seconds = settings.seconds;
+    let mut rows = Vec::new();
+    for &connections in &settings.connections {
+        let measured = wrk(&on.addr, &unrouted, connections, seconds).await?;
+        rows.push(row("unrouted 404", connections, measured, None));
+        let before = db.transactions().await?;
+        let measured = wrk(&on.addr, &attack, connections, seconds).await?;
+        let reads = reads_since(&db, before, seconds).await?;
+        rows.push(row("barrier on", connections, measured, Some(reads)));
+        let measured = wrk(&off.addr, &attack, connections, seconds).await?;
+        rows.push(row("barrier off", connections, measured, None));
+    }
+    drop(off);
+
+    // A flood at a fixed rate, barrier on.
+    let before = db.transactions().await?;
+    let paced = load::run_load(
+        &Load {
+            addrs: vec![on.addr.clone()],
+            workload: Workload::Attack,
+            hot_keys: 1,
+            connections: 64,
+            rate: Some(settings.rate),
+        },
+        Duration::ZERO,
+        Duration::from_secs(seconds),
+        "barrier on, fixed rate",
+    )
+    .await;
+    let reads = reads_since(&db, before, seconds).await?;
+    rows.push(row(
+        &format!("barrier on, {} req/s", settings.rate),
+        64,
+        (
+            paced.requests_per_sec,
+            paced.p50_us as f64 / 1000.0,
+            paced.p99_us as f64 / 1000.0,
+        ),
+        Some(reads),
+    ));
+
+    // Several instances under one flood spread over them.
+    let mut fleet = vec![on];
+    for i in 1..settings.instances {
+        let port = 3600 + 20 * u16::try_from(i)?;
+        fleet.push(Service::start_with(binary, port, &env("on")).await?);
+    }
+    let connections = settings.connections.iter().copied().max().unwrap_or(256);
+    let per_instance = (connections / fleet.len()).max(1);
+    let before = db.transactions().await?;
+    let floods = fleet
+        .iter()
+        .map(|service| wrk(&service.addr, &attack, per_instance, seconds));
+    let measured = futures_util::future::try_join_all(floods).await?;
+    let reads = reads_since(&db, before, seconds).await?;
+    let total: f64 = measured.iter().map(|(rps, _, _)| rps).sum();
+    let p50 = measured.iter().map(|m| m.1).fold(0.0, f64::max);
+    let p99 = measured.iter().map(|m| m.2).fold(0.0, f64::max);
+    rows.push(row(
+        &format!("{} instances, barrier on", fleet.len()),
+        per_instance * fleet.len(),
+        (total, p50, p99),
+        Some(reads),
+    ));
+    drop(fleet);
+
+    report(&rows);
+    std::fs::write(
+        out.join("barrier.json"),
+        serde_json::to_string_pretty(&rows)?,
+    )?;
+    println!("wrote {}", out.join("barrier.json").display());
+    db.drop_database().await?;
+    let _ = std::fs::remove_dir_all(scripts);
+    Ok(())
+}
+
+fn row(run: &str, connections: usize, (rps, p50, p99): (f64, f64, f64), reads: Option<f64>) -> Row {
+    Row {
+        run: run.to_owned(),
+        connections,
+        requests_per_sec: rps,
+        p50_ms: p50,
+        p99_ms: p99,
+        db_reads_per_sec: reads,
+    }
+}
+
+/// Database transactions a second since `before`, over a flood of
+/// `seconds`: Postgres publishes an idle backend's counts up to 10 s late.
+async fn reads_since(db: &Database, before: u64, seconds: u64) -> Result<f64, sqlx::Error> {
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let after = db.transactions().await?;
+    Ok(after.saturating_sub(before) as f64 / seconds as f64)
+}
+
+/// Runs `wrk` against `addr` with `script`: requests a second, p50 and
+/// p99 in milliseconds.
+async fn wrk(
+    addr: &str,
+    script: &Path,
+    connections: usize,
+    seconds: u64,
+) -> Result<(f64, f64, f64), Box<dyn std::error::Error>> {
+    let threads = connections.clamp(1, 2);
+    let output = Command::new("wrk")
+        .arg(format!("-t{threads}"))
+        .arg(format!("-c{connections}"))
+        .arg(format!("-d{seconds}s"))
+        .arg("--latency")
+        .arg("-s")
+        .arg(script)
+        .arg(format!("http://{addr}"))
+        .output()
+        .await
+        .map_err(|e| format!("cannot run wrk: {e} (apt-get install wrk)"))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let rps = text
+        .lines()
+        .find_map(|line| line.strip_prefix("Requests/sec:"))
+        .and_then(|value| value.trim().parse().ok())
+        .ok_or_else(|| format!("no Requests/sec in wrk's output:\n{text}"))?;
+    let percentile = |name: &str| {
+        text.lines()
+            .find_map(|line| line.trim().strip_prefix(name))
+            .and_then(|value| millis(value.trim()))
+            .unwrap_or(f64::NAN)
+    };
+    Ok((rps, percentile("50%"), percentile("99%")))
+}
+
+/// A wrk duration (`812.00us`, `1.20ms`, `2.01s`) in milliseconds.
+fn millis(text: &str) -> Option<f64> {
+    let split = text.find(|c: char| c.is_ascii_alphabetic())?;
+    let (value, unit) = text.split_at(split);
+    let value: f64 = value.parse().ok()?;
+    match unit {
+        "us" => Some(value / 1000.0),
+        "ms" => Some(value),
+        "s" => Some(value * 1000.0),
+        "m" => Some(value * 60_000.0),
+        _ => None,
+    }
+}
+
+fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("bloom-load-barrier-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Prints every flood and the ratios the read barrier is held to.
+fn report(rows: &[Row]) {
+    println!(
+        "\n{:<28} {:>6} {:>10} {:>8} {:>8} {:>10} {:>8}",
+        "run", "conns", "req/s", "p50 ms", "p99 ms", "db reads/s", "share"
+    );
+    for row in rows {
+        println!(
+            "{:<28} {:>6} {:>10.0} {:>8.2} {:>8.2} {:>10} {:>8}",
+            row.run,
+            row.connections,
+            row.requests_per_sec,
+            row.p50_ms,
+            row.p99_ms,
+            row.db_reads_per_sec
+                .map_or("-".to_owned(), |reads| format!("{reads:.0}")),
+            row.reads_share()
+                .map_or("-".to_owned(), |share| format!("{:.2}%", 100.0 * share)),
+        );
+    }
+    println!("\nratios within this run:");
+    let find = |run: &str, connections: usize| {
+        rows.iter()
+            .find(|row| row.run == run && row.connections == connections)
+    };
+    for connections in rows.iter().map(|row| row.connections) {
+        let (Some(on), Some(off), Some(unrouted)) = (
+            find("barrier on", connections),
+            find("barrier off", connections),
+            find("unrouted 404", connections),
+        ) else {
+            continue;
+        };
+        println!(
+            "  {connections:>5} connections: on ÷ off {:.2}, on ÷ unrouted {:.2}",
+            on.requests_per_sec / off.requests_per_sec.max(1.0),
+            on.requests_per_sec / unrouted.requests_per_sec.max(1.0),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::millis;
+
+    #[test]
+    fn reads_wrk_durations() {
+        assert_eq!(millis("812.00us"), Some(0.812));
+        assert_eq!(millis("1.50ms"), Some(1.5));
+        assert_eq!(millis("2.00s"), Some(2000.0));
+        assert_eq!(millis("fast"), None);
+    }
+}

@@ -1,0 +1,171 @@
+//! The follower's side of the barrier.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use super::slot::Slot;
+use super::Barrier;
+use crate::handle::shared::Shared;
+use crate::lifecycle::catch_up::CatchUp;
+
+/// A follower's side of a guard's read barrier: it learns when a refusal
+/// waits, and tells when a read's keys are in the filter.
+///
+/// Made by [`BloomGuard::feed_reader`](crate::BloomGuard::feed_reader);
+/// while one exists, every would-be refusal of the guard waits for a feed
+/// read that began after the request arrived (within the guard's
+/// [`read_barrier_timeout`](crate::Builder::read_barrier_timeout)), then
+/// looks the key up again. Dropping it (the follower stopped) ends the
+/// waits; once the guard's last reader is gone, its filter no longer
+/// follows the table, and would-be refusals go on to the handler until a
+/// reader joins again.
+///
+/// # Reads and their pace
+///
+/// Reads are numbered by [`begin`](Self::begin): a refusal waits for the
+/// first read to begin after it arrived, so a read must take its snapshot
+/// or position after `begin` returns. [`asked`](Self::asked) completes when
+/// a refusal waits and the guard's [`ReadPace`](crate::ReadPace) lets the
+/// next read start.
+///
+/// # Example
+///
+/// A reader loop: mark the start before the read's snapshot is taken, put
+/// the keys in the filter, then mark the read done.
+///
+/// ```
+/// use bloom_guard::{BloomGuard, KeyBatch};
+///
+/// # async fn read_feed() -> KeyBatch { KeyBatch::default() }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let guard = BloomGuard::builder().build();
+/// let reader = guard.feed_reader();
+/// # let mut rounds = 0;
+/// loop {
+///     let read = reader.begin();
+///     guard.insert_batch(&read_feed().await);
+///     reader.done(read);
+///     # rounds += 1; if rounds == 2 { break; }
+///     tokio::select! {
+///         () = reader.asked() => {}
+///         () = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct FeedReader {
+    barrier: Arc<Barrier>,
+    slot: Arc<Slot>,
+    /// When the last read began, and the asks counted then: the pace.
+    last: Mutex<(Instant, u64)>,
+    /// The guard it reads for, to register its catch-up with.
+    shared: Option<Arc<Shared>>,
+}
+
+/// One feed read, from [`FeedReader::begin`].
+#[derive(Debug, Clone, Copy)]
+#[must_use = "hand it to FeedReader::done once the read's keys are in the filter"]
+pub struct ReadStart(u64);
+
+impl FeedReader {
+    pub(crate) fn new(barrier: Arc<Barrier>) -> Self {
+        let slot = barrier.join();
+        Self {
+            barrier,
+            slot,
+            last: Mutex::new((Instant::now(), 0)),
+            shared: None,
+        }
+    }
+
+    /// The reader of the guard whose state is `shared`, which from now on
+    /// counts as followed by a change feed.
+    pub(crate) fn of(shared: Arc<Shared>) -> Self {
+        shared.set_fed();
+        let mut reader = Self::new(Arc::clone(&shared.barrier));
+        if shared.barrier.readers() > 1 {
+            // Another follower's reads will reach the filter in use too: its
+            // position no longer says which deletes it holds.
+            shared.filter_no_longer_exact();
+        }
+        reader.shared = Some(shared);
+        reader
+    }
+
+    /// Registers how this follower brings a new counting filter up to
+    /// date from the feed before it goes in use (see [`CatchUp`]), for as
+    /// long as the reader lives. Without one, a build of a guard with a
+    /// follower is put in use without removing deleted keys until the next
+    /// rebuild (harmless false positives).
+    pub fn catch_up_with(&self, catch_up: impl CatchUp) {
+        if let Some(shared) = &self.shared {
+            shared.add_catch_up(self.slot.id, Arc::new(catch_up));
+        }
+    }
+
+    /// Completes when a refusal waits for a read and the guard's
+    /// [`ReadPace`](crate::ReadPace) lets one start: at once after a quiet
+    /// spell; in a flood, once enough refusals share the read or the pace's
+    /// gap since the last read's start is over, and within its ceiling.
+    /// Read the feed then.
+    ///
+    /// Cancel-safe: a refusal's ask stays until the next
+    /// [`begin`](Self::begin).
+    pub async fn asked(&self) {
+        while !self.slot.asked() {
+            let woken = self.slot.wake.notified();
+            if self.slot.asked() {
+                break;
+            }
+            woken.await;
+        }
+        let pace = &self.barrier.pace;
+        let (began, asks_then) = *self.last.lock();
+        let gap_over = began + pace.gap();
+        while Instant::now() < gap_over && self.slot.asks_since(asks_then) < pace.per_read() {
+            tokio::select! {
+                () = self.slot.wake.notified() => {}
+                () = tokio::time::sleep_until(gap_over) => {}
+            }
+        }
+        pace.admit().await;
+    }
+
+    /// Numbers a new read. Call it before the read takes its snapshot or
+    /// position: the read then sees every row committed before, and every
+    /// refusal that arrived before it waits for a later one.
+    pub fn begin(&self) -> ReadStart {
+        let (read, asks) = self.slot.begin(self.barrier.pace.per_read());
+        *self.last.lock() = (Instant::now(), asks);
+        ReadStart(read)
+    }
+
+    /// Marks the read `start` done: its keys are in the filter. Every
+    /// refusal that arrived before it began goes on.
+    pub fn done(&self, start: ReadStart) {
+        self.slot.done(start.0);
+        self.barrier.refresh_failing();
+    }
+
+    /// Marks a read failed (the database unreachable): until a read is
+    /// [`done`](Self::done), would-be refusals go on to the handler at
+    /// once instead of waiting out the bound for a read that cannot come.
+    pub fn failed(&self) {
+        self.slot
+            .failing
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.barrier.refresh_failing();
+    }
+}
+
+impl Drop for FeedReader {
+    fn drop(&mut self) {
+        if let Some(shared) = &self.shared {
+            shared.remove_catch_up(self.slot.id);
+        }
+        self.barrier.leave(self.slot.id);
+    }
+}

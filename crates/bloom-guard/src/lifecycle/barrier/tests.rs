@@ -1,0 +1,302 @@
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::*;
+
+fn barrier(bound: Duration) -> Arc<Barrier> {
+    Arc::new(Barrier::new(Some(bound), ReadPace::default()))
+}
+
+/// Waits with a ticket taken now, on a task of its own.
+fn wait_now(barrier: &Arc<Barrier>) -> tokio::task::JoinHandle<bool> {
+    let ticket = barrier.ticket();
+    let barrier = Arc::clone(barrier);
+    tokio::spawn(async move { barrier.wait(ticket).await })
+}
+
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_that_began_before_the_request_does_not_pass_the_barrier() {
+    let barrier = barrier(Duration::from_millis(100));
+    let reader = FeedReader::new(Arc::clone(&barrier));
+    let early = reader.begin();
+    let wait = wait_now(&barrier);
+    settle().await;
+    // The early read finishes after the request arrived: not enough.
+    reader.done(early);
+    settle().await;
+    assert!(!wait.is_finished());
+    let late = reader.begin();
+    reader.done(late);
+    assert!(wait.await.expect("the wait runs"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_read_the_wait_gives_up_at_the_bound() {
+    let barrier = barrier(Duration::from_millis(100));
+    let _reader = FeedReader::new(Arc::clone(&barrier));
+    let started = Instant::now();
+    assert!(!barrier.wait(barrier.ticket()).await);
+    let waited = started.elapsed();
+    // One clock for every waiter, looked at every eighth of the bound.
+    assert!(
+        waited >= Duration::from_millis(100) && waited <= Duration::from_millis(113),
+        "waited {waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_waiter_gives_up_within_the_bound_and_a_tick_whoever_keeps_the_clock() {
+    let barrier = barrier(Duration::from_millis(80));
+    let _reader = FeedReader::new(Arc::clone(&barrier));
+    let start = Instant::now();
+    let mut waits = Vec::new();
+    for i in 0..40u64 {
+        let ticket = barrier.ticket();
+        let barrier = Arc::clone(&barrier);
+        let arrived = Instant::now();
+        let wait = tokio::spawn(async move {
+            let read = barrier.wait(ticket).await;
+            (read, arrived.elapsed())
+        });
+        // Some waiters leave early (their client went away), the clock
+        // keeper among them.
+        if i % 3 == 0 {
+            settle().await;
+            wait.abort();
+        } else {
+            waits.push(wait);
+        }
+        tokio::time::advance(Duration::from_millis(3)).await;
+    }
+    for wait in waits {
+        let (read, waited) = wait.await.expect("the wait runs");
+        assert!(!read);
+        assert!(
+            waited >= Duration::from_millis(80) && waited <= Duration::from_millis(91),
+            "waited {waited:?}"
+        );
+    }
+    assert!(start.elapsed() < Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_failed_read_refusals_go_on_at_once_until_one_succeeds() {
+    let barrier = barrier(Duration::from_secs(1));
+    let reader = FeedReader::new(Arc::clone(&barrier));
+    let waiting = wait_now(&barrier);
+    settle().await;
+    reader.failed();
+    let started = Instant::now();
+    assert!(
+        !waiting.await.expect("the wait runs"),
+        "a wait outlived the failure"
+    );
+    assert!(!barrier.wait(barrier.ticket()).await);
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "waited for a read that cannot come"
+    );
+    // The database is back: waits wait again.
+    reader.done(reader.begin());
+    let wait = wait_now(&barrier);
+    settle().await;
+    reader.done(reader.begin());
+    assert!(wait.await.expect("the wait runs"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_two_followers_a_refusal_waits_for_a_read_of_each() {
+    let barrier = barrier(Duration::from_secs(1));
+    let (items, orders) = (
+        FeedReader::new(Arc::clone(&barrier)),
+        FeedReader::new(Arc::clone(&barrier)),
+    );
+    let wait = wait_now(&barrier);
+    // Both were asked.
+    items.asked().await;
+    orders.asked().await;
+    items.done(items.begin());
+    settle().await;
+    assert!(
+        !wait.is_finished(),
+        "one follower's read proved the other's table"
+    );
+    orders.done(orders.begin());
+    assert!(wait.await.expect("the wait runs"));
+    // A follower that stops no longer holds refusals back.
+    let wait = wait_now(&barrier);
+    settle().await;
+    drop(orders);
+    settle().await;
+    assert!(!wait.is_finished());
+    items.done(items.begin());
+    assert!(wait.await.expect("the wait runs"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_that_joins_during_a_wait_is_waited_for_too() {
+    let barrier = barrier(Duration::from_secs(1));
+    let items = FeedReader::new(Arc::clone(&barrier));
+    let wait = wait_now(&barrier);
+    settle().await;
+    let orders = FeedReader::new(Arc::clone(&barrier));
+    items.done(items.begin());
+    settle().await;
+    assert!(!wait.is_finished(), "the new follower's table was not read");
+    orders.asked().await;
+    orders.done(orders.begin());
+    assert!(wait.await.expect("the wait runs"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn waits_ask_the_reader_once_per_read() {
+    let barrier = barrier(Duration::from_secs(1));
+    let reader = FeedReader::new(Arc::clone(&barrier));
+    assert!(barrier.active());
+    let waits: Vec<_> = (0..100).map(|_| wait_now(&barrier)).collect();
+    settle().await;
+    // Every ask so far is one read: it serves them all.
+    reader.asked().await;
+    reader.done(reader.begin());
+    for wait in waits {
+        assert!(wait.await.expect("the wait runs"));
+    }
+    let no_more = tokio::time::timeout(Duration::from_millis(10), reader.asked()).await;
+    assert!(no_more.is_err(), "a second read was asked for");
+    drop(reader);
+    // The filter follows the table no more: refusals go on at once.
+    assert!(barrier.active());
+    let started = Instant::now();
+    assert!(!barrier.wait(barrier.ticket()).await);
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    // A reader that joins again takes the waits back.
+    let again = FeedReader::new(Arc::clone(&barrier));
+    let wait = wait_now(&barrier);
+    settle().await;
+    again.done(again.begin());
+    assert!(wait.await.expect("the wait runs"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_guard_that_never_had_a_reader_has_no_barrier() {
+    let barrier = barrier(Duration::from_secs(1));
+    assert!(!barrier.active());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_refusal_is_read_for_at_once_and_a_flood_shares_reads() {
+    let pace = ReadPace::default()
+        .refusals_per_read(10)
+        .max_gap(Duration::from_millis(20))
+        .max_reads_per_sec(1_000_000);
+    let barrier = Arc::new(Barrier::new(Some(Duration::from_secs(1)), pace));
+    let reader = FeedReader::new(Arc::clone(&barrier));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // A lone refusal after a quiet spell.
+    let lone = wait_now(&barrier);
+    let asked_at = Instant::now();
+    reader.asked().await;
+    assert_eq!(asked_at.elapsed(), Duration::ZERO);
+    reader.done(reader.begin());
+    assert!(lone.await.expect("the wait runs"));
+    // The next one, right after: it waits for company, at most the gap.
+    let next = wait_now(&barrier);
+    reader.asked().await;
+    assert_eq!(asked_at.elapsed(), Duration::from_millis(20));
+    reader.done(reader.begin());
+    assert!(next.await.expect("the wait runs"));
+    // Company enough: the read starts at once.
+    let started = Instant::now();
+    let flood: Vec<_> = (0..10).map(|_| wait_now(&barrier)).collect();
+    reader.asked().await;
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    reader.done(reader.begin());
+    for wait in flood {
+        assert!(wait.await.expect("the wait runs"));
+    }
+}
+
+/// The barrier's promise as a model: waiters commit a key to a "database"
+/// and then ask; a reader reads the database from a snapshot taken after
+/// `begin` and puts it in a "filter". A waiter the barrier releases must
+/// find its key in the filter, however the reads and the waiters
+/// interleave. Releasing a waiter on a read that began before its request
+/// arrived (one read early) fails it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_waiter_is_released_before_a_read_that_holds_its_key() {
+    const WAITERS: u64 = 4_000;
+    let pace = ReadPace::default()
+        .refusals_per_read(8)
+        .max_gap(Duration::from_micros(200))
+        .max_reads_per_sec(100_000);
+    let barrier = Arc::new(Barrier::new(Some(Duration::from_secs(30)), pace));
+    let database = Arc::new(AtomicU64::new(0));
+    let filter = Arc::new(AtomicU64::new(0));
+    let reader = FeedReader::new(Arc::clone(&barrier));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let reading = tokio::spawn({
+        let (database, filter, reads) = (
+            Arc::clone(&database),
+            Arc::clone(&filter),
+            Arc::clone(&reads),
+        );
+        async move {
+            loop {
+                reader.asked().await;
+                let read = reader.begin();
+                let snapshot = database.load(Ordering::SeqCst);
+                // Commits land while the read is in flight.
+                for _ in 0..fastrand::usize(0..4) {
+                    tokio::task::yield_now().await;
+                }
+                filter.fetch_max(snapshot, Ordering::SeqCst);
+                reader.done(read);
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    let mut waiters = Vec::new();
+    for _ in 0..WAITERS {
+        let (barrier, database, filter) = (
+            Arc::clone(&barrier),
+            Arc::clone(&database),
+            Arc::clone(&filter),
+        );
+        waiters.push(tokio::spawn(async move {
+            let key = database.fetch_add(1, Ordering::SeqCst) + 1;
+            let ticket = barrier.ticket();
+            let read = barrier.wait(ticket).await;
+            // Released: the key must be in the filter now.
+            assert!(
+                !read || filter.load(Ordering::SeqCst) >= key,
+                "key {key} refused"
+            );
+            read
+        }));
+        if fastrand::u8(..) < 16 {
+            tokio::task::yield_now().await;
+        }
+    }
+    let mut released = 0;
+    for waiter in waiters {
+        released += usize::from(waiter.await.expect("no waiter was released too early"));
+    }
+    reading.abort();
+    assert_eq!(released, WAITERS as usize, "a waiter gave up");
+    let reads = reads.load(Ordering::Relaxed);
+    assert!(
+        reads > 10,
+        "{reads} reads: the waiters never overlapped a read"
+    );
+    assert!(reads < WAITERS as usize, "{reads} reads: one per waiter");
+}
