@@ -23,6 +23,7 @@ pub(crate) struct BarrierSettings {
     pub(crate) connections: Vec<usize>,
     pub(crate) rate: f64,
     pub(crate) instances: usize,
+    pub(crate) rounds: usize,
 }
 
 /// One measured flood.
@@ -33,8 +34,8 @@ struct Row {
     requests_per_sec: f64,
     p50_ms: f64,
     p99_ms: f64,
-    /// Database transactions a second during the flood (the feed reads,
-    /// and a few of the followers' own).
+    /// Database transactions a second during the flood, less those of the
+    /// idle services: the barrier's feed reads.
     db_reads_per_sec: Option<f64>,
 }
 
@@ -74,12 +75,25 @@ pub(crate) async fn barrier(
     settings: &BarrierSettings,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let scripts = tempfile_dir()?;
-    let attack = scripts.join("attack.lua");
-    let unrouted = scripts.join("unrouted.lua");
-    std::fs::write(&attack, ATTACK_LUA)?;
-    std::fs::write(&unrouted, UNROUTED_LUA)?;
+    std::fs::write(scripts.join("attack.lua"), ATTACK_LUA)?;
+    std::fs::write(scripts.join("unrouted.lua"), UNROUTED_LUA)?;
 
     let db = Database::create(server_url, "bloom_guard_barrier").await?;
+    let result = floods(&db, binary, out, settings, &scripts).await;
+    db.drop_database().await?;
+    let _ = std::fs::remove_dir_all(scripts);
+    result
+}
+
+async fn floods(
+    db: &Database,
+    binary: &Path,
+    out: &Path,
+    settings: &BarrierSettings,
+    scripts: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let attack = scripts.join("attack.lua");
+    let unrouted = scripts.join("unrouted.lua");
     println!("filling {} rows", settings.keys);
     db.fill(settings.keys).await?;
     let env = |barrier: &str| {
@@ -91,19 +105,50 @@ pub(crate) async fn barrier(
     };
     let on = Service::start_with(binary, 3600, &env("on")).await?;
     let off = Service::start_with(binary, 3700, &env("off")).await?;
+    let mut unguarded_env = env("on");
+    unguarded_env.push(("BLOOM_GUARD", "off".to_owned()));
+    let unguarded = Service::start_with(binary, 3800, &unguarded_env).await?;
     let seconds = settings.seconds;
+    // What the idle services cost the database (polls, heartbeats,
+    // checks), subtracted from the floods' transactions.
+    let before = db.transactions().await?;
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let idle = reads_since(db, before, seconds).await?;
+    println!("idle: {idle:.1} transactions/s, subtracted below");
+    // Three services idle: on, off and unguarded.
+    let idle_each = idle / 3.0;
+    let reads_since = |before| async move {
+        reads_since(db, before, seconds)
+            .await
+            .map(|reads| (reads - idle).max(0.0))
+    };
     let mut rows = Vec::new();
     for &connections in &settings.connections {
-        let measured = wrk(&on.addr, &unrouted, connections, seconds).await?;
-        rows.push(row("unrouted 404", connections, measured, None));
-        let before = db.transactions().await?;
-        let measured = wrk(&on.addr, &attack, connections, seconds).await?;
-        let reads = reads_since(&db, before, seconds).await?;
-        rows.push(row("barrier on", connections, measured, Some(reads)));
-        let measured = wrk(&off.addr, &attack, connections, seconds).await?;
-        rows.push(row("barrier off", connections, measured, None));
+        // Rounds alternate the targets; each row is its median round.
+        let mut rounds: Vec<Vec<Row>> = Vec::new();
+        for _ in 0..settings.rounds {
+            let mut round = Vec::new();
+            let measured = wrk(&on.addr, &unrouted, connections, seconds).await?;
+            round.push(row("unrouted 404", connections, measured, None));
+            let before = db.transactions().await?;
+            let measured = wrk(&on.addr, &attack, connections, seconds).await?;
+            let reads = reads_since(before).await?;
+            round.push(row("barrier on", connections, measured, Some(reads)));
+            let measured = wrk(&off.addr, &attack, connections, seconds).await?;
+            round.push(row("barrier off", connections, measured, None));
+            if connections == settings.connections[0] {
+                let measured = wrk(&unguarded.addr, &attack, connections, seconds).await?;
+                round.push(row("unguarded service", connections, measured, None));
+            }
+            rounds.push(round);
+        }
+        while !rounds[0].is_empty() {
+            let mut runs: Vec<Row> = rounds.iter_mut().map(|round| round.remove(0)).collect();
+            runs.sort_by(|a, b| a.requests_per_sec.total_cmp(&b.requests_per_sec));
+            rows.push(runs.swap_remove(runs.len() / 2));
+        }
     }
-    drop(off);
+    drop((off, unguarded));
 
     // A flood at a fixed rate, barrier on.
     let before = db.transactions().await?;
@@ -120,7 +165,7 @@ pub(crate) async fn barrier(
         "barrier on, fixed rate",
     )
     .await;
-    let reads = reads_since(&db, before, seconds).await?;
+    let reads = reads_since(before).await?;
     rows.push(row(
         &format!("barrier on, {} req/s", settings.rate),
         64,
@@ -145,7 +190,8 @@ pub(crate) async fn barrier(
         .iter()
         .map(|service| wrk(&service.addr, &attack, per_instance, seconds));
     let measured = futures_util::future::try_join_all(floods).await?;
-    let reads = reads_since(&db, before, seconds).await?;
+    // Each instance idles at the cost measured for one.
+    let reads = (reads_since(before).await? + idle - idle_each * fleet.len() as f64).max(0.0);
     let total: f64 = measured.iter().map(|(rps, _, _)| rps).sum();
     let p50 = measured.iter().map(|m| m.1).fold(0.0, f64::max);
     let p99 = measured.iter().map(|m| m.2).fold(0.0, f64::max);
@@ -163,8 +209,6 @@ pub(crate) async fn barrier(
         serde_json::to_string_pretty(&rows)?,
     )?;
     println!("wrote {}", out.join("barrier.json").display());
-    db.drop_database().await?;
-    let _ = std::fs::remove_dir_all(scripts);
     Ok(())
 }
 
@@ -267,7 +311,12 @@ fn report(rows: &[Row]) {
         rows.iter()
             .find(|row| row.run == run && row.connections == connections)
     };
+    let mut seen = Vec::new();
     for connections in rows.iter().map(|row| row.connections) {
+        if seen.contains(&connections) {
+            continue;
+        }
+        seen.push(connections);
         let (Some(on), Some(off), Some(unrouted)) = (
             find("barrier on", connections),
             find("barrier off", connections),
@@ -275,8 +324,14 @@ fn report(rows: &[Row]) {
         ) else {
             continue;
         };
+        let unguarded = find("unguarded service", connections).map_or(String::new(), |row| {
+            format!(
+                ", on ÷ unguarded {:.1}",
+                on.requests_per_sec / row.requests_per_sec.max(1.0)
+            )
+        });
         println!(
-            "  {connections:>5} connections: on ÷ off {:.2}, on ÷ unrouted {:.2}",
+            "  {connections:>5} connections: on ÷ off {:.2}, on ÷ unrouted {:.2}{unguarded}",
             on.requests_per_sec / off.requests_per_sec.max(1.0),
             on.requests_per_sec / unrouted.requests_per_sec.max(1.0),
         );

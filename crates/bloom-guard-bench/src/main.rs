@@ -120,6 +120,9 @@ enum Command {
         /// Instances under the spread flood.
         #[arg(long, default_value_t = 4)]
         instances: usize,
+        /// Rounds of the floods; each row reports its median round.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
     /// One workload against a service that is already running.
     Drive {
@@ -293,6 +296,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             connections,
             rate,
             instances,
+            rounds,
         } => {
             let settings = barrier::BarrierSettings {
                 keys,
@@ -300,6 +304,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 connections,
                 rate,
                 instances: instances.max(1),
+                rounds: rounds.max(1),
             };
             barrier::barrier(&cli.database_url, &binary, &cli.out, &settings).await
         }

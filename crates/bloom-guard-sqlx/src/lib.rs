@@ -10,6 +10,8 @@ mod error;
 mod fleet_rebuild;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod follow;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod kept;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod lock;
 #[cfg(feature = "mysql")]

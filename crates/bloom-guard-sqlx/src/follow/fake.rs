@@ -607,7 +607,7 @@ async fn a_flood_of_absent_keys_shares_reads() {
         );
     }
     let more = fake.state().reads - reads;
-    // One read per 50 waiting refusals (the default pace), or per 10 ms,
+    // One read per 56 waiting refusals (the default pace), or per 12 ms,
     // not one per key.
     assert!(more <= 50, "{more} reads for 2 000 absent keys");
     assert_eq!(follower.guard.stats().rejected, 2_000);

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use sqlx::{AssertSqlSafe, Connection, MySqlConnection, MySqlPool};
+use sqlx::mysql::MySqlRow;
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, MySqlPool, Row as _};
 
 use super::cursor::{Cursor, OpenIds};
 use super::install::{ident, table_parts, Trigger};
@@ -15,6 +16,7 @@ use crate::digest::row_digest;
 use crate::follow::changes::Changes;
 use crate::follow::column::{Comparison, KeyColumn};
 use crate::follow::Read;
+use crate::kept::KeptConnection;
 use crate::watch::Watch;
 
 /// Open ids asked for by value; more are read as a range and filtered.
@@ -110,50 +112,79 @@ async fn horizon(conn: &mut MySqlConnection) -> Result<i64, sqlx::Error> {
 }
 
 /// The rows after `since` (the ids above its highest, and its open ones):
-/// the condition and its values.
-fn after(since: &Cursor) -> (String, Vec<i64>) {
+/// the condition on `{table}id` and its values.
+fn after(since: &Cursor, table: &str) -> (String, Vec<i64>) {
     let open = &since.open;
     match open.first() {
-        None => ("id > ?".to_owned(), vec![since.high]),
+        None => (format!("{table}id > ?"), vec![since.high]),
         Some(_) if open.len() <= OPEN_BY_VALUE => {
             let marks = vec!["?"; open.ids().count()].join(", ");
             let mut values = vec![since.high];
             values.extend(open.ids());
-            (format!("(id > ? or id in ({marks}))"), values)
+            (format!("({table}id > ? or {table}id in ({marks}))"), values)
         }
         // Many open ids (a long transaction held them): the range from the
         // first, filtered as it is read.
-        Some(first) => ("id >= ?".to_owned(), vec![first]),
+        Some(first) => (format!("{table}id >= ?"), vec![first]),
     }
 }
 
-/// Reads the changes of feed `name` after `since`.
+/// The session a follower's kept connection reads in: `REPEATABLE READ`
+/// whatever the server's or the pool's default (a read is one statement,
+/// which reads one consistent view under it; under `READ UNCOMMITTED` it
+/// would see rows that may yet roll back).
+pub(super) const READ_SESSION: &str = "set session transaction isolation level repeatable read";
+
+/// The connection a follower keeps for its feed reads.
+pub(super) fn feed_connection(pool: &MySqlPool) -> KeptConnection<MySqlConnection> {
+    KeptConnection::new(pool.connect_options().as_ref().clone(), Some(READ_SESSION))
+}
+
+/// Reads the changes of feed `name` after `since`, in one statement on
+/// the kept connection: the rows after the cursor (every feed's: the
+/// cursor follows ids), the horizon and the row at the cursor, in one
+/// consistent view. A read that failed closes the connection.
 pub(super) async fn read_since(
-    pool: &MySqlPool,
+    kept: &KeptConnection<MySqlConnection>,
     settled: &Arc<Settled>,
+    pool: &MySqlPool,
     name: &str,
     since: &Cursor,
 ) -> Result<Read<Cursor>, sqlx::Error> {
-    // Settled before the snapshot: an id up to it that this read does not
-    // see never commits. A position with open ids moves the method on.
+    // Settled before the statement's view: an id up to it that this read
+    // does not see never commits. A position with open ids moves the
+    // method on.
     let settled = if since.open.is_empty() {
         settled.now()
     } else {
         settled.advance(pool)
     };
-    let mut tx = pool.begin_with(SNAPSHOT).await?;
-    let (condition, values) = after(since);
-    let mut query = sqlx::query_as::<_, Row>(AssertSqlSafe(format!(
-        "select {COLUMNS} from bloom_guard_changes where {condition} order by id"
-    )));
+    let (condition, values) = after(since, "c.");
+    let statement = format!(
+        "select h.below, m.id, m.guard, m.kind, m.k, m.at, c.id, c.guard, c.kind, c.k, c.at
+         from (select cast(coalesce(max(below), 0) as signed) as below from bloom_guard_horizon) h
+         left join bloom_guard_changes m on m.id = ?
+         left join bloom_guard_changes c on {condition}
+         order by c.id"
+    );
+    let mut query = sqlx::query(AssertSqlSafe(statement)).bind(since.high);
     for value in values {
         query = query.bind(value);
     }
-    let mut rows = query.fetch(&mut *tx);
+    let mut lease = kept.lease().await?;
+    let mut rows = query.fetch(lease.connection());
     let mut changes = Changes::default();
     let mut seen = BTreeSet::new();
     let mut last: Option<Row> = None;
+    let mut first = None;
     while let Some(row) = rows.try_next().await? {
+        if first.is_none() {
+            let below: i64 = row.try_get(0)?;
+            first = Some((below, row_from(&row, 1)?));
+        }
+        let Some(row) = row_from(&row, 6)? else {
+            continue; // the one row of a read that found nothing
+        };
         let id = row.0;
         if id <= since.high && !since.open.contains(id) {
             continue;
@@ -165,22 +196,22 @@ pub(super) async fn read_since(
         last = Some(row);
     }
     drop(rows);
+    lease.keep();
+    let (below, at_high) = first.ok_or(sqlx::Error::RowNotFound)?;
     // Pruning moves the horizon before it deletes: rows this reader still
     // needs may be gone once it passed them.
-    let below = horizon(&mut tx).await?;
     if since.high + 1 < below || since.open.first().is_some_and(|first| first < below) {
         return Ok(Read::Pruned);
     }
     // The row at the position must still be the one it was taken at, or
     // gone by pruning: otherwise the feed was rewritten under the reader.
     if since.high > 0 {
-        match row_at(&mut tx, since.high).await? {
+        match at_high {
             Some(row) if Some(digest_of(&row)) == since.digest => {}
             None if since.high < below => {}
             _ => return Ok(Read::Pruned),
         }
     }
-    tx.commit().await?;
     let mut reached = since.clone();
     if let Some(row) = last.filter(|row| row.0 > since.high) {
         reached.open.insert_run(since.high + 1, row.0 - 1);
@@ -197,6 +228,20 @@ pub(super) async fn read_since(
     })
 }
 
+/// The feed row in the five columns from `from`, if it is not null.
+fn row_from(row: &MySqlRow, from: usize) -> Result<Option<Row>, sqlx::Error> {
+    let Some(id) = row.try_get::<Option<i64>, _>(from)? else {
+        return Ok(None);
+    };
+    Ok(Some((
+        id,
+        row.try_get(from + 1)?,
+        row.try_get(from + 2)?,
+        row.try_get(from + 3)?,
+        row.try_get(from + 4)?,
+    )))
+}
+
 /// Counts the rows of feed `name` after `since`, up to `limit`.
 pub(super) async fn pending(
     pool: &MySqlPool,
@@ -204,7 +249,7 @@ pub(super) async fn pending(
     since: &Cursor,
     limit: u64,
 ) -> Result<u64, sqlx::Error> {
-    let (condition, values) = after(since);
+    let (condition, values) = after(since, "");
     let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
         "select cast(count(*) as signed) from (
             select 1 from bloom_guard_changes where guard = ? and {condition} limit ?) as pending"
@@ -732,13 +777,13 @@ mod tests {
             open: [3, 7].into_iter().collect(),
         };
         assert_eq!(
-            after(&since),
+            after(&since, ""),
             ("(id > ? or id in (?, ?))".to_owned(), vec![10, 3, 7])
         );
         since.open = (1..=2000).collect();
         since.high = 3000;
-        assert_eq!(after(&since), ("id >= ?".to_owned(), vec![1]));
+        assert_eq!(after(&since, ""), ("id >= ?".to_owned(), vec![1]));
         since.open = OpenIds::new();
-        assert_eq!(after(&since), ("id > ?".to_owned(), vec![3000]));
+        assert_eq!(after(&since, ""), ("id > ?".to_owned(), vec![3000]));
     }
 }

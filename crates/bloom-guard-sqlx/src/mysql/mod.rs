@@ -73,6 +73,8 @@ impl MySqlFollower {
 #[derive(Debug, Clone)]
 pub(crate) struct MySqlBackend {
     pool: MySqlPool,
+    /// The connection feed reads go through.
+    feed: Arc<crate::kept::KeptConnection<sqlx::MySqlConnection>>,
     watch: Watch,
     settled: Arc<Settled>,
     snapshots: Tables<MySql>,
@@ -85,6 +87,7 @@ impl MySqlBackend {
             snapshots: Tables::new(&pool, &store::STATEMENTS),
             fleet: FleetTables::new(&pool, &store::FLEET),
             settled: Arc::default(),
+            feed: Arc::new(feed::feed_connection(&pool)),
             pool,
             watch,
         }
@@ -158,7 +161,14 @@ impl Database for MySqlBackend {
     }
 
     async fn read(&self, since: &Cursor) -> Result<Read<Cursor>, sqlx::Error> {
-        feed::read_since(&self.pool, &self.settled, self.watch.feed_name(), since).await
+        feed::read_since(
+            &self.feed,
+            &self.settled,
+            &self.pool,
+            self.watch.feed_name(),
+            since,
+        )
+        .await
     }
 
     async fn pending(&self, since: &Cursor, limit: u64) -> Result<u64, sqlx::Error> {
@@ -217,6 +227,10 @@ impl Database for MySqlBackend {
         stop: CancellationToken,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         wake::watch(self.pool.clone(), wake, stop)
+    }
+
+    async fn close(&self) {
+        self.feed.close().await;
     }
 
     fn snapshots(&self) -> &Tables<MySql> {

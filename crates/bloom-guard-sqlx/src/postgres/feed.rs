@@ -9,11 +9,11 @@
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{Connection, PgConnection, PgPool, Row, ValueRef};
+use sqlx::{PgConnection, PgPool, Row, ValueRef};
 
 use crate::follow::changes::Changes;
 use crate::follow::Read;
+use crate::kept::KeptConnection;
 
 /// The changes read and the feed's snapshot after them, in one statement:
 /// `pg_current_snapshot()` is the statement's own snapshot. Keys travel as
@@ -42,9 +42,8 @@ const READ_COMMITTED: &str =
 /// The application name of the connection feed reads go through.
 pub const FEED_APPLICATION_NAME: &str = "bloom_guard_feed";
 
-/// The connection a follower's feed reads go through, kept between reads:
-/// a read (the read barrier's included) is one prepared statement, one
-/// round trip, with no pool's ping before or after it.
+/// The options of the connection a follower keeps for its feed reads
+/// ([`KeptConnection`]).
 ///
 /// The session runs at READ COMMITTED whatever the database's or the
 /// role's default (under REPEATABLE READ a statement's snapshot would
@@ -54,59 +53,33 @@ pub const FEED_APPLICATION_NAME: &str = "bloom_guard_feed";
 /// expects a third of the table and starts workers, which costs a read
 /// (and every refusal waiting on the read barrier) milliseconds. Both are
 /// startup parameters, so connecting costs no extra round trip.
-#[derive(Debug)]
-pub(super) struct FeedConnection {
-    options: PgConnectOptions,
-    connection: tokio::sync::Mutex<Option<PgConnection>>,
+pub(super) fn feed_connection(pool: &PgPool) -> KeptConnection<PgConnection> {
+    let options = pool
+        .connect_options()
+        .as_ref()
+        .clone()
+        .application_name(FEED_APPLICATION_NAME)
+        .options([
+            ("default_transaction_isolation", "read committed"),
+            ("max_parallel_workers_per_gather", "0"),
+            ("tcp_keepalives_idle", "30"),
+            ("tcp_keepalives_interval", "10"),
+            ("tcp_keepalives_count", "3"),
+        ]);
+    KeptConnection::new(options, None)
 }
 
-impl FeedConnection {
-    /// Connects (on the first read) as the pool does.
-    pub(super) fn new(pool: &PgPool) -> Self {
-        let options = pool
-            .connect_options()
-            .as_ref()
-            .clone()
-            .application_name(FEED_APPLICATION_NAME)
-            .options([
-                ("default_transaction_isolation", "read committed"),
-                ("max_parallel_workers_per_gather", "0"),
-                ("tcp_keepalives_idle", "30"),
-                ("tcp_keepalives_interval", "10"),
-                ("tcp_keepalives_count", "3"),
-            ]);
-        Self {
-            options,
-            connection: tokio::sync::Mutex::new(None),
-        }
-    }
-
-    /// Reads the changes of feed `name` committed after position `seen`.
-    /// A connection that failed is dropped: the next read connects again.
-    pub(super) async fn read_since(
-        &self,
-        name: &str,
-        seen: &str,
-    ) -> Result<Read<String>, sqlx::Error> {
-        let mut kept = self.connection.lock().await;
-        let connection = match kept.take() {
-            Some(connection) => connection,
-            None => PgConnection::connect_with(&self.options).await?,
-        };
-        let connection = kept.insert(connection);
-        let read = read_since(connection, name, seen).await;
-        if read.is_err() {
-            kept.take();
-        }
-        read
-    }
-
-    /// Closes the connection cleanly.
-    pub(super) async fn close(&self) {
-        if let Some(connection) = self.connection.lock().await.take() {
-            let _ = connection.close().await;
-        }
-    }
+/// Reads the changes of feed `name` committed after position `seen` on the
+/// kept connection; a read that failed closes it.
+pub(super) async fn read_kept(
+    kept: &KeptConnection<PgConnection>,
+    name: &str,
+    seen: &str,
+) -> Result<Read<String>, sqlx::Error> {
+    let mut lease = kept.lease().await?;
+    let read = read_since(lease.connection(), name, seen).await?;
+    lease.keep();
+    Ok(read)
 }
 
 /// Reads the changes of feed `name` committed after position `seen`, in

@@ -91,7 +91,7 @@ impl PgFollower {
 pub(crate) struct PgBackend {
     pool: PgPool,
     /// The connection feed reads go through.
-    feed: std::sync::Arc<feed::FeedConnection>,
+    feed: std::sync::Arc<crate::kept::KeptConnection<sqlx::PgConnection>>,
     watch: Watch,
     snapshots: Tables<Postgres>,
     fleet: FleetTables<Postgres>,
@@ -104,7 +104,7 @@ impl PgBackend {
         let snapshots = Tables::new(&pool, &snapshot::STATEMENTS);
         let fleet = FleetTables::new(&pool, &fleet::STATEMENTS);
         Self {
-            feed: std::sync::Arc::new(feed::FeedConnection::new(&pool)),
+            feed: std::sync::Arc::new(feed::feed_connection(&pool)),
             pool,
             watch,
             snapshots,
@@ -165,7 +165,7 @@ impl Database for PgBackend {
     }
 
     async fn read(&self, since: &String) -> Result<Read<String>, sqlx::Error> {
-        self.feed.read_since(self.watch.feed_name(), since).await
+        feed::read_kept(&self.feed, self.watch.feed_name(), since).await
     }
 
     async fn pending(&self, since: &String, limit: u64) -> Result<u64, sqlx::Error> {

@@ -370,7 +370,7 @@ impl Builder {
 
     /// How often the guard's followers read the feed while refusals wait
     /// (see [`ReadPace`]): by default at once after a quiet spell, and in
-    /// a flood one read per 50 refusals or per 10 ms, at most 2 000 reads
+    /// a flood one read per 56 refusals or per 12 ms, at most 2 000 reads
     /// a second. Give every guard of an instance a clone of one pace to
     /// share one ceiling.
     ///

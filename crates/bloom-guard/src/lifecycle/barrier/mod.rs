@@ -12,10 +12,13 @@
 //! Waiting costs a request no lock, channel or timer of its own. Reads are
 //! numbered: a request notes, per follower, the number of the next read
 //! to begin (its [`Ticket`]) and waits until that read is done, one atomic
-//! load per look. Every waiter of a guard sleeps on one [`Notify`], woken
-//! once per finished read. One waiter at a time keeps the clock for all:
-//! it wakes every `bound / 8` and moves a shared horizon, and every
-//! request that arrived before `now - bound` goes on to the handler.
+//! load per look. Waiters sleep on one of two [`Notify`]s by their read's
+//! parity, so a finished read wakes only the waiters it releases (those of
+//! the next read sleep on the other). While anyone waits, one task keeps
+//! the clock for all: every `bound / 8` it looks whether every follower
+//! finished a read meanwhile; if one did not, it moves a shared horizon and
+//! wakes everyone, and every request that arrived before `now - bound` goes
+//! on to the handler.
 
 mod pace;
 mod reader;
@@ -23,7 +26,7 @@ mod slot;
 #[cfg(test)]
 mod tests;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,10 +62,13 @@ pub(crate) struct Barrier {
     /// the filter no longer follows the table, so refusals go on at once
     /// until a reader joins again.
     orphaned: AtomicBool,
-    /// Every waiter sleeps here; a finished read, a failure, a reader
-    /// leaving or the clock wakes them all.
-    released: Notify,
-    /// Whether a waiter keeps the clock.
+    /// Waiters sleep here by the parity of their read: a finished read
+    /// wakes its own; a failure, a reader joining or leaving, or the clock
+    /// wakes both.
+    released: [Notify; 2],
+    /// Requests waiting now: the clock runs while there are any.
+    waiting: AtomicUsize,
+    /// Whether the clock's task runs.
     keeping: AtomicBool,
     epoch: Instant,
     /// Nanoseconds after `epoch`: a request that arrived before it waited
@@ -101,6 +107,17 @@ impl Reads {
         }
     }
 
+    /// Which of the barrier's two lists a waiter sleeps on: its first
+    /// read's parity.
+    fn parity(&self) -> usize {
+        let first = match self {
+            Self::None => 0,
+            Self::One(_, read) => *read,
+            Self::Many(reads) => reads.first().map_or(0, |(_, read)| *read),
+        };
+        usize::from(first % 2 == 1)
+    }
+
     fn push(&mut self, id: u64, read: u64) {
         *self = match std::mem::replace(self, Self::None) {
             Self::None => Self::One(id, read),
@@ -136,7 +153,8 @@ impl Barrier {
             next_id: AtomicU64::new(0),
             failing: AtomicBool::new(false),
             orphaned: AtomicBool::new(false),
-            released: Notify::new(),
+            released: [Notify::new(), Notify::new()],
+            waiting: AtomicUsize::new(0),
             keeping: AtomicBool::new(false),
             epoch: Instant::now(),
             horizon: AtomicU64::new(0),
@@ -194,17 +212,15 @@ impl Barrier {
     /// happen within the bound, or a follower's last read failed (the
     /// database is down or slow): then the filter may be stale, and the
     /// request must go on.
-    pub(crate) async fn wait(&self, mut ticket: Ticket) -> bool {
+    pub(crate) async fn wait(self: &Arc<Self>, mut ticket: Ticket) -> bool {
         if self.bound.is_none() {
             return false;
         }
         self.ask(&mut ticket);
-        let mut keeper: Option<Keeper<'_>> = None;
-        let mut next_tick = Instant::now() + self.tick;
+        let _waiting = Waiting::enter(self);
         loop {
             // Made before the look: a wake-up between the two is not lost.
-            let released = self.released.notified();
-            tokio::pin!(released);
+            let released = self.released[ticket.reads.parity()].notified();
             match self.look(&mut ticket) {
                 Look::Read => return true,
                 Look::GoOn => return false,
@@ -213,20 +229,7 @@ impl Barrier {
             if ticket.arrived < self.horizon.load(Ordering::Acquire) {
                 return false;
             }
-            if keeper.is_none() {
-                keeper = Keeper::claim(self);
-            }
-            if keeper.is_some() {
-                tokio::select! {
-                    () = &mut released => {}
-                    () = tokio::time::sleep_until(next_tick) => {
-                        next_tick = Instant::now() + self.tick;
-                        self.move_horizon();
-                    }
-                }
-            } else {
-                released.await;
-            }
+            released.await;
         }
     }
 
@@ -263,12 +266,63 @@ impl Barrier {
         }
     }
 
-    /// Every request that arrived more than the bound ago goes on.
-    fn move_horizon(&self) {
+    /// Keeps the clock while anyone waits: every tick, if a follower
+    /// finished no read since the last, every request that arrived more
+    /// than the bound ago goes on. Runs on the waiters' runtime; a runtime
+    /// that stops drops it, and the next waiter starts another.
+    async fn keep_time(self: Arc<Self>) {
+        struct Keeping<'a>(&'a AtomicBool);
+        impl Drop for Keeping<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _keeping = Keeping(&self.keeping);
         let bound = self.bound.unwrap_or_default();
-        let horizon = self.now().saturating_sub(nanos(bound));
-        self.horizon.fetch_max(horizon, Ordering::AcqRel);
-        self.released.notify_waiters();
+        let mut seen: Vec<(u64, u64)> = Vec::new();
+        loop {
+            tokio::time::sleep(self.tick).await;
+            if self.waiting.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            let readers = self.readers.load();
+            let stalled = readers.iter().any(|slot| {
+                let done = slot.reads_done();
+                let before = seen
+                    .iter()
+                    .find(|(id, _)| *id == slot.id)
+                    .map(|(_, done)| *done);
+                before.is_none_or(|before| before == done)
+            });
+            seen = readers
+                .iter()
+                .map(|slot| (slot.id, slot.reads_done()))
+                .collect();
+            if stalled {
+                let horizon = self.now().saturating_sub(nanos(bound));
+                self.horizon.fetch_max(horizon, Ordering::AcqRel);
+                self.wake_all();
+            }
+        }
+    }
+
+    /// Read `read` of a follower is done; the highest done before was
+    /// `before`. Wakes the waiters it releases.
+    fn read_done(&self, before: u64, read: u64) {
+        if self.failing.load(Ordering::Acquire) {
+            self.refresh_failing();
+        }
+        if read == before + 1 && self.readers.load().len() == 1 {
+            self.released[usize::from(read % 2 == 1)].notify_waiters();
+        } else {
+            self.wake_all();
+        }
+    }
+
+    fn wake_all(&self) {
+        for released in &self.released {
+            released.notify_waiters();
+        }
     }
 
     fn now(&self) -> u64 {
@@ -311,28 +365,36 @@ impl Barrier {
             .iter()
             .any(|slot| slot.failing.load(Ordering::Acquire));
         self.failing.store(failing, Ordering::Release);
-        self.released.notify_waiters();
+        self.wake_all();
     }
 }
 
-/// The waiter that keeps the clock; handing it back wakes the others, so
-/// one of them takes it over.
-struct Keeper<'a>(&'a Barrier);
+/// A request counted as waiting, for as long as it waits; the first starts
+/// the clock.
+struct Waiting<'a>(&'a Barrier);
 
-impl<'a> Keeper<'a> {
-    fn claim(barrier: &'a Barrier) -> Option<Self> {
-        (!barrier.keeping.load(Ordering::Relaxed)
+impl<'a> Waiting<'a> {
+    fn enter(barrier: &'a Arc<Barrier>) -> Self {
+        barrier.waiting.fetch_add(1, Ordering::AcqRel);
+        if !barrier.keeping.load(Ordering::Acquire)
             && barrier
                 .keeping
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok())
-        .then_some(Self(barrier))
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(Arc::clone(barrier).keep_time());
+                }
+                Err(_) => barrier.keeping.store(false, Ordering::Release),
+            }
+        }
+        Self(barrier)
     }
 }
 
-impl Drop for Keeper<'_> {
+impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.keeping.store(false, Ordering::Release);
-        self.0.released.notify_waiters();
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
     }
 }

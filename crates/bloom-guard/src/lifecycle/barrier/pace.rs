@@ -17,11 +17,14 @@ use tokio::time::Instant;
 /// flood, reads start at most [`max_reads_per_sec`](Self::max_reads_per_sec)
 /// a second. A lone refusal after a quiet spell is read for at once.
 ///
-/// With the defaults (50 refusals a read, 10 ms, 2 000 reads a second),
-/// a flood of absent keys costs the database at most 2% of its refusals
-/// in reads above 5 000 refusals a second, and at most 100 reads a second
-/// below (each refusal waiting up to 10 ms for its read to start); a
-/// client with few requests in flight sees one read's round trip.
+/// With the defaults (56 refusals a read, 12 ms, 2 000 reads a second),
+/// reads cost the database at most one in 56 refusals (1.8%) in a flood
+/// of more than 4 700 refusals a second, and at most 84 reads a second
+/// below, where a refusal waits up to 12 ms for its read to start. A lone
+/// refusal after a quiet spell waits one read's round trip; a client that
+/// keeps fewer than 56 requests for absent keys in flight back to back is
+/// held to one round of them per 12 ms (the reads it may cost are the
+/// database's, whoever sends them).
 ///
 /// # Sharing one budget
 ///
@@ -55,8 +58,8 @@ pub struct ReadPace {
 impl Default for ReadPace {
     fn default() -> Self {
         Self {
-            refusals_per_read: 50,
-            max_gap: Duration::from_millis(10),
+            refusals_per_read: 56,
+            max_gap: Duration::from_millis(12),
             ceiling: Arc::new(Ceiling::new(2_000)),
         }
     }
@@ -64,7 +67,7 @@ impl Default for ReadPace {
 
 impl ReadPace {
     /// How many waiting refusals a read waits for before it starts early
-    /// (default 50): the database reads at most one in this many
+    /// (default 56): the database reads at most one in this many
     /// refusals once refusals come faster than this many per
     /// [`max_gap`](Self::max_gap). At least 1.
     #[must_use]
@@ -74,7 +77,7 @@ impl ReadPace {
     }
 
     /// The longest a read for waiting refusals waits for company after the
-    /// last read began (default 10 ms): below
+    /// last read began (default 12 ms): below
     /// [`refusals_per_read`](Self::refusals_per_read) per this long, a
     /// refusal waits at most this long for its read to start, and a lone
     /// refusal not at all.

@@ -126,10 +126,8 @@ impl FeedReader {
         let (began, asks_then) = *self.last.lock();
         let gap_over = began + pace.gap();
         while Instant::now() < gap_over && self.slot.asks_since(asks_then) < pace.per_read() {
-            tokio::select! {
-                () = self.slot.wake.notified() => {}
-                () = tokio::time::sleep_until(gap_over) => {}
-            }
+            // Woken by the ask that makes company enough, or the gap over.
+            let _ = tokio::time::timeout_at(gap_over, self.slot.wake.notified()).await;
         }
         pace.admit().await;
     }
@@ -146,8 +144,8 @@ impl FeedReader {
     /// Marks the read `start` done: its keys are in the filter. Every
     /// refusal that arrived before it began goes on.
     pub fn done(&self, start: ReadStart) {
-        self.slot.done(start.0);
-        self.barrier.refresh_failing();
+        let before = self.slot.done(start.0);
+        self.barrier.read_done(before, start.0);
     }
 
     /// Marks a read failed (the database unreachable): until a read is

@@ -81,10 +81,15 @@ impl Slot {
         (read, asks)
     }
 
-    /// Read `read`'s keys are in the filter.
-    pub(super) fn done(&self, read: u64) {
+    /// Read `read`'s keys are in the filter; the highest read done before.
+    pub(super) fn done(&self, read: u64) -> u64 {
         self.failing.store(false, Ordering::Release);
-        self.done.fetch_max(read, Ordering::AcqRel);
+        self.done.fetch_max(read, Ordering::AcqRel)
+    }
+
+    /// The highest read done.
+    pub(super) fn reads_done(&self) -> u64 {
+        self.done.load(Ordering::Acquire)
     }
 
     /// Whether a refusal asked since the last read began.

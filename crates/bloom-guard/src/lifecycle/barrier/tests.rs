@@ -48,13 +48,13 @@ async fn without_a_read_the_wait_gives_up_at_the_bound() {
     let waited = started.elapsed();
     // One clock for every waiter, looked at every eighth of the bound.
     assert!(
-        waited >= Duration::from_millis(100) && waited <= Duration::from_millis(113),
+        waited >= Duration::from_millis(100) && waited <= Duration::from_millis(126),
         "waited {waited:?}"
     );
 }
 
 #[tokio::test(start_paused = true)]
-async fn every_waiter_gives_up_within_the_bound_and_a_tick_whoever_keeps_the_clock() {
+async fn every_waiter_gives_up_within_the_bound_and_two_ticks_of_the_one_clock() {
     let barrier = barrier(Duration::from_millis(80));
     let _reader = FeedReader::new(Arc::clone(&barrier));
     let start = Instant::now();
@@ -67,8 +67,8 @@ async fn every_waiter_gives_up_within_the_bound_and_a_tick_whoever_keeps_the_clo
             let read = barrier.wait(ticket).await;
             (read, arrived.elapsed())
         });
-        // Some waiters leave early (their client went away), the clock
-        // keeper among them.
+        // Some waiters leave early (their client went away), the first
+        // among them.
         if i % 3 == 0 {
             settle().await;
             wait.abort();
@@ -81,7 +81,7 @@ async fn every_waiter_gives_up_within_the_bound_and_a_tick_whoever_keeps_the_clo
         let (read, waited) = wait.await.expect("the wait runs");
         assert!(!read);
         assert!(
-            waited >= Duration::from_millis(80) && waited <= Duration::from_millis(91),
+            waited >= Duration::from_millis(80) && waited <= Duration::from_millis(101),
             "waited {waited:?}"
         );
     }
@@ -266,24 +266,31 @@ async fn no_waiter_is_released_before_a_read_that_holds_its_key() {
         }
     });
     let mut waiters = Vec::new();
-    for _ in 0..WAITERS {
-        let (barrier, database, filter) = (
-            Arc::clone(&barrier),
-            Arc::clone(&database),
-            Arc::clone(&filter),
-        );
-        waiters.push(tokio::spawn(async move {
-            let key = database.fetch_add(1, Ordering::SeqCst) + 1;
-            let ticket = barrier.ticket();
-            let read = barrier.wait(ticket).await;
-            // Released: the key must be in the filter now.
-            assert!(
-                !read || filter.load(Ordering::SeqCst) >= key,
-                "key {key} refused"
+    // In waves, each while the reads of the last go on: requests arrive
+    // while reads are in flight, whatever the machine's load.
+    for wave in 0..WAITERS / 100 {
+        for _ in 0..100 {
+            let (barrier, database, filter) = (
+                Arc::clone(&barrier),
+                Arc::clone(&database),
+                Arc::clone(&filter),
             );
-            read
-        }));
-        if fastrand::u8(..) < 16 {
+            waiters.push(tokio::spawn(async move {
+                let key = database.fetch_add(1, Ordering::SeqCst) + 1;
+                let ticket = barrier.ticket();
+                let read = barrier.wait(ticket).await;
+                // Released: the key must be in the filter now.
+                assert!(
+                    !read || filter.load(Ordering::SeqCst) >= key,
+                    "key {key} refused"
+                );
+                read
+            }));
+            if fastrand::u8(..) < 16 {
+                tokio::task::yield_now().await;
+            }
+        }
+        while reads.load(Ordering::Relaxed) <= wave as usize {
             tokio::task::yield_now().await;
         }
     }
