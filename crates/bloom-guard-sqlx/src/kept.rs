@@ -2,8 +2,23 @@
 //! (the read barrier's included) is one statement and one round trip,
 //! with no pool's ping before or after it.
 
+use std::time::Duration;
+
 use sqlx::{AssertSqlSafe, Connection, Executor};
 use tokio::sync::{Mutex, MutexGuard};
+
+/// How long a use of a kept connection may take before the connection is
+/// given up: a half-open connection (a failover) fails the read instead of
+/// holding the follower.
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The error of a use that took longer than [`READ_TIMEOUT`].
+pub(crate) fn timed_out() -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "a change feed read took longer than 10 s",
+    ))
+}
 
 /// One connection, connected on first use and again after a use that
 /// failed or was cancelled.

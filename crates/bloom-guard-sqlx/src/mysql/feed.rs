@@ -172,31 +172,14 @@ pub(super) async fn read_since(
         query = query.bind(value);
     }
     let mut lease = kept.lease().await?;
-    let mut rows = query.fetch(lease.connection());
-    let mut changes = Changes::default();
-    let mut seen = BTreeSet::new();
-    let mut last: Option<Row> = None;
-    let mut first = None;
-    while let Some(row) = rows.try_next().await? {
-        if first.is_none() {
-            let below: i64 = row.try_get(0)?;
-            first = Some((below, row_from(&row, 1)?));
-        }
-        let Some(row) = row_from(&row, 6)? else {
-            continue; // the one row of a read that found nothing
-        };
-        let id = row.0;
-        if id <= since.high && !since.open.contains(id) {
-            continue;
-        }
-        seen.insert(id);
-        if row.1 == name {
-            changes.record(&row.2, row.3.as_deref());
-        }
-        last = Some(row);
-    }
-    drop(rows);
+    let read = tokio::time::timeout(
+        crate::kept::READ_TIMEOUT,
+        read_rows(query, lease.connection(), since, name),
+    )
+    .await
+    .map_err(|_| crate::kept::timed_out())??;
     lease.keep();
+    let (first, changes, seen, last) = read;
     let (below, at_high) = first.ok_or(sqlx::Error::RowNotFound)?;
     // Pruning moves the horizon before it deletes: rows this reader still
     // needs may be gone once it passed them.
@@ -226,6 +209,48 @@ pub(super) async fn read_since(
         position: reached,
         changes,
     })
+}
+
+/// What one read statement brought: the horizon and the row at the
+/// cursor, the changes of feed `name`, the ids seen, the last row.
+type ReadRows = (
+    Option<(i64, Option<Row>)>,
+    Changes,
+    BTreeSet<i64>,
+    Option<Row>,
+);
+
+/// Runs the read statement and gathers its rows.
+async fn read_rows(
+    query: sqlx::query::Query<'_, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+    connection: &mut MySqlConnection,
+    since: &Cursor,
+    name: &str,
+) -> Result<ReadRows, sqlx::Error> {
+    let mut rows = query.fetch(connection);
+    let mut changes = Changes::default();
+    let mut seen = BTreeSet::new();
+    let mut last: Option<Row> = None;
+    let mut first = None;
+    while let Some(row) = rows.try_next().await? {
+        if first.is_none() {
+            let below: i64 = row.try_get(0)?;
+            first = Some((below, row_from(&row, 1)?));
+        }
+        let Some(row) = row_from(&row, 6)? else {
+            continue; // the one row of a read that found nothing
+        };
+        let id = row.0;
+        if id <= since.high && !since.open.contains(id) {
+            continue;
+        }
+        seen.insert(id);
+        if row.1 == name {
+            changes.record(&row.2, row.3.as_deref());
+        }
+        last = Some(row);
+    }
+    Ok((first, changes, seen, last))
 }
 
 /// The feed row in the five columns from `from`, if it is not null.

@@ -16,16 +16,18 @@ use crate::follow::Read;
 use crate::kept::KeptConnection;
 
 /// The changes read and the feed's snapshot after them, in one statement:
-/// `pg_current_snapshot()` is the statement's own snapshot. Keys travel as
+/// `pg_current_snapshot()` is the statement's own snapshot, taken after the
+/// locks it waited for only under READ COMMITTED, which it reports. Keys travel as
 /// UTF-8 bytes (`bytea`, which no client encoding refuses), or as stored in
 /// a SQL_ASCII database, which has no encoding to convert from.
 const READ: &str = "
 with now as (
     select pg_catalog.pg_current_snapshot() as snapshot,
            pg_catalog.pg_snapshot_xmin($2::pg_snapshot) < (select below from bloom_guard.horizon) as pruned,
-           case pg_catalog.current_setting('server_encoding') when 'SQL_ASCII' then 'SQL_ASCII' else 'UTF8' end as encoding
+           case pg_catalog.current_setting('server_encoding') when 'SQL_ASCII' then 'SQL_ASCII' else 'UTF8' end as encoding,
+           pg_catalog.current_setting('transaction_isolation') as isolation
 )
-select now.snapshot::text, now.pruned, c.kind::text, pg_catalog.convert_to(c.key, now.encoding)
+select now.snapshot::text, now.pruned, c.kind::text, pg_catalog.convert_to(c.key, now.encoding), now.isolation
 from now left join bloom_guard.changes c
   on c.guard = $1
  and not now.pruned
@@ -77,7 +79,12 @@ pub(super) async fn read_kept(
     seen: &str,
 ) -> Result<Read<String>, sqlx::Error> {
     let mut lease = kept.lease().await?;
-    let read = read_since(lease.connection(), name, seen).await?;
+    let read = tokio::time::timeout(
+        crate::kept::READ_TIMEOUT,
+        read_since(lease.connection(), name, seen),
+    )
+    .await
+    .map_err(|_| crate::kept::timed_out())??;
     lease.keep();
     Ok(read)
 }
@@ -94,6 +101,14 @@ async fn read_since(
     let mut changes = Changes::default();
     while let Some(row) = rows.try_next().await? {
         if position.is_none() {
+            let isolation: String = row.try_get(4)?;
+            if isolation != "read committed" {
+                // A pooler dropped the startup parameters, and the role's
+                // default isolation would let the read miss a truncation.
+                return Err(sqlx::Error::Configuration(
+                    format!("the change feed connection runs at {isolation}, not read committed: connect without a pooler that drops startup parameters").into(),
+                ));
+            }
             position = Some(row.try_get(0)?);
             if row.try_get::<bool, _>(1)? {
                 return Ok(Read::Pruned);

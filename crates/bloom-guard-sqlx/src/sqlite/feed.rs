@@ -52,7 +52,7 @@ pub(super) async fn position_in(conn: &mut sqlx::SqliteConnection) -> Result<Mar
 /// position's id; the first row carries the horizon and the mark's row,
 /// and a read that found nothing is that row alone.
 const READ: &str = "
-with now as (select below from bloom_guard_horizon)
+with now as (select coalesce(max(below), 0) as below from bloom_guard_horizon)
 select now.below,
        m.id, m.guard, m.kind, hex(quote(m.key)), m.at,
        c.id, c.kind, hex(quote(c.key)), c.at, c.key

@@ -52,12 +52,7 @@ pub(crate) struct Barrier {
     tick: Duration,
     pace: ReadPace,
     readers: ArcSwap<Vec<Arc<Slot>>>,
-    /// Bumped after every change of `readers`.
-    generation: AtomicU64,
     next_id: AtomicU64,
-    /// Whether a reader's last read failed: refusals go on at once,
-    /// without waiting for a read that cannot come, until it succeeds.
-    failing: AtomicBool,
     /// Every reader left (its follower stopped, or panicked in a hook):
     /// the filter no longer follows the table, so refusals go on at once
     /// until a reader joins again.
@@ -82,7 +77,6 @@ pub(crate) struct Barrier {
 pub(crate) struct Ticket {
     /// Nanoseconds after the barrier's epoch.
     arrived: u64,
-    generation: u64,
     reads: Reads,
     /// Whether the followers were asked for the reads.
     asked: bool,
@@ -105,17 +99,6 @@ impl Reads {
                 .iter()
                 .find_map(|(slot, read)| (*slot == id).then_some(*read)),
         }
-    }
-
-    /// Which of the barrier's two lists a waiter sleeps on: its first
-    /// read's parity.
-    fn parity(&self) -> usize {
-        let first = match self {
-            Self::None => 0,
-            Self::One(_, read) => *read,
-            Self::Many(reads) => reads.first().map_or(0, |(_, read)| *read),
-        };
-        usize::from(first % 2 == 1)
     }
 
     fn push(&mut self, id: u64, read: u64) {
@@ -149,9 +132,7 @@ impl Barrier {
             tick,
             pace,
             readers: ArcSwap::from_pointee(Vec::new()),
-            generation: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
-            failing: AtomicBool::new(false),
             orphaned: AtomicBool::new(false),
             released: [Notify::new(), Notify::new()],
             waiting: AtomicUsize::new(0),
@@ -185,14 +166,12 @@ impl Barrier {
     /// What a request arriving now would wait for, without asking for the
     /// reads yet: [`wait`](Self::wait) asks.
     pub(crate) fn note(&self) -> Ticket {
-        let generation = self.generation.load(Ordering::Acquire);
         let mut reads = Reads::None;
         for slot in self.readers.load().iter() {
             reads.push(slot.id, slot.next_read());
         }
         Ticket {
             arrived: self.now(),
-            generation,
             reads,
             asked: false,
         }
@@ -219,9 +198,10 @@ impl Barrier {
         self.ask(&mut ticket);
         let _waiting = Waiting::enter(self);
         loop {
-            // Made before the look: a wake-up between the two is not lost.
-            let released = self.released[ticket.reads.parity()].notified();
-            match self.look(&mut ticket) {
+            // The list this waiter's read is announced on; made before the
+            // look: a wake-up between the two is not lost.
+            let released = self.released[self.list_of(&mut ticket)].notified();
+            match self.look(&ticket) {
                 Look::Read => return true,
                 Look::GoOn => return false,
                 Look::Wait => {}
@@ -233,25 +213,45 @@ impl Barrier {
         }
     }
 
-    /// Whether every follower has done the read `ticket` owes; asks a
-    /// follower that joined since the ticket was taken.
-    fn look(&self, ticket: &mut Ticket) -> Look {
-        if self.failing.load(Ordering::Acquire) || self.orphaned.load(Ordering::Acquire) {
+    /// Which of the two lists announces the read `ticket` waits for: with
+    /// one follower, its read's parity; with several, any finished read
+    /// wakes both, so the first. Adds to the ticket the followers that
+    /// joined since it was taken (any read of theirs from now on began
+    /// after the request arrived), and asks them.
+    fn list_of(&self, ticket: &mut Ticket) -> usize {
+        let readers = self.readers.load();
+        for slot in readers.iter() {
+            if ticket.reads.of(slot.id).is_none() {
+                ticket.reads.push(slot.id, slot.next_read());
+                slot.ask();
+            }
+        }
+        match readers.as_slice() {
+            [slot] => ticket
+                .reads
+                .of(slot.id)
+                .map_or(0, |read| usize::from(read % 2 == 1)),
+            _ => 0,
+        }
+    }
+
+    /// Whether every follower has done the read `ticket` owes. A follower
+    /// the ticket does not name yet holds the wait until the next look
+    /// adds it.
+    fn look(&self, ticket: &Ticket) -> Look {
+        if self.orphaned.load(Ordering::Acquire) {
             return Look::GoOn;
         }
         let readers = self.readers.load();
         if readers.is_empty() {
             return Look::GoOn;
         }
-        let generation = self.generation.load(Ordering::Acquire);
-        if generation != ticket.generation {
-            ticket.generation = generation;
-            for slot in readers.iter() {
-                if ticket.reads.of(slot.id).is_none() {
-                    ticket.reads.push(slot.id, slot.next_read());
-                    slot.ask();
-                }
-            }
+        // A follower whose last read failed cannot bring the read soon.
+        if readers
+            .iter()
+            .any(|slot| slot.failing.load(Ordering::Acquire))
+        {
+            return Look::GoOn;
         }
         let all = readers.iter().all(|slot| {
             ticket
@@ -271,19 +271,34 @@ impl Barrier {
     /// than the bound ago goes on. Runs on the waiters' runtime; a runtime
     /// that stops drops it, and the next waiter starts another.
     async fn keep_time(self: Arc<Self>) {
-        struct Keeping<'a>(&'a AtomicBool);
+        /// Hands the clock back if the task is dropped (its runtime
+        /// stopped): the next waiter starts another.
+        struct Keeping<'a>(Option<&'a AtomicBool>);
         impl Drop for Keeping<'_> {
             fn drop(&mut self) {
-                self.0.store(false, Ordering::Release);
+                if let Some(keeping) = self.0 {
+                    keeping.store(false, Ordering::SeqCst);
+                }
             }
         }
-        let _keeping = Keeping(&self.keeping);
+        let mut keeping = Keeping(Some(&self.keeping));
         let bound = self.bound.unwrap_or_default();
         let mut seen: Vec<(u64, u64)> = Vec::new();
         loop {
             tokio::time::sleep(self.tick).await;
-            if self.waiting.load(Ordering::Acquire) == 0 {
-                return;
+            if self.waiting.load(Ordering::SeqCst) == 0 {
+                // Hand the clock back, then look again: a waiter that came
+                // meanwhile found it taken and started none.
+                self.keeping.store(false, Ordering::SeqCst);
+                if self.waiting.load(Ordering::SeqCst) == 0
+                    || self
+                        .keeping
+                        .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_err()
+                {
+                    keeping.0 = None;
+                    return;
+                }
             }
             let readers = self.readers.load();
             let stalled = readers.iter().any(|slot| {
@@ -309,9 +324,6 @@ impl Barrier {
     /// Read `read` of a follower is done; the highest done before was
     /// `before`. Wakes the waiters it releases.
     fn read_done(&self, before: u64, read: u64) {
-        if self.failing.load(Ordering::Acquire) {
-            self.refresh_failing();
-        }
         if read == before + 1 && self.readers.load().len() == 1 {
             self.released[usize::from(read % 2 == 1)].notify_waiters();
         } else {
@@ -319,7 +331,7 @@ impl Barrier {
         }
     }
 
-    fn wake_all(&self) {
+    pub(super) fn wake_all(&self) {
         for released in &self.released {
             released.notify_waiters();
         }
@@ -336,8 +348,8 @@ impl Barrier {
             readers.push(Arc::clone(&slot));
             readers
         });
-        self.generation.fetch_add(1, Ordering::AcqRel);
         self.orphaned.store(false, Ordering::Release);
+        self.wake_all();
         slot
     }
 
@@ -349,22 +361,10 @@ impl Barrier {
                 .cloned()
                 .collect::<Vec<_>>()
         });
-        self.generation.fetch_add(1, Ordering::AcqRel);
         if before.iter().all(|slot| slot.id == id) {
             self.orphaned.store(true, Ordering::Release);
             tracing::info!("the guard's change feed readers stopped; would-be refusals go to the handler from now on");
         }
-        self.refresh_failing();
-    }
-
-    /// A reader's read finished or failed.
-    fn refresh_failing(&self) {
-        let failing = self
-            .readers
-            .load()
-            .iter()
-            .any(|slot| slot.failing.load(Ordering::Acquire));
-        self.failing.store(failing, Ordering::Release);
         self.wake_all();
     }
 }
@@ -375,11 +375,11 @@ struct Waiting<'a>(&'a Barrier);
 
 impl<'a> Waiting<'a> {
     fn enter(barrier: &'a Arc<Barrier>) -> Self {
-        barrier.waiting.fetch_add(1, Ordering::AcqRel);
-        if !barrier.keeping.load(Ordering::Acquire)
+        barrier.waiting.fetch_add(1, Ordering::SeqCst);
+        if !barrier.keeping.load(Ordering::SeqCst)
             && barrier
                 .keeping
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
         {
             match tokio::runtime::Handle::try_current() {
@@ -395,6 +395,6 @@ impl<'a> Waiting<'a> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -155,7 +155,8 @@ impl FeedReader {
         self.slot
             .failing
             .store(true, std::sync::atomic::Ordering::Release);
-        self.barrier.refresh_failing();
+        // Waiters go on at once instead of waiting out the bound.
+        self.barrier.wake_all();
     }
 }
 

@@ -307,3 +307,33 @@ async fn no_waiter_is_released_before_a_read_that_holds_its_key() {
     );
     assert!(reads < WAITERS as usize, "{reads} reads: one per waiter");
 }
+
+/// The clock runs on a waiter's runtime: when that runtime stops, a waiter
+/// on another starts it again, and still gives up at the bound.
+#[test]
+fn the_clock_starts_again_on_another_runtime() {
+    let barrier = barrier(Duration::from_millis(40));
+    let reader = FeedReader::new(Arc::clone(&barrier));
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime")
+    };
+    // A waiter on the first runtime starts the clock; the runtime stops
+    // while it waits.
+    let first = runtime();
+    first.block_on(async {
+        let ticket = barrier.ticket();
+        let waiting = Arc::clone(&barrier);
+        tokio::spawn(async move { waiting.wait(ticket).await });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    });
+    drop(first);
+    // On another, with no read ever coming, the wait still ends.
+    let started = std::time::Instant::now();
+    let read = runtime().block_on(async { barrier.wait(barrier.ticket()).await });
+    assert!(!read);
+    assert!(started.elapsed() < Duration::from_secs(2), "no clock");
+    drop(reader);
+}
