@@ -9,22 +9,21 @@ use tokio::time::Instant;
 /// How often a follower reads the feed for the read barrier: the trade
 /// between a refusal's wait and the database's reads.
 ///
-/// While refusals wait, the next read starts as soon as the last one
-/// returns, unless reads would then outnumber one in
-/// [`refusals_per_read`](Self::refusals_per_read) refusals: it then waits
-/// until that many refusals share it, or at most
-/// [`max_gap`](Self::max_gap) after the last read began. Whatever the
-/// flood, reads start at most [`max_reads_per_sec`](Self::max_reads_per_sec)
-/// a second. A lone refusal after a quiet spell is read for at once.
+/// While refusals come slower than [`quiet_below`](Self::quiet_below) a
+/// second, each read starts as soon as one waits. Faster, a flood: the
+/// next read waits until [`refusals_per_read`](Self::refusals_per_read)
+/// refusals share it, or at most [`max_gap`](Self::max_gap) after the last
+/// read began. Whatever the flood, reads start at most
+/// [`max_reads_per_sec`](Self::max_reads_per_sec) a second.
 ///
-/// With the defaults (56 refusals a read, 12 ms, 2 000 reads a second),
-/// reads cost the database at most one in 56 refusals (1.8%) in a flood
-/// of more than 4 700 refusals a second, and at most 84 reads a second
-/// below, where a refusal waits up to 12 ms for its read to start. A lone
-/// refusal after a quiet spell waits one read's round trip; a client that
-/// keeps fewer than 56 requests for absent keys in flight back to back is
-/// held to one round of them per 12 ms (the reads it may cost are the
-/// database's, whoever sends them).
+/// With the defaults (1 000 a second, 56 refusals a read, 12 ms, 2 000
+/// reads a second): below 1 000 refusals a second, each waits one read's
+/// round trip; in a flood, reads cost the database at most one in 56
+/// refusals (1.8%) above 4 700 refusals a second and at most 84 reads a
+/// second below, where a refusal waits up to 12 ms for its read to start.
+/// A client that keeps fewer than 56 requests for absent keys in flight
+/// back to back is held to one round of them per 12 ms (the reads it would
+/// cost are the database's, whoever sends them).
 ///
 /// # Sharing one budget
 ///
@@ -50,6 +49,7 @@ use tokio::time::Instant;
 /// ```
 #[derive(Debug, Clone)]
 pub struct ReadPace {
+    quiet_below: f64,
     refusals_per_read: u64,
     max_gap: Duration,
     ceiling: Arc<Ceiling>,
@@ -58,6 +58,7 @@ pub struct ReadPace {
 impl Default for ReadPace {
     fn default() -> Self {
         Self {
+            quiet_below: 1_000.0,
             refusals_per_read: 56,
             max_gap: Duration::from_millis(12),
             ceiling: Arc::new(Ceiling::new(2_000)),
@@ -66,6 +67,16 @@ impl Default for ReadPace {
 }
 
 impl ReadPace {
+    /// The refusals a second below which every read starts at once
+    /// (default 1 000): a client reading keys one after another waits one
+    /// read's round trip each, at the cost of a read per refusal. Measured
+    /// since the last read refusals asked for began.
+    #[must_use]
+    pub fn quiet_below(mut self, refusals_per_sec: u32) -> Self {
+        self.quiet_below = f64::from(refusals_per_sec);
+        self
+    }
+
     /// How many waiting refusals a read waits for before it starts early
     /// (default 56): the database reads at most one in this many
     /// refusals once refusals come faster than this many per
@@ -95,6 +106,12 @@ impl ReadPace {
             ceiling: Arc::new(Ceiling::new(reads)),
             ..self
         }
+    }
+
+    /// Whether `asks` refusals over `elapsed` are few enough to read for at
+    /// once.
+    pub(crate) fn quiet(&self, asks: u64, elapsed: Duration) -> bool {
+        asks as f64 <= self.quiet_below * elapsed.as_secs_f64()
     }
 
     pub(crate) fn per_read(&self) -> u64 {

@@ -59,10 +59,21 @@ use crate::lifecycle::catch_up::CatchUp;
 pub struct FeedReader {
     barrier: Arc<Barrier>,
     slot: Arc<Slot>,
-    /// When the last read began, and the asks counted then: the pace.
-    last: Mutex<(Instant, u64)>,
+    /// The pace's memory of the reads refusals asked for.
+    pace: Mutex<Paced>,
     /// The guard it reads for, to register its catch-up with.
     shared: Option<Arc<Shared>>,
+}
+
+/// When the last read that refusals asked for began, and the asks counted
+/// then; whether the next read is one they asked for. Reads of wake-ups
+/// and intervals do not count: a refusal right after one is read for at
+/// once.
+#[derive(Debug)]
+struct Paced {
+    began: Instant,
+    asks: u64,
+    next_asked: bool,
 }
 
 /// One feed read, from [`FeedReader::begin`].
@@ -76,7 +87,11 @@ impl FeedReader {
         Self {
             barrier,
             slot,
-            last: Mutex::new((Instant::now(), 0)),
+            pace: Mutex::new(Paced {
+                began: Instant::now(),
+                asks: 0,
+                next_asked: false,
+            }),
             shared: None,
         }
     }
@@ -107,9 +122,10 @@ impl FeedReader {
     }
 
     /// Completes when a refusal waits for a read and the guard's
-    /// [`ReadPace`](crate::ReadPace) lets one start: at once after a quiet
-    /// spell; in a flood, once enough refusals share the read or the pace's
-    /// gap since the last read's start is over, and within its ceiling.
+    /// [`ReadPace`](crate::ReadPace) lets one start: at once while refusals
+    /// are few; in a flood, once enough refusals share the read or the
+    /// pace's gap since the last read's start is over, and within its
+    /// ceiling.
     /// Read the feed then.
     ///
     /// Cancel-safe: a refusal's ask stays until the next
@@ -123,21 +139,34 @@ impl FeedReader {
             woken.await;
         }
         let pace = &self.barrier.pace;
-        let (began, asks_then) = *self.last.lock();
+        let (began, asks_then) = {
+            let paced = self.pace.lock();
+            (paced.began, paced.asks)
+        };
         let gap_over = began + pace.gap();
-        while Instant::now() < gap_over && self.slot.asks_since(asks_then) < pace.per_read() {
+        loop {
+            let (now, asks) = (Instant::now(), self.slot.asks_since(asks_then));
+            if now >= gap_over || asks >= pace.per_read() || pace.quiet(asks, now - began) {
+                break;
+            }
             // Woken by the ask that makes company enough, or the gap over.
             let _ = tokio::time::timeout_at(gap_over, self.slot.wake.notified()).await;
         }
         pace.admit().await;
+        self.pace.lock().next_asked = true;
     }
 
     /// Numbers a new read. Call it before the read takes its snapshot or
     /// position: the read then sees every row committed before, and every
     /// refusal that arrived before it waits for a later one.
     pub fn begin(&self) -> ReadStart {
-        let (read, asks) = self.slot.begin(self.barrier.pace.per_read());
-        *self.last.lock() = (Instant::now(), asks);
+        let mut paced = self.pace.lock();
+        let asked = std::mem::take(&mut paced.next_asked);
+        let (read, asks) = self.slot.begin(asked.then(|| self.barrier.pace.per_read()));
+        if asked {
+            paced.began = Instant::now();
+            paced.asks = asks;
+        }
         ReadStart(read)
     }
 

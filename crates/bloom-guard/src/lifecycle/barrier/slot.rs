@@ -69,15 +69,17 @@ impl Slot {
         self.done.load(Ordering::Acquire) >= read
     }
 
-    /// Numbers a new read; `per_read` asks from now on make company
-    /// enough for the one after. Returns the read's number and the asks so
+    /// Numbers a new read; for a read refusals asked for, `per_read` asks
+    /// from now on make company enough for the next such read. Returns the read's number and the asks so
     /// far.
-    pub(super) fn begin(&self, per_read: u64) -> (u64, u64) {
+    pub(super) fn begin(&self, per_read: Option<u64>) -> (u64, u64) {
         self.asked.store(false, Ordering::SeqCst);
         let read = self.begun.fetch_add(1, Ordering::SeqCst) + 1;
         let asks = self.asks.load(Ordering::Relaxed);
-        self.enough_at
-            .store(asks.saturating_add(per_read), Ordering::Relaxed);
+        if let Some(per_read) = per_read {
+            self.enough_at
+                .store(asks.saturating_add(per_read), Ordering::Relaxed);
+        }
         (read, asks)
     }
 

@@ -209,8 +209,10 @@ async fn a_lone_refusal_is_read_for_at_once_and_a_flood_shares_reads() {
     assert_eq!(asked_at.elapsed(), Duration::ZERO);
     reader.done(reader.begin());
     assert!(lone.await.expect("the wait runs"));
-    // The next one, right after: it waits for company, at most the gap.
+    // Two more right after, faster than the quiet rate: they wait for
+    // company, at most the gap.
     let next = wait_now(&barrier);
+    let _also = wait_now(&barrier);
     reader.asked().await;
     assert_eq!(asked_at.elapsed(), Duration::from_millis(20));
     reader.done(reader.begin());
@@ -336,4 +338,29 @@ fn the_clock_starts_again_on_another_runtime() {
     assert!(!read);
     assert!(started.elapsed() < Duration::from_secs(2), "no clock");
     drop(reader);
+}
+
+/// A read of a wake-up (a write elsewhere) is no reason to hold the next
+/// refusal's read back: the pace counts only reads refusals asked for.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_right_after_a_wake_up_read_is_read_for_at_once() {
+    let barrier = barrier(Duration::from_secs(1));
+    let reader = FeedReader::new(Arc::clone(&barrier));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // The follower reads for a NOTIFY; nobody asked.
+    reader.done(reader.begin());
+    let wait = wait_now(&barrier);
+    let asked_at = Instant::now();
+    reader.asked().await;
+    assert_eq!(asked_at.elapsed(), Duration::ZERO, "held back by the pace");
+    reader.done(reader.begin());
+    assert!(wait.await.expect("the wait runs"));
+    // One refusal a millisecond after an asked read is no flood.
+    tokio::time::advance(Duration::from_millis(1)).await;
+    let next = wait_now(&barrier);
+    let asked_at = Instant::now();
+    reader.asked().await;
+    assert_eq!(asked_at.elapsed(), Duration::ZERO, "held back by the pace");
+    reader.done(reader.begin());
+    assert!(next.await.expect("the wait runs"));
 }
