@@ -288,7 +288,7 @@ async fn shutdown_lets_requests_in_flight_finish() {
 
 #[sqlx::test(migrations = "../../migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
-async fn shutdown_closes_the_listener_connection(pool: PgPool) {
+async fn shutdown_closes_the_listener_and_feed_connections(pool: PgPool) {
     // A pool of the service's own: shutting down closes it.
     let own = PgPoolOptions::new().connect_lazy_with((*pool.connect_options()).clone());
     let state = guarded_state(own);
@@ -302,14 +302,41 @@ async fn shutdown_closes_the_listener_connection(pool: PgPool) {
     };
     // One per guard: items and users.
     assert_eq!(listeners().await.expect("count"), 2);
-    state.shut_down().await;
-    let mut remaining = listeners().await.expect("count");
-    for _ in 0..50 {
-        if remaining == 0 {
+    // And the connections kept for feed reads, once a read has run.
+    let feed_connections = || {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from pg_stat_activity where application_name = $1 and datname = current_database()",
+        )
+        .bind(bloom_guard_sqlx::FEED_APPLICATION_NAME)
+        .fetch_one(&pool)
+    };
+    let mut kept = feed_connections().await.expect("count");
+    for _ in 0..250 {
+        if kept == 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-        remaining = listeners().await.expect("count");
+        kept = feed_connections().await.expect("count");
     }
-    assert_eq!(remaining, 0);
+    assert_eq!(kept, 2, "one feed connection per guard");
+    state.shut_down().await;
+    let mut remaining = (
+        listeners().await.expect("count"),
+        feed_connections().await.expect("count"),
+    );
+    for _ in 0..50 {
+        if remaining == (0, 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        remaining = (
+            listeners().await.expect("count"),
+            feed_connections().await.expect("count"),
+        );
+    }
+    assert_eq!(
+        remaining,
+        (0, 0),
+        "listeners and feed connections left open"
+    );
 }
