@@ -117,7 +117,7 @@ async fn floods(
     println!("idle: {idle:.1} transactions/s, subtracted below");
     // Three services idle: on, off and unguarded.
     let idle_each = idle / 3.0;
-    let reads_since = |before| async move {
+    let feed_reads = |before| async move {
         reads_since(db, before, seconds)
             .await
             .map(|reads| (reads - idle).max(0.0))
@@ -132,7 +132,7 @@ async fn floods(
             round.push(row("unrouted 404", connections, measured, None));
             let before = db.transactions().await?;
             let measured = wrk(&on.addr, &attack, connections, seconds).await?;
-            let reads = reads_since(before).await?;
+            let reads = feed_reads(before).await?;
             round.push(row("barrier on", connections, measured, Some(reads)));
             let measured = wrk(&off.addr, &attack, connections, seconds).await?;
             round.push(row("barrier off", connections, measured, None));
@@ -165,7 +165,7 @@ async fn floods(
         "barrier on, fixed rate",
     )
     .await;
-    let reads = reads_since(before).await?;
+    let reads = feed_reads(before).await?;
     rows.push(row(
         &format!("barrier on, {} req/s", settings.rate),
         64,
@@ -191,7 +191,7 @@ async fn floods(
         .map(|service| wrk(&service.addr, &attack, per_instance, seconds));
     let measured = futures_util::future::try_join_all(floods).await?;
     // Each instance idles at the cost measured for one.
-    let reads = (reads_since(before).await? + idle - idle_each * fleet.len() as f64).max(0.0);
+    let reads = (feed_reads(before).await? + idle - idle_each * fleet.len() as f64).max(0.0);
     let total: f64 = measured.iter().map(|(rps, _, _)| rps).sum();
     let p50 = measured.iter().map(|m| m.1).fold(0.0, f64::max);
     let p99 = measured.iter().map(|m| m.2).fold(0.0, f64::max);

@@ -12,12 +12,18 @@ use tokio::sync::{Mutex, MutexGuard};
 /// holding the follower.
 pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The error of a use that took longer than [`READ_TIMEOUT`].
-pub(crate) fn timed_out() -> sqlx::Error {
-    sqlx::Error::Io(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        "a change feed read took longer than 10 s",
-    ))
+/// Runs `read` on a kept connection, failing it after [`READ_TIMEOUT`].
+pub(crate) async fn within_timeout<T>(
+    read: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout(READ_TIMEOUT, read)
+        .await
+        .map_err(|_| {
+            sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("a change feed read took longer than {READ_TIMEOUT:?}"),
+            ))
+        })?
 }
 
 /// One connection, connected on first use and again after a use that

@@ -172,12 +172,8 @@ pub(super) async fn read_since(
         query = query.bind(value);
     }
     let mut lease = kept.lease().await?;
-    let read = tokio::time::timeout(
-        crate::kept::READ_TIMEOUT,
-        read_rows(query, lease.connection(), since, name),
-    )
-    .await
-    .map_err(|_| crate::kept::timed_out())??;
+    let read =
+        crate::kept::within_timeout(read_rows(query, lease.connection(), since, name)).await?;
     lease.keep();
     let (first, changes, seen, last) = read;
     let (below, at_high) = first.ok_or(sqlx::Error::RowNotFound)?;

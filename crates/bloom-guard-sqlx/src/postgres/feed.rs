@@ -79,12 +79,7 @@ pub(super) async fn read_kept(
     seen: &str,
 ) -> Result<Read<String>, sqlx::Error> {
     let mut lease = kept.lease().await?;
-    let read = tokio::time::timeout(
-        crate::kept::READ_TIMEOUT,
-        read_since(lease.connection(), name, seen),
-    )
-    .await
-    .map_err(|_| crate::kept::timed_out())??;
+    let read = crate::kept::within_timeout(read_since(lease.connection(), name, seen)).await?;
     lease.keep();
     Ok(read)
 }

@@ -110,10 +110,6 @@ pub(super) async fn read_since(
         changes.record(&kind, key_bytes(row.try_get_raw(10)?)?);
         reached = Mark::at(id, name, &kind, &quoted, at);
     }
-    if first {
-        // No row at all: the horizon's row is missing.
-        return Err(sqlx::Error::RowNotFound);
-    }
     Ok(Read::Changes {
         position: reached,
         changes,
