@@ -217,7 +217,8 @@ async fn pg_step(
             )
         }
         Op::Merge => format!(
-            "merge into things t using (values ('{k}'), ('{other}')) s(key) on t.key = s.key
+            // Distinct: MERGE refuses to touch a row twice when both are one key.
+            "merge into things t using (select distinct key from (values ('{k}'), ('{other}')) v(key)) s on t.key = s.key
              when matched and t.key = '{k}' then delete
              when matched then update set key = '{k}'
              when not matched then insert (key) values (s.key)"
