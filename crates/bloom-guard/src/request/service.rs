@@ -20,6 +20,11 @@ use crate::request::verdict::{self, AuditToken, Verdict};
 /// Made by a [`GuardLayer`](crate::GuardLayer). Requests of methods the
 /// layer does not check, requests without a key, and every request while no
 /// filter is in place go to the inner service.
+///
+/// The inner service must be `Clone` (axum's routes and routers are): a
+/// would-be refusal waiting for the read barrier takes the inner service
+/// made ready for it, leaves a clone in its place, and calls it only if
+/// the read brings the key, so a refusal never makes the handler's future.
 #[derive(Debug, Clone)]
 pub struct BloomGuardService<S, K> {
     inner: S,
@@ -61,12 +66,12 @@ impl<S, K> BloomGuardService<S, K> {
 
 impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for BloomGuardService<S, K>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     K: KeyExtractor<ReqBody>,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody>;
+    type Future = ResponseFuture<S, ReqBody, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -84,14 +89,17 @@ where
             }
             Verdict::Reject(absent) => absent.to_response(),
             Verdict::Confirm(confirm) => {
-                // The inner service is called now and polled only if the
-                // key turns out to exist: no clone of it, no boxed request.
+                // The request waits with the inner service made ready for
+                // it (a clone takes its place): a refusal never makes the
+                // handler's future, only a key found by the read does.
                 let shared = Arc::clone(&self.shared);
                 let absent = Box::pin(async move {
                     let absent = confirm.absent(&shared).await;
                     absent.then_some(shared)
                 });
-                return ResponseFuture::confirming(self.inner.call(req), absent);
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
+                return ResponseFuture::confirming(absent, ready, req);
             }
             Verdict::Refuse(error) => {
                 tracing::debug!(%error, "request key refused");
@@ -298,6 +306,43 @@ mod tests {
             svc.oneshot(absent).await.map(|r| r.status()),
             Ok(StatusCode::NOT_FOUND)
         );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_waiting_for_a_read_never_calls_the_inner_service() {
+        let guard = warm_guard(&["present"]).await;
+        let reader = guard.feed_reader();
+        // The feed: each read brings "late", committed after the build.
+        let feeding = guard.clone();
+        let follower = tokio::spawn(async move {
+            loop {
+                reader.asked().await;
+                let read = reader.begin();
+                feeding.insert("late");
+                reader.done(read);
+            }
+        });
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&calls);
+        let svc = ServiceBuilder::new()
+            .layer(guard.layer(PathSegment(1)))
+            .service(service_fn(move |_req: http::Request<()>| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, Infallible>(http::Response::new(Body::from("inner"))) }
+            }));
+        let get = |uri: &str| http::Request::get(uri).body(()).expect("valid request");
+        let absent = svc.clone().oneshot(get("/items/absent")).await;
+        assert_eq!(absent.map(|r| r.status()), Ok(StatusCode::NOT_FOUND));
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            0,
+            "a refusal made the inner future"
+        );
+        let late = svc.oneshot(get("/items/late")).await;
+        assert_eq!(late.map(|r| r.status()), Ok(StatusCode::OK));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(guard.stats().rejected, 1);
+        follower.abort();
     }
 
     #[tokio::test]
