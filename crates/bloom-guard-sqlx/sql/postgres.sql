@@ -1,5 +1,5 @@
 -- bloom-guard's change feed, filter snapshots and fleet tables for Postgres,
--- schema version 5.
+-- schema version 8.
 --
 -- Idempotent: installing twice is a no-op, and every statement can run over
 -- an earlier install of this version. `bloom_guard_sqlx::install` runs it in
@@ -101,6 +101,12 @@ create table if not exists bloom_guard.changes (
 ) partition by list (part);
 
 create index if not exists changes_xid on bloom_guard.changes (xid);
+
+-- A reader's rows, and only its guard's, by (guard, xid): index
+-- `changes_guard_xid` (version 8). `bloom_guard_sqlx::install` builds it
+-- after this script, partition by partition with CREATE INDEX
+-- CONCURRENTLY, so writers never wait for the build on a feed that holds
+-- a bulk load's rows, then attaches the partitions' indexes to it.
 
 do $slots$
 declare
@@ -281,6 +287,7 @@ $$;
 create or replace function bloom_guard.family(root regclass)
 returns setof regclass
 language sql stable
+rows 4
 set search_path = pg_catalog, pg_temp
 as $$
     with recursive tree(rel) as (
@@ -335,6 +342,7 @@ create or replace function bloom_guard.create_record_functions(guard text, key_c
 returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
 declare
     -- The current slot, once per statement.
@@ -449,6 +457,7 @@ create or replace function bloom_guard.create_triggers(target regclass, key_colu
 returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
 declare
     rel regclass;
@@ -506,6 +515,7 @@ create or replace function bloom_guard.watch(target regclass, key_columns text[]
 returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
 declare
     col text;
@@ -555,6 +565,7 @@ create or replace function bloom_guard.unwatch(target regclass, guard text)
 returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
 declare
     rel regclass;
@@ -587,6 +598,7 @@ create or replace function bloom_guard.counts_rows(guard text)
 returns boolean
 language sql stable
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
     select coalesce(bool_and(coalesce(p.prosrc, '') like '%bloom_guard: rows counted (7)%'), false)
     from bloom_guard.watched w
@@ -604,6 +616,7 @@ create or replace function bloom_guard.gaps(guard text)
 returns table (rel regclass, problem text)
 language sql stable
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
     select f.rel, case when t.oid is null then 'trigger ' || e.name || ' is missing'
                        else 'trigger ' || e.name || ' is not ENABLE ' || e.mode_name end
@@ -649,6 +662,7 @@ create or replace function bloom_guard.prune(retention interval)
 returns bigint
 language plpgsql security definer
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
 declare
     old record;
@@ -775,6 +789,7 @@ returns event_trigger
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
 declare
     g text;
@@ -857,7 +872,7 @@ begin
 end
 $recount$;
 
-insert into bloom_guard.schema_version (version) values (7)
+insert into bloom_guard.schema_version (version) values (8)
 on conflict (singleton) do update set version = excluded.version;
 
 reset bloom_guard.installing;

@@ -391,20 +391,108 @@ async fn the_upgrade_from_version_4_adds_the_fleet_tables_under_writers(pool: Pg
     assert_eq!(tables, 2);
 }
 
-/// Installs an earlier version's SQL and watches `items`, starts a
-/// follower and writers, upgrades under them: no writer fails and every
-/// committed key reaches the guard.
-async fn upgrade_under_writers(pool: &PgPool, earlier: &str) {
-    let pool = pool.clone();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("begin; {earlier}; commit;")))
-        .execute(&pool)
-        .await
-        .expect("the earlier version");
+/// Version 8 reads each guard's rows by an index that leads with the
+/// guard: the upgrade builds it concurrently (writers never wait for the
+/// build) over a feed that holds a bulk load's rows.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn the_upgrade_from_version_7_indexes_the_feed_by_guard_under_writers(pool: PgPool) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "begin; {}; commit;",
+        include_str!("fixtures/postgres_v7.sql")
+    )))
+    .execute(&pool)
+    .await
+    .expect("version 7");
     exec(
         &pool,
         "select bloom_guard.watch('items', array['key'], 'items')",
     )
     .await;
+    exec(
+        &pool,
+        "insert into items (key) select 'bulk-' || g from generate_series(1, 20000) g",
+    )
+    .await;
+    assert!(!feed_indexed_by_guard(&pool).await);
+    upgrade_under_writers(&pool, "").await;
+    assert!(feed_indexed_by_guard(&pool).await);
+    // Another guard's reads from a position before the bulk load no
+    // longer walk its rows.
+    exec(&pool, "analyze bloom_guard.changes").await;
+    let plan: Vec<String> = sqlx::query_scalar(
+        "explain select from bloom_guard.changes c where c.guard = 'users' and c.xid >= '1'",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("the plan");
+    assert!(
+        plan.iter().any(|line| line.contains("_guard_xid")),
+        "{plan:#?}"
+    );
+}
+
+/// An index build that stopped half way (an instance killed during
+/// CREATE INDEX CONCURRENTLY leaves an invalid index) is finished by the
+/// next install.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn an_index_build_that_stopped_half_way_is_finished_by_the_next_install(pool: PgPool) {
+    install(&pool).await;
+    assert!(feed_indexed_by_guard(&pool).await);
+    exec(&pool, "drop index bloom_guard.changes_guard_xid").await;
+    exec(
+        &pool,
+        "create index changes_0_guard_xid on bloom_guard.changes_0 (guard, xid)",
+    )
+    .await;
+    exec(
+        &pool,
+        "create index changes_1_guard_xid on bloom_guard.changes_1 (guard, xid)",
+    )
+    .await;
+    exec(
+        &pool,
+        "update pg_catalog.pg_index set indisvalid = false
+          where indexrelid = 'bloom_guard.changes_1_guard_xid'::regclass",
+    )
+    .await;
+    assert!(!feed_indexed_by_guard(&pool).await);
+    bloom_guard_sqlx::install(&pool).await.expect("install");
+    assert!(feed_indexed_by_guard(&pool).await);
+}
+
+/// Whether the feed's index by guard is valid, with every partition's
+/// index valid and attached.
+async fn feed_indexed_by_guard(pool: &PgPool) -> bool {
+    sqlx::query_scalar(
+        "select coalesce((select i.indisvalid from pg_index i
+                           where i.indexrelid = to_regclass('bloom_guard.changes_guard_xid')), false)
+            and (select count(*) from pg_inherits h join pg_index i on i.indexrelid = h.inhrelid
+                  where h.inhparent = to_regclass('bloom_guard.changes_guard_xid') and i.indisvalid) = 3",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("the feed's indexes")
+}
+
+/// Installs an earlier version's SQL (none: installed already) and
+/// watches `items`, starts a
+/// follower and writers, upgrades under them: no writer fails and every
+/// committed key reaches the guard.
+async fn upgrade_under_writers(pool: &PgPool, earlier: &str) {
+    let pool = pool.clone();
+    if !earlier.is_empty() {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("begin; {earlier}; commit;")))
+            .execute(&pool)
+            .await
+            .expect("the earlier version");
+        exec(
+            &pool,
+            "select bloom_guard.watch('items', array['key'], 'items')",
+        )
+        .await;
+    }
     exec(&pool, "insert into items (key) values ('before')").await;
     let guard = guard();
     let _task = spawn(follower(&guard, &pool));

@@ -36,10 +36,9 @@ from now left join bloom_guard.changes c
 
 /// Retention runs at this level, whatever the database's or the role's
 /// default: under REPEATABLE READ a statement's snapshot would predate the
-/// lock it waits for. And without parallel workers (see [`FeedConnection`]).
-/// One round trip: both go as one simple query.
-const READ_COMMITTED: &str =
-    "begin isolation level read committed; set local max_parallel_workers_per_gather = 0";
+/// lock it waits for. And without parallel workers or JIT compilation (see
+/// [`feed_connection`]). One round trip: all go as one simple query.
+const READ_COMMITTED: &str = "begin isolation level read committed; set local max_parallel_workers_per_gather = 0; set local jit = off";
 
 /// The application name of the connection feed reads go through.
 pub const FEED_APPLICATION_NAME: &str = "bloom_guard_feed";
@@ -50,11 +49,12 @@ pub const FEED_APPLICATION_NAME: &str = "bloom_guard_feed";
 /// The session runs at READ COMMITTED whatever the database's or the
 /// role's default (under REPEATABLE READ a statement's snapshot would
 /// predate the lock it waits for, and miss the horizon a truncation behind
-/// that lock moved), and without parallel workers: a read finds a handful
-/// of rows, but on a feed whose statistics predate a bulk load the planner
-/// expects a third of the table and starts workers, which costs a read
-/// (and every refusal waiting on the read barrier) milliseconds. Both are
-/// startup parameters, so connecting costs no extra round trip.
+/// that lock moved), and without parallel workers or JIT compilation: a
+/// read finds a handful of rows, but on a feed whose statistics predate a
+/// bulk load the planner expects a third of the table and starts workers
+/// or compiles the plan, which costs a read (and every refusal waiting on
+/// the read barrier) milliseconds. All are startup parameters, so
+/// connecting costs no extra round trip.
 pub(super) fn feed_connection(pool: &PgPool) -> KeptConnection<PgConnection> {
     let options = pool
         .connect_options()
@@ -64,6 +64,7 @@ pub(super) fn feed_connection(pool: &PgPool) -> KeptConnection<PgConnection> {
         .options([
             ("default_transaction_isolation", "read committed"),
             ("max_parallel_workers_per_gather", "0"),
+            ("jit", "off"),
             ("tcp_keepalives_idle", "30"),
             ("tcp_keepalives_interval", "10"),
             ("tcp_keepalives_count", "3"),

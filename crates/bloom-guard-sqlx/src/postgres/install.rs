@@ -1,12 +1,12 @@
 //! Installing the change feed's SQL into a Postgres database.
 
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 
 use crate::error::FeedError;
 use crate::watch::Watch;
 
 /// The version of the feed's schema that this crate installs and reads.
-pub const SCHEMA_VERSION: i32 = 7;
+pub const SCHEMA_VERSION: i32 = 8;
 
 /// The feed's SQL: schema `bloom_guard`, its tables, trigger functions and
 /// `bloom_guard.watch(table, key_columns, name)`. Idempotent.
@@ -40,25 +40,37 @@ pub const POSTGRES_SQL: &str = include_str!("../../sql/postgres.sql");
 ///
 #[doc = include_str!("../../docs/feed.md")]
 pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
-    let installed = installed_version(pool).await?;
-    if installed.is_some_and(|version| version >= SCHEMA_VERSION) {
-        tracing::debug!(?installed, "the change feed is installed");
+    let installed = installed(pool).await?;
+    if installed
+        .version
+        .is_some_and(|version| version >= SCHEMA_VERSION)
+        && installed.indexed
+    {
+        tracing::debug!(version = ?installed.version, "the change feed is installed");
         return Ok(());
     }
-    // One simple-query message: Postgres runs it as one transaction, so a
-    // failure leaves nothing half-installed, and the advisory lock makes
-    // instances starting together install it one after the other.
-    let script = format!(
-        "set local client_min_messages = warning;
-         select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'));
-         {POSTGRES_SQL}"
-    );
-    sqlx::raw_sql(AssertSqlSafe(script)).execute(pool).await?;
-    tracing::info!(
-        version = SCHEMA_VERSION,
-        from = ?installed,
-        "installed the bloom-guard change feed"
-    );
+    if installed
+        .version
+        .is_none_or(|version| version < SCHEMA_VERSION)
+    {
+        // One simple-query message: Postgres runs it as one transaction, so
+        // a failure leaves nothing half-installed, and the advisory lock
+        // makes instances starting together install it one after the other.
+        let script = format!(
+            "set local client_min_messages = warning;
+             select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'));
+             {POSTGRES_SQL}"
+        );
+        sqlx::raw_sql(AssertSqlSafe(script)).execute(pool).await?;
+        tracing::info!(
+            version = SCHEMA_VERSION,
+            from = ?installed.version,
+            "installed the bloom-guard change feed"
+        );
+    }
+    if !installed.indexed {
+        index_feed(pool).await;
+    }
     Ok(())
 }
 
@@ -90,19 +102,123 @@ pub async fn uninstall(pool: &PgPool) -> Result<(), FeedError> {
     Ok(())
 }
 
-/// The feed's schema version in the database, if it is installed.
-async fn installed_version(pool: &PgPool) -> Result<Option<i32>, sqlx::Error> {
-    let present: bool = sqlx::query_scalar(
-        "select pg_catalog.to_regclass('bloom_guard.schema_version') is not null",
+/// What [`install`] finds in the database, in one round trip.
+struct Installed {
+    /// The feed's schema version, if it is installed.
+    version: Option<i32>,
+    /// Whether the feed's index by guard is built and attached.
+    indexed: bool,
+}
+
+async fn installed(pool: &PgPool) -> Result<Installed, sqlx::Error> {
+    // The version is read through `query_to_xml`, which parses its query
+    // only when it runs: the statement plans whether or not the schema
+    // exists.
+    let (version, indexed): (Option<i32>, bool) = sqlx::query_as(
+        "select case when pg_catalog.to_regclass('bloom_guard.schema_version') is not null then
+                    (pg_catalog.xpath('/row/version/text()', pg_catalog.query_to_xml(
+                        'select version from bloom_guard.schema_version', false, true, '')))[1]::text::int4
+                end,
+                exists (select from pg_catalog.pg_index i
+                         where i.indexrelid = pg_catalog.to_regclass('bloom_guard.changes_guard_xid')
+                           and i.indisvalid)",
     )
     .fetch_one(pool)
     .await?;
-    if !present {
-        return Ok(None);
+    Ok(Installed { version, indexed })
+}
+
+/// The partitions of the feed, whose indexes [`index_feed`] builds.
+const FEED_PARTITIONS: [&str; 3] = ["changes_0", "changes_1", "changes_2"];
+
+/// How long each step of [`index_feed`] waits for the transactions it
+/// must outlast (CREATE INDEX CONCURRENTLY waits for every transaction
+/// that could write to the partition): a start never hangs behind a long
+/// transaction; the next start tries again.
+const INDEX_LOCK_TIMEOUT: &str = "10s";
+
+/// Builds the feed's index by `(guard, xid)` (schema version 8) without
+/// blocking writers: each partition's index with CREATE INDEX
+/// CONCURRENTLY, then the parent's index `ON ONLY` the parent with the
+/// partitions' attached (catalog changes). On a fresh install each step
+/// takes milliseconds; on a feed that holds a bulk load's rows the builds
+/// take as long as they take while writers go on. One instance at a time
+/// (a session advisory lock, on a connection of its own that is closed
+/// after). A build that fails or times out leaves the feed readable, only
+/// slower to read, and is tried again at the next start: it is logged, not
+/// returned.
+async fn index_feed(pool: &PgPool) {
+    let built = async {
+        let options = pool.connect_options().as_ref().clone();
+        let mut connection = PgConnection::connect_with(&options).await?;
+        let built = build_feed_index(&mut connection).await;
+        let closed = connection.close().await;
+        built.and(closed)
+    };
+    match built.await {
+        Ok(()) => tracing::info!("built the change feed's index by guard"),
+        Err(error) => {
+            tracing::warn!(%error, "cannot build the change feed's index by guard yet (reads by guard scan more of the feed); the next start tries again");
+        }
     }
-    sqlx::query_scalar("select version from bloom_guard.schema_version")
-        .fetch_optional(pool)
-        .await
+}
+
+async fn build_feed_index(connection: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "set lock_timeout = '{INDEX_LOCK_TIMEOUT}';
+         set client_min_messages = warning;
+         select pg_catalog.pg_advisory_lock(pg_catalog.hashtext('bloom_guard.index'))"
+    )))
+    .execute(&mut *connection)
+    .await?;
+    for partition in FEED_PARTITIONS {
+        let index = format!("{partition}_guard_xid");
+        let valid: Option<bool> = sqlx::query_scalar(
+            "select i.indisvalid from pg_catalog.pg_index i
+              where i.indexrelid = pg_catalog.to_regclass('bloom_guard.' || $1)",
+        )
+        .bind(&index)
+        .fetch_optional(&mut *connection)
+        .await?;
+        if valid == Some(true) {
+            continue;
+        }
+        if valid == Some(false) {
+            // Left by a build that stopped half way.
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "drop index concurrently if exists bloom_guard.{index}"
+            )))
+            .execute(&mut *connection)
+            .await?;
+        }
+        // Alone in its message: CREATE INDEX CONCURRENTLY runs in no
+        // transaction, not even a multi-statement message's implicit one.
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "create index concurrently if not exists {index} on bloom_guard.{partition} (guard, xid)"
+        )))
+        .execute(&mut *connection)
+        .await?;
+    }
+    let attach = FEED_PARTITIONS
+        .iter()
+        .map(|partition| {
+            format!(
+                "if not exists (select from pg_catalog.pg_inherits
+                                 where inhrelid = 'bloom_guard.{partition}_guard_xid'::regclass) then
+                     alter index bloom_guard.changes_guard_xid attach partition bloom_guard.{partition}_guard_xid;
+                 end if;"
+            )
+        })
+        .collect::<String>();
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "begin;
+         create index if not exists changes_guard_xid on only bloom_guard.changes (guard, xid);
+         do $attach$ begin {attach} end $attach$;
+         commit;"
+    )))
+    .execute(&mut *connection)
+    .await?;
+    Ok(())
 }
 
 /// A transaction in which the feed's functions keep their notices (the
