@@ -22,6 +22,10 @@
 //! `bloom-load churn` deletes and inserts rows by `psql` in rounds and
 //! counts the deleted keys a counting and a Bloom guard let through.
 //!
+//! `bloom-load start` times a deploy of the whole service, process start to
+//! every guard ready, first (a scan) and second (a snapshot), at 1M and 5M
+//! keys, beside `psql`'s `\copy` of the keys and a read of the snapshot.
+//!
 //! `bloom-load deploy` starts an instance after a bulk load that followed
 //! a snapshot of the empty table: its time to ready and to protection, and
 //! its full scans.
@@ -53,6 +57,7 @@ mod mysql;
 mod propagation;
 mod run;
 mod services;
+mod start;
 mod warmup;
 mod writers;
 
@@ -123,6 +128,23 @@ enum Command {
         /// Rounds of the floods; each row reports its median round.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+    },
+    /// A deploy of the whole service after a bulk load: process start to
+    /// every guard ready, first and second start, with peak memory,
+    /// beside `psql`'s `\copy` and a read of the snapshot (needs `psql`).
+    Start {
+        /// The items-service binary.
+        #[arg(long, default_value = "target/release/items-service")]
+        binary: PathBuf,
+        /// Rows in the items table, one deploy each.
+        #[arg(long, value_delimiter = ',', default_value = "1000000,5000000")]
+        keys: Vec<u64>,
+        /// Second starts; the row reports the median.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Appended to the service's database URL, e.g. `sslmode=disable`.
+        #[arg(long)]
+        url_options: Option<String>,
     },
     /// One workload against a service that is already running.
     Drive {
@@ -307,6 +329,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 rounds: rounds.max(1),
             };
             barrier::barrier(&cli.database_url, &binary, &cli.out, &settings).await
+        }
+        Command::Start {
+            binary,
+            keys,
+            rounds,
+            url_options,
+        } => {
+            let settings = start::StartSettings {
+                keys,
+                rounds: rounds.max(1),
+                url_options,
+            };
+            start::start(&cli.database_url, &binary, &cli.out, &settings).await
         }
         Command::Drive {
             addr,
