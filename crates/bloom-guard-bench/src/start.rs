@@ -85,10 +85,9 @@ async fn deploy(
     let log = out.join("start.log");
     // The first instance: the feed installed, both tables watched, and
     // snapshots of both empty tables published.
-    {
-        let _first = Process::start(binary, &url, &log).await?;
-        wait_for_snapshots(db, 0).await?;
-    }
+    let setup = Process::start(binary, &url, &log).await?;
+    wait_for_snapshots(db, 0).await?;
+    setup.stop().await?;
     println!("bulk load of {keys} rows");
     db.fill(keys).await?;
     sqlx::query("delete from bloom_guard.snapshots where guard = 'items'")
@@ -99,13 +98,13 @@ async fn deploy(
     let first_start_s = first.ready.as_secs_f64();
     let filter_bytes = wait_for_snapshots(db, keys).await?;
     let first_peak_rss_bytes = first.peak_rss();
-    drop(first);
+    first.stop().await?;
 
     let mut seconds = Vec::new();
     for _ in 0..settings.rounds {
         let second = Process::start(binary, &url, &log).await?;
         let (ready, peak) = (second.ready.as_secs_f64(), second.peak_rss());
-        drop(second);
+        second.stop().await?;
         seconds.push((ready, peak, std::fs::read_to_string(&log)?));
     }
     seconds.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -127,7 +126,7 @@ async fn deploy(
     })
 }
 
-/// An items-service process, killed when dropped.
+/// An items-service process, killed when dropped or stopped.
 struct Process {
     child: Child,
     /// From the process's start to `/readyz` answering 200.
@@ -148,14 +147,14 @@ impl Process {
             .env("ADMIN_ADDR", "127.0.0.1:3951")
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log)?)
+            .stdout(std::fs::File::create(log)?)
+            .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
         while services::get(addr, "/readyz").await != Some(200) {
-            if started.elapsed() > Duration::from_secs(600) {
-                return Err(format!("{addr} did not become ready").into());
+            if started.elapsed() > Duration::from_secs(300) {
+                return Err(format!("{addr} did not become ready (see {})", log.display()).into());
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
@@ -163,6 +162,11 @@ impl Process {
             child,
             ready: started.elapsed(),
         })
+    }
+
+    /// Kills the process and waits for it to exit, its port free.
+    async fn stop(mut self) -> std::io::Result<()> {
+        self.child.kill().await
     }
 
     /// The process's peak resident memory so far (`VmHWM`).

@@ -29,7 +29,12 @@ impl<B: Database> Follower<B> {
         mut gap: Option<HoldOpen>,
     ) {
         let feed = self.backend.feed();
-        let mut ticks = tokio::time::interval(self.check_interval);
+        // The start ran the check already: the first tick is one interval
+        // away.
+        let mut ticks = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.check_interval,
+            self.check_interval,
+        );
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_prune: Option<Instant> = None;
         let mut last_look: Option<Instant> = None;

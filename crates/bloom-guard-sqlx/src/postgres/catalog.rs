@@ -1,19 +1,26 @@
 //! What the catalog says of the watched tables: trigger gaps, and the key
 //! columns' types and collations.
 
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::follow::column::{postgres_comparison, KeyColumn};
 use crate::watch::Watch;
 
 /// What keeps feed `name` from being complete: tables whose triggers are
-/// missing or disabled, or the feed not installed at all. Empty when all
-/// is well.
-pub(super) async fn gaps(pool: &PgPool, name: &str) -> Result<Vec<String>, sqlx::Error> {
-    let gaps = sqlx::query_scalar(
-        "select coalesce(rel::text || ': ', '') || problem from bloom_guard.gaps($1) order by 1",
-    )
-    .bind(name)
+/// missing or disabled, the watched table's name now meaning another table
+/// (see [`unwatched_table`]), or the feed not installed at all. Empty when
+/// all is well. One statement.
+pub(super) async fn gaps(pool: &PgPool, watch: &Watch) -> Result<Vec<String>, sqlx::Error> {
+    let gaps = sqlx::query_scalar(AssertSqlSafe(format!(
+        "select problem from (
+             select coalesce(rel::text || ': ', '') || problem as problem, 0 as part
+               from bloom_guard.gaps($2)
+             union all
+             select problem, 1 from ({UNWATCHED}) u(problem) where problem is not null
+         ) p order by part, problem"
+    )))
+    .bind(&watch.table)
+    .bind(watch.feed_name())
     .fetch_all(pool)
     .await;
     match gaps {
@@ -29,16 +36,9 @@ pub(super) async fn gaps(pool: &PgPool, name: &str) -> Result<Vec<String>, sqlx:
     }
 }
 
-/// Whether the key query's table, resolved as the app's connections resolve
-/// it (this pool, its `search_path`), is one the feed watches: after a table
-/// swap, a `pg_restore --clean` or a schema put first in the `search_path`,
-/// the name means another table, whose writes no trigger records.
-pub(super) async fn unwatched_table(
-    pool: &PgPool,
-    watch: &Watch,
-) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "select case
+/// Whether table `$1`, resolved as the app's connections resolve it (the
+/// pool's `search_path`), is one that feed `$2` watches; else why not.
+const UNWATCHED: &str = "select case
              when pg_catalog.to_regclass($1) is null then 'table ' || $1 || ' does not exist'
              when not exists (
                  select from bloom_guard.watched w
@@ -47,12 +47,21 @@ pub(super) async fn unwatched_table(
              then $1 || ' is now ' || pg_catalog.to_regclass($1)::oid::regclass::text
                   || ' (OID ' || pg_catalog.to_regclass($1)::oid
                   || '), which the feed does not watch: a table swapped, recreated, or shadowed by a schema earlier in the search_path'
-         end",
-    )
-    .bind(&watch.table)
-    .bind(watch.feed_name())
-    .fetch_one(pool)
-    .await
+         end";
+
+/// Whether the key query's table, resolved as the app's connections resolve
+/// it (this pool, its `search_path`), is one the feed watches: after a table
+/// swap, a `pg_restore --clean` or a schema put first in the `search_path`,
+/// the name means another table, whose writes no trigger records.
+pub(super) async fn unwatched_table(
+    pool: &PgPool,
+    watch: &Watch,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(UNWATCHED)
+        .bind(&watch.table)
+        .bind(watch.feed_name())
+        .fetch_one(pool)
+        .await
 }
 
 /// The identity (OID) of every table of feed `name` and the row version

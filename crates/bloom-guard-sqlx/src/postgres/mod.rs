@@ -194,11 +194,7 @@ impl Database for PgBackend {
     }
 
     async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
-        let mut gaps = catalog::gaps(&self.pool, self.watch.feed_name()).await?;
-        if gaps.iter().all(|gap| !gap.contains("not installed")) {
-            gaps.extend(catalog::unwatched_table(&self.pool, &self.watch).await?);
-        }
-        Ok(gaps)
+        catalog::gaps(&self.pool, &self.watch).await
     }
 
     async fn repair(&self) -> Result<bool, sqlx::Error> {

@@ -50,7 +50,17 @@ select (select snapshot::text from now), (select pg_catalog.count(*) from sent) 
 /// Stands for election until `stop`; once elected, looks for changes every
 /// `every` and wakes the readers.
 pub(super) async fn run(options: PgConnectOptions, every: Duration, stop: CancellationToken) {
-    let options = options.application_name(CANDIDATE_APPLICATION_NAME);
+    // READ COMMITTED whatever the database's default, and a look (it finds
+    // a handful of rows) never worth parallel workers or JIT compilation,
+    // whatever the feed's statistics say after a bulk load: startup
+    // parameters, no round trip of their own.
+    let options = options
+        .application_name(CANDIDATE_APPLICATION_NAME)
+        .options([
+            ("default_transaction_isolation", "read committed"),
+            ("max_parallel_workers_per_gather", "0"),
+            ("jit", "off"),
+        ]);
     let mut candidate: Option<PgConnection> = None;
     loop {
         let term = async {
@@ -68,16 +78,6 @@ pub(super) async fn run(options: PgConnectOptions, every: Duration, stop: Cancel
             }
             sqlx::query("select pg_catalog.set_config('application_name', $1, false)")
                 .bind(NOTIFIER_APPLICATION_NAME)
-                .execute(&mut *connection)
-                .await?;
-            sqlx::query(
-                "set session characteristics as transaction isolation level read committed",
-            )
-            .execute(&mut *connection)
-            .await?;
-            // A look finds a handful of rows: never worth parallel workers,
-            // whatever the feed's statistics say after a bulk load.
-            sqlx::query("set max_parallel_workers_per_gather = 0")
                 .execute(&mut *connection)
                 .await?;
             tracing::info!("this instance sends the change feed's wake-ups");

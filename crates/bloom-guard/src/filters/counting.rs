@@ -440,10 +440,12 @@ impl CountingFilter {
         if !supported() {
             return Err(ShardError("this CPU lacks popcnt or BMI2".to_owned()));
         }
+        // Each shard's bytes are dropped once it is decoded: the filter
+        // and its snapshot's bytes are never held whole at once.
         let shards = parts
             .shards
-            .iter()
-            .map(|ShardParts(bytes)| decode_shard(bytes).map(RwLock::new))
+            .into_iter()
+            .map(|ShardParts(bytes)| decode_shard(&bytes).map(RwLock::new))
             .collect::<Result<Box<[_]>, _>>()?;
         if shards.is_empty() {
             return Err(ShardError("no shards".to_owned()));

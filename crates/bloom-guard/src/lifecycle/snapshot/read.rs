@@ -205,8 +205,12 @@ impl SnapshotReader {
                     .iter()
                     .zip(self.words)
                     .map(|(shard, words)| {
-                        let mut bytes: Vec<u8> =
-                            words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                        // One shard's words at a time become its bytes, and
+                        // are dropped: the whole filter is never held twice.
+                        let mut bytes = Vec::with_capacity(words.len() * 8);
+                        for word in words {
+                            bytes.extend_from_slice(&word.to_le_bytes());
+                        }
                         bytes.truncate(shard.bytes as usize);
                         ShardParts(bytes)
                     })
