@@ -359,3 +359,118 @@ async fn a_delete_of_a_key_the_filter_lacks_stops_removals_and_asks_for_a_rebuil
     );
     assert!(guard.rebuild_due().is_some());
 }
+
+/// The write window: a key this instance inserted is never refused before
+/// the feed brings its row, and refused as soon as the feed brings another
+/// client's delete of it afterwards, not a window later.
+#[tokio::test]
+async fn a_key_inserted_here_is_kept_until_its_row_is_read_then_refused_once_deleted() {
+    use axum::routing::get;
+    use axum::Router;
+    use tower::ServiceExt;
+
+    let feed = Feed::default();
+    feed.add("old");
+    let guard = BloomGuard::builder()
+        .name("items")
+        .write_window(Duration::from_secs(60))
+        .build();
+    let reader = guard.feed_reader();
+    reader.catch_up_with(feed.clone());
+    guard.rebuild(&feed).await.expect("build");
+    // The follower: a read whenever a refusal waits, and every 5 ms.
+    let (follower_feed, follower_guard) = (feed.clone(), guard.clone());
+    let follower = tokio::spawn(async move {
+        let mut at = follower_feed.len();
+        loop {
+            let read = reader.begin();
+            at = follower_feed.follow(&follower_guard, at);
+            reader.done(read);
+            tokio::select! {
+                () = reader.asked() => {}
+                () = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+        }
+    });
+    let app = Router::new()
+        .route("/items/{key}", get(|| async { "found" }))
+        .route_layer(guard.layer(bloom_guard::PathParam("key")));
+    let status = |key: &'static str| {
+        let app = app.clone();
+        async move {
+            let request = http::Request::get(format!("/items/{key}"))
+                .body(axum::body::Body::empty())
+                .expect("request");
+            app.oneshot(request).await.expect("infallible").status()
+        }
+    };
+    let reads = || tokio::time::sleep(Duration::from_millis(30));
+
+    // Inserted through this instance, not committed yet: never refused.
+    guard.insert("new");
+    reads().await;
+    assert_eq!(status("new").await, http::StatusCode::OK);
+    // Committed, its row read; then deleted by another client.
+    feed.add("new");
+    reads().await;
+    assert_eq!(status("new").await, http::StatusCode::OK);
+    feed.delete("new");
+    reads().await;
+    assert_eq!(
+        status("new").await,
+        http::StatusCode::NOT_FOUND,
+        "a deleted key passed for the write window"
+    );
+    // Inserted again through this instance: kept until its new row.
+    guard.insert("new");
+    reads().await;
+    assert_eq!(status("new").await, http::StatusCode::OK);
+    feed.add("new");
+    reads().await;
+    feed.delete("new");
+    reads().await;
+    assert_eq!(status("new").await, http::StatusCode::NOT_FOUND);
+    follower.abort();
+}
+
+/// Without the read barrier the journal still retires with the row's
+/// read: a deleted key is refused once the feed brings the delete.
+#[tokio::test]
+async fn without_the_barrier_a_journaled_key_is_forgotten_with_its_delete() {
+    let feed = Feed::default();
+    feed.add("old");
+    let guard = guard();
+    let reader = guard.feed_reader();
+    reader.catch_up_with(feed.clone());
+    guard.rebuild(&feed).await.expect("build");
+    let mut at = feed.len();
+    guard.insert("new");
+    assert!(guard.may_contain("new"), "the write window");
+    // A read that began before the insert: its rows are not the insert's.
+    let early = reader.begin();
+    guard.insert("later");
+    feed.add("later");
+    at = feed.follow(&guard, at);
+    reader.done(early);
+    feed.delete("later");
+    let read = reader.begin();
+    at = feed.follow(&guard, at);
+    reader.done(read);
+    assert!(
+        guard.may_contain("later"),
+        "retired by a read that began before the insert"
+    );
+    // The insert's own row, read, then its delete.
+    feed.add("new");
+    let read = reader.begin();
+    at = feed.follow(&guard, at);
+    reader.done(read);
+    feed.delete("new");
+    let read = reader.begin();
+    feed.follow(&guard, at);
+    reader.done(read);
+    assert!(
+        !guard.may_contain("new"),
+        "a deleted key kept by the window"
+    );
+}

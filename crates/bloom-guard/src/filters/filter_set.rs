@@ -50,11 +50,13 @@ impl FilterSet {
         in_use.max(self.journal.len() as u64)
     }
 
-    /// Records a key of this instance's write path in the journal, and
-    /// inserts it into every filter unless the guard follows a change feed
-    /// (`fed`: its filters take each key from the feed, once per row);
-    /// returns the filter in use.
-    pub(crate) fn insert(&self, key: &Key<'_>, fed: bool) -> Current {
+    /// Records a key of this instance's write path in the journal (until
+    /// the window ends or feed read `read` or a later one brings its row:
+    /// see [`NEVER`](crate::filters::journal::NEVER)), and inserts it into
+    /// every filter unless the guard follows a change feed (`fed`: its
+    /// filters take each key from the feed, once per row); returns the
+    /// filter in use.
+    pub(crate) fn insert(&self, key: &Key<'_>, fed: bool, read: u64) -> Current {
         let building = read_lock(&self.building);
         let current = self.current();
         if !fed {
@@ -65,7 +67,7 @@ impl FilterSet {
                 filter.insert(key);
             }
         }
-        self.journal.record(key);
+        self.journal.record(key, read);
         current
     }
 
@@ -77,10 +79,10 @@ impl FilterSet {
 
     /// Inserts committed keys (a change feed's) into the filter in use and
     /// the filters being built that take them: a read of the feed with no
-    /// deletes and no position. Returns the filter in use. No journal: a
-    /// build that starts later scans their rows.
-    pub(crate) fn insert_batch(&self, batch: &KeyBatch) -> Current {
-        self.apply(batch, &KeyBatch::default(), None, None)
+    /// deletes and no position, by feed read `read`. Returns the filter in
+    /// use. No journal: a build that starts later scans their rows.
+    pub(crate) fn insert_batch(&self, batch: &KeyBatch, read: u64) -> Current {
+        self.apply(batch, &KeyBatch::default(), (None, None), read)
     }
 
     /// Applies a read of the change feed that began at feed position
@@ -89,12 +91,17 @@ impl FilterSet {
     /// use takes the added rows and, if it is exact at `from`, the removed
     /// ones; a Bloom filter in use and the filters being built that take
     /// live keys take the added keys. Returns the filter in use.
+    ///
+    /// `read` is the feed read that brought them: the write path's journal
+    /// entries it can bring retire for the added keys, which the filter in
+    /// use holds from now on (a later delete of the key is the feed's to
+    /// apply, not the window's to hide).
     pub(crate) fn apply(
         &self,
         added: &KeyBatch,
         removed: &KeyBatch,
-        from: Option<&str>,
-        reached: Option<&str>,
+        (from, reached): (Option<&str>, Option<&str>),
+        read: u64,
     ) -> Current {
         let building = read_lock(&self.building);
         let current = self.current();
@@ -106,6 +113,9 @@ impl FilterSet {
         }
         for filter in building.iter() {
             take_live(filter, added, &mut hashes);
+        }
+        if current.is_some() {
+            self.journal.retire(added, read);
         }
         current
     }

@@ -9,6 +9,14 @@
 //! use. A guard that follows a change feed puts its write path's keys only
 //! here: a counting filter takes each key from the feed, once per row, and
 //! a key of a transaction that rolled back is forgotten with its entry.
+//!
+//! An entry retires early when a feed read that began after it brings a
+//! row of its key (the guard's one follower numbers its reads): the filter
+//! holds the key from then on, and a delete the feed brings later is
+//! honoured at once instead of hidden for the rest of the window. A read
+//! that began before the entry may bring another insert's row of the same
+//! key, so it retires nothing. A rolled-back insert brings no row: its
+//! entry lasts the window.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,16 +24,26 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::filters::filter::Filter;
+use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
 use crate::lock::lock;
 
 /// The longest the journal gets, whatever the write rate.
 const CAPACITY: usize = 100_000;
 
+/// A journal entry's feed read: the first read of the guard's one follower
+/// that can bring the entry's row. `NEVER`: no single follower (none, or
+/// several), the entry lasts the window.
+pub(crate) const NEVER: u64 = u64::MAX;
+
 #[derive(Debug, Default)]
 struct Entries {
+    /// Every entry by age, for the window; retired ones too.
     order: VecDeque<(Instant, Box<[u8]>)>,
-    counts: HashMap<Box<[u8]>, u32>,
+    /// The entries still in force, per key: when, and their read.
+    live: HashMap<Box<[u8]>, Vec<(Instant, u64)>>,
+    /// Entries in `live`.
+    len: usize,
 }
 
 impl Entries {
@@ -38,13 +56,18 @@ impl Entries {
                 .front()
                 .is_some_and(|(at, _)| now.duration_since(*at) > window)
         {
-            let Some((_, key)) = self.order.pop_front() else {
+            let Some((at, key)) = self.order.pop_front() else {
                 break;
             };
-            if let Some(count) = self.counts.get_mut(&key) {
-                *count -= 1;
-                if *count == 0 {
-                    self.counts.remove(&key);
+            // A retired entry left `live` already: entries retire oldest
+            // first, so the one leaving by age, if live, is its key's first.
+            if let Some(entries) = self.live.get_mut(&key) {
+                if entries.first().is_some_and(|(first, _)| *first == at) {
+                    entries.remove(0);
+                    self.len -= 1;
+                }
+                if entries.is_empty() {
+                    self.live.remove(&key);
                 }
             }
         }
@@ -55,7 +78,7 @@ impl Entries {
 pub(crate) struct Journal {
     window: Duration,
     entries: Mutex<Entries>,
-    /// Entries held, for a lookup's lock-free "empty" test.
+    /// Entries in force, for a lookup's lock-free "empty" test.
     len: AtomicUsize,
 }
 
@@ -68,20 +91,53 @@ impl Journal {
         }
     }
 
-    pub(crate) fn record(&self, key: &Key<'_>) {
+    /// Records `key`, whose row the feed can bring from read `read` on
+    /// ([`NEVER`]: only the window retires it).
+    pub(crate) fn record(&self, key: &Key<'_>, read: u64) {
         if self.window.is_zero() {
             return;
         }
         let now = Instant::now();
         let mut entries = lock(&self.entries);
         let key: Box<[u8]> = key.as_bytes().into();
-        *entries.counts.entry(key.clone()).or_insert(0) += 1;
+        entries
+            .live
+            .entry(key.clone())
+            .or_default()
+            .push((now, read));
+        entries.len += 1;
         entries.order.push_back((now, key));
         entries.expire(now, self.window);
-        self.len.store(entries.order.len(), Ordering::Release);
+        self.len.store(entries.len, Ordering::Release);
     }
 
-    /// Whether the write path inserted `key` within the window.
+    /// Feed read `read` brought a row of each of `keys`: their entries
+    /// that this read can bring retire (the filter holds the key now, and
+    /// a later delete is the feed's to apply). Entries recorded after the
+    /// read began stay: their rows come in a later read.
+    pub(crate) fn retire(&self, keys: &KeyBatch, read: u64) {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut entries = lock(&self.entries);
+        for key in keys.iter() {
+            let key = key.as_bytes();
+            let Some(live) = entries.live.get_mut(key) else {
+                continue;
+            };
+            let before = live.len();
+            live.retain(|(_, first_read)| *first_read > read);
+            let retired = before - live.len();
+            if live.is_empty() {
+                entries.live.remove(key);
+            }
+            entries.len -= retired;
+        }
+        self.len.store(entries.len, Ordering::Release);
+    }
+
+    /// Whether the write path inserted `key` within the window, and no
+    /// feed read has brought its row since.
     #[inline]
     pub(crate) fn contains(&self, key: &Key<'_>) -> bool {
         if self.len.load(Ordering::Acquire) == 0 {
@@ -90,19 +146,21 @@ impl Journal {
         let now = Instant::now();
         let mut entries = lock(&self.entries);
         entries.expire(now, self.window);
-        self.len.store(entries.order.len(), Ordering::Release);
-        entries.counts.contains_key(key.as_bytes())
+        self.len.store(entries.len, Ordering::Release);
+        entries.live.contains_key(key.as_bytes())
     }
 
     /// Inserts the keys recorded within the window into `filter` (a Bloom
     /// filter being built, which the write path also inserts into).
     pub(crate) fn replay(&self, filter: &Filter) {
         let now = Instant::now();
-        for (at, key) in lock(&self.entries).order.iter().rev() {
-            if now.duration_since(*at) > self.window {
-                break;
+        for (key, live) in &lock(&self.entries).live {
+            if live
+                .iter()
+                .any(|(at, _)| now.duration_since(*at) <= self.window)
+            {
+                filter.insert(&Key::from(&key[..]));
             }
-            filter.insert(&Key::from(&key[..]));
         }
     }
 
@@ -115,14 +173,57 @@ impl Journal {
 mod tests {
     use super::*;
 
+    fn batch(key: &str) -> KeyBatch {
+        [key].into_iter().collect()
+    }
+
     #[test]
     fn a_key_is_found_within_the_window_and_forgotten_after() {
         let journal = Journal::new(Duration::from_millis(50));
-        journal.record(&Key::from("a"));
-        journal.record(&Key::from("a"));
+        journal.record(&Key::from("a"), NEVER);
+        journal.record(&Key::from("a"), NEVER);
         assert!(journal.contains(&Key::from("a")));
         assert!(!journal.contains(&Key::from("b")));
         std::thread::sleep(Duration::from_millis(60));
+        assert!(!journal.contains(&Key::from("a")));
+        assert_eq!(journal.len(), 0);
+    }
+
+    #[test]
+    fn an_entry_retires_with_a_read_that_began_after_it_and_brought_its_key() {
+        let journal = Journal::new(Duration::from_secs(60));
+        journal.record(&Key::from("a"), 3);
+        journal.record(&Key::from("b"), 3);
+        // Read 2 began before the entries: its row of "a" is another's.
+        journal.retire(&batch("a"), 2);
+        assert!(journal.contains(&Key::from("a")));
+        // Read 3 brought "a", not "b".
+        journal.retire(&batch("a"), 3);
+        assert!(!journal.contains(&Key::from("a")));
+        assert!(journal.contains(&Key::from("b")));
+        assert_eq!(journal.len(), 1);
+        // Inserted again: a new entry, for a later read.
+        journal.record(&Key::from("a"), 5);
+        journal.retire(&batch("a"), 4);
+        assert!(journal.contains(&Key::from("a")));
+        // Entries that no single read can bring last the window.
+        journal.record(&Key::from("c"), NEVER);
+        journal.retire(&batch("c"), 1_000);
+        assert!(journal.contains(&Key::from("c")));
+    }
+
+    #[test]
+    fn retired_entries_leave_the_window_without_taking_live_ones() {
+        let journal = Journal::new(Duration::from_millis(50));
+        journal.record(&Key::from("a"), 1);
+        journal.retire(&batch("a"), 1);
+        std::thread::sleep(Duration::from_millis(30));
+        journal.record(&Key::from("a"), 2);
+        std::thread::sleep(Duration::from_millis(30));
+        // The first entry left by age; the second, live, stays.
+        assert!(journal.contains(&Key::from("a")));
+        assert_eq!(journal.len(), 1);
+        std::thread::sleep(Duration::from_millis(30));
         assert!(!journal.contains(&Key::from("a")));
         assert_eq!(journal.len(), 0);
     }

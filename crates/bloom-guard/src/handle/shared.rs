@@ -206,7 +206,8 @@ impl Shared {
     /// the feed), into the filter in use and every filter being built.
     pub(crate) fn insert(&self, key: &Key<'_>) {
         let key = &self.config.key_type.canonical_or_same(Key::from(key));
-        if let Some(filter) = &*self.filters.insert(key, self.counts_rows()) {
+        let read = self.barrier.journal_read();
+        if let Some(filter) = &*self.filters.insert(key, self.counts_rows(), read) {
             self.metrics.keys(filter.keys(), filter.skipped());
         }
     }
@@ -215,7 +216,10 @@ impl Shared {
     /// every filter being built that takes them.
     pub(crate) fn insert_batch(&self, batch: &KeyBatch) {
         let batch = &*self.config.key_type.canonical_batch(batch);
-        if let Some(filter) = &*self.filters.insert_batch(batch) {
+        if let Some(filter) = &*self
+            .filters
+            .insert_batch(batch, self.barrier.read_in_progress())
+        {
             self.metrics.keys(filter.keys(), filter.skipped());
         }
     }
@@ -234,8 +238,8 @@ impl Shared {
         let current = self.filters.apply(
             &key_type.canonical_batch(added),
             &key_type.canonical_batch(removed),
-            from,
-            reached,
+            (from, reached),
+            self.barrier.read_in_progress(),
         );
         if let Some(filter) = &*current {
             self.metrics.keys(filter.keys(), filter.skipped());

@@ -155,6 +155,27 @@ impl Barrier {
         self.readers.load().len()
     }
 
+    /// The first read that can bring the row of a key the write path
+    /// inserts now, for its journal entry: the next read of the guard's one
+    /// follower. [`NEVER`](crate::filters::journal::NEVER) with none or
+    /// several (which read brings the row is then unknown).
+    pub(crate) fn journal_read(&self) -> u64 {
+        match self.readers.load().as_slice() {
+            [slot] => slot.next_read(),
+            _ => crate::filters::journal::NEVER,
+        }
+    }
+
+    /// The read the guard's one follower has begun last (the one whose
+    /// changes it applies now); 0 with none or several, which retires no
+    /// journal entry.
+    pub(crate) fn read_in_progress(&self) -> u64 {
+        match self.readers.load().as_slice() {
+            [slot] => slot.next_read() - 1,
+            _ => 0,
+        }
+    }
+
     /// What a request arriving now waits for; asks every follower for a
     /// read.
     pub(crate) fn ticket(&self) -> Ticket {
