@@ -3,6 +3,7 @@
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
@@ -959,4 +960,85 @@ async fn postgres_demo_items_are_seeded_once_when_asked(pool: PgPool) {
         .expect("count");
     assert_eq!(count, 5);
     assert!(db.get("apple").await.expect("get").is_some());
+}
+
+/// Deletes `key` by plain SQL, as any other client of the database would.
+async fn delete_by_sql(db: &Database, key: &str) {
+    match db.pool() {
+        Pool::Postgres(pool) => sqlx::query("delete from items where key = $1")
+            .bind(key)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+        Pool::Sqlite(pool) => sqlx::query("delete from items where key = ?")
+            .bind(key)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+        Pool::MySql(pool) => sqlx::query("delete from items where `key` = ?")
+            .bind(key)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+    }
+    .expect("delete by SQL");
+}
+
+/// Keys created through this instance and deleted by another client a
+/// moment later are refused once the feed brings the deletes: the write
+/// window lets a key go once its row was read, not 60 s after the POST.
+async fn keys_created_here_and_deleted_elsewhere_are_refused(db: Database) {
+    let (app, state) = ready_app(db.clone()).await;
+    let keys: Vec<String> = (0..10).map(|i| format!("short-lived-{i}")).collect();
+    for key in &keys {
+        let body = serde_json::json!({ "key": key }).to_string();
+        assert_eq!(post_json(&app, &body).await.status, StatusCode::CREATED);
+        assert_eq!(
+            get(&app, &format!("/items/{key}")).await.status,
+            StatusCode::OK
+        );
+    }
+    // The rows read by the follower, then deleted elsewhere.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for key in &keys {
+        delete_by_sql(&db, key).await;
+    }
+    let guards = state.guards.clone().expect("guarded");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = guards.items.stats().rejected;
+        let mut missing = 0;
+        for key in &keys {
+            missing += usize::from(
+                get(&app, &format!("/items/{key}")).await.status == StatusCode::NOT_FOUND,
+            );
+        }
+        let refused = guards.items.stats().rejected - before;
+        if refused == keys.len() as u64 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{refused} of {} deleted keys refused by the guard ({missing} answered 404)",
+            keys.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn sqlite_keys_created_here_and_deleted_elsewhere_are_refused() {
+    keys_created_here_and_deleted_elsewhere_are_refused(sqlite().await).await;
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_keys_created_here_and_deleted_elsewhere_are_refused(pool: PgPool) {
+    keys_created_here_and_deleted_elsewhere_are_refused(postgres(pool).await).await;
+}
+
+#[tokio::test]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn mysql_keys_created_here_and_deleted_elsewhere_are_refused() {
+    keys_created_here_and_deleted_elsewhere_are_refused(mysql().await).await;
 }
