@@ -18,10 +18,10 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
 
 /// The statements of a second start up to its guard's readiness, besides
-/// its feed reads and the notifier's looks: at most. 21 to 23 in practice:
+/// its feed reads and the notifier's looks: at most. 20 to 22 in practice:
 /// the fleet's settings are read again once the listener listens, if the
 /// first read came before it (a change announced in between was missed).
-const STATEMENTS_AT_MOST: usize = 23;
+const STATEMENTS_AT_MOST: usize = 22;
 
 /// Every statement sqlx logs while `recording` is on.
 #[derive(Clone, Default)]

@@ -34,6 +34,18 @@ pub(crate) struct Clock<P> {
     pub(crate) at: i64,
 }
 
+/// What the trigger check reads of the catalog.
+#[derive(Debug)]
+pub(crate) struct Catalog {
+    /// See [`Database::gaps`].
+    pub(crate) gaps: Vec<String>,
+    /// See [`Database::trigger_versions`]; `None` if it could not be read.
+    pub(crate) versions: Option<String>,
+    /// See [`Database::counts_rows`]; `None` if it could not be read (the
+    /// last answer stands).
+    pub(crate) counts_rows: Option<bool>,
+}
+
 /// The outcome of a read of the feed.
 #[derive(Debug)]
 pub(crate) enum Read<P> {
@@ -171,6 +183,20 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// functions an earlier schema version wrote.
     fn counts_rows(&self) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
         async { Ok(true) }
+    }
+
+    /// The trigger check's answers: [`gaps`](Self::gaps),
+    /// [`trigger_versions`](Self::trigger_versions) and
+    /// [`counts_rows`](Self::counts_rows), in one round trip where the
+    /// backend can (an idle instance checks every guard every interval).
+    fn catalog(&self) -> impl Future<Output = Result<Catalog, sqlx::Error>> + Send {
+        async {
+            Ok(Catalog {
+                gaps: self.gaps().await?,
+                versions: self.trigger_versions().await.ok(),
+                counts_rows: self.counts_rows().await.ok(),
+            })
+        }
     }
 
     /// Puts the feed's triggers on the table the key query reads now, if

@@ -59,8 +59,8 @@ impl<B: Database> Follower<B> {
             if resync_requested {
                 self.hold_for_unrecorded();
             }
+            // The check reads whether the functions count rows too.
             let checked = self.check(&source, &mut gap).await;
-            self.check_counts_rows().await;
             // Writes the feed could not record keep the guard open until a
             // rebuild has them, retried at every check that found no gap
             // (a check that could not run proves nothing).
@@ -126,21 +126,25 @@ impl<B: Database> Follower<B> {
     /// Whether the check ran.
     pub(super) async fn check(&self, source: &B::Source, gap: &mut Option<HoldOpen>) -> bool {
         let feed = self.backend.feed();
-        let mut gaps = match self.backend.gaps().await {
-            Ok(gaps) => gaps,
+        let catalog = match self.backend.catalog().await {
+            Ok(catalog) => catalog,
             Err(error) => {
                 tracing::debug!(%error, "cannot check the change feed's triggers");
                 return false;
             }
         };
+        if let Some(counts_rows) = catalog.counts_rows {
+            self.set_counts_rows(counts_rows);
+        }
+        let mut gaps = catalog.gaps;
         // Held until the gaps are looked at again: a trigger dropped
-        // between the two queries changed the versions but showed no gap
-        // yet, and the rebuild must not leave the guard answering without
-        // it.
-        let versions_hold = if gaps.is_empty() && gap.is_none() {
-            self.check_trigger_versions(source).await
-        } else {
-            None
+        // between two queries changed the versions but showed no gap yet,
+        // and the rebuild must not leave the guard answering without it.
+        let versions_hold = match catalog.versions {
+            Some(versions) if gaps.is_empty() && gap.is_none() => {
+                self.check_trigger_versions(source, versions).await
+            }
+            _ => None,
         };
         if versions_hold.is_some() {
             gaps = match self.backend.gaps().await {
@@ -201,8 +205,11 @@ impl<B: Database> Follower<B> {
     /// feed. The guard fails open until the rebuild is in place.
     /// The hold it took, if the versions changed: the caller looks at the
     /// gaps again before letting go.
-    async fn check_trigger_versions(&self, source: &B::Source) -> Option<HoldOpen> {
-        let versions = self.backend.trigger_versions().await.ok()?;
+    async fn check_trigger_versions(
+        &self,
+        source: &B::Source,
+        versions: String,
+    ) -> Option<HoldOpen> {
         let previous = self.fleet().trigger_versions.replace(versions.clone());
         if previous
             .as_ref()

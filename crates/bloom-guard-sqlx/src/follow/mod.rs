@@ -29,7 +29,7 @@ use tracing::Instrument;
 pub(crate) use api::follower_api;
 pub use api::Follow;
 pub(crate) use backend::{
-    Clock, Database, FleetTable, KeySet, LoadError, Read, SnapshotStore, Stored, WakeUps,
+    Catalog, Clock, Database, FleetTable, KeySet, LoadError, Read, SnapshotStore, Stored, WakeUps,
 };
 pub(crate) use rebuild::Rebuild;
 
@@ -280,18 +280,9 @@ impl<B: Database> Follower<B> {
         }
     }
 
-    /// Asks the database whether its triggers count rows; a failed check
-    /// keeps the last answer.
-    pub(crate) async fn check_counts_rows(&self) {
-        match self.backend.counts_rows().await {
-            Ok(counts) => self.set_counts_rows(counts),
-            Err(error) => {
-                tracing::debug!(%error, "cannot check how the feed's triggers count rows");
-            }
-        }
-    }
-
-    fn set_counts_rows(&self, counts: bool) {
+    /// Whether the feed's functions count rows, as the last check or
+    /// start found (a failed check keeps the last answer).
+    pub(super) fn set_counts_rows(&self, counts: bool) {
         let before = self
             .counts_rows
             .swap(counts, std::sync::atomic::Ordering::AcqRel);

@@ -4,6 +4,7 @@
 use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::follow::column::{postgres_comparison, KeyColumn};
+use crate::follow::Catalog;
 use crate::watch::Watch;
 
 /// What keeps feed `name` from being complete: tables whose triggers are
@@ -12,12 +13,7 @@ use crate::watch::Watch;
 /// all is well. One statement.
 pub(super) async fn gaps(pool: &PgPool, watch: &Watch) -> Result<Vec<String>, sqlx::Error> {
     let gaps = sqlx::query_scalar(AssertSqlSafe(format!(
-        "select problem from (
-             select coalesce(rel::text || ': ', '') || problem as problem, 0 as part
-               from bloom_guard.gaps($2)
-             union all
-             select problem, 1 from ({UNWATCHED}) u(problem) where problem is not null
-         ) p order by part, problem"
+        "select problem from ({GAPS}) p order by part, problem"
     )))
     .bind(&watch.table)
     .bind(watch.feed_name())
@@ -34,6 +30,45 @@ pub(super) async fn gaps(pool: &PgPool, watch: &Watch) -> Result<Vec<String>, sq
         }
         gaps => gaps,
     }
+}
+
+/// Every gap of feed `$2` whose table `$1` is: `(problem, part)`, the
+/// triggers' first, then the table's.
+const GAPS: &str = "select coalesce(rel::text || ': ', '') || problem as problem, 0 as part
+               from bloom_guard.gaps($2)
+             union all
+             select problem, 1 from (select case
+             when pg_catalog.to_regclass($1) is null then 'table ' || $1 || ' does not exist'
+             when not exists (
+                 select from bloom_guard.watched w
+                  cross join lateral bloom_guard.family(w.rel) f(rel)
+                  where w.guard = $2 and f.rel::oid = pg_catalog.to_regclass($1)::oid)
+             then $1 || ' is now ' || pg_catalog.to_regclass($1)::oid::regclass::text
+                  || ' (OID ' || pg_catalog.to_regclass($1)::oid
+                  || '), which the feed does not watch: a table swapped, recreated, or shadowed by a schema earlier in the search_path'
+         end) u(problem) where problem is not null";
+
+/// The trigger check in one statement: the gaps, the triggers' versions
+/// and whether the functions count rows (see [`gaps`],
+/// [`trigger_versions`] and `counts_rows`). Needs the feed installed at
+/// version 8; the caller falls back to the three on any error.
+pub(super) async fn check(pool: &PgPool, watch: &Watch) -> Result<Catalog, sqlx::Error> {
+    let (gaps, versions, counts_rows): (Vec<String>, String, bool) =
+        sqlx::query_as(AssertSqlSafe(format!(
+            "select coalesce((select pg_catalog.array_agg(problem order by part, problem) from ({GAPS}) p),
+                             '{{}}'::text[]),
+                    ({VERSIONS}),
+                    bloom_guard.counts_rows($2)"
+        )))
+        .bind(&watch.table)
+        .bind(watch.feed_name())
+        .fetch_one(pool)
+        .await?;
+    Ok(Catalog {
+        gaps,
+        versions: Some(versions),
+        counts_rows: Some(counts_rows),
+    })
 }
 
 /// Whether table `$1`, resolved as the app's connections resolve it (the
@@ -67,20 +102,23 @@ pub(super) async fn unwatched_table(
 /// The identity (OID) of every table of feed `name` and the row version
 /// (`xmin`) of each of its feed triggers' `pg_trigger` rows: any ALTER of a
 /// trigger rewrites its row.
-pub(super) async fn trigger_versions(pool: &PgPool, name: &str) -> Result<String, sqlx::Error> {
-    sqlx::query_scalar(
-        "select coalesce(pg_catalog.string_agg(f.rel::oid::text || ':' || coalesce(t.tgname::text || '@' || t.xmin::text, ''),
+pub(super) async fn trigger_versions(pool: &PgPool, watch: &Watch) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(VERSIONS)
+        .bind(&watch.table)
+        .bind(watch.feed_name())
+        .fetch_one(pool)
+        .await
+}
+
+/// The versions of feed `$2`'s tables and triggers (`$1` unused: the
+/// parameters of [`check`]).
+const VERSIONS: &str = "select coalesce(pg_catalog.string_agg(f.rel::oid::text || ':' || coalesce(t.tgname::text || '@' || t.xmin::text, ''),
                                                ',' order by f.rel::oid, t.tgname), '')
            from bloom_guard.watched w
           cross join lateral bloom_guard.family(w.rel) f(rel)
            left join pg_catalog.pg_trigger t
              on t.tgrelid = f.rel and pg_catalog.left(t.tgname, 12) = 'bloom_guard_'
-          where w.guard = $1",
-    )
-    .bind(name)
-    .fetch_one(pool)
-    .await
-}
+          where w.guard = $2 and $1::text is not null";
 
 /// The watched key columns, in the watch's order.
 pub(super) async fn key_columns(

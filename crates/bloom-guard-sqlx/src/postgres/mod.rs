@@ -24,7 +24,7 @@ pub use listen::LISTENER_APPLICATION_NAME;
 pub use notifier::NOTIFIER_APPLICATION_NAME;
 
 use crate::follow::column::KeyColumn;
-use crate::follow::{follower_api, Clock, Database, Follower, KeySet, Read, WakeUps};
+use crate::follow::{follower_api, Catalog, Clock, Database, Follower, KeySet, Read, WakeUps};
 use crate::source::query::any_key_where;
 use crate::store::fleet::FleetTables;
 use crate::store::snapshots::Tables;
@@ -213,7 +213,21 @@ impl Database for PgBackend {
     }
 
     async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
-        catalog::trigger_versions(&self.pool, self.watch.feed_name()).await
+        catalog::trigger_versions(&self.pool, &self.watch).await
+    }
+
+    async fn catalog(&self) -> Result<Catalog, sqlx::Error> {
+        // One statement; any error (a feed of an earlier version, not
+        // installed) and the three ask on their own, each with its answer
+        // for that case.
+        match catalog::check(&self.pool, &self.watch).await {
+            Ok(catalog) => Ok(catalog),
+            Err(_) => Ok(Catalog {
+                gaps: self.gaps().await?,
+                versions: self.trigger_versions().await.ok(),
+                counts_rows: self.counts_rows().await.ok(),
+            }),
+        }
     }
 
     fn wake_ups(
