@@ -115,7 +115,7 @@ impl FilterSet {
             take_live(filter, added, &mut hashes);
         }
         if current.is_some() {
-            self.journal.retire(added, read);
+            self.journal.retire(added, removed, read);
         }
         current
     }

@@ -10,15 +10,18 @@
 //! here: a counting filter takes each key from the feed, once per row, and
 //! a key of a transaction that rolled back is forgotten with its entry.
 //!
-//! An entry retires early when a feed read that began after it brings a
-//! row of its key (the guard's one follower numbers its reads): the filter
-//! holds the key from then on, and a delete the feed brings later is
-//! honoured at once instead of hidden for the rest of the window. A read
-//! that began before the entry may bring another insert's row of the same
-//! key, so it retires nothing. A rolled-back insert brings no row: its
-//! entry lasts the window.
+//! With a read barrier, an entry retires early when a feed read that began
+//! after it brings a row of its key and not that row's delete (the guard's
+//! one follower numbers its reads): the filter holds the key from then on,
+//! and a delete the feed brings later is honoured at once instead of
+//! hidden for the rest of the window. A read that began before the entry
+//! may bring another insert's row of the same key, so it retires nothing.
+//! The row read may still be another client's; then this instance's own
+//! row comes in a later read, which a refusal waits for under the barrier.
+//! Without a barrier nothing but the window retires an entry. A
+//! rolled-back insert brings no row: its entry lasts the window.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -41,7 +44,7 @@ struct Entries {
     /// Every entry by age, for the window; retired ones too.
     order: VecDeque<(Instant, Box<[u8]>)>,
     /// The entries still in force, per key: when, and their read.
-    live: HashMap<Box<[u8]>, Vec<(Instant, u64)>>,
+    live: HashMap<Box<[u8]>, VecDeque<(Instant, u64)>>,
     /// Entries in `live`.
     len: usize,
 }
@@ -62,8 +65,8 @@ impl Entries {
             // A retired entry left `live` already: entries retire oldest
             // first, so the one leaving by age, if live, is its key's first.
             if let Some(entries) = self.live.get_mut(&key) {
-                if entries.first().is_some_and(|(first, _)| *first == at) {
-                    entries.remove(0);
+                if entries.front().is_some_and(|(first, _)| *first == at) {
+                    entries.pop_front();
                     self.len -= 1;
                 }
                 if entries.is_empty() {
@@ -104,23 +107,30 @@ impl Journal {
             .live
             .entry(key.clone())
             .or_default()
-            .push((now, read));
+            .push_back((now, read));
         entries.len += 1;
         entries.order.push_back((now, key));
         entries.expire(now, self.window);
         self.len.store(entries.len, Ordering::Release);
     }
 
-    /// Feed read `read` brought a row of each of `keys`: their entries
-    /// that this read can bring retire (the filter holds the key now, and
-    /// a later delete is the feed's to apply). Entries recorded after the
-    /// read began stay: their rows come in a later read.
-    pub(crate) fn retire(&self, keys: &KeyBatch, read: u64) {
+    /// Feed read `read` brought a row of each of `added`, and took one of
+    /// each of `removed`: the entries of the added keys that this read can
+    /// bring retire (the filter holds the key now, and a later delete is
+    /// the feed's to apply). A key the same read also removed keeps its
+    /// entries: the row may have been another client's, inserted and
+    /// deleted. Entries recorded after the read began stay: their rows
+    /// come in a later read.
+    pub(crate) fn retire(&self, added: &KeyBatch, removed: &KeyBatch, read: u64) {
         if self.len.load(Ordering::Acquire) == 0 {
             return;
         }
+        let removed: HashSet<Key<'_>> = removed.iter().collect();
         let mut entries = lock(&self.entries);
-        for key in keys.iter() {
+        for key in added.iter() {
+            if removed.contains(&key) {
+                continue;
+            }
             let key = key.as_bytes();
             let Some(live) = entries.live.get_mut(key) else {
                 continue;
@@ -177,6 +187,12 @@ mod tests {
         [key].into_iter().collect()
     }
 
+    impl Journal {
+        fn retire_added(&self, added: &KeyBatch, read: u64) {
+            self.retire(added, &KeyBatch::default(), read);
+        }
+    }
+
     #[test]
     fn a_key_is_found_within_the_window_and_forgotten_after() {
         let journal = Journal::new(Duration::from_millis(50));
@@ -195,20 +211,20 @@ mod tests {
         journal.record(&Key::from("a"), 3);
         journal.record(&Key::from("b"), 3);
         // Read 2 began before the entries: its row of "a" is another's.
-        journal.retire(&batch("a"), 2);
+        journal.retire_added(&batch("a"), 2);
         assert!(journal.contains(&Key::from("a")));
         // Read 3 brought "a", not "b".
-        journal.retire(&batch("a"), 3);
+        journal.retire_added(&batch("a"), 3);
         assert!(!journal.contains(&Key::from("a")));
         assert!(journal.contains(&Key::from("b")));
         assert_eq!(journal.len(), 1);
         // Inserted again: a new entry, for a later read.
         journal.record(&Key::from("a"), 5);
-        journal.retire(&batch("a"), 4);
+        journal.retire_added(&batch("a"), 4);
         assert!(journal.contains(&Key::from("a")));
         // Entries that no single read can bring last the window.
         journal.record(&Key::from("c"), NEVER);
-        journal.retire(&batch("c"), 1_000);
+        journal.retire_added(&batch("c"), 1_000);
         assert!(journal.contains(&Key::from("c")));
     }
 
@@ -216,7 +232,7 @@ mod tests {
     fn retired_entries_leave_the_window_without_taking_live_ones() {
         let journal = Journal::new(Duration::from_millis(50));
         journal.record(&Key::from("a"), 1);
-        journal.retire(&batch("a"), 1);
+        journal.retire_added(&batch("a"), 1);
         std::thread::sleep(Duration::from_millis(30));
         journal.record(&Key::from("a"), 2);
         std::thread::sleep(Duration::from_millis(30));

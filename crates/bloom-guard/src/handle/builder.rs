@@ -210,10 +210,11 @@ impl Builder {
     /// even when its row commits after a build's scan began (other
     /// instances, and this one afterwards, get it from the change feed).
     ///
-    /// With one follower, a key leaves the window early, once a feed read
-    /// that began after the insert brings its row: the filter holds it
-    /// from then on, and a delete by any client is refused as soon as the
-    /// feed brings it, not a window later.
+    /// With the [read barrier](Self::read_barrier) and one follower, a key
+    /// leaves the window early, once a feed read that began after the
+    /// insert brings its row: the filter holds it from then on, and a
+    /// delete by any client is refused as soon as the feed brings it, not a
+    /// window later. Without the barrier the whole window applies.
     #[must_use]
     pub fn write_window(mut self, window: Duration) -> Self {
         self.config.write_window = window;

@@ -157,21 +157,26 @@ impl Barrier {
 
     /// The first read that can bring the row of a key the write path
     /// inserts now, for its journal entry: the next read of the guard's one
-    /// follower. [`NEVER`](crate::filters::journal::NEVER) with none or
-    /// several (which read brings the row is then unknown).
+    /// follower. [`NEVER`](crate::filters::journal::NEVER) without a
+    /// barrier, or with no follower or several.
+    ///
+    /// Only the barrier makes early retirement safe: a read of another
+    /// insert's row of the key (and its delete) may retire the entry before
+    /// this instance's row commits, and then only a refusal that waits for
+    /// a read begun after its request is sure to see that row.
     pub(crate) fn journal_read(&self) -> u64 {
-        match self.readers.load().as_slice() {
-            [slot] => slot.next_read(),
+        match (self.bound, self.readers.load().as_slice()) {
+            (Some(_), [slot]) => slot.next_read(),
             _ => crate::filters::journal::NEVER,
         }
     }
 
     /// The read the guard's one follower has begun last (the one whose
-    /// changes it applies now); 0 with none or several, which retires no
-    /// journal entry.
+    /// changes it applies now); 0 without a barrier, or with no follower or
+    /// several, which retires no journal entry.
     pub(crate) fn read_in_progress(&self) -> u64 {
-        match self.readers.load().as_slice() {
-            [slot] => slot.next_read() - 1,
+        match (self.bound, self.readers.load().as_slice()) {
+            (Some(_), [slot]) => slot.next_read() - 1,
             _ => 0,
         }
     }
