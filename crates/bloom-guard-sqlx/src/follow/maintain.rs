@@ -26,15 +26,17 @@ impl<B: Database> Follower<B> {
         source: B::Source,
         resync: Arc<Notify>,
         published: Arc<Notify>,
-        mut gap: Option<HoldOpen>,
+        (mut gap, checked): (Option<HoldOpen>, bool),
     ) {
         let feed = self.backend.feed();
-        // The start ran the check already: the first tick is one interval
-        // away.
-        let mut ticks = tokio::time::interval_at(
-            tokio::time::Instant::now() + self.check_interval,
-            self.check_interval,
-        );
+        // A check the start ran is not repeated at once: the first tick is
+        // one interval away. A check that could not run is tried again now.
+        let first = if checked {
+            tokio::time::Instant::now() + self.check_interval
+        } else {
+            tokio::time::Instant::now()
+        };
+        let mut ticks = tokio::time::interval_at(first, self.check_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_prune: Option<Instant> = None;
         let mut last_look: Option<Instant> = None;

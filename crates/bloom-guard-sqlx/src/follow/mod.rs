@@ -195,14 +195,14 @@ impl<B: Database> Follower<B> {
             let _key_type = this.check_key_type(&source).await;
             // Before the first filter: with a gap, it comes already held open.
             let mut gap = None;
-            this.check(&source, &mut gap).await;
+            let checked = this.check(&source, &mut gap).await;
             let first = Arc::clone(&this).first_filter(source.clone(), start.clone());
             let _first = AbortOnDropHandle::new(tokio::spawn(first.in_current_span()));
             let maintenance = Arc::clone(&this).maintain(
                 source.clone(),
                 Arc::clone(&resync),
                 Arc::clone(&published),
-                gap,
+                (gap, checked),
             );
             let _maintenance = AbortOnDropHandle::new(tokio::spawn(maintenance.in_current_span()));
             tokio::select! {

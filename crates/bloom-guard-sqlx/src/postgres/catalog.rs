@@ -13,7 +13,8 @@ use crate::watch::Watch;
 /// all is well. One statement.
 pub(super) async fn gaps(pool: &PgPool, watch: &Watch) -> Result<Vec<String>, sqlx::Error> {
     let gaps = sqlx::query_scalar(AssertSqlSafe(format!(
-        "select problem from ({GAPS}) p order by part, problem"
+        "select problem from ({}) p order by part, problem",
+        gaps_sql()
     )))
     .bind(&watch.table)
     .bind(watch.feed_name())
@@ -33,20 +34,15 @@ pub(super) async fn gaps(pool: &PgPool, watch: &Watch) -> Result<Vec<String>, sq
 }
 
 /// Every gap of feed `$2` whose table `$1` is: `(problem, part)`, the
-/// triggers' first, then the table's.
-const GAPS: &str = "select coalesce(rel::text || ': ', '') || problem as problem, 0 as part
-               from bloom_guard.gaps($2)
-             union all
-             select problem, 1 from (select case
-             when pg_catalog.to_regclass($1) is null then 'table ' || $1 || ' does not exist'
-             when not exists (
-                 select from bloom_guard.watched w
-                  cross join lateral bloom_guard.family(w.rel) f(rel)
-                  where w.guard = $2 and f.rel::oid = pg_catalog.to_regclass($1)::oid)
-             then $1 || ' is now ' || pg_catalog.to_regclass($1)::oid::regclass::text
-                  || ' (OID ' || pg_catalog.to_regclass($1)::oid
-                  || '), which the feed does not watch: a table swapped, recreated, or shadowed by a schema earlier in the search_path'
-         end) u(problem) where problem is not null";
+/// triggers' first, then the table's ([`UNWATCHED`]).
+fn gaps_sql() -> String {
+    format!(
+        "select coalesce(rel::text || ': ', '') || problem as problem, 0 as part
+           from bloom_guard.gaps($2)
+         union all
+         select problem, 1 from ({UNWATCHED}) u(problem) where problem is not null"
+    )
+}
 
 /// The trigger check in one statement: the gaps, the triggers' versions
 /// and whether the functions count rows (see [`gaps`],
@@ -55,10 +51,11 @@ const GAPS: &str = "select coalesce(rel::text || ': ', '') || problem as problem
 pub(super) async fn check(pool: &PgPool, watch: &Watch) -> Result<Catalog, sqlx::Error> {
     let (gaps, versions, counts_rows): (Vec<String>, String, bool) =
         sqlx::query_as(AssertSqlSafe(format!(
-            "select coalesce((select pg_catalog.array_agg(problem order by part, problem) from ({GAPS}) p),
+            "select coalesce((select pg_catalog.array_agg(problem order by part, problem) from ({}) p),
                              '{{}}'::text[]),
                     ({VERSIONS}),
-                    bloom_guard.counts_rows($2)"
+                    bloom_guard.counts_rows($2)",
+            gaps_sql()
         )))
         .bind(&watch.table)
         .bind(watch.feed_name())

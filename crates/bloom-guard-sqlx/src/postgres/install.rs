@@ -131,10 +131,12 @@ async fn installed(pool: &PgPool) -> Result<Installed, sqlx::Error> {
 /// The partitions of the feed, whose indexes [`index_feed`] builds.
 const FEED_PARTITIONS: [&str; 3] = ["changes_0", "changes_1", "changes_2"];
 
-/// How long each step of [`index_feed`] waits for the transactions it
-/// must outlast (CREATE INDEX CONCURRENTLY waits for every transaction
-/// that could write to the partition): a start never hangs behind a long
-/// transaction; the next start tries again.
+/// How long each concurrent build of [`index_feed`] waits for the
+/// transactions it must outlast (CREATE INDEX CONCURRENTLY waits for every
+/// transaction that could write to the partition, without holding writers
+/// back): a start never hangs behind a long transaction; the next start
+/// tries again. The parent's index and the attaching, which hold writers
+/// back while they wait, wait at most 100 ms.
 const INDEX_LOCK_TIMEOUT: &str = "10s";
 
 /// Builds the feed's index by `(guard, xid)` (schema version 8) without
@@ -212,6 +214,9 @@ async fn build_feed_index(connection: &mut PgConnection) -> Result<(), sqlx::Err
         .collect::<String>();
     sqlx::raw_sql(AssertSqlSafe(format!(
         "begin;
+         -- ON ONLY takes a SHARE lock on the parent, which waits for open
+         -- writing transactions and holds new writers behind it: never long.
+         set local lock_timeout = '100ms';
          create index if not exists changes_guard_xid on only bloom_guard.changes (guard, xid);
          do $attach$ begin {attach} end $attach$;
          commit;"
