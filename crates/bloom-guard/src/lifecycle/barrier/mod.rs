@@ -8,6 +8,7 @@
 //! | `slot.rs` | one follower's reads, numbered, and the refusals that asked |
 //! | `reader.rs` | [`FeedReader`], the follower's side |
 //! | `pace.rs` | [`ReadPace`], how often reads start while refusals wait |
+//! | `ticket.rs` | [`Ticket`], the reads one request waits for |
 //!
 //! Waiting costs a request no lock, channel or timer of its own. Reads are
 //! numbered: a request notes, per follower, the number of the next read
@@ -25,6 +26,7 @@ mod reader;
 mod slot;
 #[cfg(test)]
 mod tests;
+mod ticket;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -39,6 +41,8 @@ pub use reader::{FeedReader, ReadStart};
 
 use pace::nanos;
 use slot::Slot;
+use ticket::Reads;
+pub(crate) use ticket::Ticket;
 
 /// The barrier of one guard: its followers' slots. A guard may have
 /// several followers (one per watched table): a refusal waits for a read
@@ -69,48 +73,6 @@ pub(crate) struct Barrier {
     /// Nanoseconds after `epoch`: a request that arrived before it waited
     /// out the bound.
     horizon: AtomicU64,
-}
-
-/// What a request waits for: the first read to begin after it arrived, of
-/// every follower.
-#[derive(Debug)]
-pub(crate) struct Ticket {
-    /// Nanoseconds after the barrier's epoch.
-    arrived: u64,
-    reads: Reads,
-    /// Whether the followers were asked for the reads.
-    asked: bool,
-}
-
-/// The read each follower owes a request, by slot id.
-#[derive(Debug)]
-enum Reads {
-    None,
-    One(u64, u64),
-    Many(Vec<(u64, u64)>),
-}
-
-impl Reads {
-    fn of(&self, id: u64) -> Option<u64> {
-        match self {
-            Self::None => None,
-            Self::One(slot, read) => (*slot == id).then_some(*read),
-            Self::Many(reads) => reads
-                .iter()
-                .find_map(|(slot, read)| (*slot == id).then_some(*read)),
-        }
-    }
-
-    fn push(&mut self, id: u64, read: u64) {
-        *self = match std::mem::replace(self, Self::None) {
-            Self::None => Self::One(id, read),
-            Self::One(slot, first) => Self::Many(vec![(slot, first), (id, read)]),
-            Self::Many(mut reads) => {
-                reads.push((id, read));
-                Self::Many(reads)
-            }
-        };
-    }
 }
 
 /// What a look at the barrier found.
