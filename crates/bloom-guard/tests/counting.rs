@@ -360,6 +360,20 @@ async fn a_delete_of_a_key_the_filter_lacks_stops_removals_and_asks_for_a_rebuil
     assert!(guard.rebuild_due().is_some());
 }
 
+/// A guard with a 60 s write window, the read barrier on or off, built
+/// from `feed` and following it: its reader.
+async fn followed_with_window(feed: &Feed, barrier: bool) -> (BloomGuard, bloom_guard::FeedReader) {
+    let guard = BloomGuard::builder()
+        .name("items")
+        .read_barrier(barrier)
+        .write_window(Duration::from_secs(60))
+        .build();
+    let reader = guard.feed_reader();
+    reader.catch_up_with(feed.clone());
+    guard.rebuild(feed).await.expect("build");
+    (guard, reader)
+}
+
 /// The write window: a key this instance inserted is never refused before
 /// the feed brings its row, and refused as soon as the feed brings another
 /// client's delete of it afterwards, not a window later.
@@ -371,13 +385,7 @@ async fn a_key_inserted_here_is_kept_until_its_row_is_read_then_refused_once_del
 
     let feed = Feed::default();
     feed.add("old");
-    let guard = BloomGuard::builder()
-        .name("items")
-        .write_window(Duration::from_secs(60))
-        .build();
-    let reader = guard.feed_reader();
-    reader.catch_up_with(feed.clone());
-    guard.rebuild(&feed).await.expect("build");
+    let (guard, reader) = followed_with_window(&feed, true).await;
     // The follower: a read whenever a refusal waits, and every 5 ms.
     let (follower_feed, follower_guard) = (feed.clone(), guard.clone());
     let follower = tokio::spawn(async move {
@@ -441,14 +449,7 @@ async fn a_key_inserted_here_is_kept_until_its_row_is_read_then_refused_once_del
 async fn without_the_barrier_a_journaled_key_lasts_the_window() {
     let feed = Feed::default();
     feed.add("old");
-    let guard = BloomGuard::builder()
-        .name("items")
-        .read_barrier(false)
-        .write_window(Duration::from_secs(60))
-        .build();
-    let reader = guard.feed_reader();
-    reader.catch_up_with(feed.clone());
-    guard.rebuild(&feed).await.expect("build");
+    let (guard, reader) = followed_with_window(&feed, false).await;
     let mut at = feed.len();
     guard.insert("new");
     // Another client's row of the key, inserted and deleted, read.
@@ -478,13 +479,7 @@ async fn without_the_barrier_a_journaled_key_lasts_the_window() {
 async fn a_read_that_inserts_and_deletes_a_key_retires_no_entry_of_it() {
     let feed = Feed::default();
     feed.add("old");
-    let guard = BloomGuard::builder()
-        .name("items")
-        .write_window(Duration::from_secs(60))
-        .build();
-    let reader = guard.feed_reader();
-    reader.catch_up_with(feed.clone());
-    guard.rebuild(&feed).await.expect("build");
+    let (guard, reader) = followed_with_window(&feed, true).await;
     let at = feed.len();
     guard.insert("new");
     feed.add("new");
