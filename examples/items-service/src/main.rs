@@ -33,6 +33,13 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc instead of the system allocator: a flood keeps thousands of
+/// requests' buffers alive across the read barrier's wait, and glibc's
+/// malloc spends a sixth of the service's CPU on them (see
+/// docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     // Postgres notices (`relation "_sqlx_migrations" already exists,
