@@ -284,6 +284,11 @@ async fn a_snapshot_of_many_shards_read_back_in_odd_chunks_holds_every_key() {
     let len = writer.info().len;
     let bytes: Vec<u8> = writer.chunks(1001).flatten().collect();
     assert_eq!(bytes.len() as u64, len);
+    assert_eq!(
+        bytes[8..12],
+        3_u32.to_le_bytes(),
+        "one stage: the format versions before stages read"
+    );
 
     let second = guard();
     let _reader = second.feed_reader();
@@ -488,4 +493,105 @@ async fn a_read_that_inserts_and_deletes_a_key_retires_no_entry_of_it() {
     feed.follow(&guard, at);
     reader.done(read);
     assert!(guard.may_contain("new"), "retired by another client's row");
+}
+
+/// The share of `keys` the guard lets through.
+fn passed<'a>(guard: &BloomGuard, keys: impl Iterator<Item = &'a String>) -> f64 {
+    let (mut passed, mut all) = (0_usize, 0_usize);
+    for key in keys {
+        all += 1;
+        passed += usize::from(guard.may_contain(key));
+    }
+    passed as f64 / all.max(1) as f64
+}
+
+#[tokio::test]
+async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan() {
+    let target = 0.01;
+    let feed = Feed::default();
+    let guard = BloomGuard::builder()
+        .name("items")
+        .false_positive_rate(target)
+        .read_barrier(false)
+        .build();
+    let reader = guard.feed_reader();
+    reader.catch_up_with(feed.clone());
+    guard.rebuild(&feed).await.expect("build");
+    let generation = guard.stats().generation;
+
+    let mut at = 0;
+    let mut live: Vec<String> = Vec::new();
+    let mut deleted: Vec<String> = Vec::new();
+    let mut next = 0_u32;
+    let mut add = |feed: &Feed, live: &mut Vec<String>, count: u32| {
+        for _ in 0..count {
+            let key = format!("row-{next}");
+            next += 1;
+            feed.add(&key);
+            live.push(key);
+        }
+    };
+    for _ in 0..50 {
+        add(&feed, &mut live, 1_000);
+        at = feed.follow(&guard, at);
+    }
+    for round in 0..5 {
+        for key in live.drain(..10_000) {
+            feed.delete(&key);
+            deleted.push(key);
+        }
+        add(&feed, &mut live, 10_000);
+        at = feed.follow(&guard, at);
+        assert_eq!(guard.rebuild_due(), None, "round {round}");
+    }
+    let stats = guard.stats();
+    assert_eq!(stats.generation, generation, "a rescan: {stats:?}");
+    assert!(stats.sub_filters > 1, "{stats:?}");
+    assert!(
+        live.iter().all(|key| guard.may_contain(key)),
+        "a live key refused"
+    );
+    let deleted_passed = passed(&guard, deleted.iter());
+    assert!(
+        deleted_passed <= 2.0 * target,
+        "deleted keys passed: {deleted_passed}"
+    );
+    let never: Vec<String> = (0..100_000).map(|i| format!("never-{i}")).collect();
+    let never_passed = passed(&guard, never.iter());
+    assert!(
+        never_passed <= 2.0 * target,
+        "never-seen keys passed: {never_passed}"
+    );
+
+    // Its snapshot carries every stage: the adopter answers alike and
+    // applies the next deletes.
+    let writer = guard.snapshot("", "q").expect("exact");
+    assert_eq!(writer.info().sub_filters, stats.sub_filters);
+    let bytes: Vec<u8> = writer.chunks(4096).flatten().collect();
+    assert_eq!(bytes[8..12], bloom_guard::SNAPSHOT_FORMAT.to_le_bytes());
+    let second = BloomGuard::builder()
+        .name("items")
+        .false_positive_rate(target)
+        .read_barrier(false)
+        .build();
+    let _reader = second.feed_reader();
+    let adoption = second
+        .begin_adoption(Snapshot::decode(&bytes).expect("intact"), "q")
+        .await
+        .expect("adopt");
+    let last = live.pop().expect("rows");
+    feed.delete(&last);
+    let (added, removed, reached) = feed.read(at);
+    adoption.apply(&added, &removed, &reached.to_string());
+    adoption.promote().expect("promote");
+    assert!(live.iter().all(|key| second.may_contain(key)));
+    let adopted = second.stats();
+    assert_eq!(adopted.sub_filters, stats.sub_filters);
+    assert_eq!(adopted.deletes_applied + adopted.deletes_left, 1);
+    // One copy per live row, and one per delete left in (a key several
+    // stages matched).
+    assert_eq!(
+        adopted.keys,
+        live.len() as u64 + stats.deletes_left + adopted.deletes_left
+    );
 }

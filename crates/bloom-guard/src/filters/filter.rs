@@ -141,12 +141,11 @@ impl Filter {
         }
     }
 
-    /// Sub-filters a Bloom filter grew into; 1 for a counting filter,
-    /// which grows in place.
+    /// Sub-filters (stages) the filter grew into.
     pub(crate) fn stage_count(&self) -> usize {
         match self {
             Self::Bloom(filter) => filter.stage_count(),
-            Self::Counting(_) => 1,
+            Self::Counting(filter) => filter.stage_count(),
         }
     }
 
@@ -173,11 +172,11 @@ impl Filter {
     }
 
     /// The keys it holds before a rebuild is due: for a Bloom filter at
-    /// `stages` sub-filters, for a counting one fully grown.
+    /// `stages` sub-filters; a counting one grows stages without one.
     pub(crate) fn capacity_within(&self, stages: usize) -> u64 {
         match self {
             Self::Bloom(filter) => filter.capacity_within(stages),
-            Self::Counting(filter) => filter.max_capacity(),
+            Self::Counting(_) => u64::MAX,
         }
     }
 }

@@ -269,7 +269,9 @@ impl Builder {
     /// probe per lookup. A filter grows a sub-filter, twice as large as the
     /// one before, each time more keys arrive than it was sized for, so
     /// the default absorbs up to about 15 times the planned keys (an
-    /// estimate 10 times too low) without a rebuild.
+    /// estimate 10 times too low) without a rebuild. A counting filter (a
+    /// guard with a change feed) grows stages without a rebuild whatever
+    /// their number: a rebuild would mean a rescan of the table.
     ///
     /// # Panics
     ///

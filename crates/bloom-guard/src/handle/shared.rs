@@ -286,14 +286,32 @@ impl Shared {
         }
     }
 
-    /// Whether the counting filter in use spilled keys past its growth
-    /// room into its exact overflow table.
+    /// Whether the counting filter in use spilled keys past its last
+    /// stage into its exact overflow table.
     pub(crate) fn overflowed(&self) -> bool {
         self.filters
             .current()
             .as_deref()
             .and_then(Filter::counting)
-            .is_some_and(|counting| counting.overflowed() || counting.missed() > 0)
+            .is_some_and(|counting| counting.overflowed())
+    }
+
+    /// Whether the counting filter in use met a deleted row's key it did
+    /// not hold: it and the feed disagree.
+    pub(crate) fn counting_missed(&self) -> bool {
+        self.filters
+            .current()
+            .as_deref()
+            .and_then(Filter::counting)
+            .is_some_and(|counting| counting.missed() > 0)
+    }
+
+    /// Whether the filter in use is a counting one.
+    pub(crate) fn counting(&self) -> bool {
+        self.filters
+            .current()
+            .as_deref()
+            .is_some_and(|filter| filter.counting().is_some())
     }
 
     /// The sub-filters of the filter in use, 0 if none.
@@ -346,7 +364,7 @@ impl Shared {
                 .map_or(0, |counting| counting.removed()),
             deletes_left: filter
                 .and_then(Filter::counting)
-                .map_or(0, |counting| counting.unapplied()),
+                .map_or(0, |counting| counting.unapplied() + counting.kept()),
             last_error: self.health.last_error(),
             origin: last_build.map(|(_, origin)| origin),
             age_ms: last_build.map(|(at, _)| at.elapsed().as_millis() as u64),

@@ -187,11 +187,11 @@ impl BloomGuard {
     /// was seen (see [`Mode`](crate::Mode)), the
     /// [`Builder::rebuild_interval`](crate::Builder::rebuild_interval) has
     /// passed since the last build (which purges deleted keys from a Bloom
-    /// filter), the filter
-    /// grew into more sub-filters than
+    /// filter), a Bloom filter grew into more sub-filters than
     /// [`Builder::compact_above`](crate::Builder::compact_above), a counting
-    /// filter grew past its room (four times its expected keys) or met a
-    /// deleted row's key it did not hold (it and the feed disagree), or its
+    /// filter met a deleted row's key it did not hold (it and the feed
+    /// disagree) or spilled past its last stage (it grows stages without a
+    /// rebuild, over 10^20 keys before that), or its
     /// estimated false-positive rate passed
     /// [`Builder::rebuild_above`](crate::Builder::rebuild_above) times the
     /// target. Reads the filter's bits (for the estimate): call it on an
@@ -212,11 +212,14 @@ impl BloomGuard {
         if shared.overfull() {
             return Some("the estimated false-positive rate passed its bound");
         }
-        if shared.sub_filters() > config.compact_above {
+        if !shared.counting() && shared.sub_filters() > config.compact_above {
             return Some("the filter grew more sub-filters than compact_above");
         }
+        if shared.counting_missed() {
+            return Some("a deleted row's key was not in the counting filter");
+        }
         if shared.overflowed() {
-            return Some("the counting filter overflowed, or a deleted row's key was not in it");
+            return Some("the counting filter spilled past its last stage");
         }
         None
     }

@@ -144,8 +144,9 @@ pub struct Stats {
     pub deletes_applied: u64,
     /// Rows' deletes the filter in use left in it, because it could not
     /// be sure it held their inserts (built without a feed position, or
-    /// with several followers): each a harmless false positive until the
-    /// next rebuild.
+    /// with several followers) or which of its stages did (the key matched
+    /// more than one of a grown filter's stages): each a harmless false
+    /// positive until the next rebuild.
     pub deletes_left: u64,
     /// Why the guard is not answering absent keys, or why the last filter
     /// build failed, if it did and none succeeded since.

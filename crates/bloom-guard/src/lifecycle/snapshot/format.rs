@@ -13,34 +13,43 @@
 //! | 8 | skipped keys |
 //! | 4 | parts, `n`: a Bloom filter's sub-filters, a counting filter's shards |
 //! | 36 × `n` (Bloom) | per sub-filter: hash functions (4), false-positive rate (8, `f64` bits), capacity, keys, 64-bit words of bits (8 each) |
-//! | 8 + 16 × `n` (counting) | the target rate (`f64` bits); per shard: its keys and its length in bytes (8 each) |
+//! | 8 + 16 × `n` (counting) | the target rate (`f64` bits); per shard: its keys and its length in bytes (8 each); format 4: 20 × `n`, each shard followed by its stage (4) |
 //! | 4 + text, three times | guard name, key-query fingerprint, feed position (each at most [`MAX_TEXT`] bytes) |
 //! | 8 × words | the parts, one after the other: a sub-filter's bits, a shard's bytes (qfilter's, in postcard) padded to whole words |
 //! | 32 | SHA-256 of everything before |
 //!
 //! A counting filter's snapshot holds exactly the rows of the feed
-//! position it names: its adopter applies each later delete once.
+//! position it names: its adopter applies each later delete once. Its
+//! shards are listed stage by stage, oldest first; a filter of one stage
+//! is written in format 3, which versions before stages read too.
+//! Format 4 is written only for a counting filter of several stages.
 //!
 //! Every field that steers a replay (the position among them) is inside
 //! the checksum.
 
+use crate::filters::counting::MAX_STAGES as MAX_COUNTING_STAGES;
 use crate::filters::filter::{MAX_STAGES, MIN_FPP};
 use crate::filters::stage::StageParts;
 use crate::keys::key_type::KeyType;
 
 use super::{SnapshotError, SnapshotInfo};
 
-/// The snapshot format this version writes. It reads format 2 too (a
-/// Bloom filter, which a guard with a counting filter refuses to adopt);
-/// format 1 (before filters grew sub-filters) is refused, which leads to a
-/// scan.
-pub const SNAPSHOT_FORMAT: u32 = 3;
+/// The newest snapshot format this version writes: 4 for a counting
+/// filter that grew stages, 3 for every other filter. It reads formats 2
+/// to 4 (format 2: a Bloom filter, which a guard with a counting filter
+/// refuses to adopt); format 1 (before filters grew sub-filters) is
+/// refused, which leads to a scan.
+pub const SNAPSHOT_FORMAT: u32 = 4;
+/// The format of every snapshot but a counting filter's of several stages.
+const ONE_STAGE_FORMAT: u32 = 3;
 /// The oldest format this version reads.
 const OLDEST_FORMAT: u32 = 2;
 /// The most shards a counting filter's snapshot may declare.
 const MAX_SHARDS: usize = 1 << 16;
-/// A shard's keys and length.
+/// A shard's keys and length (format 3).
 const SHARD_LEN: usize = 16;
+/// A shard's keys, length and stage (format 4).
+const STAGED_SHARD_LEN: usize = SHARD_LEN + 4;
 
 pub(super) const MAGIC: &[u8; 8] = b"BLMGUARD";
 /// Magic, format, header length.
@@ -50,7 +59,7 @@ const FIXED_HEADER_LEN: usize = 1 + 16 + 8 + 4;
 pub(super) const CHECKSUM_LEN: usize = 32;
 /// The longest header any snapshot has.
 pub(super) const MAX_HEADER_LEN: usize =
-    FIXED_HEADER_LEN + 1 + 8 + SHARD_LEN * MAX_SHARDS + 3 * (4 + MAX_TEXT);
+    FIXED_HEADER_LEN + 1 + 8 + STAGED_SHARD_LEN * MAX_SHARDS + 3 * (4 + MAX_TEXT);
 /// The longest name, fingerprint or position a snapshot holds: a snapshot
 /// with a longer one is refused when read, never cut short (a cut position
 /// would replay from the wrong place).
@@ -71,6 +80,8 @@ pub(super) struct StageHead {
 pub(super) struct ShardHead {
     pub(super) keys: u64,
     pub(super) bytes: u64,
+    /// The stage it belongs to, from 0.
+    pub(super) stage: u32,
 }
 
 impl ShardHead {
@@ -123,6 +134,7 @@ pub(super) struct Header {
 impl Header {
     /// The bytes of the prefix and the header.
     pub(super) fn encode(&self) -> Vec<u8> {
+        let format = self.format();
         let mut header = Vec::with_capacity(FIXED_HEADER_LEN + 64);
         header.push(key_type_code(self.info.key_type));
         header.push(match self.parts {
@@ -148,6 +160,9 @@ impl Header {
                 for shard in shards {
                     header.extend_from_slice(&shard.keys.to_le_bytes());
                     header.extend_from_slice(&shard.bytes.to_le_bytes());
+                    if format >= 4 {
+                        header.extend_from_slice(&shard.stage.to_le_bytes());
+                    }
                 }
             }
         }
@@ -160,10 +175,20 @@ impl Header {
         }
         let mut head = Vec::with_capacity(PREFIX_LEN + header.len());
         head.extend_from_slice(MAGIC);
-        head.extend_from_slice(&SNAPSHOT_FORMAT.to_le_bytes());
+        head.extend_from_slice(&format.to_le_bytes());
         head.extend_from_slice(&(header.len() as u32).to_le_bytes());
         head.extend_from_slice(&header);
         head
+    }
+
+    /// The format these parts need: the oldest that holds them.
+    fn format(&self) -> u32 {
+        match &self.parts {
+            Parts::Counting { shards, .. } if shards.iter().any(|shard| shard.stage > 0) => {
+                SNAPSHOT_FORMAT
+            }
+            _ => ONE_STAGE_FORMAT,
+        }
     }
 
     /// The words of every part together.
@@ -194,7 +219,7 @@ impl Header {
         let skipped = u64_of(bytes, "skipped keys")?;
         let count = u32_of(bytes, "sub-filters")? as usize;
         let parts = if counting {
-            decode_shards(bytes, count)?
+            decode_shards(bytes, count, format >= 4)?
         } else {
             Parts::Bloom(decode_stages(bytes, count)?)
         };
@@ -228,7 +253,8 @@ impl Header {
                     .iter()
                     .try_fold(0_u64, |sum, shard| sum.checked_add(shard.keys))
                     .ok_or(SnapshotError::Field("keys"))?;
-                (keys, keys, 1)
+                let stages = shards.last().map_or(1, |shard| shard.stage + 1);
+                (keys, keys, stages)
             }
         };
         Ok(Self {
@@ -282,8 +308,9 @@ fn decode_stages(bytes: &mut &[u8], count: usize) -> Result<Vec<StageHead>, Snap
     Ok(stages)
 }
 
-/// A counting filter's target rate and shards, checked.
-fn decode_shards(bytes: &mut &[u8], count: usize) -> Result<Parts, SnapshotError> {
+/// A counting filter's target rate and shards, checked: stages from 0,
+/// in order, none empty.
+fn decode_shards(bytes: &mut &[u8], count: usize, staged: bool) -> Result<Parts, SnapshotError> {
     if count == 0 || count > MAX_SHARDS {
         return Err(SnapshotError::Field("shards"));
     }
@@ -296,9 +323,17 @@ fn decode_shards(bytes: &mut &[u8], count: usize) -> Result<Parts, SnapshotError
         let shard = ShardHead {
             keys: u64_of(bytes, "keys")?,
             bytes: u64_of(bytes, "shard length")?,
+            stage: if staged { u32_of(bytes, "stage")? } else { 0 },
         };
         if shard.bytes == 0 {
             return Err(SnapshotError::Field("shard length"));
+        }
+        let last = shards.last().map_or(0, |last: &ShardHead| last.stage);
+        let first = shards.is_empty();
+        if !(shard.stage == last || (!first && shard.stage == last + 1))
+            || shard.stage as usize >= MAX_COUNTING_STAGES
+        {
+            return Err(SnapshotError::Field("stage"));
         }
         shards.push(shard);
     }

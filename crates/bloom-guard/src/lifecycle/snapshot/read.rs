@@ -197,26 +197,32 @@ impl SnapshotReader {
                     .collect(),
                 skipped: header.skipped,
             }),
-            Parts::Counting { target_fpp, shards } => FilterParts::Counting(CountingParts {
-                seed: header.seed,
-                target_fpp,
-                skipped: header.skipped,
-                shards: shards
-                    .iter()
-                    .zip(self.words)
-                    .map(|(shard, words)| {
-                        // One shard's words at a time become its bytes, and
-                        // are dropped: the whole filter is never held twice.
-                        let mut bytes = Vec::with_capacity(words.len() * 8);
-                        for word in words {
-                            bytes.extend_from_slice(&word.to_le_bytes());
-                        }
-                        bytes.truncate(shard.bytes as usize);
-                        ShardParts(bytes)
-                    })
-                    .collect(),
-                overflow: Vec::new(),
-            }),
+            Parts::Counting { target_fpp, shards } => {
+                let mut stages: Vec<Vec<ShardParts>> = Vec::new();
+                for (shard, words) in shards.iter().zip(self.words) {
+                    // One shard's words at a time become its bytes, and
+                    // are dropped: the whole filter is never held twice.
+                    let mut bytes = Vec::with_capacity(words.len() * 8);
+                    for word in words {
+                        bytes.extend_from_slice(&word.to_le_bytes());
+                    }
+                    bytes.truncate(shard.bytes as usize);
+                    // The header lists stages in order from 0 (checked).
+                    if stages.len() <= shard.stage as usize {
+                        stages.push(Vec::new());
+                    }
+                    if let Some(stage) = stages.last_mut() {
+                        stage.push(ShardParts(bytes));
+                    }
+                }
+                FilterParts::Counting(CountingParts {
+                    seed: header.seed,
+                    target_fpp,
+                    skipped: header.skipped,
+                    stages,
+                    overflow: Vec::new(),
+                })
+            }
         };
         Ok(Snapshot {
             parts,

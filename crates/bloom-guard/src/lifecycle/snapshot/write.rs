@@ -115,7 +115,7 @@ impl SnapshotWriter {
 
     /// A counting filter's snapshot at the feed position its shards hold,
     /// copied now; `None` if it is not exact (it may hold a row's insert
-    /// twice, or miss a delete) or keys overflowed it (a rebuild is due).
+    /// twice, or miss a delete) or keys spilled past its last stage (a rebuild is due).
     pub(crate) fn counting(
         filter: &CountingFilter,
         guard: &str,
@@ -133,11 +133,15 @@ impl SnapshotWriter {
         }
         let position = position?;
         let mut shards: Vec<ShardHead> = parts
-            .shards
+            .stages
             .iter()
-            .map(|shard| ShardHead {
-                keys: 0,
-                bytes: shard.0.len() as u64,
+            .zip(0_u32..)
+            .flat_map(|(shards, stage)| {
+                shards.iter().map(move |shard| ShardHead {
+                    keys: 0,
+                    bytes: shard.0.len() as u64,
+                    stage,
+                })
             })
             .collect();
         let words: u64 = shards.iter().map(|shard| shard.words()).sum();
@@ -154,7 +158,7 @@ impl SnapshotWriter {
                 position,
                 keys,
                 capacity: keys,
-                sub_filters: 1,
+                sub_filters: u32::try_from(parts.stages.len()).unwrap_or(u32::MAX),
                 bits: words * 64,
                 len: 0,
             },
@@ -165,7 +169,12 @@ impl SnapshotWriter {
                 shards,
             },
         };
-        let bytes = parts.shards.into_iter().map(|shard| shard.0).collect();
+        let bytes = parts
+            .stages
+            .into_iter()
+            .flatten()
+            .map(|shard| shard.0)
+            .collect();
         Some(Self::with_body(header, words, Body::Shards(bytes)))
     }
 

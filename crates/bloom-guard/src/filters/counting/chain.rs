@@ -1,0 +1,365 @@
+//! The counting filter's fingerprints: a chain of stages, each a set of
+//! quotient-filter shards, that grows without a rescan.
+//!
+//! Every stage is sharded: a key's shard is picked from its hash's high
+//! bits, its fingerprint is the hash's low bits. A shard grows in place
+//! up to [`GROWTH_ROOM`] times its first size (each doubling turns a bit of
+//! the fingerprint's remainder into quotient, so the rate doubles too).
+//! When a shard of the newest stage is full, a new stage starts, with as
+//! many keys' room as every stage before it together and half the rate of
+//! the stage before at full size ([`TIGHTENING`]): the rates form a series
+//! whose sum stays under twice the target however many keys arrive, and
+//! no key is ever moved.
+//!
+//! A key's copies live in whichever stage was newest when each of its rows
+//! arrived, so a delete must find the stage that holds its row's copy
+//! before it removes one. A key the guard holds matches, in its own stage,
+//! its own fingerprint; in any other stage it may match another key's.
+//! [`Chain::remove`] removes a copy only when exactly one stage matches
+//! (that stage must hold the key's copy); when several do it removes none
+//! and says so: the key stays, a harmless false positive, and no other
+//! key loses its fingerprint.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use parking_lot::RwLock;
+
+use crate::lock::lock;
+
+/// The most slots a shard starts with: 2^16, about 62 000 keys at 95 %.
+pub(crate) const SHARD_SLOTS: u64 = 1 << 16;
+/// How many times each shard may double before it is full.
+pub(crate) const GROWTH_ROOM: u64 = 4;
+/// Each stage's rate at full size, against the stage before it.
+pub(crate) const TIGHTENING: f64 = 0.5;
+/// The most stages; each one more than doubles the room, so the chain
+/// never needs them all. Past them, keys spill into an exact table and a
+/// rebuild is asked for.
+pub(crate) const MAX_STAGES: usize = 32;
+/// The share of a shard's slots its keys may use (qfilter's bound).
+const OCCUPANCY: f64 = 0.95;
+/// The lowest rate a stage is sized for.
+const MIN_RATE: f64 = 1e-12;
+
+/// One stage: shards of one size and rate.
+#[derive(Debug)]
+pub(crate) struct Stage {
+    shards: Box<[RwLock<qfilter::Filter>]>,
+}
+
+/// What [`Chain::remove`] did with one deleted row's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Removal {
+    /// One copy of its fingerprint went, from the stage that held it.
+    Removed,
+    /// No stage holds its fingerprint: the filter and the feed disagree.
+    Missing,
+    /// Several stages match it: it stays (a false positive) rather than
+    /// risk another key's fingerprint.
+    Kept,
+}
+
+/// A shard as a snapshot stores it: qfilter's bytes (postcard).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ShardParts(pub(crate) Vec<u8>);
+
+/// A shard that a snapshot carries could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("a shard of the counting filter does not decode: {0}")]
+pub(crate) struct ShardError(pub(crate) String);
+
+/// The stages of a counting filter, oldest first, and the exact table of
+/// keys past the last.
+#[derive(Debug)]
+pub(crate) struct Chain {
+    target_fpp: f64,
+    stages: [OnceLock<Stage>; MAX_STAGES],
+    /// Fingerprints that found the last stage full, by full hash and count.
+    overflow: Mutex<HashMap<u64, u32>>,
+    overflowed: std::sync::atomic::AtomicBool,
+}
+
+impl Stage {
+    /// A stage for `capacity` keys whose rate is `rate` once its shards
+    /// grew [`GROWTH_ROOM`] times.
+    fn new(capacity: u64, rate: f64) -> Self {
+        let capacity = capacity.max(1);
+        let per_shard = ((SHARD_SLOTS as f64) * OCCUPANCY) as u64;
+        let count = capacity.div_ceil(per_shard).max(1);
+        let shard_capacity = capacity.div_ceil(count).max(1);
+        let shards = (0..count)
+            .map(|_| RwLock::new(new_shard(shard_capacity, rate)))
+            .collect();
+        Self { shards }
+    }
+
+    /// The shard of a hash, from its high bits (the fingerprint is its
+    /// low bits).
+    #[inline]
+    fn shard(&self, hash: u64) -> &RwLock<qfilter::Filter> {
+        let index = ((u128::from(hash) * self.shards.len() as u128) >> 64) as usize;
+        &self.shards[index]
+    }
+
+    #[inline]
+    fn contains(&self, hash: u64) -> bool {
+        self.shard(hash).read().contains_fingerprint(hash)
+    }
+
+    /// Adds a copy; `false` if its shard is full.
+    fn insert(&self, hash: u64) -> bool {
+        self.shard(hash)
+            .write()
+            .insert_fingerprint(true, hash)
+            .is_ok()
+    }
+
+    fn sum(&self, of: impl Fn(&qfilter::Filter) -> u64) -> u64 {
+        self.shards.iter().map(|shard| of(&shard.read())).sum()
+    }
+
+    /// The chance that an absent key matches here: the mean of the
+    /// shards' rates (a key goes to one shard, each as likely).
+    fn error_ratio(&self) -> f64 {
+        let sum: f64 = self
+            .shards
+            .iter()
+            .map(|shard| shard.read().current_error_ratio())
+            .sum();
+        sum / self.shards.len() as f64
+    }
+}
+
+impl Chain {
+    /// A chain whose first stage holds `capacity` keys, sized so that the
+    /// whole chain's rate stays under twice `target_fpp`.
+    pub(crate) fn new(capacity: u64, target_fpp: f64) -> Self {
+        let chain = Self::empty(target_fpp, HashMap::new());
+        chain.stages[0].get_or_init(|| Stage::new(capacity, rate_of(target_fpp, 0)));
+        chain
+    }
+
+    fn empty(target_fpp: f64, overflow: HashMap<u64, u32>) -> Self {
+        Self {
+            target_fpp,
+            stages: [const { OnceLock::new() }; MAX_STAGES],
+            overflowed: std::sync::atomic::AtomicBool::new(!overflow.is_empty()),
+            overflow: Mutex::new(overflow),
+        }
+    }
+
+    /// The stages started so far, oldest first.
+    pub(crate) fn stages(&self) -> impl Iterator<Item = &Stage> {
+        self.stages.iter().map_while(OnceLock::get)
+    }
+
+    pub(crate) fn stage_count(&self) -> usize {
+        self.stages().count()
+    }
+
+    #[inline]
+    pub(crate) fn contains(&self, hash: u64) -> bool {
+        if self.stages().any(|stage| stage.contains(hash)) {
+            return true;
+        }
+        self.overflowed() && lock(&self.overflow).contains_key(&hash)
+    }
+
+    /// Adds one copy to the newest stage, starting the next one if its
+    /// shard is full.
+    pub(crate) fn insert(&self, hash: u64) {
+        let mut at = self.stage_count().saturating_sub(1);
+        while let Some(stage) = self.stages.get(at).and_then(OnceLock::get) {
+            if stage.insert(hash) {
+                return;
+            }
+            at += 1;
+            if let Some(next) = self.stages.get(at) {
+                next.get_or_init(|| self.next_stage(at));
+            }
+        }
+        let mut overflow = lock(&self.overflow);
+        *overflow.entry(hash).or_insert(0) += 1;
+        self.overflowed
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Stage `at`: room for as many keys as the stages before it hold
+    /// fully grown, at [`TIGHTENING`] times the last one's rate.
+    fn next_stage(&self, at: usize) -> Stage {
+        let before: u64 = self
+            .stages()
+            .take(at)
+            .map(|stage| stage.sum(qfilter::Filter::max_capacity))
+            .sum();
+        Stage::new(before, rate_of(self.target_fpp, at))
+    }
+
+    /// Removes one copy of a deleted row's key, from the stage that holds
+    /// it if exactly one stage matches (see the module's docs).
+    pub(crate) fn remove(&self, hash: u64) -> Removal {
+        // A copy in the overflow table has this very hash: take it first.
+        if self.overflowed() {
+            let mut overflow = lock(&self.overflow);
+            if let Some(count) = overflow.get_mut(&hash) {
+                *count -= 1;
+                if *count == 0 {
+                    overflow.remove(&hash);
+                }
+                self.overflowed
+                    .store(!overflow.is_empty(), std::sync::atomic::Ordering::Release);
+                return Removal::Removed;
+            }
+        }
+        let mut matching = self.stages().filter(|stage| stage.contains(hash));
+        match (matching.next(), matching.next()) {
+            (None, _) => Removal::Missing,
+            (Some(stage), None) => {
+                if stage.shard(hash).write().remove_fingerprint(hash) {
+                    Removal::Removed
+                } else {
+                    Removal::Missing
+                }
+            }
+            (Some(_), Some(_)) => Removal::Kept,
+        }
+    }
+
+    /// Copies held: one per stored row.
+    pub(crate) fn keys(&self) -> u64 {
+        let held: u64 = self
+            .stages()
+            .map(|stage| stage.sum(qfilter::Filter::len))
+            .sum();
+        let spilled: u64 = lock(&self.overflow).values().map(|&n| u64::from(n)).sum();
+        held + spilled
+    }
+
+    /// Keys the stages hold before any shard grows again.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.stages()
+            .map(|stage| stage.sum(qfilter::Filter::capacity))
+            .sum()
+    }
+
+    pub(crate) fn bits(&self) -> u64 {
+        let bytes: u64 = self
+            .stages()
+            .map(|stage| stage.sum(|shard| shard.memory_usage() as u64))
+            .sum();
+        bytes * 8
+    }
+
+    /// Whether keys found every stage full and wait for a rebuild in the
+    /// overflow table.
+    pub(crate) fn overflowed(&self) -> bool {
+        self.overflowed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The share of slots in use.
+    pub(crate) fn fill(&self) -> f64 {
+        let (mut len, mut slots) = (0.0, 0.0);
+        for stage in self.stages() {
+            for shard in stage.shards.iter() {
+                let shard = shard.read();
+                len += shard.len() as f64;
+                slots += shard.capacity() as f64 / OCCUPANCY;
+            }
+        }
+        if slots == 0.0 {
+            0.0
+        } else {
+            len / slots
+        }
+    }
+
+    /// The chance that an absent key is found: it is looked up in every
+    /// stage.
+    pub(crate) fn estimated_fpp(&self) -> f64 {
+        let stages: f64 = self.stages().map(Stage::error_ratio).sum();
+        let overflow = if self.overflowed() { 1e-12 } else { 0.0 };
+        stages + overflow
+    }
+
+    /// Every stage's shards, encoded, and the overflow table.
+    pub(crate) fn to_parts(&self) -> (Vec<Vec<ShardParts>>, Vec<(u64, u32)>) {
+        let stages = self
+            .stages()
+            .map(|stage| {
+                stage
+                    .shards
+                    .iter()
+                    .map(|shard| ShardParts(encode_shard(&shard.read())))
+                    .collect()
+            })
+            .collect();
+        let overflow = lock(&self.overflow)
+            .iter()
+            .map(|(&hash, &count)| (hash, count))
+            .collect();
+        (stages, overflow)
+    }
+
+    /// A chain from its stages' shards. Each shard's bytes are dropped
+    /// once it is decoded: the chain and its snapshot's bytes are never
+    /// held whole at once.
+    pub(crate) fn from_parts(
+        target_fpp: f64,
+        stages: Vec<Vec<ShardParts>>,
+        overflow: Vec<(u64, u32)>,
+    ) -> Result<Self, ShardError> {
+        if stages.is_empty() || stages.len() > MAX_STAGES {
+            return Err(ShardError(format!("{} stages", stages.len())));
+        }
+        let chain = Self::empty(target_fpp, overflow.into_iter().collect());
+        for (slot, shards) in chain.stages.iter().zip(stages) {
+            let shards = shards
+                .into_iter()
+                .map(|ShardParts(bytes)| decode_shard(&bytes).map(RwLock::new))
+                .collect::<Result<Box<[_]>, _>>()?;
+            if shards.is_empty() {
+                return Err(ShardError("a stage with no shards".to_owned()));
+            }
+            slot.get_or_init(|| Stage { shards });
+        }
+        Ok(chain)
+    }
+}
+
+/// Stage `at`'s rate at full size: the target for the first, then
+/// [`TIGHTENING`] times the one before; their sum stays under twice the
+/// target.
+fn rate_of(target_fpp: f64, at: usize) -> f64 {
+    let exponent = i32::try_from(at).unwrap_or(i32::MAX);
+    (target_fpp * TIGHTENING.powi(exponent)).clamp(MIN_RATE, 0.5)
+}
+
+/// One shard: `capacity` keys at a quarter of `rate`, growing in place
+/// to [`GROWTH_ROOM`] times that at `rate`. A shard's capacity and rate
+/// are within qfilter's bounds by construction (at most a few million
+/// keys, a rate of at least [`MIN_RATE`]); should a combination be refused
+/// anyway, a shard without growth room, then one at the loosest rate,
+/// which still never misses a key.
+fn new_shard(capacity: u64, rate: f64) -> qfilter::Filter {
+    let grown = capacity.saturating_mul(GROWTH_ROOM);
+    let mut tries = [
+        (capacity, grown, rate),
+        (capacity, capacity, rate),
+        (capacity, capacity, 0.5),
+        (1, 1, 0.5),
+    ]
+    .into_iter()
+    .filter_map(|(initial, max, rate)| qfilter::Filter::new_resizeable(initial, max, rate).ok());
+    tries
+        .next()
+        .unwrap_or_else(|| unreachable!("qfilter refuses a one-key filter"))
+}
+
+fn encode_shard(shard: &qfilter::Filter) -> Vec<u8> {
+    postcard::to_allocvec(shard).unwrap_or_default()
+}
+
+fn decode_shard(bytes: &[u8]) -> Result<qfilter::Filter, ShardError> {
+    postcard::from_bytes(bytes).map_err(|error| ShardError(error.to_string()))
+}

@@ -1,0 +1,198 @@
+use super::*;
+
+fn key(text: &str) -> Key<'_> {
+    Key::from(text.as_bytes())
+}
+
+#[test]
+fn a_key_stays_until_its_last_copy_goes() {
+    let filter = CountingFilter::new(1000, 0.001, 7);
+    filter.insert(&key("a"));
+    filter.insert(&key("a"));
+    filter.remove(&key("a"));
+    assert!(filter.contains(&key("a")), "one row of two removed the key");
+    filter.remove(&key("a"));
+    assert!(!filter.contains(&key("a")));
+    assert_eq!(filter.keys(), 0);
+    assert_eq!((filter.removed(), filter.missed()), (2, 0));
+}
+
+#[test]
+fn removing_what_is_not_there_is_counted_and_removes_nothing_else() {
+    let filter = CountingFilter::new(1000, 0.001, 7);
+    filter.insert(&key("a"));
+    filter.remove(&key("b"));
+    assert!(filter.contains(&key("a")));
+    assert_eq!(filter.missed(), 1);
+}
+
+#[test]
+fn grows_past_its_capacity_and_keeps_its_rate_within_twice_the_target() {
+    let target = 0.01;
+    let filter = CountingFilter::new(10_000, target, 11);
+    let keys: Vec<String> = (0..40_000).map(|i| format!("key-{i}")).collect();
+    for k in &keys {
+        filter.insert(&key(k));
+    }
+    assert!(keys.iter().all(|k| filter.contains(&key(k))));
+    assert!(!filter.overflowed());
+    let absent = (0..100_000)
+        .filter(|i| filter.contains(&key(&format!("absent-{i}"))))
+        .count();
+    let rate = absent as f64 / 100_000.0;
+    assert!(rate <= 2.0 * target, "{rate}");
+    assert!(
+        filter.estimated_fpp() <= 2.0 * target,
+        "{}",
+        filter.estimated_fpp()
+    );
+}
+
+/// The share of `count` never-inserted keys the filter finds.
+fn false_positives(filter: &CountingFilter, tag: &str, count: usize) -> f64 {
+    let found = (0..count)
+        .filter(|i| filter.contains(&key(&format!("{tag}-{i}"))))
+        .count();
+    found as f64 / count as f64
+}
+
+#[test]
+fn grows_stages_from_a_tiny_start_with_every_key_and_its_rate_within_twice_the_target() {
+    let target = 0.01;
+    let filter = CountingFilter::new(100, target, 3);
+    let keys: Vec<String> = (0..200_000).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        filter.insert(&key(k));
+    }
+    assert!(filter.stage_count() > 2, "{filter:?}");
+    assert!(!filter.overflowed());
+    assert!(keys.iter().all(|k| filter.contains(&key(k))));
+    assert_eq!(filter.keys(), 200_000);
+    let rate = false_positives(&filter, "absent", 200_000);
+    assert!(rate <= 2.0 * target, "{rate}");
+    assert!(
+        filter.estimated_fpp() <= 2.0 * target,
+        "{}",
+        filter.estimated_fpp()
+    );
+}
+
+#[test]
+fn deletes_reach_the_stage_that_holds_each_row() {
+    let target = 0.01;
+    let filter = CountingFilter::new(1_000, target, 5);
+    // Rows of the first stage, then enough to grow two more.
+    let old: Vec<String> = (0..1_000).map(|i| format!("old-{i}")).collect();
+    let new: Vec<String> = (0..100_000).map(|i| format!("new-{i}")).collect();
+    for k in old.iter().chain(&new) {
+        filter.insert(&key(k));
+    }
+    assert!(filter.stage_count() >= 3, "{filter:?}");
+    for k in old.iter().step_by(2).chain(new.iter().step_by(2)) {
+        filter.remove(&key(k));
+    }
+    assert_eq!(filter.missed(), 0);
+    assert_eq!(filter.removed() + filter.kept(), 50_500);
+    let live = old
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .chain(new.iter().skip(1).step_by(2));
+    assert!(live.clone().all(|k| filter.contains(&key(k))));
+    // Deleted keys pass no more often than never-seen ones, give or take
+    // the ones several stages matched.
+    let deleted = old.iter().step_by(2).chain(new.iter().step_by(2));
+    let passed = deleted.filter(|k| filter.contains(&key(k))).count() as f64 / 50_500.0;
+    assert!(passed <= 2.0 * target, "{passed}");
+}
+
+/// A random workload of inserts and deletes (duplicates, re-inserts,
+/// growth through several stages) on a filter with a loose rate, where
+/// stages often disagree: every key with a live row is found, always.
+#[test]
+fn a_random_workload_never_loses_a_live_key() {
+    let mut rng = fastrand::Rng::with_seed(42);
+    let filter = CountingFilter::new(50, 0.2, 9);
+    let mut live: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    let mut rows: Vec<u32> = Vec::new();
+    for step in 0..60_000 {
+        if rows.is_empty() || rng.u8(..) < 170 {
+            let k = rng.u32(..20_000);
+            filter.insert(&key(&k.to_string()));
+            *live.entry(k).or_default() += 1;
+            rows.push(k);
+        } else {
+            let k = rows.swap_remove(rng.usize(..rows.len()));
+            filter.remove(&key(&k.to_string()));
+            let count = live.get_mut(&k).expect("a live row");
+            *count -= 1;
+            if *count == 0 {
+                live.remove(&k);
+            }
+        }
+        if step % 5_000 == 0 {
+            assert!(
+                live.keys().all(|k| filter.contains(&key(&k.to_string()))),
+                "step {step}"
+            );
+        }
+    }
+    assert!(live.keys().all(|k| filter.contains(&key(&k.to_string()))));
+    assert!(filter.stage_count() > 2, "{filter:?}");
+    assert!(
+        filter.kept() > 0,
+        "no delete matched several stages: the test proves nothing"
+    );
+    assert_eq!(filter.missed(), 0);
+}
+
+#[test]
+fn parts_round_trip_with_every_stage() {
+    let filter = CountingFilter::new(10_000, 0.001, 5);
+    for i in 0..70_000 {
+        filter.insert(&key(&format!("k{i}")));
+    }
+    assert!(filter.stage_count() > 1);
+    let copy = CountingFilter::from_parts(filter.to_parts().0).expect("decodes");
+    assert_eq!(copy.stage_count(), filter.stage_count());
+    assert!((0..70_000).all(|i| copy.contains(&key(&format!("k{i}")))));
+    assert_eq!(copy.keys(), filter.keys());
+    for i in (0..70_000).step_by(7) {
+        copy.remove(&key(&format!("k{i}")));
+    }
+    assert_eq!(copy.missed(), 0);
+    // It grows on from where the original stood.
+    for i in 70_000..200_000 {
+        copy.insert(&key(&format!("k{i}")));
+    }
+    assert!((1..200_000)
+        .filter(|i| i % 7 != 0)
+        .all(|i| copy.contains(&key(&format!("k{i}")))));
+}
+
+#[test]
+fn deletes_are_applied_only_to_an_exact_filter() {
+    let filter = CountingFilter::new(100, 0.001, 1);
+    let added: KeyBatch = ["a", "b"].into_iter().collect();
+    let removed: KeyBatch = ["a"].into_iter().collect();
+    filter.apply(&added, &removed, None, Some("1"));
+    assert!(
+        filter.contains(&key("a")),
+        "an inexact filter removed a key"
+    );
+    assert_eq!(filter.unapplied(), 1);
+    filter.set_exact(true);
+    filter.apply(&KeyBatch::default(), &removed, None, Some("2"));
+    assert!(!filter.contains(&key("a")) && filter.contains(&key("b")));
+    assert_eq!(filter.position().as_deref(), Some("2"));
+}
+
+#[test]
+fn a_key_deleted_and_inserted_again_in_one_read_stays() {
+    let filter = CountingFilter::new(100, 0.001, 1);
+    filter.set_exact(true);
+    let a: KeyBatch = ["a"].into_iter().collect();
+    filter.apply(&a, &KeyBatch::default(), None, None);
+    filter.apply(&a, &a, None, None);
+    assert!(filter.contains(&key("a")));
+}
