@@ -4,7 +4,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::run::Row;
+use crate::load::Row;
 
 /// Draws one bar per run: its requests per second.
 pub(crate) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {

@@ -279,3 +279,17 @@ async fn connection(
     }
     part
 }
+
+/// One measured run.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub(crate) struct Row {
+    pub(crate) target: String,
+    pub(crate) workload: Workload,
+    #[serde(flatten)]
+    pub(crate) measured: Measured,
+    pub(crate) db_lookups_per_1000: Option<f64>,
+    /// Database transactions per second during the run (the guard's feed
+    /// reads, the handlers' lookups), where counted.
+    #[serde(default)]
+    pub(crate) db_transactions_per_sec: Option<f64>,
+}

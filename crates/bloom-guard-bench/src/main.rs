@@ -412,7 +412,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         } => mysql::run(&mysql_url, &cli.out, seconds, keys, samples, &parts).await,
         Command::WarmupOne { source, url } => warmup::one(source, &url).await,
         Command::Chart { from } => {
-            let rows: Vec<run::Row> = serde_json::from_slice(&std::fs::read(&from)?)?;
+            let rows: Vec<load::Row> = serde_json::from_slice(&std::fs::read(&from)?)?;
             chart::draw(&cli.out.join("chart.svg"), &rows)?;
             Ok(())
         }

@@ -4,25 +4,9 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
-
 use crate::chart;
-use crate::load::{self, Measured, Workload};
+use crate::load::{self, Row, Workload};
 use crate::services::{self, Database, Service};
-
-/// One measured run.
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub(crate) struct Row {
-    pub(crate) target: String,
-    pub(crate) workload: Workload,
-    #[serde(flatten)]
-    pub(crate) measured: Measured,
-    pub(crate) db_lookups_per_1000: Option<f64>,
-    /// Database transactions per second during the run (the guard's feed
-    /// reads, the handlers' lookups), where counted.
-    #[serde(default)]
-    pub(crate) db_transactions_per_sec: Option<f64>,
-}
 
 /// What `bloom-load run` measures, and for how long.
 pub(crate) struct RunSettings {

@@ -3,7 +3,9 @@
 
 use sqlx::{AssertSqlSafe, MySqlPool};
 
-use super::feed;
+use super::catalog::{self, Trigger};
+use super::columns;
+use super::names::{ident, literal, table_ident, table_parts};
 use crate::error::FeedError;
 use crate::watch::Watch;
 
@@ -56,43 +58,6 @@ const TABLES: [&str; 9] = [
     "insert into bloom_guard_identity (id)
      select replace(uuid(), '-', '') from dual where not exists (select 1 from bloom_guard_identity)",
 ];
-
-/// `` `name` `` with inner backquotes doubled: a MySQL identifier.
-pub(super) fn ident(name: &str) -> String {
-    format!("`{}`", name.replace('`', "``"))
-}
-
-/// A MySQL string literal of `text`, read alike under any `sql_mode`
-/// (`NO_BACKSLASH_ESCAPES` changes what a backslash means): `'text'`, or
-/// its UTF-8 bytes in hex where it holds a quote or a backslash.
-fn literal(text: &str) -> String {
-    if text.contains(['\\', '\'']) {
-        let hex: String = text.bytes().map(|byte| format!("{byte:02x}")).collect();
-        format!("convert(x'{hex}' using utf8mb4)")
-    } else {
-        format!("'{text}'")
-    }
-}
-
-/// A watched table's schema, if named (`shop.orders`), and name, without
-/// the backquotes SQL may give them.
-pub(super) fn table_parts(table: &str) -> (Option<String>, String) {
-    let unquoted = |part: &str| part.trim_matches('`').to_owned();
-    match table.split_once('.') {
-        Some((schema, name)) if !table.starts_with('`') || schema.ends_with('`') => {
-            (Some(unquoted(schema)), unquoted(name))
-        }
-        _ => (None, unquoted(table)),
-    }
-}
-
-/// The watched table as SQL names it.
-fn table_ident(table: &str) -> String {
-    match table_parts(table) {
-        (Some(schema), name) => format!("{}.{}", ident(&schema), ident(&name)),
-        (None, name) => ident(&name),
-    }
-}
 
 /// The database file's identity, written at install (empty before):
 /// snapshot fingerprints include it, so a snapshot restored into another
@@ -160,7 +125,7 @@ impl Watch {
         &self,
         pool: &MySqlPool,
     ) -> Result<Vec<Option<bool>>, sqlx::Error> {
-        let columns = feed::columns(pool, self).await?;
+        let columns = columns::columns(pool, self).await?;
         Ok(self
             .key_columns
             .iter()
@@ -257,7 +222,7 @@ end if",
         };
         let (schema, _) = table_parts(&self.table);
         let table_sql = table_ident(&self.table);
-        let stored = feed::stored_triggers(pool, self).await?;
+        let stored = catalog::stored_triggers(pool, self).await?;
         let mut replaced = false;
         for expected in self.mysql_expected_triggers(&binary) {
             let found = stored.iter().find(|found| found.name == expected.name);
@@ -268,7 +233,7 @@ end if",
                 // Writes between the drop and the create are in no feed:
                 // every follower holds open from here until it rebuilt
                 // after the second record, below.
-                feed::record_resync(pool, self.feed_name()).await?;
+                catalog::record_resync(pool, self.feed_name()).await?;
                 replaced = true;
             }
             let qualified = match &schema {
@@ -287,7 +252,7 @@ end if",
             .await?;
         }
         if replaced {
-            feed::record_resync(pool, self.feed_name()).await?;
+            catalog::record_resync(pool, self.feed_name()).await?;
         }
         Ok(())
     }
@@ -298,7 +263,7 @@ end if",
         self.mysql_triggers(binary)
             .into_iter()
             .map(|(event, verb, body)| Trigger {
-                name: feed::trigger_name(self, event),
+                name: catalog::trigger_name(self, event),
                 timing: "after".to_owned(),
                 event: verb.to_owned(),
                 statement: format!("begin\n{body};\nend"),
@@ -307,37 +272,9 @@ end if",
     }
 }
 
-/// A row trigger as `information_schema.triggers` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Trigger {
-    pub(super) name: String,
-    /// `after` or `before`, in lower case.
-    pub(super) timing: String,
-    /// `insert`, `update` or `delete`, in lower case.
-    pub(super) event: String,
-    pub(super) statement: String,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn table_names_split_into_schema_and_table() {
-        assert_eq!(table_parts("items"), (None, "items".to_owned()));
-        assert_eq!(
-            table_parts("shop.orders"),
-            (Some("shop".to_owned()), "orders".to_owned())
-        );
-        assert_eq!(
-            table_parts("`shop`.`orders`"),
-            (Some("shop".to_owned()), "orders".to_owned())
-        );
-        assert_eq!(table_parts("`a.b`"), (None, "a.b".to_owned()));
-        assert_eq!(ident("we`ird"), "`we``ird`");
-        assert_eq!(literal("items"), "'items'");
-        assert_eq!(literal(r"it's \"), "convert(x'69742773205c' using utf8mb4)");
-    }
 
     #[test]
     fn composite_keys_prefix_each_part_with_its_length() {

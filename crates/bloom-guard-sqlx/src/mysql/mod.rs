@@ -3,9 +3,12 @@
 //! the feed's highest id, the trigger check, snapshots under `GET_LOCK`,
 //! the feed's tables and triggers, and the scan.
 
+mod catalog;
+mod columns;
 mod cursor;
 mod feed;
 mod install;
+mod names;
 mod scan;
 mod settle;
 mod store;
@@ -116,7 +119,7 @@ impl Database for MySqlBackend {
     async fn key_source(&self) -> Result<KeySet<MySqlScan>, sqlx::Error> {
         let query = self.watch.mysql_key_query(&self.pool).await?;
         let identity = install::identity(&self.pool).await?;
-        let versions = feed::trigger_versions(&self.pool, &self.watch).await?;
+        let versions = catalog::trigger_versions(&self.pool, &self.watch).await?;
         Ok(KeySet {
             fingerprint: store::fingerprint(&identity, &query, &versions),
             source: MySqlScan::new(self.pool.clone(), query, Arc::clone(&self.settled)),
@@ -125,7 +128,7 @@ impl Database for MySqlBackend {
     }
 
     async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
-        feed::key_columns(&self.pool, &self.watch).await
+        columns::key_columns(&self.pool, &self.watch).await
     }
 
     async fn has_unsafe_keys(&self, source: &MySqlScan) -> Result<bool, sqlx::Error> {
@@ -191,7 +194,7 @@ impl Database for MySqlBackend {
     }
 
     async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
-        let gaps = feed::gaps(&self.pool, &self.watch).await?;
+        let gaps = catalog::gaps(&self.pool, &self.watch).await?;
         Ok(gaps.into_iter().map(|gap| gap.reason).collect())
     }
 
@@ -200,9 +203,9 @@ impl Database for MySqlBackend {
         // the triggers, a rewritten one the wrong ones: this role puts them
         // back if it may, as long as the key columns are there. Other gaps
         // (a replica, a cascading foreign key) wait for a person.
-        let gaps = feed::gaps(&self.pool, &self.watch).await?;
+        let gaps = catalog::gaps(&self.pool, &self.watch).await?;
         if !gaps.iter().any(|gap| gap.repairable)
-            || !feed::has_key_columns(&self.pool, &self.watch).await?
+            || !columns::has_key_columns(&self.pool, &self.watch).await?
         {
             return Ok(false);
         }
@@ -213,12 +216,12 @@ impl Database for MySqlBackend {
         }
         // Every instance rebuilds: writes made without the triggers are in
         // no feed.
-        feed::record_resync(&self.pool, self.watch.feed_name()).await?;
+        catalog::record_resync(&self.pool, self.watch.feed_name()).await?;
         Ok(true)
     }
 
     async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
-        feed::trigger_versions(&self.pool, &self.watch).await
+        catalog::trigger_versions(&self.pool, &self.watch).await
     }
 
     fn wake_ups(

@@ -5,11 +5,10 @@
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use sqlx::{AssertSqlSafe, Row, SqlitePool};
+use sqlx::{AssertSqlSafe, Row, SqlitePool, TypeInfo, ValueRef};
 
 use super::install::ident;
 use super::mark::Mark;
-use super::scan::key_bytes;
 use crate::follow::changes::Changes;
 use crate::follow::column::{sqlite_column_definition, sqlite_comparison, KeyColumn};
 use crate::follow::Read;
@@ -34,6 +33,19 @@ async fn mark_of(db: impl sqlx::SqliteExecutor<'_>, id: i64) -> Result<Option<Ma
 pub(super) async fn position(pool: &SqlitePool) -> Result<Mark, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     position_in(&mut conn).await
+}
+
+/// A stored key's bytes: `None` for a BLOB, which no request can name,
+/// and for NULL.
+pub(super) fn key_bytes<'r>(
+    value: sqlx::sqlite::SqliteValueRef<'r>,
+) -> Result<Option<&'r [u8]>, sqlx::Error> {
+    if value.is_null() || value.type_info().name() == "BLOB" {
+        return Ok(None);
+    }
+    <&[u8] as sqlx::Decode<'_, sqlx::Sqlite>>::decode(value)
+        .map(Some)
+        .map_err(sqlx::Error::Decode)
 }
 
 /// The feed's position as `conn` sees it (in a transaction: as of its

@@ -3,24 +3,12 @@
 use bloom_guard::{KeyBatch, KeySource};
 use futures_util::stream::BoxStream;
 use futures_util::TryStreamExt;
-use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool, TypeInfo, ValueRef};
+use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool, ValueRef};
 
+use super::feed::{key_bytes, position_in};
 use crate::error::SourceError;
 use crate::source::batches::{spawn_scan, BatchSender};
 use crate::source::query::QuerySource;
-
-/// A stored key's bytes: `None` for a BLOB, which no request can name,
-/// and for NULL.
-pub(super) fn key_bytes<'r>(
-    value: sqlx::sqlite::SqliteValueRef<'r>,
-) -> Result<Option<&'r [u8]>, sqlx::Error> {
-    if value.is_null() || value.type_info().name() == "BLOB" {
-        return Ok(None);
-    }
-    <&[u8] as sqlx::Decode<'_, sqlx::Sqlite>>::decode(value)
-        .map(Some)
-        .map_err(sqlx::Error::Decode)
-}
 
 /// Every key of a watched SQLite table, BLOB keys counted as skipped.
 #[derive(Debug, Clone)]
@@ -60,7 +48,7 @@ impl KeySource for SqliteScan {
             // one snapshot, so the first batch names the position of
             // exactly the rows scanned.
             let mut tx = pool.begin().await?;
-            let position = super::feed::position_in(&mut tx).await?;
+            let position = position_in(&mut tx).await?;
             let mut batch = BatchSender::new_batch();
             batch.set_position(position.to_string());
             let mut rows = sqlx::query(AssertSqlSafe(query)).fetch(&mut *tx);
