@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::control::membership::Control;
+use crate::error::BuildError;
 use crate::filters::filter::Filter;
 use crate::filters::filter_set::FilterSet;
 use crate::handle::config::Config;
@@ -15,7 +16,7 @@ use crate::handle::health::Health;
 use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
 use crate::lifecycle::barrier::Barrier;
-use crate::lifecycle::catch_up::CatchUp;
+use crate::lifecycle::catch_up::{CatchUp, Promote};
 use crate::lifecycle::single_flight::Builds;
 use crate::lock::lock;
 use crate::report::counters::Counters;
@@ -370,5 +371,19 @@ impl Shared {
             age_ms: last_build.map(|(at, _)| at.elapsed().as_millis() as u64),
             feed: self.health.feed(),
         }
+    }
+}
+
+impl Promote for Shared {
+    fn promote_pending(
+        &self,
+        filter: &Arc<Filter>,
+        origin: FilterOrigin,
+    ) -> Result<u64, BuildError> {
+        self.promote(filter, origin)
+            .map_err(|overfull| BuildError::Overfull {
+                estimated_fpp: overfull.estimated_fpp,
+                bound: overfull.bound,
+            })
     }
 }

@@ -14,9 +14,20 @@ use futures_util::future::BoxFuture;
 
 use crate::error::BuildError;
 use crate::filters::filter::Filter;
-use crate::handle::shared::Shared;
 use crate::keys::batch::KeyBatch;
+use crate::keys::key_type::KeyType;
 use crate::report::stats::FilterOrigin;
+
+/// What puts a pending filter in use: the guard's state.
+pub(crate) trait Promote: Send + Sync {
+    /// Puts `filter` in use, unless its estimated rate is above the bound;
+    /// its generation.
+    fn promote_pending(
+        &self,
+        filter: &Arc<Filter>,
+        origin: FilterOrigin,
+    ) -> Result<u64, BuildError>;
+}
 
 /// The follower side of a build: brings a [`PendingFilter`] up to date
 /// from the change feed and puts it in use.
@@ -107,7 +118,8 @@ pub trait CatchUp: Send + Sync + 'static {
 /// A counting filter built from a scan at a feed position, waiting for
 /// the follower to apply the feed since and put it in use.
 pub struct PendingFilter {
-    shared: Arc<Shared>,
+    guard: Arc<dyn Promote>,
+    key_type: KeyType,
     filter: Arc<Filter>,
     position: String,
     origin: FilterOrigin,
@@ -124,13 +136,15 @@ impl std::fmt::Debug for PendingFilter {
 
 impl PendingFilter {
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        guard: Arc<dyn Promote>,
+        key_type: KeyType,
         filter: Arc<Filter>,
         position: String,
         origin: FilterOrigin,
     ) -> Self {
         Self {
-            shared,
+            guard,
+            key_type,
             filter,
             position,
             origin,
@@ -148,7 +162,7 @@ impl PendingFilter {
     /// the removed rows' keys, each once per row, and the position the
     /// read reached.
     pub fn apply(&self, added: &KeyBatch, removed: &KeyBatch, reached: &str) {
-        let key_type = self.shared.config.key_type;
+        let key_type = self.key_type;
         if let Some(counting) = self.filter.counting() {
             counting.apply(
                 &key_type.canonical_batch(added),
@@ -166,11 +180,6 @@ impl PendingFilter {
     /// [`BuildError::Overfull`] if its estimated false-positive rate is
     /// above the bound: the filter in use stays.
     pub fn promote(self) -> Result<u64, BuildError> {
-        self.shared
-            .promote(&self.filter, self.origin)
-            .map_err(|overfull| BuildError::Overfull {
-                estimated_fpp: overfull.estimated_fpp,
-                bound: overfull.bound,
-            })
+        self.guard.promote_pending(&self.filter, self.origin)
     }
 }

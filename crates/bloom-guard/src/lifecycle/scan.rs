@@ -11,7 +11,7 @@ use crate::error::BuildError;
 use crate::filters::filter::Filter;
 use crate::handle::shared::{Overfull, Shared};
 use crate::keys::key::Key;
-use crate::lifecycle::catch_up::PendingFilter;
+use crate::lifecycle::catch_up::{PendingFilter, Promote};
 use crate::lifecycle::source::KeySource;
 use crate::report::stats::FilterOrigin;
 
@@ -112,7 +112,8 @@ pub(crate) async fn scan<S: KeySource>(
         // From its scan's position to the present, by the follower.
         Some((position, Some(catch_up))) => {
             let pending = PendingFilter::new(
-                Arc::clone(shared),
+                Arc::clone(shared) as Arc<dyn Promote>,
+                shared.config.key_type,
                 Arc::clone(&filter),
                 position,
                 FilterOrigin::Scan,
