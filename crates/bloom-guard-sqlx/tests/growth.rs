@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use bloom_guard::BloomGuard;
+use bloom_guard::{BloomGuard, FilterOrigin};
 use common::*;
 use sqlx::PgPool;
 
@@ -38,7 +38,7 @@ async fn caught_up(guard: &BloomGuard, deletes: u64, from: u32, to: u32) {
 async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(pool: PgPool) {
     install(&pool).await;
     let guard = BloomGuard::builder().false_positive_rate(FPP).build();
-    let _task = spawn(follower(&guard, &pool));
+    let _task = spawn(follower(&guard, &pool).snapshot_interval(Duration::from_millis(300)));
     wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
     let start = guard.stats();
     exec(
@@ -74,6 +74,32 @@ async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(
     assert!(deleted <= 2.0 * FPP, "deleted keys passed: {deleted}");
     let never = passed(&guard, (0..100_000).map(|i| format!("never-{i}")));
     assert!(never <= 2.0 * FPP, "never-seen keys passed: {never}");
+    // Its snapshot carries every stage (format 4), and a second instance
+    // adopts it.
+    let mut format = 0;
+    for _ in 0..100 {
+        format = sqlx::query_scalar("select coalesce(max(format), 0) from bloom_guard.snapshots")
+            .fetch_one(&pool)
+            .await
+            .expect("snapshots");
+        if format == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(format, 4, "no snapshot of the grown filter");
+    let second = BloomGuard::builder().false_positive_rate(FPP).build();
+    let _second_task = spawn(follower(&second, &pool));
+    wait_until("the second ready", Duration::from_secs(20), || {
+        second.is_ready()
+    })
+    .await;
+    assert_eq!(second.stats().origin, Some(FilterOrigin::Snapshot));
+    assert_eq!(second.stats().sub_filters, stats.sub_filters);
+    assert_eq!(
+        passed(&second, (50_000..100_000).map(|i| format!("row-{i}"))),
+        1.0
+    );
     eprintln!(
         "stages {}, deleted keys passed {deleted}, never-seen {never}, deletes left {}",
         stats.sub_filters, stats.deletes_left

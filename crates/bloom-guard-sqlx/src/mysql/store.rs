@@ -20,7 +20,7 @@ pub(super) fn fingerprint(identity: &str, key_query: &str, versions: &str) -> St
 pub(super) const STATEMENTS: Statements = Statements {
     newest: "select id, len, scanned_at, unix_timestamp(now(6)) - created_at + 0e0
            from bloom_guard_snapshots
-          where guard = ? and format = ? and fingerprint = ?
+          where guard = ? and format between 2 and ? and fingerprint = ?
           order by id desc limit 1",
     chunks: "select data from bloom_guard_snapshot_chunks where snapshot = ? order by seq",
     insert: "insert into bloom_guard_snapshots

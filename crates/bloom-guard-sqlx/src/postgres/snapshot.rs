@@ -39,7 +39,7 @@ pub(super) const STATEMENTS: Statements = Statements {
                 (extract(epoch from scanned_at) * 1000000)::int8,
                 extract(epoch from pg_catalog.now() - created_at)::float8
            from bloom_guard.snapshots
-          where guard = $1 and format = $2 and fingerprint = $3
+          where guard = $1 and format between 2 and $2 and fingerprint = $3
           order by id desc limit 1",
     chunks: "select data from bloom_guard.snapshot_chunks where snapshot = $1 order by seq",
     insert: "insert into bloom_guard.snapshots (guard, format, fingerprint, position, scanned_at, len, keys)

@@ -61,7 +61,7 @@ pub(super) fn fingerprint(identity: &str, key_query: &str) -> String {
 pub(super) const STATEMENTS: Statements = Statements {
     newest: "select id, len, scanned_at, cast(strftime('%s', 'now') as integer) - created_at + 0.0
            from bloom_guard_snapshots
-          where guard = ?1 and format = ?2 and fingerprint = ?3
+          where guard = ?1 and format between 2 and ?2 and fingerprint = ?3
           order by id desc limit 1",
     chunks: "select data from bloom_guard_snapshot_chunks where snapshot = ?1 order by seq",
     insert: "insert into bloom_guard_snapshots (guard, format, fingerprint, position, scanned_at, len, keys)

@@ -16,8 +16,10 @@ const CHUNK_BYTES: usize = 4 << 20;
 /// A backend's statements for its snapshot tables.
 #[derive(Debug)]
 pub(crate) struct Statements {
-    /// The newest snapshot of guard `$1` in format `$2` for fingerprint
-    /// `$3`: id, length, scan time (µs), age in seconds (a float).
+    /// The newest snapshot of guard `$1` in a format from 2 (the oldest
+    /// any version reads) to `$2` (the newest this one reads) for
+    /// fingerprint `$3`: id, length, scan time (µs), age in seconds (a
+    /// float).
     pub(crate) newest: &'static str,
     /// Selects the chunks' bytes of snapshot `$1`, in order.
     pub(crate) chunks: &'static str,
@@ -148,7 +150,7 @@ where
     let mut tx = pool.begin().await?;
     let insert = sqlx::query::<DB>(AssertSqlSafe(statements.insert))
         .bind(info.guard.clone())
-        .bind(i32::try_from(SNAPSHOT_FORMAT).unwrap_or(i32::MAX))
+        .bind(i32::try_from(writer.format()).unwrap_or(i32::MAX))
         .bind(info.fingerprint.clone())
         .bind(info.position.clone())
         .bind(scanned_at)

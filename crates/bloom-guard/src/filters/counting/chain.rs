@@ -12,13 +12,18 @@
 //! no key is ever moved.
 //!
 //! A key's copies live in whichever stage was newest when each of its rows
-//! arrived, so a delete must find the stage that holds its row's copy
-//! before it removes one. A key the guard holds matches, in its own stage,
-//! its own fingerprint; in any other stage it may match another key's.
-//! [`Chain::remove`] removes a copy only when exactly one stage matches
-//! (that stage must hold the key's copy); when several do it removes none
-//! and says so: the key stays, a harmless false positive, and no other
-//! key loses its fingerprint.
+//! arrived, so a delete must take a copy that stands for one of the key's
+//! rows. The stages are nested: each one's shard count is a multiple of
+//! the one before (so two hashes in one shard of a later stage share a
+//! shard in every earlier one) and its fingerprints are at least as wide.
+//! Two keys that match in a later stage then match in every earlier one,
+//! and [`Chain::remove`] takes the copy from the latest stage that matches
+//! the key: if that copy stood for another key's row, the deleted row's own
+//! copy, in an earlier stage, matches that other key too and stands for its
+//! row from then on, so every live row keeps a copy of its own. A chain
+//! whose stages are not nested (one read from a snapshot of another layout)
+//! removes a copy only when exactly one stage matches, and otherwise leaves
+//! the key in, a harmless false positive.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -46,6 +51,12 @@ const MIN_RATE: f64 = 1e-12;
 #[derive(Debug)]
 pub(crate) struct Stage {
     shards: Box<[RwLock<qfilter::Filter>]>,
+    /// The narrowest and the widest fingerprint of its shards (fixed:
+    /// growing in place keeps a shard's width).
+    widths: (u8, u8),
+    /// Whether it nests in the stage before it (see the module's docs);
+    /// the first stage does.
+    nests: bool,
 }
 
 /// What [`Chain::remove`] did with one deleted row's key.
@@ -55,8 +66,8 @@ pub(crate) enum Removal {
     Removed,
     /// No stage holds its fingerprint: the filter and the feed disagree.
     Missing,
-    /// Several stages match it: it stays (a false positive) rather than
-    /// risk another key's fingerprint.
+    /// Several stages of a chain that is not nested match it: it stays (a
+    /// false positive) rather than risk another key's fingerprint.
     Kept,
 }
 
@@ -82,16 +93,47 @@ pub(crate) struct Chain {
 
 impl Stage {
     /// A stage for `capacity` keys whose rate is `rate` once its shards
-    /// grew [`GROWTH_ROOM`] times.
-    fn new(capacity: u64, rate: f64) -> Self {
+    /// grew [`GROWTH_ROOM`] times, nested in `after` (the stage before it,
+    /// if any): a multiple of its shard count, fingerprints at least as
+    /// wide (at a lower rate if need be).
+    fn new(capacity: u64, rate: f64, after: Option<&Stage>) -> Self {
         let capacity = capacity.max(1);
         let per_shard = ((SHARD_SLOTS as f64) * OCCUPANCY) as u64;
-        let count = capacity.div_ceil(per_shard).max(1);
+        let mut count = capacity.div_ceil(per_shard).max(1);
+        let mut width = 0;
+        if let Some(after) = after {
+            let before = after.shards.len() as u64;
+            count = count.div_ceil(before) * before;
+            width = after.widths.1;
+        }
         let shard_capacity = capacity.div_ceil(count).max(1);
-        let shards = (0..count)
-            .map(|_| RwLock::new(new_shard(shard_capacity, rate)))
+        let mut rate = rate;
+        let mut first = new_shard(shard_capacity, rate);
+        while first.fingerprint_size() < width && rate > MIN_RATE {
+            rate = (rate / 2.0).max(MIN_RATE);
+            first = new_shard(shard_capacity, rate);
+        }
+        let shards = std::iter::once(first)
+            .chain((1..count).map(|_| new_shard(shard_capacity, rate)))
+            .map(RwLock::new)
             .collect();
-        Self { shards }
+        Self::of(shards, after)
+    }
+
+    /// A stage of `shards`, after the stage `after`.
+    fn of(shards: Box<[RwLock<qfilter::Filter>]>, after: Option<&Stage>) -> Self {
+        let widths = shards.iter().fold((u8::MAX, 0), |(low, high), shard| {
+            let width = shard.read().fingerprint_size();
+            (low.min(width), high.max(width))
+        });
+        let nests = after.is_none_or(|before| {
+            shards.len() % before.shards.len() == 0 && widths.0 >= before.widths.1
+        });
+        Self {
+            shards,
+            widths,
+            nests,
+        }
     }
 
     /// The shard of a hash, from its high bits (the fingerprint is its
@@ -136,7 +178,7 @@ impl Chain {
     /// whole chain's rate stays under twice `target_fpp`.
     pub(crate) fn new(capacity: u64, target_fpp: f64) -> Self {
         let chain = Self::empty(target_fpp, HashMap::new());
-        chain.stages[0].get_or_init(|| Stage::new(capacity, rate_of(target_fpp, 0)));
+        chain.stages[0].get_or_init(|| Stage::new(capacity, rate_of(target_fpp, 0), None));
         chain
     }
 
@@ -193,11 +235,15 @@ impl Chain {
             .take(at)
             .map(|stage| stage.sum(qfilter::Filter::max_capacity))
             .sum();
-        Stage::new(before, rate_of(self.target_fpp, at))
+        let last = at
+            .checked_sub(1)
+            .and_then(|last| self.stages.get(last)?.get());
+        Stage::new(before, rate_of(self.target_fpp, at), last)
     }
 
-    /// Removes one copy of a deleted row's key, from the stage that holds
-    /// it if exactly one stage matches (see the module's docs).
+    /// Removes one copy of a deleted row's key: from the latest stage that
+    /// matches it, or where the stages are not nested, from the only one
+    /// (see the module's docs).
     pub(crate) fn remove(&self, hash: u64) -> Removal {
         // A copy in the overflow table has this very hash: take it first.
         if self.overflowed() {
@@ -212,18 +258,28 @@ impl Chain {
                 return Removal::Removed;
             }
         }
-        let mut matching = self.stages().filter(|stage| stage.contains(hash));
-        match (matching.next(), matching.next()) {
-            (None, _) => Removal::Missing,
-            (Some(stage), None) => {
-                if stage.shard(hash).write().remove_fingerprint(hash) {
-                    Removal::Removed
-                } else {
-                    Removal::Missing
-                }
-            }
-            (Some(_), Some(_)) => Removal::Kept,
+        let (mut matches, mut latest) = (0, None);
+        for stage in self.stages().filter(|stage| stage.contains(hash)) {
+            matches += 1;
+            latest = Some(stage);
         }
+        let Some(stage) = latest else {
+            return Removal::Missing;
+        };
+        if matches > 1 && !self.stages().all(|stage| stage.nests) {
+            return Removal::Kept;
+        }
+        if stage.shard(hash).write().remove_fingerprint(hash) {
+            Removal::Removed
+        } else {
+            Removal::Missing
+        }
+    }
+
+    /// How many stages match a hash.
+    #[cfg(test)]
+    pub(super) fn matching(&self, hash: u64) -> usize {
+        self.stages().filter(|stage| stage.contains(hash)).count()
     }
 
     /// Copies held: one per stored row.
@@ -321,7 +377,9 @@ impl Chain {
             if shards.is_empty() {
                 return Err(ShardError("a stage with no shards".to_owned()));
             }
-            slot.get_or_init(|| Stage { shards });
+            let before = chain.stages().last();
+            let stage = Stage::of(shards, before);
+            slot.get_or_init(|| stage);
         }
         Ok(chain)
     }

@@ -378,3 +378,49 @@ async fn keys_inserted_while_a_snapshot_is_written_are_counted_after_adoption() 
         "{adopted} keys counted of {original}"
     );
 }
+
+#[test]
+fn counting_stages_are_read_only_in_order_from_the_first() {
+    use super::format::{Header, Parts, ShardHead};
+    let header = |stages: &[u32]| Header {
+        info: SnapshotInfo {
+            guard: "items".to_owned(),
+            key_type: KeyType::Text,
+            fingerprint: QUERY.to_owned(),
+            position: "7".to_owned(),
+            keys: 0,
+            capacity: 0,
+            sub_filters: 1,
+            bits: 0,
+            len: 0,
+        },
+        seed: 1,
+        skipped: 0,
+        parts: Parts::Counting {
+            target_fpp: 0.01,
+            shards: stages
+                .iter()
+                .map(|&stage| ShardHead {
+                    keys: 0,
+                    bytes: 8,
+                    stage,
+                })
+                .collect(),
+        },
+    };
+    let decode = |stages: &[u32]| {
+        let head = header(stages).encode();
+        let format = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+        Header::decode(&head[PREFIX_LEN..], format).map(|header| header.info.sub_filters)
+    };
+    assert_eq!(decode(&[0, 0, 0]).ok(), Some(1), "one stage");
+    assert_eq!(decode(&[0, 0, 1, 2, 2]).ok(), Some(3));
+    let beyond: Vec<u32> = (0..=32).collect();
+    for stages in [&[1][..], &[0, 2], &[0, 1, 0], &beyond] {
+        assert_eq!(
+            decode(stages).err(),
+            Some(SnapshotError::Field("stage")),
+            "{stages:?}"
+        );
+    }
+}

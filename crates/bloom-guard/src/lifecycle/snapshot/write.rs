@@ -193,6 +193,15 @@ impl SnapshotWriter {
         &self.info
     }
 
+    /// The snapshot format it is written in: the oldest that holds the
+    /// filter (3, or 4 for a counting filter of several stages; see
+    /// [`SNAPSHOT_FORMAT`](crate::SNAPSHOT_FORMAT)). A store that keeps
+    /// snapshots by format records this one, so that versions that read
+    /// only older formats still find the snapshots they can read.
+    pub fn format(&self) -> u32 {
+        u32::from_le_bytes([self.head[8], self.head[9], self.head[10], self.head[11]])
+    }
+
     /// The snapshot in chunks of `size` bytes (at least 64), the last one
     /// shorter. The bits are read as the chunks are made, so the memory
     /// held is one chunk, not a copy of the filter.
