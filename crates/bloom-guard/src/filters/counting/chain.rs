@@ -3,7 +3,7 @@
 //!
 //! Every stage is sharded: a key's shard is picked from its hash's high
 //! bits, its fingerprint is the hash's low bits. A shard grows in place
-//! up to [`GROWTH_ROOM`] times its first size (each doubling turns a bit of
+//! up to [`GROWTH_ROOM`](super::shard::GROWTH_ROOM) times its first size (each doubling turns a bit of
 //! the fingerprint's remainder into quotient, so the rate doubles too).
 //! When a shard of the newest stage is full, a new stage starts, with as
 //! many keys' room as every stage before it together and half the rate of
@@ -30,12 +30,11 @@ use std::sync::{Mutex, OnceLock};
 
 use parking_lot::RwLock;
 
+use super::shard::{decode_shard, encode_shard, new_shard, ShardError, ShardParts};
 use crate::lock::lock;
 
 /// The most slots a shard starts with: 2^16, about 62 000 keys at 95 %.
 pub(crate) const SHARD_SLOTS: u64 = 1 << 16;
-/// How many times each shard may double before it is full.
-pub(crate) const GROWTH_ROOM: u64 = 4;
 /// Each stage's rate at full size, against the stage before it.
 pub(crate) const TIGHTENING: f64 = 0.5;
 /// The most stages; each one more than doubles the room, so the chain
@@ -71,15 +70,6 @@ pub(crate) enum Removal {
     Kept,
 }
 
-/// A shard as a snapshot stores it: qfilter's bytes (postcard).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ShardParts(pub(crate) Vec<u8>);
-
-/// A shard that a snapshot carries could not be read.
-#[derive(Debug, thiserror::Error)]
-#[error("a shard of the counting filter does not decode: {0}")]
-pub(crate) struct ShardError(pub(crate) String);
-
 /// The stages of a counting filter, oldest first, and the exact table of
 /// keys past the last.
 #[derive(Debug)]
@@ -93,7 +83,7 @@ pub(crate) struct Chain {
 
 impl Stage {
     /// A stage for `capacity` keys whose rate is `rate` once its shards
-    /// grew [`GROWTH_ROOM`] times, nested in `after` (the stage before it,
+    /// grew [`GROWTH_ROOM`](super::shard::GROWTH_ROOM) times, nested in `after` (the stage before it,
     /// if any): a multiple of its shard count, fingerprints at least as
     /// wide (at a lower rate if need be).
     fn new(capacity: u64, rate: f64, after: Option<&Stage>) -> Self {
@@ -391,33 +381,4 @@ impl Chain {
 fn rate_of(target_fpp: f64, at: usize) -> f64 {
     let exponent = i32::try_from(at).unwrap_or(i32::MAX);
     (target_fpp * TIGHTENING.powi(exponent)).clamp(MIN_RATE, 0.5)
-}
-
-/// One shard: `capacity` keys at a quarter of `rate`, growing in place
-/// to [`GROWTH_ROOM`] times that at `rate`. A shard's capacity and rate
-/// are within qfilter's bounds by construction (at most a few million
-/// keys, a rate of at least [`MIN_RATE`]); should a combination be refused
-/// anyway, a shard without growth room, then one at the loosest rate,
-/// which still never misses a key.
-fn new_shard(capacity: u64, rate: f64) -> qfilter::Filter {
-    let grown = capacity.saturating_mul(GROWTH_ROOM);
-    let mut tries = [
-        (capacity, grown, rate),
-        (capacity, capacity, rate),
-        (capacity, capacity, 0.5),
-        (1, 1, 0.5),
-    ]
-    .into_iter()
-    .filter_map(|(initial, max, rate)| qfilter::Filter::new_resizeable(initial, max, rate).ok());
-    tries
-        .next()
-        .unwrap_or_else(|| unreachable!("qfilter refuses a one-key filter"))
-}
-
-fn encode_shard(shard: &qfilter::Filter) -> Vec<u8> {
-    postcard::to_allocvec(shard).unwrap_or_default()
-}
-
-fn decode_shard(bytes: &[u8]) -> Result<qfilter::Filter, ShardError> {
-    postcard::from_bytes(bytes).map_err(|error| ShardError(error.to_string()))
 }

@@ -14,6 +14,7 @@
 //! any size (see `chain.rs`).
 
 mod chain;
+mod shard;
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,8 +24,9 @@ use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
 use crate::lock::lock;
 
+pub(crate) use chain::MAX_STAGES;
 use chain::{Chain, Removal};
-pub(crate) use chain::{ShardError, ShardParts, MAX_STAGES};
+pub(crate) use shard::{ShardError, ShardParts};
 
 /// A growing quotient filter that removes.
 pub(crate) struct CountingFilter {
