@@ -1,8 +1,9 @@
 //! Snapshots: a filter written out with everything needed to trust it
 //! again elsewhere, and read back chunk by chunk (the byte layout is
-//! described in `format.rs`).
+//! described in `format.rs`, its parts checked in `parts.rs`).
 
 mod format;
+mod parts;
 mod read;
 mod write;
 

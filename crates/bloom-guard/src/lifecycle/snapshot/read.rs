@@ -6,7 +6,8 @@ use crate::filters::bloom::BloomParts;
 use crate::filters::counting::{CountingParts, ShardParts};
 use crate::filters::filter::FilterParts;
 
-use super::format::{header_len, Header, Parts, CHECKSUM_LEN, PREFIX_LEN};
+use super::format::{header_len, Header, CHECKSUM_LEN, PREFIX_LEN};
+use super::parts::Parts;
 use super::{Snapshot, SnapshotError};
 
 /// Reads a snapshot from its chunks as they arrive, into the filter's

@@ -381,7 +381,8 @@ async fn keys_inserted_while_a_snapshot_is_written_are_counted_after_adoption() 
 
 #[test]
 fn counting_stages_are_read_only_in_order_from_the_first() {
-    use super::format::{Header, Parts, ShardHead};
+    use super::format::Header;
+    use super::parts::{Parts, ShardHead};
     let header = |stages: &[u32]| Header {
         info: SnapshotInfo {
             guard: "items".to_owned(),

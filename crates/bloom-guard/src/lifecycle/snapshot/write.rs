@@ -8,7 +8,8 @@ use crate::filters::counting::CountingFilter;
 use crate::filters::filter::Filter;
 use crate::keys::key_type::KeyType;
 
-use super::format::{Header, Parts, ShardHead, StageHead, CHECKSUM_LEN};
+use super::format::{Header, CHECKSUM_LEN};
+use super::parts::{Parts, ShardHead, StageHead};
 use super::SnapshotInfo;
 
 /// Writes a guard's filter as a snapshot, a chunk at a time: see
