@@ -236,7 +236,7 @@ impl Database for PgBackend {
         stop: CancellationToken,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let options = listen::options(&self.pool.connect_options());
-        let notify = notifier::run(options.clone(), self.notify_interval, stop.clone());
+        let notify = notifier::shared(options.clone(), self.notify_interval, stop.clone());
         let listen = listen::listen(options, wake, stop);
         async move {
             tokio::join!(listen, notify);

@@ -7,7 +7,13 @@
 //! elected instance dies, its connection closes, the lock is free, and
 //! another instance takes over within five seconds; meanwhile the readers'
 //! interval reads carry on, and the read barrier reads for every refusal.
+//!
+//! An instance stands once per database, however many of its guards
+//! follow it: the followers of one database in a process share one
+//! candidate ([`shared`]), which runs while any of them does.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
@@ -28,6 +34,9 @@ const CANDIDATE_APPLICATION_NAME: &str = "bloom-guard-notifier-candidate";
 /// read barrier reads for refusals).
 const CANDIDACY: Duration = Duration::from_secs(5);
 
+/// How soon a candidate whose connection was lost stands again.
+const LOST: Duration = Duration::from_secs(1);
+
 /// The longest pause between two looks of an idle notifier.
 const IDLE_LOOK: Duration = Duration::from_secs(1);
 
@@ -47,9 +56,78 @@ fresh as (
 sent as (select pg_catalog.pg_notify($2, '*') from fresh)
 select (select snapshot::text from now), (select pg_catalog.count(*) from sent) > 0";
 
+/// The candidates of this process, by database: one runs for every
+/// follower of its database.
+static CANDIDATES: Mutex<BTreeMap<String, Candidate>> = Mutex::new(BTreeMap::new());
+
+/// A database's candidate in this process, and the followers it runs for.
+struct Candidate {
+    followers: usize,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// A follower counted among its database's candidate's followers; the last
+/// to leave stops the candidate.
+struct Follows(String);
+
+impl Drop for Follows {
+    fn drop(&mut self) {
+        let mut candidates = crate::lock::lock(&CANDIDATES);
+        if let Some(candidate) = candidates.get_mut(&self.0) {
+            candidate.followers = candidate.followers.saturating_sub(1);
+            if candidate.followers == 0 {
+                candidate.stop.cancel();
+                candidates.remove(&self.0);
+            }
+        }
+    }
+}
+
+/// Stands for election for the database of `options` until `stop`,
+/// sharing one candidate with every other follower of that database in
+/// this process (the first one starts it, with its `every`; a candidate
+/// whose runtime stopped is replaced).
+pub(super) async fn shared(options: PgConnectOptions, every: Duration, stop: CancellationToken) {
+    let database = format!(
+        "{}:{}/{}?user={}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or_default(),
+        options.get_username()
+    );
+    let follows = {
+        let mut candidates = crate::lock::lock(&CANDIDATES);
+        let running = candidates
+            .get(&database)
+            .is_some_and(|candidate| !candidate.task.is_finished());
+        if !running {
+            let stop = CancellationToken::new();
+            let task = tokio::spawn(run(options, every, stop.clone()));
+            let followers = candidates
+                .remove(&database)
+                .map_or(0, |candidate| candidate.followers);
+            candidates.insert(
+                database.clone(),
+                Candidate {
+                    followers,
+                    stop,
+                    task,
+                },
+            );
+        }
+        if let Some(candidate) = candidates.get_mut(&database) {
+            candidate.followers += 1;
+        }
+        Follows(database)
+    };
+    stop.cancelled().await;
+    drop(follows);
+}
+
 /// Stands for election until `stop`; once elected, looks for changes every
 /// `every` and wakes the readers.
-pub(super) async fn run(options: PgConnectOptions, every: Duration, stop: CancellationToken) {
+async fn run(options: PgConnectOptions, every: Duration, stop: CancellationToken) {
     // READ COMMITTED whatever the database's default, and a look (it finds
     // a handful of rows) never worth parallel workers or JIT compilation,
     // whatever the feed's statistics say after a bulk load: startup
@@ -110,13 +188,21 @@ pub(super) async fn run(options: PgConnectOptions, every: Duration, stop: Cancel
             () = stop.cancelled() => break,
             outcome = term => outcome,
         };
-        if let Err(error) = outcome {
-            tracing::debug!(%error, "the change feed's notifier lost its connection; standing again");
-            candidate = None;
-        }
+        // Another instance holds the election: try again in a while. A lost
+        // connection (this one's term ended, or the database restarts):
+        // stand again soon, so a killed notifier is replaced within a
+        // second or so.
+        let pause = match outcome {
+            Ok(()) => CANDIDACY,
+            Err(error) => {
+                tracing::debug!(%error, "the change feed's notifier lost its connection; standing again");
+                candidate = None;
+                LOST
+            }
+        };
         tokio::select! {
             () = stop.cancelled() => break,
-            () = sleep(CANDIDACY) => {}
+            () = sleep(pause) => {}
         }
     }
     if let Some(connection) = candidate {
