@@ -150,3 +150,31 @@ async fn postgres_one_switch_reaches_every_instance_and_the_view_lists_them(pool
     )
     .await;
 }
+
+/// MySQL and MariaDB have no notifications: the wake-up poller sees the
+/// stored settings change and announces it to every follower.
+#[tokio::test]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn mysql_one_switch_reaches_every_instance_and_the_view_lists_them() {
+    use std::str::FromStr;
+
+    use sqlx::{ConnectOptions, Connection};
+    let url = std::env::var("MYSQL_URL").expect("MYSQL_URL");
+    let options = sqlx::mysql::MySqlConnectOptions::from_str(&url).expect("MYSQL_URL");
+    let name = format!("items_service_fleet_{}", fastrand::u64(..));
+    let mut admin = options.connect().await.expect("connect to MySQL");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("create database {name}")))
+        .execute(&mut admin)
+        .await
+        .expect("create the test database");
+    let _ = admin.close().await;
+    let pool = |options: sqlx::mysql::MySqlConnectOptions| async move {
+        sqlx::MySqlPool::connect_with(options)
+            .await
+            .expect("connect to the test database")
+    };
+    let first = Database::from_pool(Pool::MySql(pool(options.clone().database(&name)).await));
+    first.migrate().await.expect("migrate");
+    let second = Database::from_pool(Pool::MySql(pool(options.clone().database(&name)).await));
+    one_switch_and_one_view(first, second).await;
+}

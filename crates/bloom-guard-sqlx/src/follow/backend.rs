@@ -83,11 +83,11 @@ pub(crate) enum LoadError {
 #[derive(Debug, Clone)]
 pub(crate) struct WakeUps {
     pub(crate) feed: Arc<Notify>,
-    /// Only Postgres announces publications.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    /// A snapshot was published (Postgres and MySQL announce it).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) published: Arc<Notify>,
-    /// The fleet's stored settings changed (only Postgres announces it).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    /// The fleet's stored settings changed (Postgres and MySQL announce it).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) settings: Arc<Notify>,
     /// The guard's name: a publication's wake-up carries it.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]

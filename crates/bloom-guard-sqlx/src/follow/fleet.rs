@@ -31,6 +31,11 @@ pub(super) struct Fleet<P> {
     /// Keys a first scan should be sized for, when a snapshot said more
     /// than the source's count hint can (its keys plus the feed since it).
     pub(super) expected_keys: u64,
+    /// Until when the newest stored snapshot is known to be fresh (its age
+    /// at the last look, counted on): no look before then, since a snapshot
+    /// published meanwhile only makes the newest one younger.
+    /// Kept with the fingerprint it was seen for.
+    pub(super) fresh_until: Option<(String, Instant)>,
 }
 
 impl<P> Default for Fleet<P> {
@@ -42,6 +47,7 @@ impl<P> Default for Fleet<P> {
             refused: HashSet::new(),
             trigger_versions: None,
             rates: Rates::default(),
+            fresh_until: None,
             expected_keys: 0,
         }
     }
@@ -302,6 +308,14 @@ impl<B: Database> Follower<B> {
                 _ => return,
             }
         };
+        if self
+            .fleet()
+            .fresh_until
+            .as_ref()
+            .is_some_and(|(seen, until)| *seen == fingerprint && Instant::now() < *until)
+        {
+            return;
+        }
         let fresh = || async {
             match self
                 .backend
@@ -309,8 +323,15 @@ impl<B: Database> Follower<B> {
                 .newest(self.guard.name(), &fingerprint)
                 .await
             {
-                Ok(newest) => newest
-                    .is_some_and(|stored| stored.age_secs < self.snapshot_interval.as_secs_f64()),
+                Ok(Some(stored)) if stored.age_secs < self.snapshot_interval.as_secs_f64() => {
+                    let left = self.snapshot_interval.as_secs_f64() - stored.age_secs;
+                    self.fleet().fresh_until = Some((
+                        fingerprint.clone(),
+                        Instant::now() + std::time::Duration::from_secs_f64(left.max(0.0)),
+                    ));
+                    true
+                }
+                Ok(_) => false,
                 // Unknown: do not publish.
                 Err(_) => true,
             }

@@ -224,6 +224,10 @@ impl Database for MySqlBackend {
         catalog::trigger_versions(&self.pool, &self.watch).await
     }
 
+    fn announces_changes(&self) -> bool {
+        true
+    }
+
     fn wake_ups(
         &self,
         wake: WakeUps,

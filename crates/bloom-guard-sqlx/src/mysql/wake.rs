@@ -3,14 +3,16 @@
 //! once a second). One poller per database in a process wakes every
 //! follower of that database: an idle instance costs the database one
 //! cheap statement a second for its wake-ups, however many guards it has.
+//! The same statement sees the fleet's stored settings change and new
+//! snapshots published, and announces them to every follower as Postgres
+//! does by NOTIFY.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use sqlx::MySqlPool;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::follow::WakeUps;
@@ -33,7 +35,7 @@ static NEXT_FOLLOWER: AtomicU64 = AtomicU64::new(0);
 struct Poller {
     /// The pool it looks through: the latest follower's.
     pool: MySqlPool,
-    followers: Vec<(u64, Arc<Notify>)>,
+    followers: Vec<(u64, WakeUps)>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -96,7 +98,7 @@ pub(super) async fn watch(pool: MySqlPool, wake_ups: WakeUps, stop: Cancellation
         }
         if let Some(poller) = pollers.get_mut(&database) {
             poller.pool = pool;
-            poller.followers.push((id, Arc::clone(&wake_ups.feed)));
+            poller.followers.push((id, wake_ups));
         }
         Woken { database, id }
     };
@@ -104,10 +106,22 @@ pub(super) async fn watch(pool: MySqlPool, wake_ups: WakeUps, stop: Cancellation
     drop(woken);
 }
 
-/// Looks at the feed's highest id of `database` until `stop`, waking its
-/// followers when it moves.
+/// The feed's highest id, the newest snapshot's id, and a digest of the
+/// stored settings (their count, latest change and a checksum of every
+/// row): one cheap statement.
+const LOOK: &str = "
+select cast(coalesce(max(id), 0) as signed),
+       (select cast(coalesce(max(id), 0) as signed) from bloom_guard_snapshots),
+       (select cast(concat(count(*), ':', coalesce(max(updated_at), 0), ':',
+                           coalesce(bit_xor(crc32(concat_ws(',', guard, mode, audit_rate, updated_at))), 0))
+                    as char)
+          from bloom_guard_settings)
+  from bloom_guard_changes";
+
+/// Looks at the feed of `database` until `stop`, waking its followers when
+/// its highest id moves, and announcing new snapshots and changed settings.
 async fn poll(database: String, stop: CancellationToken) {
-    let mut seen: Option<i64> = None;
+    let mut seen: Option<(i64, i64, String)> = None;
     let mut pause = BUSY;
     loop {
         let pool = lock(&POLLERS)
@@ -116,21 +130,34 @@ async fn poll(database: String, stop: CancellationToken) {
         let Some(pool) = pool else {
             return;
         };
-        let highest: Result<i64, sqlx::Error> = sqlx::query_scalar(
-            "select cast(coalesce(max(id), 0) as signed) from bloom_guard_changes",
-        )
-        .fetch_one(&pool)
-        .await;
-        match highest {
-            Ok(highest) if seen == Some(highest) => pause = (pause * 2).min(RESTING),
-            Ok(highest) => {
-                seen = Some(highest);
-                if let Some(poller) = lock(&POLLERS).get(&database) {
-                    for (_, feed) in &poller.followers {
-                        feed.notify_one();
+        let look: Result<(i64, i64, String), sqlx::Error> =
+            sqlx::query_as(LOOK).fetch_one(&pool).await;
+        match look {
+            Ok(now) => {
+                let before = seen.replace(now.clone());
+                let moved = before.as_ref().is_none_or(|before| before.0 != now.0);
+                let published = before.as_ref().is_some_and(|before| before.1 != now.1);
+                let settings = before.as_ref().is_some_and(|before| before.2 != now.2);
+                if moved || published || settings {
+                    if let Some(poller) = lock(&POLLERS).get(&database) {
+                        for (_, wake_ups) in &poller.followers {
+                            if moved {
+                                wake_ups.feed.notify_one();
+                            }
+                            if published {
+                                wake_ups.published.notify_one();
+                            }
+                            if settings {
+                                wake_ups.settings.notify_one();
+                            }
+                        }
                     }
                 }
-                pause = BUSY;
+                pause = if moved {
+                    BUSY
+                } else {
+                    (pause * 2).min(RESTING)
+                };
             }
             Err(_) => pause = RESTING,
         }
