@@ -141,8 +141,17 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = 300)]
         samples: usize,
     },
-    /// The primary's transactions per second from idle instances.
-    Idle,
+    /// What idle instances of the example service cost the database:
+    /// transactions a second on Postgres (1, 2 and 8 instances, one process
+    /// each) and, with `--mysql-url`, statements a second on MySQL.
+    Idle {
+        /// The items-service binary.
+        #[arg(long, default_value = "target/release/items-service")]
+        binary: PathBuf,
+        /// A MySQL or MariaDB server to measure one instance on too.
+        #[arg(long)]
+        mysql_url: Option<String>,
+    },
     /// A key created through one instance and read through another at
     /// once: refusals with and without the read barrier, Postgres and
     /// SQLite (and MySQL with `--mysql-url`).

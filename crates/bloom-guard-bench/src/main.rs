@@ -53,6 +53,7 @@ mod cli;
 mod cross;
 mod deploy;
 mod fleet;
+mod idle;
 mod load;
 mod mysql;
 mod propagation;
@@ -160,7 +161,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Command::Propagation { samples } => {
             propagation::propagation(&cli.database_url, &cli.out, samples).await
         }
-        Command::Idle => writers::idle(&cli.database_url, &cli.out).await,
+        Command::Idle { binary, mysql_url } => {
+            idle::idle(&cli.database_url, &binary, mysql_url.as_deref(), &cli.out).await
+        }
         Command::Cross {
             binary,
             requests,

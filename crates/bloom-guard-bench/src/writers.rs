@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bloom_guard::{BloomGuard, KeyType};
+use bloom_guard::BloomGuard;
 use bloom_guard_sqlx::{PgFollower, Watch};
 use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
@@ -208,56 +208,6 @@ pub(crate) async fn transactions_per_sec(
     let after = count().await?;
     // The two counting queries are not the instances'.
     Ok((after - before - 2).max(0) as f64 / window.as_secs_f64())
-}
-
-/// `bloom-load idle`: the elected notifier against every reader polling
-/// often enough for the same latency (every 20 ms).
-pub(crate) async fn idle(server_url: &str, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let (db, _pool) = feed_database(server_url, "bloom_guard_idle", 1000).await?;
-    Watch::table("users").key("id").install(db.pool()).await?;
-    let mut report = Vec::new();
-    for design in ["notifier", "polling every 20 ms"] {
-        for instances in [1, 8] {
-            let mut stops = Vec::new();
-            for _ in 0..instances {
-                // Each instance its own pool, as separate processes would have.
-                let pool = PgPoolOptions::new()
-                    .max_connections(4)
-                    .connect(&db.url)
-                    .await?;
-                for (name, watch, key_type) in [
-                    ("items", Watch::table("items").key("key"), KeyType::Text),
-                    ("users", Watch::table("users").key("id"), KeyType::Uuid),
-                ] {
-                    // A key type that fits its column: the guard turns ready.
-                    let guard = BloomGuard::builder().name(name).key_type(key_type).build();
-                    let mut follower = PgFollower::new(guard.clone(), pool.clone(), watch);
-                    if design != "notifier" {
-                        follower = follower
-                            .poll_interval(Duration::from_millis(20))
-                            .min_read_gap(Duration::ZERO)
-                            .notify_interval(Duration::from_secs(3600));
-                    }
-                    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-                    tokio::spawn(follower.run_until(async move {
-                        let _ = stopped.await;
-                    }));
-                    guard.ready().await;
-                    stops.push(stop);
-                }
-            }
-            // Past the start-up's scans, first checks and the notifier's
-            // back-off, and the autovacuum of the freshly filled tables.
-            tokio::time::sleep(Duration::from_secs(15)).await;
-            let rate = transactions_per_sec(db.pool(), Duration::from_secs(60)).await?;
-            println!("{design}: {instances} idle instances (2 guards each): {rate:.1} transactions/s on the primary");
-            report.push(serde_json::json!({ "design": design, "instances": instances, "guards_per_instance": 2, "transactions_per_sec": rate }));
-            drop(stops);
-            tokio::time::sleep(Duration::from_secs(3)).await;
-        }
-    }
-    std::fs::write(out.join("idle.json"), serde_json::to_vec_pretty(&report)?)?;
-    Ok(())
 }
 
 /// `bloom-load retention`.
