@@ -391,6 +391,45 @@ async fn the_upgrade_from_version_4_adds_the_fleet_tables_under_writers(pool: Pg
     assert_eq!(tables, 2);
 }
 
+/// Version 5, the first released one (fleet settings and heartbeats),
+/// upgraded under writers: no change lost, its settings kept.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn the_upgrade_from_version_5_the_first_released_loses_no_change_under_writers(pool: PgPool) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "begin; {}; commit;",
+        include_str!("fixtures/postgres_v5.sql")
+    )))
+    .execute(&pool)
+    .await
+    .expect("version 5");
+    exec(
+        &pool,
+        "select bloom_guard.watch('items', array['key'], 'items')",
+    )
+    .await;
+    exec(
+        &pool,
+        "insert into bloom_guard.settings (guard, mode, audit_rate, updated_at)
+         values ('other', 'shadow', 0.01, pg_catalog.now())",
+    )
+    .await;
+    upgrade_under_writers(&pool, "").await;
+    let mode: String =
+        sqlx::query_scalar("select mode from bloom_guard.settings where guard = 'other'")
+            .fetch_one(&pool)
+            .await
+            .expect("the stored mode");
+    assert_eq!(mode, "shadow");
+}
+
+/// Version 6 (the event trigger's resync) upgraded under writers.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn the_upgrade_from_version_6_loses_no_change_under_writers(pool: PgPool) {
+    upgrade_under_writers(&pool, include_str!("fixtures/postgres_v6.sql")).await;
+}
+
 /// Version 8 reads each guard's rows by an index that leads with the
 /// guard: the upgrade builds it concurrently (writers never wait for the
 /// build) over a feed that holds a bulk load's rows.

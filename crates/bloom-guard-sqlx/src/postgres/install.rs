@@ -1,9 +1,19 @@
 //! Installing the change feed's SQL into a Postgres database.
 
+use std::time::Duration;
+
+use futures_util::TryFutureExt;
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 
 use crate::error::FeedError;
 use crate::watch::Watch;
+
+/// [`DDL_LOCK_TIMEOUT`] as a literal, for the statements that embed it.
+macro_rules! ddl_lock_timeout {
+    () => {
+        "500ms"
+    };
+}
 
 /// The version of the feed's schema that this crate installs and reads.
 pub const SCHEMA_VERSION: i32 = 8;
@@ -59,9 +69,15 @@ pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
         let script = format!(
             "set local client_min_messages = warning;
              select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'));
+             set local lock_timeout = '{DDL_LOCK_TIMEOUT}';
              {POSTGRES_SQL}"
         );
-        sqlx::raw_sql(AssertSqlSafe(script)).execute(pool).await?;
+        retrying_locks("install", || {
+            sqlx::raw_sql(AssertSqlSafe(script.clone()))
+                .execute(pool)
+                .map_ok(drop)
+        })
+        .await?;
         tracing::info!(
             version = SCHEMA_VERSION,
             from = ?installed.version,
@@ -91,12 +107,17 @@ pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
 /// # Ok(()) }
 /// ```
 pub async fn uninstall(pool: &PgPool) -> Result<(), FeedError> {
-    sqlx::raw_sql(
+    let script = format!(
         "set local client_min_messages = warning;
          select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'));
-         drop schema if exists bloom_guard cascade;",
-    )
-    .execute(pool)
+         set local lock_timeout = '{DDL_LOCK_TIMEOUT}';
+         drop schema if exists bloom_guard cascade;"
+    );
+    retrying_locks("uninstall", || {
+        sqlx::raw_sql(AssertSqlSafe(script.clone()))
+            .execute(pool)
+            .map_ok(drop)
+    })
     .await?;
     tracing::info!("removed the bloom-guard change feed");
     Ok(())
@@ -227,9 +248,61 @@ async fn build_feed_index(connection: &mut PgConnection) -> Result<(), sqlx::Err
 }
 
 /// A transaction in which the feed's functions keep their notices (the
-/// `drop trigger if exists ..., skipping` of every install) to themselves:
-/// a start logs nothing a user would take for a problem.
-const QUIET: &str = "begin; set local client_min_messages = warning";
+/// `drop trigger if exists ..., skipping` of every install) to themselves
+/// (a start logs nothing a user would take for a problem), and wait at
+/// most [`DDL_LOCK_TIMEOUT`] for a lock on a user's table.
+const QUIET: &str = concat!(
+    "begin; set local client_min_messages = warning; set local lock_timeout = '",
+    ddl_lock_timeout!(),
+    "'"
+);
+
+/// The longest a statement of ours that locks a user's table (the
+/// triggers' DDL of `watch`, `unwatch`, an upgrade, `uninstall`) waits for
+/// its lock. Writers queue behind a lock request that waits: a request
+/// that gives up after this long holds them back no longer. Such a
+/// statement is tried again (see [`retrying_locks`]) until the
+/// transaction in its way ends.
+pub(crate) const DDL_LOCK_TIMEOUT: &str = ddl_lock_timeout!();
+
+/// The longest pause between two tries of a statement that timed out on a
+/// lock.
+const MAX_LOCK_PAUSE: Duration = Duration::from_secs(5);
+
+/// Runs `attempt` until it does not time out on a lock (SQLSTATE 55P03),
+/// pausing between tries (100 ms, doubling up to [`MAX_LOCK_PAUSE`]), so
+/// that writers run between the tries; says once that it waits, and once
+/// that it got through.
+pub(crate) async fn retrying_locks<F, Fut>(what: &str, mut attempt: F) -> Result<(), sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), sqlx::Error>>,
+{
+    let mut pause = Duration::from_millis(100);
+    let mut tries = 0_u32;
+    loop {
+        match attempt().await {
+            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => {
+                tries += 1;
+                if tries == 1 {
+                    tracing::warn!(
+                        what,
+                        %error,
+                        "an open transaction holds a lock the feed's DDL needs; trying again every few seconds, never holding writers back longer than {DDL_LOCK_TIMEOUT}"
+                    );
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_LOCK_PAUSE);
+            }
+            result => {
+                if tries > 0 && result.is_ok() {
+                    tracing::info!(what, tries, "the feed's DDL got its lock");
+                }
+                return result;
+            }
+        }
+    }
+}
 
 impl Watch {
     /// Installs the feed's triggers on the table and every child and
@@ -243,6 +316,14 @@ impl Watch {
     /// [`FeedError::Database`](FeedError::Database) if the table or a column does not exist, the
     /// feed is not installed, or the role does not own the table.
     pub async fn install(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
+        retrying_locks("watch", || self.watch_once(pool)).await?;
+        Ok(())
+    }
+
+    /// One try of [`install`](Self::install): an error if a lock on the
+    /// table is not granted within [`DDL_LOCK_TIMEOUT`] (a running
+    /// follower's repair tries again at its next check).
+    pub(crate) async fn watch_once(&self, pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
         let mut tx = pool.begin_with(QUIET).await?;
         sqlx::query("select bloom_guard.watch($1::regclass, $2, $3)")
             .bind(&self.table)
@@ -250,8 +331,7 @@ impl Watch {
             .bind(self.feed_name())
             .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
-        Ok(())
+        tx.commit().await
     }
 
     /// Stops recording this table's keys (`select bloom_guard.unwatch(...)`):
@@ -264,13 +344,16 @@ impl Watch {
     /// [`FeedError::Database`] if the table does not exist, the feed is not
     /// installed, or the role does not own the table.
     pub async fn uninstall(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
-        let mut tx = pool.begin_with(QUIET).await?;
-        sqlx::query("select bloom_guard.unwatch($1::regclass, $2)")
-            .bind(&self.table)
-            .bind(self.feed_name())
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        retrying_locks("unwatch", || async {
+            let mut tx = pool.begin_with(QUIET).await?;
+            sqlx::query("select bloom_guard.unwatch($1::regclass, $2)")
+                .bind(&self.table)
+                .bind(self.feed_name())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await
+        })
+        .await?;
         Ok(())
     }
 

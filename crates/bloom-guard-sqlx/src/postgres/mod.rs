@@ -206,10 +206,9 @@ impl Database for PgBackend {
         {
             return Ok(false);
         }
-        match self.watch.install(&self.pool).await {
-            Ok(()) => Ok(true),
-            Err(crate::error::FeedError::Database(error)) => Err(error),
-        }
+        // One try under the lock timeout: a table an open transaction holds
+        // is tried again at the next check, never holding writers back.
+        self.watch.watch_once(&self.pool).await.map(|()| true)
     }
 
     async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
