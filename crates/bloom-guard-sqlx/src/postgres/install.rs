@@ -6,6 +6,7 @@ use futures_util::TryFutureExt;
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 
 use crate::error::FeedError;
+use crate::follow::retry_pauses;
 use crate::watch::Watch;
 
 /// [`DDL_LOCK_TIMEOUT`] as a literal, for the statements that embed it.
@@ -265,20 +266,16 @@ const QUIET: &str = concat!(
 /// transaction in its way ends.
 pub(crate) const DDL_LOCK_TIMEOUT: &str = ddl_lock_timeout!();
 
-/// The longest pause between two tries of a statement that timed out on a
-/// lock.
-const MAX_LOCK_PAUSE: Duration = Duration::from_secs(5);
-
 /// Runs `attempt` until it does not time out on a lock (SQLSTATE 55P03),
-/// pausing between tries (100 ms, doubling up to [`MAX_LOCK_PAUSE`]), so
-/// that writers run between the tries; says once that it waits, and once
-/// that it got through.
+/// pausing between tries as every retry loop of the crate does
+/// ([`retry_pauses`]), so that writers run between the tries; says once
+/// that it waits, and once that it got through.
 pub(crate) async fn retrying_locks<F, Fut>(what: &str, mut attempt: F) -> Result<(), sqlx::Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), sqlx::Error>>,
 {
-    let mut pause = Duration::from_millis(100);
+    let mut pauses = retry_pauses();
     let mut tries = 0_u32;
     loop {
         match attempt().await {
@@ -291,8 +288,8 @@ where
                         "an open transaction holds a lock the feed's DDL needs; trying again every few seconds, never holding writers back longer than {DDL_LOCK_TIMEOUT}"
                     );
                 }
+                let pause = pauses.next().unwrap_or(Duration::from_secs(10));
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(MAX_LOCK_PAUSE);
             }
             result => {
                 if tries > 0 && result.is_ok() {
