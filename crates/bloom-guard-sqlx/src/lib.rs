@@ -16,6 +16,8 @@ mod kept;
 mod lock;
 #[cfg(feature = "mysql")]
 mod mysql;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod per_database;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod source;

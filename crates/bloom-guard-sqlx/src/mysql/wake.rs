@@ -7,16 +7,13 @@
 //! snapshots published, and announces them to every follower as Postgres
 //! does by NOTIFY.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::follow::WakeUps;
-use crate::lock::lock;
+use crate::per_database::{database_key, PerDatabase};
 
 /// The look's interval while the feed moves.
 const BUSY: Duration = Duration::from_millis(10);
@@ -25,85 +22,28 @@ const BUSY: Duration = Duration::from_millis(10);
 /// the read barrier reads the feed itself).
 const RESTING: Duration = Duration::from_secs(1);
 
-/// The pollers of this process, by database.
-static POLLERS: Mutex<BTreeMap<String, Poller>> = Mutex::new(BTreeMap::new());
-
-/// Numbers the followers a poller wakes.
-static NEXT_FOLLOWER: AtomicU64 = AtomicU64::new(0);
-
-/// One database's poller and the followers it wakes.
-struct Poller {
-    /// The pool it looks through: the latest follower's.
-    pool: MySqlPool,
-    followers: Vec<(u64, WakeUps)>,
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
-
-/// A follower woken by its database's poller; the last to leave stops it.
-struct Woken {
-    database: String,
-    id: u64,
-}
-
-impl Drop for Woken {
-    fn drop(&mut self) {
-        let mut pollers = lock(&POLLERS);
-        if let Some(poller) = pollers.get_mut(&self.database) {
-            poller.followers.retain(|(id, _)| *id != self.id);
-            if poller.followers.is_empty() {
-                poller.stop.cancel();
-                pollers.remove(&self.database);
-            }
-        }
-    }
-}
+/// The pollers of this process, by database; each wakes its followers
+/// and looks through the latest one's pool.
+static POLLERS: PerDatabase<(MySqlPool, WakeUps)> = PerDatabase::new();
 
 /// Wakes the feed's reader when the feed's highest id moves, until `stop`,
 /// through the one poller of its database in this process (started by
-/// the first follower; one whose runtime stopped is replaced). A
-/// transaction that commits an id below the highest already seen wakes
-/// nobody: the next read has it (a read the barrier asks for, or the poll).
+/// the first follower). A transaction that commits an id below the
+/// highest already seen wakes nobody: the next read has it (a read the
+/// barrier asks for, or the poll).
 pub(super) async fn watch(pool: MySqlPool, wake_ups: WakeUps, stop: CancellationToken) {
     let options = pool.connect_options();
-    let database = format!(
-        "{}:{}/{}?user={}",
+    let database = database_key(
         options.get_host(),
         options.get_port(),
         options.get_database().unwrap_or_default(),
-        options.get_username()
+        options.get_username(),
     );
-    let woken = {
-        let mut pollers = lock(&POLLERS);
-        let id = NEXT_FOLLOWER.fetch_add(1, Ordering::Relaxed);
-        let running = pollers
-            .get(&database)
-            .is_some_and(|poller| !poller.task.is_finished());
-        if !running {
-            let stop = CancellationToken::new();
-            let task = tokio::spawn(poll(database.clone(), stop.clone()));
-            let followers = pollers
-                .remove(&database)
-                .map(|poller| poller.followers)
-                .unwrap_or_default();
-            pollers.insert(
-                database.clone(),
-                Poller {
-                    pool: pool.clone(),
-                    followers,
-                    stop,
-                    task,
-                },
-            );
-        }
-        if let Some(poller) = pollers.get_mut(&database) {
-            poller.pool = pool;
-            poller.followers.push((id, wake_ups));
-        }
-        Woken { database, id }
-    };
+    let poller = database.clone();
+    let _member = POLLERS.join(database, (pool.clone(), wake_ups), |stop| {
+        tokio::spawn(poll(poller, stop))
+    });
     stop.cancelled().await;
-    drop(woken);
 }
 
 /// The feed's highest id, the newest snapshot's id, and a digest of the
@@ -124,33 +64,27 @@ async fn poll(database: String, stop: CancellationToken) {
     let mut seen: Option<(i64, i64, String)> = None;
     let mut pause = BUSY;
     loop {
-        let pool = lock(&POLLERS)
-            .get(&database)
-            .map(|poller| poller.pool.clone());
-        let Some(pool) = pool else {
+        let followers = POLLERS.members(&database);
+        let Some((pool, _)) = followers.last() else {
             return;
         };
         let look: Result<(i64, i64, String), sqlx::Error> =
-            sqlx::query_as(LOOK).fetch_one(&pool).await;
+            sqlx::query_as(LOOK).fetch_one(pool).await;
         match look {
             Ok(now) => {
                 let before = seen.replace(now.clone());
                 let moved = before.as_ref().is_none_or(|before| before.0 != now.0);
                 let published = before.as_ref().is_some_and(|before| before.1 != now.1);
                 let settings = before.as_ref().is_some_and(|before| before.2 != now.2);
-                if moved || published || settings {
-                    if let Some(poller) = lock(&POLLERS).get(&database) {
-                        for (_, wake_ups) in &poller.followers {
-                            if moved {
-                                wake_ups.feed.notify_one();
-                            }
-                            if published {
-                                wake_ups.published.notify_one();
-                            }
-                            if settings {
-                                wake_ups.settings.notify_one();
-                            }
-                        }
+                for (_, wake_ups) in &followers {
+                    if moved {
+                        wake_ups.feed.notify_one();
+                    }
+                    if published {
+                        wake_ups.published.notify_one();
+                    }
+                    if settings {
+                        wake_ups.settings.notify_one();
                     }
                 }
                 pause = if moved {

@@ -12,8 +12,6 @@
 //! follow it: the followers of one database in a process share one
 //! candidate ([`shared`]), which runs while any of them does.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
@@ -22,6 +20,7 @@ use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
 use super::listen::CHANNEL;
+use crate::per_database::{database_key, PerDatabase};
 
 /// The `application_name` of the elected notifier's connection.
 pub const NOTIFIER_APPLICATION_NAME: &str = "bloom-guard-notifier";
@@ -58,71 +57,20 @@ select (select snapshot::text from now), (select pg_catalog.count(*) from sent) 
 
 /// The candidates of this process, by database: one runs for every
 /// follower of its database.
-static CANDIDATES: Mutex<BTreeMap<String, Candidate>> = Mutex::new(BTreeMap::new());
-
-/// A database's candidate in this process, and the followers it runs for.
-struct Candidate {
-    followers: usize,
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
-
-/// A follower counted among its database's candidate's followers; the last
-/// to leave stops the candidate.
-struct Follows(String);
-
-impl Drop for Follows {
-    fn drop(&mut self) {
-        let mut candidates = crate::lock::lock(&CANDIDATES);
-        if let Some(candidate) = candidates.get_mut(&self.0) {
-            candidate.followers = candidate.followers.saturating_sub(1);
-            if candidate.followers == 0 {
-                candidate.stop.cancel();
-                candidates.remove(&self.0);
-            }
-        }
-    }
-}
+static CANDIDATES: PerDatabase<()> = PerDatabase::new();
 
 /// Stands for election for the database of `options` until `stop`,
 /// sharing one candidate with every other follower of that database in
-/// this process (the first one starts it, with its `every`; a candidate
-/// whose runtime stopped is replaced).
+/// this process (the first one starts it, with its `every`).
 pub(super) async fn shared(options: PgConnectOptions, every: Duration, stop: CancellationToken) {
-    let database = format!(
-        "{}:{}/{}?user={}",
+    let database = database_key(
         options.get_host(),
         options.get_port(),
         options.get_database().unwrap_or_default(),
-        options.get_username()
+        options.get_username(),
     );
-    let follows = {
-        let mut candidates = crate::lock::lock(&CANDIDATES);
-        let running = candidates
-            .get(&database)
-            .is_some_and(|candidate| !candidate.task.is_finished());
-        if !running {
-            let stop = CancellationToken::new();
-            let task = tokio::spawn(run(options, every, stop.clone()));
-            let followers = candidates
-                .remove(&database)
-                .map_or(0, |candidate| candidate.followers);
-            candidates.insert(
-                database.clone(),
-                Candidate {
-                    followers,
-                    stop,
-                    task,
-                },
-            );
-        }
-        if let Some(candidate) = candidates.get_mut(&database) {
-            candidate.followers += 1;
-        }
-        Follows(database)
-    };
+    let _member = CANDIDATES.join(database, (), |stop| tokio::spawn(run(options, every, stop)));
     stop.cancelled().await;
-    drop(follows);
 }
 
 /// Stands for election until `stop`; once elected, looks for changes every
