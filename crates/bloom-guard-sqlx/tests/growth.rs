@@ -75,13 +75,22 @@ async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(
     let never = passed(&guard, (0..100_000).map(|i| format!("never-{i}")));
     assert!(never <= 2.0 * FPP, "never-seen keys passed: {never}");
     // Its snapshot carries every stage (format 4), and a second instance
-    // adopts it.
-    let mut format = 0;
-    for _ in 0..100 {
-        format = sqlx::query_scalar("select coalesce(max(format), 0) from bloom_guard.snapshots")
+    // adopts it: one published after the churn, so the feed since it is
+    // nothing to replay (with much to replay, a start may choose a scan).
+    let published_before: i64 =
+        sqlx::query_scalar("select coalesce(max(id), 0) from bloom_guard.snapshots")
             .fetch_one(&pool)
             .await
             .expect("snapshots");
+    let mut format = 0;
+    for _ in 0..100 {
+        format = sqlx::query_scalar(
+            "select coalesce(max(format), 0) from bloom_guard.snapshots where id > $1",
+        )
+        .bind(published_before)
+        .fetch_one(&pool)
+        .await
+        .expect("snapshots");
         if format == 4 {
             break;
         }
