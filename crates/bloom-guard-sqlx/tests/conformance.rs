@@ -232,7 +232,22 @@ async fn a_missing_trigger_fails_open_until_rebuilt(db: impl Db) {
         status(&guard, "after-the-repair").await,
         StatusCode::NOT_FOUND
     );
-    assert_eq!(status(&guard, "never-written").await, StatusCode::NOT_FOUND);
+    refuses_again(&guard).await;
+}
+
+/// Waits until the guard refuses an absent key again: the hold of a gap,
+/// a resync or a failed read ends at the follower's next check or read,
+/// a moment after the keys it waited for are in the filter.
+async fn refuses_again(guard: &BloomGuard) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while status(guard, "never-written").await != StatusCode::NOT_FOUND {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the guard did not refuse an absent key again: {:?}",
+            guard.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Sessions killed between writes and reads: no key is refused, each
@@ -264,7 +279,10 @@ async fn killed_sessions_lose_no_key(db: impl Db) {
         status(&guard, "after-the-kills").await,
         StatusCode::NOT_FOUND
     );
-    assert_eq!(status(&guard, "never-written").await, StatusCode::NOT_FOUND);
+    // Protection comes back: a read on a connection killed last fails once
+    // and lets that moment's refusals through (failing open), the next
+    // read reconnects.
+    refuses_again(&guard).await;
     eprintln!("{killed} sessions killed");
 }
 
