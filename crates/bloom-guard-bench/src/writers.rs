@@ -109,6 +109,17 @@ async fn drive(
             }
         }));
     }
+    completed_per_sec(duration, &done, &stop, tasks).await
+}
+
+/// Lets `tasks` run for `duration`, then stops them (`stop`) and waits for
+/// them: the statements they completed (`done`) a second meanwhile.
+pub(crate) async fn completed_per_sec(
+    duration: Duration,
+    done: &AtomicU64,
+    stop: &AtomicBool,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+) -> f64 {
     let started = Instant::now();
     tokio::time::sleep(duration).await;
     let count = done.load(Ordering::Relaxed);

@@ -103,18 +103,7 @@ async fn watch_behind_a_writer_and_unwatch_behind_a_reader_never_stall_writers(p
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn the_upgrade_behind_a_reader_never_stalls_writers(pool: PgPool) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "begin; {}; commit;",
-        include_str!("fixtures/postgres_v3.sql")
-    )))
-    .execute(&pool)
-    .await
-    .expect("version 3");
-    exec(
-        &pool,
-        "select bloom_guard.watch('items', array['key'], 'items')",
-    )
-    .await;
+    install_version(&pool, include_str!("fixtures/postgres_v3.sql")).await;
     let upgrading = {
         let pool = pool.clone();
         async move { bloom_guard_sqlx::install(&pool).await.expect("the upgrade") }

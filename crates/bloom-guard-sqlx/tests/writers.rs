@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bloom_guard_sqlx::NOTIFIER_APPLICATION_NAME;
-use common::{arrives, exec, follower, guard, install, spawn, wait_until};
+use common::{arrives, exec, follower, guard, install, install_version, spawn, wait_until};
 use sqlx::PgPool;
 
 /// Writes `items` rows with keys `{prefix}-{n}` on `writers` connections
@@ -396,18 +396,7 @@ async fn the_upgrade_from_version_4_adds_the_fleet_tables_under_writers(pool: Pg
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn the_upgrade_from_version_5_the_first_released_loses_no_change_under_writers(pool: PgPool) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "begin; {}; commit;",
-        include_str!("fixtures/postgres_v5.sql")
-    )))
-    .execute(&pool)
-    .await
-    .expect("version 5");
-    exec(
-        &pool,
-        "select bloom_guard.watch('items', array['key'], 'items')",
-    )
-    .await;
+    install_version(&pool, include_str!("fixtures/postgres_v5.sql")).await;
     exec(
         &pool,
         "insert into bloom_guard.settings (guard, mode, audit_rate, updated_at)
@@ -436,18 +425,7 @@ async fn the_upgrade_from_version_6_loses_no_change_under_writers(pool: PgPool) 
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn the_upgrade_from_version_7_indexes_the_feed_by_guard_under_writers(pool: PgPool) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "begin; {}; commit;",
-        include_str!("fixtures/postgres_v7.sql")
-    )))
-    .execute(&pool)
-    .await
-    .expect("version 7");
-    exec(
-        &pool,
-        "select bloom_guard.watch('items', array['key'], 'items')",
-    )
-    .await;
+    install_version(&pool, include_str!("fixtures/postgres_v7.sql")).await;
     exec(
         &pool,
         "insert into items (key) select 'bulk-' || g from generate_series(1, 20000) g",
@@ -522,15 +500,7 @@ async fn feed_indexed_by_guard(pool: &PgPool) -> bool {
 async fn upgrade_under_writers(pool: &PgPool, earlier: &str) {
     let pool = pool.clone();
     if !earlier.is_empty() {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("begin; {earlier}; commit;")))
-            .execute(&pool)
-            .await
-            .expect("the earlier version");
-        exec(
-            &pool,
-            "select bloom_guard.watch('items', array['key'], 'items')",
-        )
-        .await;
+        install_version(&pool, earlier).await;
     }
     exec(&pool, "insert into items (key) values ('before')").await;
     let guard = guard();

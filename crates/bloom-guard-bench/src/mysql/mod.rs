@@ -223,15 +223,7 @@ async fn drive(
             }
         }));
     }
-    let started = Instant::now();
-    tokio::time::sleep(duration).await;
-    let count = done.load(Ordering::Relaxed);
-    let elapsed = started.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        let _ = task.await;
-    }
-    count as f64 / elapsed.as_secs_f64()
+    crate::writers::completed_per_sec(duration, &done, &stop, tasks).await
 }
 
 async fn writers(

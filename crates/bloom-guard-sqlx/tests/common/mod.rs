@@ -27,6 +27,20 @@ pub(crate) async fn install(pool: &PgPool) {
     items().install(pool).await.expect("watch items");
 }
 
+/// Installs an earlier version of the feed from its script (a fixture),
+/// in one transaction, and watches `items` with that version's `watch`.
+pub(crate) async fn install_version(pool: &PgPool, script: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("begin; {script}; commit;")))
+        .execute(pool)
+        .await
+        .expect("the earlier version");
+    exec(
+        pool,
+        "select bloom_guard.watch('items', array['key'], 'items')",
+    )
+    .await;
+}
+
 /// A follower with fast checks, as a test wants it.
 pub(crate) fn follower(guard: &BloomGuard, pool: &PgPool) -> PgFollower {
     PgFollower::new(guard.clone(), pool.clone(), items())
