@@ -126,20 +126,32 @@ async fn floods(
     for &connections in &settings.connections {
         // Rounds alternate the targets; each row is its median round.
         let mut rounds: Vec<Vec<Row>> = Vec::new();
-        for _ in 0..settings.rounds {
+        let mut targets = vec![
+            ("unrouted 404", &on, &unrouted),
+            ("barrier on", &on, &attack),
+            ("barrier off", &off, &attack),
+        ];
+        if connections == settings.connections[0] {
+            targets.push(("unguarded service", &unguarded, &attack));
+        }
+        for r in 0..settings.rounds {
+            // Each round starts at another target, and every flood after
+            // the same rest: the one after a rest would otherwise gain
+            // over the one after a flood (connections still closing).
             let mut round = Vec::new();
-            let measured = wrk(&on.addr, &unrouted, connections, seconds).await?;
-            round.push(row("unrouted 404", connections, measured, None));
-            let before = db.transactions().await?;
-            let measured = wrk(&on.addr, &attack, connections, seconds).await?;
-            let reads = feed_reads(before).await?;
-            round.push(row("barrier on", connections, measured, Some(reads)));
-            let measured = wrk(&off.addr, &attack, connections, seconds).await?;
-            round.push(row("barrier off", connections, measured, None));
-            if connections == settings.connections[0] {
-                let measured = wrk(&unguarded.addr, &attack, connections, seconds).await?;
-                round.push(row("unguarded service", connections, measured, None));
+            for i in 0..targets.len() {
+                let (run, service, script) = targets[(r + i) % targets.len()];
+                tokio::time::sleep(SETTLE).await;
+                let before = db.transactions().await?;
+                let measured = wrk(&service.addr, script, connections, seconds).await?;
+                let reads = if run == "barrier on" {
+                    Some(feed_reads(before).await?)
+                } else {
+                    None
+                };
+                round.push(row(run, connections, measured, reads));
             }
+            round.sort_by_key(|row| targets.iter().position(|(run, _, _)| *run == row.run));
             rounds.push(round);
         }
         while !rounds[0].is_empty() {
@@ -222,6 +234,9 @@ fn row(run: &str, connections: usize, (rps, p50, p99): (f64, f64, f64), reads: O
         db_reads_per_sec: reads,
     }
 }
+
+/// The rest before every flood.
+const SETTLE: Duration = Duration::from_secs(3);
 
 /// Database transactions a second since `before`, over a flood of
 /// `seconds`: Postgres publishes an idle backend's counts up to 10 s late.
