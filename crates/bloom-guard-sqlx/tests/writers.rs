@@ -191,6 +191,50 @@ async fn a_killed_notifier_is_replaced_and_nothing_is_lost(pool: PgPool) {
     elected(&pool, &killed).await;
 }
 
+/// A change committed while no instance was the notifier (the last one
+/// died after its last look) is announced by the next one elected: it
+/// wakes every reader once, whatever it finds.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_newly_elected_notifier_wakes_the_readers_once(pool: PgPool) {
+    install(&pool).await;
+    // The election's lock, held here: no instance is elected meanwhile.
+    let mut holder = pool.acquire().await.expect("a connection").detach();
+    let held: bool =
+        sqlx::query_scalar("select pg_try_advisory_lock(hashtext('bloom_guard.notifier'))")
+            .fetch_one(&mut holder)
+            .await
+            .expect("the election's lock");
+    assert!(held);
+    let guard = guard();
+    // Without wake-ups, an hour between reads.
+    let _task = spawn(follower(&guard, &pool).poll_interval(Duration::from_secs(3600)));
+    wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
+    // A listener that connects reads once; so may a start's last steps.
+    // A key committed after those, which no read brought.
+    let mut unannounced = None;
+    for attempt in 0..5 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let key = format!("unannounced-{attempt}");
+        exec(&pool, &format!("insert into items (key) values ('{key}')")).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if !guard.may_contain(&key) {
+            unannounced = Some(key);
+            break;
+        }
+    }
+    let key = unannounced.expect("every key was read without a wake-up");
+    sqlx::Connection::close(holder)
+        .await
+        .expect("the lock let go");
+    // Candidates stand every 5 s.
+    wait_until("the key", Duration::from_secs(10), || {
+        guard.may_contain(&key)
+    })
+    .await;
+    elected(&pool, &[]).await;
+}
+
 /// Waits until one instance is the elected notifier, not one of `killed`:
 /// its backend's pid.
 async fn elected(pool: &PgPool, killed: &[i32]) -> i32 {

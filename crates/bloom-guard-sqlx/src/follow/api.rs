@@ -97,9 +97,11 @@ macro_rules! follower_api {
                 self
             }
 
-            /// How often the feed is read without a wake-up (default 5 s):
+            /// How often the feed is read without a wake-up (default 15 s):
             /// the longest a committed key takes to reach the filter and the
-            /// [`on_key`](Self::on_key) hooks while wake-ups are lost. A
+            /// [`on_key`](Self::on_key) hooks while wake-ups are lost. They
+            /// rarely are: a listener that reconnects reads at once, and a
+            /// newly elected Postgres notifier wakes every reader once. A
             /// refusal never waits for it: the read barrier reads the feed
             /// for every would-be refusal (see
             /// [`Builder::read_barrier`](bloom_guard::Builder::read_barrier)).

@@ -124,7 +124,7 @@ impl<B: Database> Follower<B> {
             rebuild_soon: Notify::new(),
             guard,
             backend,
-            poll_interval: Duration::from_secs(5),
+            poll_interval: Duration::from_secs(15),
             min_read_gap: Duration::from_millis(50),
             check_interval: Duration::from_secs(10),
             retention: Duration::from_secs(3600),

@@ -5,8 +5,10 @@
 //! one NOTIFY per batch, in its own transaction. Writers never notify, so
 //! their commits never queue behind the lock a NOTIFY takes. When the
 //! elected instance dies, its connection closes, the lock is free, and
-//! another instance takes over within five seconds; meanwhile the readers'
-//! interval reads carry on, and the read barrier reads for every refusal.
+//! another instance takes over within five seconds and wakes every reader
+//! once (what committed after the last look was announced by nobody);
+//! meanwhile the readers' interval reads carry on, and the read barrier
+//! reads for every refusal.
 //!
 //! An instance stands once per database, however many of its guards
 //! follow it: the followers of one database in a process share one
@@ -107,10 +109,15 @@ async fn run(options: PgConnectOptions, every: Duration, stop: CancellationToken
                 .execute(&mut *connection)
                 .await?;
             tracing::info!("this instance sends the change feed's wake-ups");
-            let mut seen: String =
-                sqlx::query_scalar("select pg_catalog.pg_current_snapshot()::text")
-                    .fetch_one(&mut *connection)
-                    .await?;
+            // One wake-up first: what committed after the last notifier's
+            // last look (it may have died right after) nobody announced.
+            let mut seen: String = sqlx::query_scalar(
+                "select pg_catalog.pg_current_snapshot()::text
+                   from (select pg_catalog.pg_notify($1, '*')) as woken",
+            )
+            .bind(CHANNEL)
+            .fetch_one(&mut *connection)
+            .await?;
             // Every `every` while changes come; after a look that found
             // none, each pause doubles up to `IDLE_LOOK`: an idle database
             // sees about one query a second, and the first write after a
