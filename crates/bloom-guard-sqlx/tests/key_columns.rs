@@ -185,14 +185,76 @@ async fn text_over_integers_keeps_the_guard_open(pool: PgPool) {
     assert!(error.contains("KeyType::Integer"), "{error}");
 }
 
+/// `char(n)` ignores trailing spaces: `Text` would refuse `ab ` for `ab`,
+/// so the guard stays open and names the key type that fits.
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
-async fn no_key_type_fits_char_n(pool: PgPool) {
+async fn text_over_char_n_keeps_the_guard_open(pool: PgPool) {
     profiles(&pool, "char(8)", &["ab"]).await;
     let (guard, _task) = followed(&pool, KeyType::Text).await;
     assert!(guard.may_contain("ab "));
     assert_eq!(guard.stats().state, GuardState::Warming);
     assert!(!guard.is_ready());
+    let error = guard.stats().last_error.unwrap_or_default();
+    assert!(error.contains("KeyType::SpacePaddedText"), "{error}");
+}
+
+/// A model of `char(6)` under `SpacePaddedText`: random keys written by
+/// SQL before the start and through the feed after it, and random
+/// spellings asked through the guard. The guard refuses none the database
+/// finds by `=`, and refuses the absent ones but for false positives.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn char_n_under_space_padded_text_refuses_only_absent_spellings(pool: PgPool) {
+    let mut rng = common::seeded();
+    profiles(&pool, "char(6)", &[]).await;
+    exec(
+        &pool,
+        "alter table profiles drop constraint profiles_username_key",
+    )
+    .await;
+    let insert = |pool: PgPool, key: String| async move {
+        sqlx::query("insert into profiles (username) values ($1)")
+            .bind(key)
+            .execute(&pool)
+            .await
+            .expect("insert by SQL");
+    };
+    for _ in 0..20 {
+        insert(pool.clone(), common::spelling(&mut rng)).await;
+    }
+    let (guard, _task) = followed(&pool, KeyType::SpacePaddedText).await;
+    assert_eq!(guard.stats().state, GuardState::Ready);
+    let app = app(pool.clone(), &guard, "char(6)");
+    let mut refused = 0;
+    for round in 0..2 {
+        if round == 1 {
+            // Through the feed.
+            for _ in 0..20 {
+                insert(pool.clone(), common::spelling(&mut rng)).await;
+            }
+        }
+        for _ in 0..150 {
+            let key = common::spelling(&mut rng);
+            if key.is_empty() {
+                continue; // no path names it
+            }
+            let found: bool = sqlx::query_scalar(
+                "select exists(select 1 from profiles where username = $1::text::char(6))",
+            )
+            .bind(&key)
+            .fetch_one(&pool)
+            .await
+            .expect("the table's answer");
+            let status = status(&app, &format!("/profiles/{}", common::encoded(&key))).await;
+            if found {
+                assert_eq!(status, StatusCode::OK, "{key:?} is stored");
+            } else if status == StatusCode::NOT_FOUND && guard.stats().rejected > refused {
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "no absent spelling was refused");
 }
 
 /// The fitting key types answer absent keys, and the default collation

@@ -519,3 +519,83 @@ async fn a_prepared_xa_transaction_whose_client_left_is_not_skipped() {
     )
     .await;
 }
+
+/// MariaDB's `utf8mb4_bin` and MySQL's PAD SPACE binary collations ignore
+/// trailing spaces: under `SpacePaddedText` the guard protects a
+/// `varchar` and a `char(n)` column of them. A model: random keys written
+/// by SQL before the start and through the feed after it, and random
+/// spellings asked through the guard, each against `=` in the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn pad_space_binary_columns_under_space_padded_text_refuse_only_absent_spellings() {
+    let mut rng = common::seeded();
+    let pool = fresh(4).await;
+    for (column_type, name) in [
+        ("varchar(20)", "padded_varchar"),
+        ("char(6)", "padded_char"),
+    ] {
+        let table = name.to_owned();
+        exec(
+            &pool,
+            &format!(
+                "create table {table} (id bigint auto_increment primary key,
+                                       code {column_type} collate utf8mb4_bin not null)"
+            ),
+        )
+        .await;
+        let watch = Watch::table(&table).key("code");
+        watch.install_mysql(&pool).await.expect("install");
+        let insert = |key: String| {
+            let (pool, table) = (pool.clone(), table.clone());
+            async move {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "insert into {table} (code) values (?)"
+                )))
+                .bind(key)
+                .execute(&pool)
+                .await
+                .expect("insert by SQL");
+            }
+        };
+        for _ in 0..20 {
+            insert(common::spelling(&mut rng)).await;
+        }
+        let guard = BloomGuard::builder()
+            .name(name)
+            .key_type(bloom_guard::KeyType::SpacePaddedText)
+            .expected_items(1000)
+            .build();
+        let _running = spawn(follower(&guard, &pool, watch));
+        wait_until("the warm-up", Duration::from_secs(20), || guard.is_ready()).await;
+        let mut refused = 0;
+        for round in 0..2 {
+            if round == 1 {
+                for _ in 0..20 {
+                    insert(common::spelling(&mut rng)).await;
+                }
+            }
+            for _ in 0..150 {
+                let key = common::spelling(&mut rng);
+                if key.is_empty() {
+                    continue; // no path names it
+                }
+                let found: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "select exists(select 1 from {table} where code = ?)"
+                )))
+                .bind(&key)
+                .fetch_one(&pool)
+                .await
+                .expect("the table's answer");
+                let before = guard.stats().rejected;
+                let status = status(&guard, &common::encoded(&key)).await;
+                if found {
+                    assert_eq!(status, StatusCode::OK, "{column_type}: {key:?} is stored");
+                } else if guard.stats().rejected > before {
+                    refused += 1;
+                }
+            }
+        }
+        assert!(refused > 0, "{column_type}: no absent spelling was refused");
+        assert_eq!(guard.stats().last_error, None);
+    }
+}

@@ -1,6 +1,8 @@
 //! The SQLite change feed: two instances on one file and the `sqlite3`
 //! shell see each other's keys.
 
+mod common;
+
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -539,4 +541,73 @@ async fn a_key_that_is_not_utf8_does_not_stall_the_feed() {
     )
     .await;
     let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+}
+
+/// `COLLATE RTRIM` ignores trailing spaces: under `SpacePaddedText` the
+/// guard protects such a column. A model: random keys written by SQL
+/// before the start and through the feed after it, and random spellings
+/// asked through the guard, each against `=` in the database.
+#[tokio::test]
+async fn rtrim_under_space_padded_text_refuses_only_absent_spellings() {
+    let mut rng = common::seeded();
+    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let pool = open(&dir.join("codes.db")).await;
+    sqlx::raw_sql("create table items (id integer primary key, key text not null collate rtrim)")
+        .execute(&pool)
+        .await
+        .expect("schema");
+    Watch::table("items")
+        .key("key")
+        .install_sqlite(&pool)
+        .await
+        .expect("install");
+    let insert = |key: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query("insert into items (key) values (?)")
+                .bind(key)
+                .execute(&pool)
+                .await
+                .expect("insert by SQL");
+        }
+    };
+    for _ in 0..20 {
+        insert(common::spelling(&mut rng)).await;
+    }
+    let guard = BloomGuard::builder()
+        .key_type(bloom_guard::KeyType::SpacePaddedText)
+        .build();
+    let _stop = follow(&guard, &pool);
+    ready(&guard).await;
+    let mut refused = 0;
+    for round in 0..2 {
+        if round == 1 {
+            for _ in 0..20 {
+                insert(common::spelling(&mut rng)).await;
+            }
+        }
+        for _ in 0..150 {
+            let key = common::spelling(&mut rng);
+            if key.is_empty() {
+                continue; // no path names it
+            }
+            let found: bool =
+                sqlx::query_scalar("select exists(select 1 from items where key = ?)")
+                    .bind(&key)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("the table's answer");
+            let before = guard.stats().rejected;
+            let status = common::status(&guard, &common::encoded(&key)).await;
+            if found {
+                assert_eq!(status, http::StatusCode::OK, "{key:?} is stored");
+            } else if guard.stats().rejected > before {
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "no absent spelling was refused");
+    assert_eq!(guard.stats().last_error, None);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -20,6 +20,9 @@ pub(crate) enum Comparison {
     /// characters compare as themselves.
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     AsciiCaseInsensitive,
+    /// Text compared as if padded with spaces: trailing spaces are
+    /// ignored (PAD SPACE binary collations, SQLite's `RTRIM`, `char(n)`).
+    PadSpace,
     /// Text under a nondeterministic collation that keeps case but ignores
     /// some characters (control characters, under ICU at level 3).
     IgnoresCharacters,
@@ -114,6 +117,7 @@ fn check_one(table: &str, key_type: KeyType, column: &KeyColumn) -> Verdict {
         Comparison::CaseInsensitive
         | Comparison::AsciiCaseInsensitive
         | Comparison::IgnoresCharacters => KeyType::CaseInsensitiveText,
+        Comparison::PadSpace => KeyType::SpacePaddedText,
         Comparison::Integer => KeyType::Integer,
         Comparison::Uuid => KeyType::Uuid,
     };
@@ -175,6 +179,7 @@ fn describe(comparison: &Comparison) -> &str {
         Comparison::IgnoresCharacters => {
             "ignoring control characters (a nondeterministic collation)"
         }
+        Comparison::PadSpace => "ignoring trailing spaces",
         Comparison::Integer => "as integers (007 is 7)",
         Comparison::Uuid => "as UUIDs (any case, braces, no hyphens)",
         Comparison::Unmatched(why) => why,
@@ -194,7 +199,12 @@ pub(crate) fn postgres_comparison(
         "int2" | "int4" | "int8" => Comparison::Integer,
         "uuid" => Comparison::Uuid,
         "citext" => Comparison::CaseInsensitive,
-        "bpchar" => Comparison::Unmatched(format!("{declared} ignores trailing spaces")),
+        "bpchar" => match nondeterministic_locale {
+            None => Comparison::PadSpace,
+            Some(locale) => Comparison::Unmatched(format!(
+                "{declared} ignores trailing spaces, and its collation {locale} more"
+            )),
+        },
         "name" => Comparison::Unmatched(format!(
             "{declared} truncates what it is compared with to 63 bytes"
         )),
@@ -253,7 +263,7 @@ pub(crate) fn sqlite_comparison(declared: &str, definition: &str) -> Comparison 
         .map(|name| name.trim_matches(|c: char| !c.is_ascii_alphanumeric()));
     match collation {
         Some("nocase") => Comparison::AsciiCaseInsensitive,
-        Some("rtrim") => Comparison::Unmatched("COLLATE RTRIM ignores trailing spaces".to_owned()),
+        Some("rtrim") => Comparison::PadSpace,
         Some("binary") | None => Comparison::Exact,
         Some(other) => Comparison::Unmatched(format!("COLLATE {other} is the application's own")),
     }
@@ -326,13 +336,22 @@ mod tests {
         assert!(refused(KeyType::CaseInsensitiveText, Comparison::Integer));
         assert!(refused(KeyType::Text, Comparison::Uuid));
         assert!(refused(KeyType::CaseInsensitiveText, Comparison::Uuid));
+        // `abc ` finds `abc`; a UUID followed by a space is no UUID.
+        assert!(refused(KeyType::Text, Comparison::PadSpace));
+        assert!(refused(KeyType::CaseInsensitiveText, Comparison::PadSpace));
+        assert!(refused(KeyType::Uuid, Comparison::PadSpace));
+        assert!(refused(
+            KeyType::SpacePaddedText,
+            Comparison::CaseInsensitive
+        ));
         for key_type in [
             KeyType::Text,
             KeyType::CaseInsensitiveText,
+            KeyType::SpacePaddedText,
             KeyType::Integer,
             KeyType::Uuid,
         ] {
-            assert!(refused(key_type, Comparison::Unmatched("char(8)".into())));
+            assert!(refused(key_type, Comparison::Unmatched("name".into())));
         }
     }
 
@@ -341,11 +360,13 @@ mod tests {
         for key_type in [
             KeyType::Text,
             KeyType::CaseInsensitiveText,
+            KeyType::SpacePaddedText,
             KeyType::Integer,
             KeyType::Uuid,
         ] {
             assert!(!refused(key_type, Comparison::Exact), "{key_type:?}");
         }
+        assert!(!refused(KeyType::SpacePaddedText, Comparison::PadSpace));
         assert!(!refused(
             KeyType::CaseInsensitiveText,
             Comparison::CaseInsensitive
@@ -408,10 +429,10 @@ mod tests {
             postgres_comparison("mood", true, "mood", None),
             Comparison::Exact
         );
-        assert!(matches!(
+        assert_eq!(
             postgres_comparison("bpchar", false, "character(8)", None),
-            Comparison::Unmatched(_)
-        ));
+            Comparison::PadSpace
+        );
         assert!(matches!(
             postgres_comparison("numeric", false, "numeric", None),
             Comparison::Unmatched(_)
@@ -458,9 +479,9 @@ mod tests {
             sqlite_comparison("varchar(20)", "k varchar(20) collate binary"),
             Comparison::Exact
         );
-        assert!(matches!(
+        assert_eq!(
             sqlite_comparison("text", "k text collate rtrim"),
-            Comparison::Unmatched(_)
-        ));
+            Comparison::PadSpace
+        );
     }
 }

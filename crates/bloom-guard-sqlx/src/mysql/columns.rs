@@ -80,12 +80,14 @@ pub(super) fn comparison(data_type: &str, collation: Option<&str>) -> Comparison
         (true, true, "varchar" | "tinytext" | "text" | "mediumtext" | "longtext") => {
             Comparison::Exact
         }
-        (true, _, "char") => Comparison::Unmatched(
-            "a char column pads its values with spaces; use varchar with a NO PAD binary collation".to_owned(),
+        // `abc ` finds `abc`: trailing spaces are ignored, and a char
+        // column's padding is stripped when it is read.
+        (true, false, "varchar" | "tinytext" | "text" | "mediumtext" | "longtext" | "char") => {
+            Comparison::PadSpace
+        }
+        (true, true, "char") => Comparison::Unmatched(
+            "a char column pads its values with spaces, which its NO PAD collation compares; use varchar".to_owned(),
         ),
-        (true, false, _) => Comparison::Unmatched(format!(
-            "its collation {collation} ignores trailing spaces (PAD SPACE): `abc ` finds `abc`; use a NO PAD binary collation (utf8mb4_nopad_bin on MariaDB, utf8mb4_0900_bin on MySQL) or varbinary"
-        )),
         _ => Comparison::Unmatched(format!(
             "its collation {collation} equates spellings no key type reproduces (case, accents, trailing spaces); use a NO PAD binary collation (utf8mb4_nopad_bin on MariaDB, utf8mb4_0900_bin on MySQL) or varbinary"
         )),
@@ -108,8 +110,14 @@ mod tests {
             comparison("VARCHAR", Some("utf8mb4_0900_bin")),
             Comparison::Exact
         );
+        for (data_type, collation) in [("varchar", "utf8mb4_bin"), ("char", "utf8mb4_bin")] {
+            assert_eq!(
+                comparison(data_type, Some(collation)),
+                Comparison::PadSpace,
+                "{data_type} {collation}"
+            );
+        }
         for (data_type, collation) in [
-            ("varchar", Some("utf8mb4_bin")),
             ("varchar", Some("utf8mb4_general_ci")),
             ("varchar", Some("utf8mb4_0900_ai_ci")),
             ("char", Some("utf8mb4_nopad_bin")),

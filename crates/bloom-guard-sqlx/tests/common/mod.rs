@@ -169,3 +169,31 @@ pub(crate) async fn status(guard: &BloomGuard, key: &str) -> http::StatusCode {
         .expect("a request");
     app.oneshot(request).await.expect("infallible").status()
 }
+
+/// A random key of up to four characters that a trailing-space-ignoring
+/// comparison may confuse (letters of both cases, a space, a tab, a
+/// no-break space), then up to two trailing spaces.
+pub(crate) fn spelling(rng: &mut fastrand::Rng) -> String {
+    const CHARS: [char; 5] = ['a', 'A', ' ', '\t', '\u{a0}'];
+    let mut key: String = (0..rng.usize(..=4))
+        .map(|_| CHARS[rng.usize(..CHARS.len())])
+        .collect();
+    key.extend(std::iter::repeat_n(' ', rng.usize(..=2)));
+    key
+}
+
+/// `key` with every byte percent-encoded, for a request path.
+pub(crate) fn encoded(key: &str) -> String {
+    key.bytes().map(|byte| format!("%{byte:02X}")).collect()
+}
+
+/// A seeded random generator; the seed is printed, and
+/// `BLOOM_GUARD_SEED` replays one.
+pub(crate) fn seeded() -> fastrand::Rng {
+    let seed = std::env::var("BLOOM_GUARD_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("BLOOM_GUARD_SEED={seed}");
+    fastrand::Rng::with_seed(seed)
+}

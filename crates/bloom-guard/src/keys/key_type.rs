@@ -15,6 +15,11 @@ pub enum KeyType {
     /// Text compared without regard to ASCII case, as `citext` or
     /// `lower(key)` compare it.
     CaseInsensitiveText,
+    /// Text compared as if padded with spaces: trailing spaces are
+    /// ignored, as MySQL's and MariaDB's PAD SPACE binary collations
+    /// (`utf8mb4_bin`), SQLite's `RTRIM` and Postgres's `char(n)` compare
+    /// it.
+    SpacePaddedText,
     /// A 64-bit signed integer.
     Integer,
     /// A UUID.
@@ -63,6 +68,14 @@ impl KeyType {
                     Ok(Key::from(text.to_ascii_lowercase()))
                 } else {
                     Ok(key)
+                }
+            }
+            KeyType::SpacePaddedText => {
+                let trimmed = text.trim_end_matches(' ');
+                if trimmed.len() == text.len() {
+                    Ok(key)
+                } else {
+                    Ok(Key::from(trimmed.to_owned()))
                 }
             }
             KeyType::Integer => {
@@ -135,6 +148,23 @@ mod tests {
                 "{form}"
             );
         }
+        for form in ["a b", "a b ", "a b   "] {
+            assert_eq!(
+                canonical(KeyType::SpacePaddedText, form),
+                Some("a b".into()),
+                "{form:?}"
+            );
+        }
+        // Only spaces: a tab or a no-break space is compared.
+        assert_eq!(
+            canonical(KeyType::SpacePaddedText, " a\t"),
+            Some(" a\t".into())
+        );
+        assert_eq!(
+            canonical(KeyType::SpacePaddedText, "a\u{a0}"),
+            Some("a\u{a0}".into())
+        );
+        assert_eq!(canonical(KeyType::SpacePaddedText, "  "), Some("".into()));
         assert_eq!(canonical(KeyType::Integer, "-0"), Some("0".into()));
         assert_eq!(canonical(KeyType::Integer, "seven"), None);
         assert_eq!(canonical(KeyType::Integer, "99999999999999999999"), None);

@@ -247,6 +247,7 @@ fn key_type_code(key_type: KeyType) -> u8 {
         KeyType::CaseInsensitiveText => 1,
         KeyType::Integer => 2,
         KeyType::Uuid => 3,
+        KeyType::SpacePaddedText => 4,
     }
 }
 
@@ -256,6 +257,7 @@ fn key_type_of(code: u8) -> Option<KeyType> {
         1 => KeyType::CaseInsensitiveText,
         2 => KeyType::Integer,
         3 => KeyType::Uuid,
+        4 => KeyType::SpacePaddedText,
         _ => return None,
     })
 }
