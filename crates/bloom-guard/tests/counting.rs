@@ -202,6 +202,46 @@ async fn a_snapshot_carries_its_position_and_its_adopter_applies_deletes_from_th
     assert_eq!(second.stats().filter_kind, Some(FilterKind::Counting));
 }
 
+/// A read the follower applies while a snapshot is being adopted is read
+/// again by the adoption's catch-up, from the snapshot's position: the
+/// adopted filter takes its rows once, and their deletes leave no key.
+#[tokio::test]
+async fn a_read_during_an_adoption_reaches_the_adopted_filter_once() {
+    let feed = Feed::default();
+    feed.add("a");
+    let first = guard();
+    let first_reader = first.feed_reader();
+    first_reader.catch_up_with(feed.clone());
+    first.rebuild(&feed).await.expect("build");
+    let bytes: Vec<u8> = first
+        .snapshot("ignored", "q")
+        .expect("an exact filter")
+        .chunks(4096)
+        .flatten()
+        .collect();
+
+    let second = guard();
+    let reader = second.feed_reader();
+    reader.catch_up_with(feed.clone());
+    second.rebuild(&feed).await.expect("its first filter");
+    let mut at = feed.len();
+    let adoption = second
+        .begin_adoption(Snapshot::decode(&bytes).expect("intact"), "q")
+        .await
+        .expect("adopt");
+    // The follower's read, before the catch-up holds the feed.
+    feed.add("b");
+    at = feed.follow(&second, at);
+    let (added, removed, reached) = feed.read(adoption.info().position.parse().expect("a count"));
+    adoption.apply(&added, &removed, &reached.to_string());
+    adoption.promote().expect("promote");
+    assert!(second.may_contain("b"));
+    feed.delete("b");
+    feed.follow(&second, at);
+    assert!(!second.may_contain("b"), "the row was counted twice");
+    assert_eq!(second.stats().deletes_left, 0);
+}
+
 #[tokio::test]
 async fn a_bloom_snapshot_is_refused_by_a_guard_with_a_feed() {
     let bloom = guard();

@@ -188,7 +188,14 @@ impl BloomGuard {
             // applies the feed from there, each delete once (with several,
             // a position stands for no one feed: no deletes).
             counting.set_position(&info.position);
-            counting.set_exact(shared.catch_up().is_some());
+            let exact = shared.catch_up().is_some();
+            counting.set_exact(exact);
+            if exact {
+                // The catch-up reads from that position whatever the
+                // follower reads meanwhile: a row taken from both would
+                // count twice, and its delete would leave the key.
+                counting.ignore_live_keys();
+            }
         }
         let filter = Arc::new(filter);
         Ok(Adoption {

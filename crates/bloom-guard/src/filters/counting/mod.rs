@@ -109,6 +109,13 @@ impl CountingFilter {
         *lock(&self.live) = Live::Hold(Vec::new());
     }
 
+    /// Ignores the feed's keys from now on: a filter (a snapshot's) that
+    /// its follower brings up to date from its own position, where every
+    /// read meanwhile is read again.
+    pub(crate) fn ignore_live_keys(&self) {
+        *lock(&self.live) = Live::Ignore;
+    }
+
     /// A batch of the feed's keys while the filter is being built: held,
     /// taken or ignored (see [`Live`]).
     pub(crate) fn take_live(&self, batch: &KeyBatch) {
