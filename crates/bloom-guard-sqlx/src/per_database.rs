@@ -85,6 +85,7 @@ impl<T: Clone> PerDatabase<T> {
     }
 
     /// The members of `database`'s task now, earliest first.
+    #[cfg_attr(not(any(feature = "mysql", test)), allow(dead_code))]
     pub(crate) fn members(&self, database: &str) -> Vec<T> {
         lock(&self.entries)
             .get(database)

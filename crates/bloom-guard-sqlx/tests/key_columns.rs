@@ -234,25 +234,21 @@ async fn char_n_under_space_padded_text_refuses_only_absent_spellings(pool: PgPo
                 insert(pool.clone(), common::spelling(&mut rng)).await;
             }
         }
-        for _ in 0..150 {
-            let key = common::spelling(&mut rng);
-            if key.is_empty() {
-                continue; // no path names it
-            }
-            let found: bool = sqlx::query_scalar(
-                "select exists(select 1 from profiles where username = $1::text::char(6))",
-            )
-            .bind(&key)
-            .fetch_one(&pool)
-            .await
-            .expect("the table's answer");
-            let status = status(&app, &format!("/profiles/{}", common::encoded(&key))).await;
-            if found {
-                assert_eq!(status, StatusCode::OK, "{key:?} is stored");
-            } else if status == StatusCode::NOT_FOUND && guard.stats().rejected > refused {
-                refused += 1;
-            }
-        }
+        refused += common::refused_spellings(
+            &mut rng,
+            &guard,
+            async |key: &str| {
+                sqlx::query_scalar(
+                    "select exists(select 1 from profiles where username = $1::text::char(6))",
+                )
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .expect("the table's answer")
+            },
+            async |key: &str| status(&app, &format!("/profiles/{key}")).await,
+        )
+        .await;
     }
     assert!(refused > 0, "no absent spelling was refused");
 }

@@ -574,26 +574,21 @@ async fn pad_space_binary_columns_under_space_padded_text_refuse_only_absent_spe
                     insert(common::spelling(&mut rng)).await;
                 }
             }
-            for _ in 0..150 {
-                let key = common::spelling(&mut rng);
-                if key.is_empty() {
-                    continue; // no path names it
-                }
-                let found: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "select exists(select 1 from {table} where code = ?)"
-                )))
-                .bind(&key)
-                .fetch_one(&pool)
-                .await
-                .expect("the table's answer");
-                let before = guard.stats().rejected;
-                let status = status(&guard, &common::encoded(&key)).await;
-                if found {
-                    assert_eq!(status, StatusCode::OK, "{column_type}: {key:?} is stored");
-                } else if guard.stats().rejected > before {
-                    refused += 1;
-                }
-            }
+            refused += common::refused_spellings(
+                &mut rng,
+                &guard,
+                async |key: &str| {
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                        "select exists(select 1 from {table} where code = ?)"
+                    )))
+                    .bind(key)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("the table's answer")
+                },
+                async |key: &str| status(&guard, key).await,
+            )
+            .await;
         }
         assert!(refused > 0, "{column_type}: no absent spelling was refused");
         assert_eq!(guard.stats().last_error, None);

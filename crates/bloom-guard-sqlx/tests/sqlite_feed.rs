@@ -587,25 +587,19 @@ async fn rtrim_under_space_padded_text_refuses_only_absent_spellings() {
                 insert(common::spelling(&mut rng)).await;
             }
         }
-        for _ in 0..150 {
-            let key = common::spelling(&mut rng);
-            if key.is_empty() {
-                continue; // no path names it
-            }
-            let found: bool =
+        refused += common::refused_spellings(
+            &mut rng,
+            &guard,
+            async |key: &str| {
                 sqlx::query_scalar("select exists(select 1 from items where key = ?)")
-                    .bind(&key)
+                    .bind(key)
                     .fetch_one(&pool)
                     .await
-                    .expect("the table's answer");
-            let before = guard.stats().rejected;
-            let status = common::status(&guard, &common::encoded(&key)).await;
-            if found {
-                assert_eq!(status, http::StatusCode::OK, "{key:?} is stored");
-            } else if guard.stats().rejected > before {
-                refused += 1;
-            }
-        }
+                    .expect("the table's answer")
+            },
+            async |key: &str| common::status(&guard, key).await,
+        )
+        .await;
     }
     assert!(refused > 0, "no absent spelling was refused");
     assert_eq!(guard.stats().last_error, None);

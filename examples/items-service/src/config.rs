@@ -47,7 +47,9 @@ pub struct Config {
     /// is stored for the fleet (`PUT /admin/bloom/{guard}/mode`).
     pub mode: bloom_guard::Mode,
     /// `BLOOM_AUDIT_RATE`: in enforce mode, the share of would-be
-    /// rejections passed on and checked.
+    /// rejections passed on and checked (default 0.001: one in a thousand
+    /// reaches the handler, so a false negative shows in
+    /// `bloom_guard_false_negatives_total`).
     pub audit_rate: f64,
     /// `SEED_DEMO`: `on` inserts the demo items into an empty Postgres or
     /// MySQL table at start (a new SQLite file always gets them).
@@ -146,7 +148,7 @@ impl Config {
         let mode = parse("BLOOM_MODE", "enforce", "enforce, shadow or off")?;
         let audit_rate: f64 = parse(
             "BLOOM_AUDIT_RATE",
-            "0",
+            "0.001",
             "a rate between 0 and 1, such as 0.001",
         )?;
         if !(0.0..=1.0).contains(&audit_rate) {

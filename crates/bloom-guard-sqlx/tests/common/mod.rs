@@ -197,3 +197,32 @@ pub(crate) fn seeded() -> fastrand::Rng {
     eprintln!("BLOOM_GUARD_SEED={seed}");
     fastrand::Rng::with_seed(seed)
 }
+
+/// One round of a key type's model check against its column: 150 random
+/// spellings (see [`spelling`]), each asked of the table (`found`) and
+/// through the guard (`status`, given the key percent-encoded). A
+/// spelling the table finds is never refused. Returns how many absent
+/// ones the guard refused.
+pub(crate) async fn refused_spellings(
+    rng: &mut fastrand::Rng,
+    guard: &BloomGuard,
+    mut found: impl AsyncFnMut(&str) -> bool,
+    mut status: impl AsyncFnMut(&str) -> http::StatusCode,
+) -> usize {
+    let mut refused = 0;
+    for _ in 0..150 {
+        let key = spelling(rng);
+        if key.is_empty() {
+            continue; // no path names it
+        }
+        let stored = found(&key).await;
+        let before = guard.stats().rejected;
+        let answer = status(&encoded(&key)).await;
+        if stored {
+            assert_eq!(answer, http::StatusCode::OK, "{key:?} is stored");
+        } else if guard.stats().rejected > before {
+            refused += 1;
+        }
+    }
+    refused
+}

@@ -261,3 +261,27 @@ fn key_type_of(code: u8) -> Option<KeyType> {
         _ => return None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_type_has_its_own_code() {
+        let all = [
+            KeyType::Text,
+            KeyType::CaseInsensitiveText,
+            KeyType::Integer,
+            KeyType::Uuid,
+            KeyType::SpacePaddedText,
+        ];
+        for key_type in all {
+            assert_eq!(key_type_of(key_type_code(key_type)), Some(key_type));
+        }
+        let mut codes: Vec<u8> = all.into_iter().map(key_type_code).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), all.len());
+        assert_eq!(key_type_of(5), None);
+    }
+}
