@@ -46,7 +46,18 @@ async fn instance(db: Database, name: &str) -> (Router, AppState) {
 
 /// Waits until `check` holds of what `uri` answers on `admin`.
 async fn until(admin: &Router, uri: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    until_within(admin, uri, what, Duration::from_secs(5), check).await
+}
+
+/// [`until`], waiting up to `limit`.
+async fn until_within(
+    admin: &Router,
+    uri: &str,
+    what: &str,
+    limit: Duration,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         let (status, body) = call(admin, "GET", uri, "").await;
         if status == StatusCode::OK && check(&body) {
@@ -116,10 +127,14 @@ async fn one_switch_and_one_view(first: Database, second: Database) {
     }
 
     two.shut_down().await;
-    until(
+    // A stopping instance removes its heartbeat, waiting at most 2 s for
+    // the database (on a loaded machine a SQLite file's write lock can
+    // take longer); a heartbeat not removed expires after 30 s.
+    until_within(
         &one_admin,
         "/admin/bloom/items/fleet",
         "one instance after a stop",
+        Duration::from_secs(35),
         |view| ids(view) == ["one"],
     )
     .await;
