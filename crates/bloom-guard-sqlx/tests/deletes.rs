@@ -38,12 +38,7 @@ fn ops() -> usize {
 }
 
 fn rng() -> fastrand::Rng {
-    let seed = std::env::var("BLOOM_GUARD_SOAK_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(|| fastrand::u64(..));
-    eprintln!("BLOOM_GUARD_SOAK_SEED={seed}");
-    fastrand::Rng::with_seed(seed)
+    common::seeded("BLOOM_GUARD_SOAK_SEED")
 }
 
 fn guard() -> BloomGuard {

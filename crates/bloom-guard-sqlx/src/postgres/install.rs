@@ -64,21 +64,7 @@ pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
         .version
         .is_none_or(|version| version < SCHEMA_VERSION)
     {
-        // One simple-query message: Postgres runs it as one transaction, so
-        // a failure leaves nothing half-installed, and the advisory lock
-        // makes instances starting together install it one after the other.
-        let script = format!(
-            "set local client_min_messages = warning;
-             select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'));
-             set local lock_timeout = '{DDL_LOCK_TIMEOUT}';
-             {POSTGRES_SQL}"
-        );
-        retrying_locks("install", || {
-            sqlx::raw_sql(AssertSqlSafe(script.clone()))
-                .execute(pool)
-                .map_ok(drop)
-        })
-        .await?;
+        schema_script(pool, "install", POSTGRES_SQL).await?;
         tracing::info!(
             version = SCHEMA_VERSION,
             from = ?installed.version,
@@ -108,20 +94,34 @@ pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
 /// # Ok(()) }
 /// ```
 pub async fn uninstall(pool: &PgPool) -> Result<(), FeedError> {
+    schema_script(
+        pool,
+        "uninstall",
+        "drop schema if exists bloom_guard cascade;",
+    )
+    .await?;
+    tracing::info!("removed the bloom-guard change feed");
+    Ok(())
+}
+
+/// Runs `sql` on the feed's schema as one simple-query message: Postgres
+/// runs it as one transaction, so a failure leaves nothing half done, and
+/// the advisory lock makes instances run it one after the other. Notices
+/// stay quiet, and a lock on a user's table is waited for as
+/// [`retrying_locks`] does.
+async fn schema_script(pool: &PgPool, what: &str, sql: &str) -> Result<(), sqlx::Error> {
     let script = format!(
         "set local client_min_messages = warning;
          select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'));
          set local lock_timeout = '{DDL_LOCK_TIMEOUT}';
-         drop schema if exists bloom_guard cascade;"
+         {sql}"
     );
-    retrying_locks("uninstall", || {
+    retrying_locks(what, || {
         sqlx::raw_sql(AssertSqlSafe(script.clone()))
             .execute(pool)
             .map_ok(drop)
     })
-    .await?;
-    tracing::info!("removed the bloom-guard change feed");
-    Ok(())
+    .await
 }
 
 /// What [`install`] finds in the database, in one round trip.
