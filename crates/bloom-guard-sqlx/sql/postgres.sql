@@ -1,5 +1,5 @@
 -- bloom-guard's change feed, filter snapshots and fleet tables for Postgres,
--- schema version 8.
+-- schema version 9.
 --
 -- Idempotent: installing twice is a no-op, and every statement can run over
 -- an earlier install of this version. `bloom_guard_sqlx::install` runs it in
@@ -872,7 +872,33 @@ begin
 end
 $recount$;
 
-insert into bloom_guard.schema_version (version) values (8)
+-- Version 9: the runtime role's rights. The role that installs the feed
+-- owns it (its SECURITY DEFINER trigger functions run as that role); the
+-- application's role needs only what followers, snapshots and the fleet's
+-- tables use, and nothing that changes the feed's schema or a watched
+-- table's triggers (`watch`, `unwatch`, the trigger functions stay the
+-- owner's). Run by the owner: `select bloom_guard.grant_runtime('app')`.
+create or replace function bloom_guard.grant_runtime(runtime regrole)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    execute pg_catalog.format('grant usage on schema bloom_guard to %s', runtime);
+    execute pg_catalog.format(
+        'grant select on bloom_guard.changes, bloom_guard.slots, bloom_guard.horizon,
+                         bloom_guard.watched, bloom_guard.schema_version to %s', runtime);
+    execute pg_catalog.format(
+        'grant select, insert, delete on bloom_guard.snapshots, bloom_guard.snapshot_chunks to %s', runtime);
+    execute pg_catalog.format(
+        'grant select, insert, update, delete on bloom_guard.settings, bloom_guard.instances to %s', runtime);
+    execute pg_catalog.format('grant execute on function bloom_guard.prune(interval) to %s', runtime);
+end
+$$;
+
+revoke all on function bloom_guard.grant_runtime(regrole) from public;
+
+insert into bloom_guard.schema_version (version) values (9)
 on conflict (singleton) do update set version = excluded.version;
 
 reset bloom_guard.installing;

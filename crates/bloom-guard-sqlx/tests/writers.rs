@@ -493,6 +493,20 @@ async fn the_upgrade_from_version_7_indexes_the_feed_by_guard_under_writers(pool
     );
 }
 
+/// Version 9 adds `bloom_guard.grant_runtime`: upgraded from 8 under
+/// writers, no change lost.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn the_upgrade_from_version_8_adds_the_runtime_grant_under_writers(pool: PgPool) {
+    upgrade_under_writers(&pool, include_str!("fixtures/postgres_v8.sql")).await;
+    let granting: Option<String> =
+        sqlx::query_scalar("select to_regprocedure('bloom_guard.grant_runtime(regrole)')::text")
+            .fetch_one(&pool)
+            .await
+            .expect("the function");
+    assert!(granting.is_some());
+}
+
 /// An index build that stopped half way (an instance killed during
 /// CREATE INDEX CONCURRENTLY leaves an invalid index) is finished by the
 /// next install.

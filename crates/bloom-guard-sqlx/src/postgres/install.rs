@@ -7,7 +7,6 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 
 use crate::error::FeedError;
 use crate::follow::retry_pauses;
-use crate::watch::Watch;
 
 /// [`DDL_LOCK_TIMEOUT`] as a literal, for the statements that embed it.
 macro_rules! ddl_lock_timeout {
@@ -17,7 +16,7 @@ macro_rules! ddl_lock_timeout {
 }
 
 /// The version of the feed's schema that this crate installs and reads.
-pub const SCHEMA_VERSION: i32 = 8;
+pub const SCHEMA_VERSION: i32 = 9;
 
 /// The feed's SQL: schema `bloom_guard`, its tables, trigger functions and
 /// `bloom_guard.watch(table, key_columns, name)`. Idempotent.
@@ -52,18 +51,17 @@ pub const POSTGRES_SQL: &str = include_str!("../../sql/postgres.sql");
 #[doc = include_str!("../../docs/feed.md")]
 pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
     let installed = installed(pool).await?;
-    if installed
+    let current = installed
         .version
-        .is_some_and(|version| version >= SCHEMA_VERSION)
-        && installed.indexed
-    {
+        .is_some_and(|version| version >= SCHEMA_VERSION);
+    if current && installed.indexed && !installed.event_trigger_missing {
         tracing::debug!(version = ?installed.version, "the change feed is installed");
         return Ok(());
     }
-    if installed
-        .version
-        .is_none_or(|version| version < SCHEMA_VERSION)
-    {
+    // A superuser installing over a feed that has no event trigger (an
+    // earlier install ran as another role) runs the script again: it is
+    // idempotent, and adds the event trigger.
+    if !current || (installed.event_trigger_missing && installed.version == Some(SCHEMA_VERSION)) {
         schema_script(pool, "install", POSTGRES_SQL).await?;
         tracing::info!(
             version = SCHEMA_VERSION,
@@ -130,24 +128,33 @@ struct Installed {
     version: Option<i32>,
     /// Whether the feed's index by guard is built and attached.
     indexed: bool,
+    /// Whether the installing role is a superuser and the feed has no
+    /// event trigger (installed by another role).
+    event_trigger_missing: bool,
 }
 
 async fn installed(pool: &PgPool) -> Result<Installed, sqlx::Error> {
     // The version is read through `query_to_xml`, which parses its query
     // only when it runs: the statement plans whether or not the schema
     // exists.
-    let (version, indexed): (Option<i32>, bool) = sqlx::query_as(
+    let (version, indexed, event_trigger_missing): (Option<i32>, bool, bool) = sqlx::query_as(
         "select case when pg_catalog.to_regclass('bloom_guard.schema_version') is not null then
                     (pg_catalog.xpath('/row/version/text()', pg_catalog.query_to_xml(
                         'select version from bloom_guard.schema_version', false, true, '')))[1]::text::int4
                 end,
                 exists (select from pg_catalog.pg_index i
                          where i.indexrelid = pg_catalog.to_regclass('bloom_guard.changes_guard_xid')
-                           and i.indisvalid)",
+                           and i.indisvalid),
+                exists (select from pg_catalog.pg_roles where rolname = current_user and rolsuper)
+                  and not exists (select from pg_catalog.pg_event_trigger where evtname = 'bloom_guard_alter_table')",
     )
     .fetch_one(pool)
     .await?;
-    Ok(Installed { version, indexed })
+    Ok(Installed {
+        version,
+        indexed,
+        event_trigger_missing,
+    })
 }
 
 /// The partitions of the feed, whose indexes [`index_feed`] builds.
@@ -252,7 +259,7 @@ async fn build_feed_index(connection: &mut PgConnection) -> Result<(), sqlx::Err
 /// `drop trigger if exists ..., skipping` of every install) to themselves
 /// (a start logs nothing a user would take for a problem), and wait at
 /// most [`DDL_LOCK_TIMEOUT`] for a lock on a user's table.
-const QUIET: &str = concat!(
+pub(super) const QUIET: &str = concat!(
     "begin; set local client_min_messages = warning; set local lock_timeout = '",
     ddl_lock_timeout!(),
     "'"
@@ -298,71 +305,5 @@ where
                 return result;
             }
         }
-    }
-}
-
-impl Watch {
-    /// Installs the feed's triggers on the table and every child and
-    /// partition it has (`select bloom_guard.watch(...)`): from then on
-    /// every key written by any SQL reaches the feed. Needs
-    /// [`install`](crate::install) first and ownership of the table; run it
-    /// again after adding a partition or a child table. Idempotent.
-    ///
-    /// # Errors
-    ///
-    /// [`FeedError::Database`](FeedError::Database) if the table or a column does not exist, the
-    /// feed is not installed, or the role does not own the table.
-    pub async fn install(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
-        retrying_locks("watch", || self.watch_once(pool)).await?;
-        Ok(())
-    }
-
-    /// One try of [`install`](Self::install): an error if a lock on the
-    /// table is not granted within [`DDL_LOCK_TIMEOUT`] (a running
-    /// follower's repair tries again at its next check).
-    pub(crate) async fn watch_once(&self, pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
-        let mut tx = pool.begin_with(QUIET).await?;
-        sqlx::query("select bloom_guard.watch($1::regclass, $2, $3)")
-            .bind(&self.table)
-            .bind(&self.key_columns)
-            .bind(self.feed_name())
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await
-    }
-
-    /// Stops recording this table's keys (`select bloom_guard.unwatch(...)`):
-    /// drops the feed's triggers from the table and its children and
-    /// partitions. A follower of the guard that still runs reports a gap
-    /// and lets every request through.
-    ///
-    /// # Errors
-    ///
-    /// [`FeedError::Database`] if the table does not exist, the feed is not
-    /// installed, or the role does not own the table.
-    pub async fn uninstall(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
-        retrying_locks("unwatch", || async {
-            let mut tx = pool.begin_with(QUIET).await?;
-            sqlx::query("select bloom_guard.unwatch($1::regclass, $2)")
-                .bind(&self.table)
-                .bind(self.feed_name())
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await
-        })
-        .await?;
-        Ok(())
-    }
-
-    /// The query whose rows are every key of the table in canonical form,
-    /// as the feed's triggers write them.
-    pub(super) async fn key_query(&self, pool: &sqlx::PgPool) -> Result<String, sqlx::Error> {
-        let (table, key): (String, String) =
-            sqlx::query_as("select $1::regclass::text, bloom_guard.key_expression($2, 't')")
-                .bind(&self.table)
-                .bind(&self.key_columns)
-                .fetch_one(pool)
-                .await?;
-        Ok(format!("select {key} from {table} as t"))
     }
 }

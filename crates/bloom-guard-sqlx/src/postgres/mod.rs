@@ -9,7 +9,9 @@ mod fleet;
 mod install;
 mod listen;
 mod notifier;
+mod privileges;
 mod snapshot;
+mod watched;
 
 use std::time::Duration;
 
@@ -22,6 +24,7 @@ pub use feed::FEED_APPLICATION_NAME;
 pub use install::{install, uninstall, POSTGRES_SQL, SCHEMA_VERSION};
 pub use listen::LISTENER_APPLICATION_NAME;
 pub use notifier::NOTIFIER_APPLICATION_NAME;
+pub use privileges::grant_runtime;
 
 use crate::follow::column::KeyColumn;
 use crate::follow::{follower_api, Catalog, Clock, Database, Follower, KeySet, Read, WakeUps};

@@ -1,0 +1,96 @@
+//! Watching and unwatching a Postgres table: the feed's triggers on it.
+
+use super::install::{retrying_locks, QUIET};
+use crate::error::FeedError;
+use crate::watch::Watch;
+
+impl Watch {
+    /// Installs the feed's triggers on the table and every child and
+    /// partition it has (`select bloom_guard.watch(...)`): from then on
+    /// every key written by any SQL reaches the feed. Needs
+    /// [`install`](crate::install) first and ownership of the table; run it
+    /// again after adding a partition or a child table. Idempotent.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Database`](FeedError::Database) if the table or a column does not exist, the
+    /// feed is not installed, or the role does not own the table.
+    pub async fn install(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
+        if self.is_current(pool).await {
+            tracing::debug!(table = %self.table, "the table is watched");
+            return Ok(());
+        }
+        retrying_locks("watch", || self.watch_once(pool)).await?;
+        Ok(())
+    }
+
+    /// Whether the table is watched with this key, every trigger in place
+    /// and this version's functions: then [`install`](Self::install) has
+    /// nothing to do, and takes no lock and needs no right beyond the
+    /// runtime role's ([`grant_runtime`](crate::grant_runtime)). One
+    /// statement; `false` on any error (the feed not installed, or of an
+    /// earlier version), and `watch` runs.
+    async fn is_current(&self, pool: &sqlx::PgPool) -> bool {
+        sqlx::query_scalar(
+            "select exists (select from bloom_guard.watched w
+                             where w.guard = $3 and w.rel = $1::regclass and w.key_columns = $2)
+                    and not exists (select from bloom_guard.gaps($3))
+                    and bloom_guard.counts_rows($3)",
+        )
+        .bind(&self.table)
+        .bind(&self.key_columns)
+        .bind(self.feed_name())
+        .fetch_one(pool)
+        .await
+        .unwrap_or(false)
+    }
+
+    /// One try of [`install`](Self::install): an error if a lock on the
+    /// table is not granted within [`DDL_LOCK_TIMEOUT`] (a running
+    /// follower's repair tries again at its next check).
+    pub(crate) async fn watch_once(&self, pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
+        let mut tx = pool.begin_with(QUIET).await?;
+        sqlx::query("select bloom_guard.watch($1::regclass, $2, $3)")
+            .bind(&self.table)
+            .bind(&self.key_columns)
+            .bind(self.feed_name())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    }
+
+    /// Stops recording this table's keys (`select bloom_guard.unwatch(...)`):
+    /// drops the feed's triggers from the table and its children and
+    /// partitions. A follower of the guard that still runs reports a gap
+    /// and lets every request through.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Database`] if the table does not exist, the feed is not
+    /// installed, or the role does not own the table.
+    pub async fn uninstall(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
+        retrying_locks("unwatch", || async {
+            let mut tx = pool.begin_with(QUIET).await?;
+            sqlx::query("select bloom_guard.unwatch($1::regclass, $2)")
+                .bind(&self.table)
+                .bind(self.feed_name())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// The query whose rows are every key of the table in canonical form,
+    /// as the feed's triggers write them.
+    pub(super) async fn key_query(&self, pool: &sqlx::PgPool) -> Result<String, sqlx::Error> {
+        let (table, key): (String, String) =
+            sqlx::query_as("select $1::regclass::text, bloom_guard.key_expression($2, 't')")
+                .bind(&self.table)
+                .bind(&self.key_columns)
+                .fetch_one(pool)
+                .await?;
+        Ok(format!("select {key} from {table} as t"))
+    }
+}
