@@ -39,7 +39,9 @@ pub use lifecycle::snapshot::{
     SNAPSHOT_FORMAT,
 };
 pub use lifecycle::source::{KeyList, KeySource};
-pub use report::stats::{FeedStatus, FilterKind, FilterOrigin, GuardState, Stats, UncheckedCounts};
+pub use report::stats::{
+    FeedStatus, FeedStorage, FilterKind, FilterOrigin, GuardState, Stats, UncheckedCounts,
+};
 pub use request::body::ResponseBody;
 #[cfg(feature = "axum")]
 pub use request::checked::{AsKey, Checked, CheckedRejection};

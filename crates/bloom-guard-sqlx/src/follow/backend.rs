@@ -174,6 +174,16 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// instance at a time; how many.
     fn prune(&self, retention: Duration) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
+    /// The feed's room in the database and how late its pruning is, for
+    /// the metrics; `None` where the feed cannot tell.
+    fn storage(
+        &self,
+        retention: Duration,
+    ) -> impl Future<Output = Result<Option<bloom_guard::FeedStorage>, sqlx::Error>> + Send {
+        let _ = retention;
+        async { Ok(None) }
+    }
+
     /// Why writes to a watched table could bypass the feed (missing or
     /// disabled triggers, the feed not installed); empty when none.
     fn gaps(&self) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;

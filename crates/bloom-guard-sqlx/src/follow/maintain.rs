@@ -11,6 +11,10 @@ use tokio::time::Instant;
 use super::{Database, Follower};
 use crate::follow::column;
 
+/// How late the feed's pruning may be before it is logged: a few of its
+/// rounds.
+const OVERDUE_AFTER: Duration = Duration::from_secs(300);
+
 /// How often the feed is pruned at most.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
@@ -40,6 +44,7 @@ impl<B: Database> Follower<B> {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_prune: Option<Instant> = None;
         let mut last_look: Option<Instant> = None;
+        let mut overdue = false;
         loop {
             let resync_requested = tokio::select! {
                 _ = ticks.tick() => false,
@@ -86,6 +91,15 @@ impl<B: Database> Follower<B> {
                     Ok(0) => {}
                     Ok(pruned) => tracing::debug!(feed, pruned, "pruned the change feed"),
                     Err(error) => tracing::debug!(%error, "cannot prune the change feed"),
+                }
+                if let Ok(Some(storage)) = self.backend.storage(self.retention).await {
+                    // Logged once per spell; the metric shows it throughout.
+                    let late = storage.prune_overdue_secs > OVERDUE_AFTER.as_secs();
+                    if late && !overdue {
+                        tracing::warn!(feed, overdue_secs = storage.prune_overdue_secs, "the change feed's pruning is overdue: a long or prepared transaction holds it back (pg_stat_activity, pg_prepared_xacts)");
+                    }
+                    overdue = late;
+                    self.guard.record_feed_storage(storage);
                 }
                 last_prune = Some(Instant::now());
             }

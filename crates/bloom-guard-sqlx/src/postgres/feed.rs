@@ -164,3 +164,27 @@ pub(super) async fn prune(pool: &PgPool, retention: Duration) -> Result<i64, sql
     tx.commit().await?;
     Ok(removed)
 }
+
+/// The feed's partitions with their indexes, in bytes, and how long the
+/// oldest retired slot has been due for emptying under `retention` (whole
+/// seconds, 0 when none is): one catalog and one three-row read.
+pub(super) async fn storage(
+    pool: &PgPool,
+    retention: Duration,
+) -> Result<bloom_guard::FeedStorage, sqlx::Error> {
+    let (bytes, overdue): (i64, f64) = sqlx::query_as(
+        "select (select coalesce(sum(pg_catalog.pg_total_relation_size(i.inhrelid)), 0)::int8
+                   from pg_catalog.pg_inherits i
+                  where i.inhparent = 'bloom_guard.changes'::regclass),
+                coalesce(max(extract(epoch from pg_catalog.now() - s.since)::float8 - $1)
+                         filter (where not s.current and s.retired is not null), 0)
+           from bloom_guard.slots s",
+    )
+    .bind(retention.as_secs_f64())
+    .fetch_one(pool)
+    .await?;
+    Ok(bloom_guard::FeedStorage::new(
+        u64::try_from(bytes).unwrap_or(0),
+        overdue.max(0.0) as u64,
+    ))
+}

@@ -179,6 +179,13 @@ impl Database for PgBackend {
         feed::prune(&self.pool, retention).await
     }
 
+    async fn storage(
+        &self,
+        retention: Duration,
+    ) -> Result<Option<bloom_guard::FeedStorage>, sqlx::Error> {
+        feed::storage(&self.pool, retention).await.map(Some)
+    }
+
     async fn counts_rows(&self) -> Result<bool, sqlx::Error> {
         let counts = sqlx::query_scalar("select bloom_guard.counts_rows($1)")
             .bind(self.watch.feed_name())

@@ -8,7 +8,7 @@ use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
 use crate::keys::key_type::KeyType;
 use crate::lifecycle::barrier::FeedReader;
-use crate::report::stats::{FeedStatus, Stats};
+use crate::report::stats::{FeedStatus, FeedStorage, Stats};
 
 /// A Bloom filter of every key of a database table, shared by the layers
 /// that answer requests for keys it does not hold.
@@ -181,6 +181,23 @@ impl BloomGuard {
     /// for [`Stats::feed`]. Called by the follower after each read.
     pub fn record_feed_read(&self, status: FeedStatus) {
         self.shared.record_feed(status);
+    }
+
+    /// Reports the change feed's room in the database and its pruning, for
+    /// [`FeedStatus::storage`] and the metrics. Called by a follower after
+    /// each prune, where its feed can tell.
+    ///
+    /// ```
+    /// use bloom_guard::{BloomGuard, FeedStatus, FeedStorage};
+    ///
+    /// let guard = BloomGuard::builder().build();
+    /// guard.record_feed_read(FeedStatus::new("7", 0));
+    /// guard.record_feed_storage(FeedStorage::new(8192, 0));
+    /// let storage = guard.stats().feed.and_then(|feed| feed.storage);
+    /// assert_eq!(storage, Some(FeedStorage::new(8192, 0)));
+    /// ```
+    pub fn record_feed_storage(&self, storage: FeedStorage) {
+        self.shared.record_feed_storage(storage);
     }
 
     /// Whether the key may exist: `false` means it certainly does not. The

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::lock::lock;
-use crate::report::stats::{FeedStatus, FilterOrigin, GuardState};
+use crate::report::stats::{FeedStatus, FeedStorage, FilterOrigin, GuardState};
 
 /// A guard's health, changed by builds, holds, false negatives and the
 /// maintenance's rate check; read by requests (`lets_all_through`) and by
@@ -41,6 +41,7 @@ pub(crate) struct Health {
     last_build: Mutex<Option<(Instant, FilterOrigin)>>,
     /// What the change feed reported last, and when.
     feed: Mutex<Option<(FeedStatus, Instant)>>,
+    storage: Mutex<Option<FeedStorage>>,
 }
 
 impl Health {
@@ -57,6 +58,7 @@ impl Health {
             last_error: Mutex::new(None),
             last_build: Mutex::new(None),
             feed: Mutex::new(None),
+            storage: Mutex::new(None),
         }
     }
 
@@ -192,11 +194,16 @@ impl Health {
         new
     }
 
-    /// The last feed status, with its age.
+    pub(crate) fn record_storage(&self, storage: FeedStorage) {
+        *lock(&self.storage) = Some(storage);
+    }
+
+    /// The last feed status, with its age and the feed's storage.
     pub(crate) fn feed(&self) -> Option<FeedStatus> {
         lock(&self.feed).as_ref().map(|(status, at)| {
             let mut status = status.clone();
             status.read_ago_ms = at.elapsed().as_millis() as u64;
+            status.storage = *lock(&self.storage);
             status
         })
     }

@@ -21,7 +21,7 @@ use crate::lifecycle::single_flight::Builds;
 use crate::lock::lock;
 use crate::report::counters::Counters;
 use crate::report::metrics::{FilterFigures, GuardMetrics};
-use crate::report::stats::{FeedStatus, FilterOrigin, GuardState, Stats};
+use crate::report::stats::{FeedStatus, FeedStorage, FilterOrigin, GuardState, Stats};
 
 /// The figures of `filter`, whose estimated rate is `estimated_fpp`.
 fn figures(filter: &Filter, estimated_fpp: f64) -> FilterFigures {
@@ -200,6 +200,11 @@ impl Shared {
 
     pub(crate) fn record_feed(&self, status: FeedStatus) {
         self.metrics.feed_read(self.health.record_feed(status));
+    }
+
+    pub(crate) fn record_feed_storage(&self, storage: FeedStorage) {
+        self.metrics.feed_storage(&storage);
+        self.health.record_storage(storage);
     }
 
     /// Inserts a key of this instance's write path: into the journal, and

@@ -249,6 +249,37 @@ pub struct FeedStatus {
     /// Milliseconds since the last successful read: every key committed
     /// before then is in the filter.
     pub read_ago_ms: u64,
+    /// The feed's room in the database and its pruning, where the feed
+    /// reports them (Postgres, at every prune, about once a minute).
+    pub storage: Option<FeedStorage>,
+}
+
+/// The change feed's room in the database, and whether its pruning keeps
+/// up: reported by a follower through
+/// [`BloomGuard::record_feed_storage`](crate::BloomGuard::record_feed_storage).
+/// Exported as `bloom_guard_feed_bytes` and
+/// `bloom_guard_feed_prune_overdue_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct FeedStorage {
+    /// The feed's tables and indexes, in bytes.
+    pub bytes: u64,
+    /// How long the oldest retired part of the feed has been due for
+    /// removal, in seconds (0: none is). Up to the pruning's interval is
+    /// normal; more means a long transaction holds the removal back, or
+    /// nothing prunes.
+    pub prune_overdue_secs: u64,
+}
+
+impl FeedStorage {
+    /// `bytes` in the feed, its pruning `prune_overdue_secs` late.
+    pub fn new(bytes: u64, prune_overdue_secs: u64) -> Self {
+        Self {
+            bytes,
+            prune_overdue_secs,
+        }
+    }
 }
 
 impl FeedStatus {
@@ -258,6 +289,7 @@ impl FeedStatus {
             position: position.into(),
             changes,
             read_ago_ms: 0,
+            storage: None,
         }
     }
 }

@@ -46,6 +46,8 @@ pub const DURATION_BUCKETS: &[f64] = &[
 /// | `bloom_guard_build_duration_seconds` (label `source`) | histogram | seconds |
 /// | `bloom_guard_feed_changes_total` | counter | changes |
 /// | `bloom_guard_feed_read_timestamp_seconds` | gauge | seconds |
+/// | `bloom_guard_feed_bytes` | gauge | bytes |
+/// | `bloom_guard_feed_prune_overdue_seconds` | gauge | seconds |
 /// | `bloom_guard_built_timestamp_seconds` | gauge | seconds |
 /// | `bloom_guard_keys` | gauge | keys |
 /// | `bloom_guard_capacity` | gauge | keys |
@@ -146,6 +148,16 @@ pub fn describe_metrics() {
         "bloom_guard_feed_read_timestamp_seconds",
         Unit::Seconds,
         "Unix time of the last successful feed read: every key committed before it is in the filter."
+    );
+    describe_gauge!(
+        "bloom_guard_feed_bytes",
+        Unit::Bytes,
+        "The change feed's tables and indexes in the database (Postgres)."
+    );
+    describe_gauge!(
+        "bloom_guard_feed_prune_overdue_seconds",
+        Unit::Seconds,
+        "How long the oldest retired part of the feed has been due for removal (Postgres): a long transaction, or nothing pruning."
     );
     describe_gauge!(
         "bloom_guard_built_timestamp_seconds",

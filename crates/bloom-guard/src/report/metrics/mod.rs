@@ -76,6 +76,8 @@ pub(crate) struct GuardMetrics {
     build_failures: Counter,
     feed_changes: Counter,
     feed_read_at: Gauge,
+    feed_bytes: Gauge,
+    feed_prune_overdue: Gauge,
     built_at: Gauge,
     keys: Gauge,
     capacity: Gauge,
@@ -110,6 +112,8 @@ impl GuardMetrics {
             build_failures: counter!("bloom_guard_build_failures_total", "guard" => guard),
             feed_changes: counter!("bloom_guard_feed_changes_total", "guard" => guard),
             feed_read_at: gauge!("bloom_guard_feed_read_timestamp_seconds", "guard" => guard),
+            feed_bytes: gauge!("bloom_guard_feed_bytes", "guard" => guard),
+            feed_prune_overdue: gauge!("bloom_guard_feed_prune_overdue_seconds", "guard" => guard),
             built_at: gauge!("bloom_guard_built_timestamp_seconds", "guard" => guard),
             keys: gauge!("bloom_guard_keys", "guard" => guard),
             capacity: gauge!("bloom_guard_capacity", "guard" => guard),
@@ -134,6 +138,8 @@ impl GuardMetrics {
             build_failures: Counter,
             feed_changes: Counter,
             feed_read_at: Gauge,
+            feed_bytes: Gauge,
+            feed_prune_overdue: Gauge,
             built_at: Gauge,
             keys: Gauge,
             capacity: Gauge,
@@ -196,6 +202,13 @@ impl GuardMetrics {
     pub(crate) fn feed_read(&self, changes: u64) {
         self.feed_changes.increment(changes);
         self.feed_read_at.set(unix_now());
+    }
+
+    /// The feed's room in the database and its pruning.
+    pub(crate) fn feed_storage(&self, storage: &crate::FeedStorage) {
+        self.feed_bytes.set(storage.bytes as f64);
+        self.feed_prune_overdue
+            .set(storage.prune_overdue_secs as f64);
     }
 }
 
