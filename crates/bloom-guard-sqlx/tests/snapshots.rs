@@ -240,13 +240,28 @@ async fn racing_rebuilds_scan_once_for_the_fleet(pool: PgPool) {
 async fn a_crash_mid_publish_leaves_the_previous_snapshot_usable(pool: PgPool) {
     install(&pool).await;
     seed(&pool, 1_000).await;
-    // A large filter (several chunks), republished on every check.
+    // A large filter (several chunks), republished on every check: stale
+    // at once, and changed enough by a writer meanwhile.
     let big = BloomGuard::builder().expected_items(5_000_000).build();
     let task = spawn(follower(&big, &pool).snapshot_interval(Duration::ZERO));
     wait_until("the warm-up", Duration::from_secs(20), || big.is_ready()).await;
     while snapshot_count(&pool).await == 0 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let writer = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            // 9 000 changes in all: whichever snapshot is left newest, a
+            // start replays the feed since it rather than scanning.
+            for round in 0..9 {
+                let keys = format!(
+                    "insert into items (key) select 'w{round}-' || i from generate_series(1, 1000) i"
+                );
+                exec(&pool, &keys).await;
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+        })
+    };
     // Kill the publishing connection in the middle of its chunks, again
     // and again.
     let mut killed = 0;
@@ -263,6 +278,7 @@ async fn a_crash_mid_publish_leaves_the_previous_snapshot_usable(pool: PgPool) {
         .rows_affected();
     }
     drop(task);
+    writer.abort();
     assert!(killed > 0, "no publish was caught in the middle");
     // Every snapshot left is whole, and a new instance adopts the newest.
     let torn: i64 = sqlx::query_scalar(
@@ -373,4 +389,56 @@ async fn a_snapshot_of_an_older_format_leads_to_a_scan(pool: PgPool) {
     )
     .await;
     refused(&pool, guard()).await;
+}
+
+/// The newest snapshot's id.
+async fn newest_snapshot(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("select coalesce(max(id), 0) from bloom_guard.snapshots")
+        .fetch_one(pool)
+        .await
+        .expect("newest")
+}
+
+/// A stale snapshot is published again only once the filter changed by
+/// 1% of its keys (at least 1 000) since: an unchanged filter costs the
+/// database no snapshot writes.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_stale_snapshot_is_published_again_only_once_the_filter_changed(pool: PgPool) {
+    install(&pool).await;
+    seed(&pool, 2_000).await;
+    let guard = guard();
+    let _task = spawn(follower(&guard, &pool).snapshot_interval(Duration::from_millis(100)));
+    wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while newest_snapshot(&pool).await == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no first snapshot");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = newest_snapshot(&pool).await;
+    // Stale after 100 ms, checked every 200 ms: ten checks, no change.
+    exec(&pool, "insert into items (key) values ('one')").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        newest_snapshot(&pool).await,
+        first,
+        "published again unchanged"
+    );
+    // 1 000 changes: published again.
+    exec(
+        &pool,
+        "insert into items (key) select 'more-' || i from generate_series(1, 1000) i",
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while newest_snapshot(&pool).await == first {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not published again after 1 000 changes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (other, _other) = start(&pool, BloomGuard::builder().expected_items(1000).build()).await;
+    assert_eq!(other.stats().origin, Some(FilterOrigin::Snapshot));
+    assert!(holds_all(&other, &["one", "more-1000", "k2000"]));
 }

@@ -86,9 +86,12 @@ macro_rules! follower_api {
             }
 
             /// The newest snapshot is republished from the filter in use
-            /// when it is older than this (default 10 min), by one
-            /// instance, so that an instance starting later replays little
-            /// of the feed. Keep it well under the
+            /// when it is older than this (default 10 min) and the filter
+            /// read changes worth 1% of its keys (at least 1 000) since, or
+            /// once it is half the [`retention`](Self::retention) old, by
+            /// one instance, so that an instance starting later replays
+            /// little of the feed; an unchanged filter is not written
+            /// again. Keep it well under the
             /// [`retention`](Self::retention): a snapshot older than the
             /// feed's pruned horizon is refused.
             #[must_use]

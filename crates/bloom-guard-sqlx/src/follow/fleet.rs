@@ -36,6 +36,9 @@ pub(super) struct Fleet<P> {
     /// published meanwhile only makes the newest one younger.
     /// Kept with the fingerprint it was seen for.
     pub(super) fresh_until: Option<(String, Instant)>,
+    /// The changes this follower had read when it last saw the newest
+    /// snapshot fresh: those read since are what the snapshot lacks.
+    pub(super) changes_at_fresh: u64,
 }
 
 impl<P> Default for Fleet<P> {
@@ -48,6 +51,7 @@ impl<P> Default for Fleet<P> {
             trigger_versions: None,
             rates: Rates::default(),
             fresh_until: None,
+            changes_at_fresh: 0,
             expected_keys: 0,
         }
     }
@@ -290,63 +294,6 @@ impl<B: Database> Follower<B> {
             }
         }
         drop(build_lock);
-    }
-
-    /// Republishes the filter in use when the newest snapshot is older than
-    /// the interval, on one instance.
-    pub(super) async fn republish_if_stale(&self) {
-        let (fingerprint, at) = {
-            let fleet = self.fleet();
-            match (&fleet.fingerprint, &fleet.position, fleet.scanned_at) {
-                (Some(fingerprint), Some(position), Some(at)) => (
-                    fingerprint.clone(),
-                    Clock {
-                        position: position.clone(),
-                        at,
-                    },
-                ),
-                _ => return,
-            }
-        };
-        if self
-            .fleet()
-            .fresh_until
-            .as_ref()
-            .is_some_and(|(seen, until)| *seen == fingerprint && Instant::now() < *until)
-        {
-            return;
-        }
-        let fresh = || async {
-            match self
-                .backend
-                .snapshots()
-                .newest(self.guard.name(), &fingerprint)
-                .await
-            {
-                Ok(Some(stored)) if stored.age_secs < self.snapshot_interval.as_secs_f64() => {
-                    let left = self.snapshot_interval.as_secs_f64() - stored.age_secs;
-                    self.fleet().fresh_until = Some((
-                        fingerprint.clone(),
-                        Instant::now() + std::time::Duration::from_secs_f64(left.max(0.0)),
-                    ));
-                    true
-                }
-                Ok(_) => false,
-                // Unknown: do not publish.
-                Err(_) => true,
-            }
-        };
-        if fresh().await {
-            return;
-        }
-        // Under the lock, again: another instance (or this one's first
-        // filter) may have published meanwhile.
-        if let Ok(Some(build_lock)) = self.backend.try_lock(self.guard.name()).await {
-            if !fresh().await {
-                publish(&self.backend, &self.guard, &fingerprint, &at).await;
-            }
-            drop(build_lock);
-        }
     }
 }
 

@@ -12,6 +12,7 @@ mod maintain;
 mod presence;
 mod reader;
 mod rebuild;
+mod republish;
 
 #[cfg(test)]
 mod fake;
