@@ -3,15 +3,30 @@
 //! or MariaDB, the same with `MYSQL_URL`. Tests that start a
 //! Postgres server of their own (a publisher for logical replication) also
 //! need its binaries: in `PG_BIN`, by default `/usr/lib/postgresql/15/bin`.
+//! Tests through PgBouncer start their own from `PGBOUNCER`, by default
+//! `/usr/sbin/pgbouncer` (the distribution's package).
 
 use std::path::PathBuf;
 
 const DEFAULT_PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+const DEFAULT_PGBOUNCER: &str = "/usr/sbin/pgbouncer";
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(database)");
     println!("cargo::rustc-check-cfg=cfg(pg_server)");
     println!("cargo::rustc-check-cfg=cfg(mysql_database)");
+    println!("cargo::rustc-check-cfg=cfg(pgbouncer)");
+    println!("cargo::rerun-if-env-changed=PGBOUNCER");
+    let pgbouncer = std::env::var_os("PGBOUNCER")
+        .map_or_else(|| PathBuf::from(DEFAULT_PGBOUNCER), PathBuf::from);
+    println!("cargo::rerun-if-changed={}", pgbouncer.display());
+    if pgbouncer.is_file() {
+        println!("cargo::rustc-cfg=pgbouncer");
+        println!(
+            "cargo::rustc-env=BLOOM_GUARD_PGBOUNCER={}",
+            pgbouncer.display()
+        );
+    }
     println!("cargo::rerun-if-env-changed=MYSQL_URL");
     if std::env::var_os("MYSQL_URL").is_some_and(|url| !url.is_empty()) {
         println!("cargo::rustc-cfg=mysql_database");

@@ -32,6 +32,16 @@ pub enum FeedError {
     /// a table needs its ownership).
     #[error("database error")]
     Database(#[from] sqlx::Error),
+    /// The connections go through a pooler that breaks the follower's
+    /// sessions: one in transaction mode (PgBouncer's `pool_mode =
+    /// transaction`), where `LISTEN` and session advisory locks do not
+    /// survive, or one that refuses the startup parameters of the
+    /// follower's own connections. Give the follower a pool with a direct
+    /// URL, or a pooler database in session mode that lets the parameter
+    /// `options` through (the feed's page, "Connections and poolers"). Not
+    /// retried: a setting must change.
+    #[error("the database connection goes through a pooler that breaks sessions ({0}): LISTEN and session advisory locks need a session of their own; give the follower a pool with a direct URL, or a pooler database in session mode that passes the startup parameter `options`")]
+    Pooler(String),
 }
 
 /// `error: cause: cause`, for a log line.

@@ -36,8 +36,9 @@ pub use follow::Follow;
 pub use mysql::MySqlFollower;
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    grant_runtime, install, uninstall, PgCopySource, PgFollower, FEED_APPLICATION_NAME,
-    LISTENER_APPLICATION_NAME, NOTIFIER_APPLICATION_NAME, POSTGRES_SQL, SCHEMA_VERSION,
+    check_session, grant_runtime, install, uninstall, PgCopySource, PgFollower,
+    FEED_APPLICATION_NAME, LISTENER_APPLICATION_NAME, NOTIFIER_APPLICATION_NAME, POSTGRES_SQL,
+    SCHEMA_VERSION,
 };
 pub use source::copy_text::{CopyTextDecoder, CopyTextError};
 pub use source::query::QuerySource;

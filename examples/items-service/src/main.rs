@@ -73,6 +73,16 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             Database::sqlite(&config.sqlite_path).await?
         }
     };
+    // Behind a pooler in transaction mode the followers cannot keep their
+    // sessions: a clear error now, not a service that never protects. A
+    // database that is down is waited for below, as ever.
+    if let items_service::db::Pool::Postgres(pool) = db.pool() {
+        if let Err(error @ bloom_guard_sqlx::FeedError::Pooler(_)) =
+            bloom_guard_sqlx::check_session(pool).await
+        {
+            return Err(error.into());
+        }
+    }
     // The recorder before the guards: they register their metrics when built.
     let prometheus = match &config.admin_token {
         Some(_) => Some(

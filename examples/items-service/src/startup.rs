@@ -28,7 +28,15 @@ pub async fn prepare(state: AppState) {
         .build();
     while let Err(error) = state.db.migrate().await {
         let delay = pauses.next().unwrap_or(Duration::from_secs(10));
-        tracing::warn!(error = %error, retry_in = ?delay, "database migration failed; retrying");
+        // The whole chain: "migration failed" alone says nothing.
+        let mut message = error.to_string();
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            message.push_str(": ");
+            message.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        tracing::warn!(error = %message, retry_in = ?delay, "database migration failed; retrying");
         if let Some(guards) = &state.guards {
             for guard in guards.all() {
                 guard.report_unavailable(&error);

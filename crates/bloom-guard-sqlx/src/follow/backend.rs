@@ -174,6 +174,13 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// instance at a time; how many.
     fn prune(&self, retention: Duration) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
+    /// Whether the follower's connections keep their sessions (no pooler in
+    /// transaction mode between): checked once at start; an error stops
+    /// the follower, since only a setting can fix it.
+    fn check_session(&self) -> impl Future<Output = Result<(), crate::FeedError>> + Send {
+        async { Ok(()) }
+    }
+
     /// The feed's room in the database and how late its pruning is, for
     /// the metrics; `None` where the feed cannot tell.
     fn storage(

@@ -183,7 +183,7 @@ impl<B: Database> Follower<B> {
         ));
         let started = tokio::select! {
             () = &mut shutdown => None,
-            started = this.start() => Some(started),
+            started = this.start() => started,
         };
         if let Some((source, start)) = started {
             // Reads start from the position taken before any filter; a
@@ -225,10 +225,21 @@ impl<B: Database> Follower<B> {
 
     /// The key source and the feed's position, taken before any filter is
     /// built: the build's scan has every key committed before its snapshot,
-    /// the feed every key committed after the position.
-    async fn start(&self) -> (B::Source, Clock<B::Position>) {
+    /// the feed every key committed after the position. `None` when the
+    /// connections cannot keep a session (a pooler in transaction mode):
+    /// logged once, and the follower stops.
+    async fn start(&self) -> Option<(B::Source, Clock<B::Position>)> {
         let mut pauses = retry_pauses();
+        let mut session_checked = false;
         loop {
+            // Beside the start's own statements, once.
+            let check = async {
+                if session_checked {
+                    Ok(())
+                } else {
+                    self.backend.check_session().await
+                }
+            };
             let attempt = async {
                 let keys = self.backend.key_source().await?;
                 {
@@ -243,8 +254,21 @@ impl<B: Database> Follower<B> {
                 let start = self.backend.position().await?;
                 Ok::<_, sqlx::Error>((keys.source, start))
             };
-            match attempt.await {
-                Ok(started) => return started,
+            let (attempt, checked) = tokio::join!(attempt, check);
+            let attempt = match checked {
+                Ok(()) => {
+                    session_checked = true;
+                    attempt
+                }
+                Err(crate::FeedError::Database(error)) => Err(error),
+                Err(error) => {
+                    tracing::error!(error = %error_chain(&error), "cannot follow the change feed through this connection; the guard lets every request through");
+                    self.guard.report_unavailable(&error);
+                    return None;
+                }
+            };
+            match attempt {
+                Ok(started) => return Some(started),
                 Err(error) => {
                     let pause = pauses.next().unwrap_or(MAX_PAUSE);
                     tracing::warn!(error = %error_chain(&error), retry_in = ?pause, "cannot start following the change feed; the guard lets every request through");

@@ -10,6 +10,7 @@ mod install;
 mod listen;
 mod notifier;
 mod privileges;
+mod session;
 mod snapshot;
 mod watched;
 
@@ -25,6 +26,7 @@ pub use install::{install, uninstall, POSTGRES_SQL, SCHEMA_VERSION};
 pub use listen::LISTENER_APPLICATION_NAME;
 pub use notifier::NOTIFIER_APPLICATION_NAME;
 pub use privileges::grant_runtime;
+pub use session::check_session;
 
 use crate::follow::column::KeyColumn;
 use crate::follow::{follower_api, Catalog, Clock, Database, Follower, KeySet, Read, WakeUps};
@@ -177,6 +179,10 @@ impl Database for PgBackend {
 
     async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
         feed::prune(&self.pool, retention).await
+    }
+
+    async fn check_session(&self) -> Result<(), crate::FeedError> {
+        session::check_session(&self.pool).await
     }
 
     async fn storage(

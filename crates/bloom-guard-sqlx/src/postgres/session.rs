@@ -1,0 +1,114 @@
+//! Whether the pool's connections are sessions of their own, or go
+//! through a pooler in transaction mode.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::{AssertSqlSafe, PgPool};
+
+use crate::error::FeedError;
+
+/// The channel of the probe: no feed listens to it.
+const PROBE_CHANNEL: &str = "bloom_guard_probe";
+
+/// How long the probe's notification may take: milliseconds on any
+/// database that delivers it.
+const PROBE_WAIT: Duration = Duration::from_secs(5);
+
+/// Checks that connections made from `pool`'s options keep their session:
+/// a listener's connection `LISTEN`s, a connection of the pool sends it a
+/// notification, and it must arrive. Through a pooler in transaction mode
+/// (PgBouncer's `pool_mode = transaction`) the listener's session is
+/// handed to other clients between its statements and never hears it; a
+/// pooler that refuses the follower's startup parameters (PgBouncer without
+/// `ignore_startup_parameters = options`) is named too. Followers run it
+/// at start and stop with the error, rather than retrying what a setting
+/// must fix.
+///
+/// # Errors
+///
+/// [`FeedError::Pooler`] for a pooler that breaks sessions;
+/// [`FeedError::Database`] if the database cannot be reached.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+/// // Before starting followers: fails at once behind PgBouncer in
+/// // transaction mode, naming the fix.
+/// bloom_guard_sqlx::check_session(&pool).await?;
+/// # Ok(()) }
+/// ```
+pub async fn check_session(pool: &PgPool) -> Result<(), FeedError> {
+    let options = super::listen::options(pool.connect_options().as_ref());
+    let listening = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(PROBE_WAIT)
+        .connect_lazy_with(options);
+    let probed = probe(pool, &listening).await;
+    listening.close().await;
+    probed
+}
+
+async fn probe(pool: &PgPool, listening: &PgPool) -> Result<(), FeedError> {
+    let mut listener = match PgListener::connect_with(listening).await {
+        Ok(listener) => listener,
+        Err(error) => return Err(refused_parameters(error)),
+    };
+    listener
+        .listen(PROBE_CHANNEL)
+        .await
+        .map_err(refused_parameters)?;
+    let nonce = format!("{:016x}", fastrand::u64(..));
+    // A simple query: no statement to prepare on whichever server
+    // connection a pooler picks.
+    let sent = sqlx::raw_sql(AssertSqlSafe(format!(
+        "select pg_catalog.pg_notify('{PROBE_CHANNEL}', '{nonce}')"
+    )))
+    .execute(pool)
+    .await;
+    match sent {
+        Ok(_) => {}
+        // The pooler ran it on the session that LISTENs, and handed the
+        // notification to the sender.
+        Err(sqlx::Error::Protocol(message)) if message.contains("NotificationResponse") => {
+            return Err(FeedError::Pooler(
+                "another connection's LISTEN heard a NOTIFY sent on this one".to_owned(),
+            ));
+        }
+        Err(error) => return Err(FeedError::Database(error)),
+    }
+    let heard = tokio::time::timeout(PROBE_WAIT, async {
+        loop {
+            match listener.try_recv().await? {
+                Some(notification) if notification.payload() == nonce => return Ok(true),
+                Some(_) => {}
+                None => return Ok::<_, sqlx::Error>(false),
+            }
+        }
+    })
+    .await;
+    match heard {
+        Ok(Ok(true)) => Ok(()),
+        Ok(Err(error)) => Err(FeedError::Database(error)),
+        Ok(Ok(false)) | Err(_) => Err(FeedError::Pooler(format!(
+            "a connection that ran LISTEN did not hear a NOTIFY within {PROBE_WAIT:?}"
+        ))),
+    }
+}
+
+/// A connection refused for its startup parameters names the pooler that
+/// refused them; any other error is the database's.
+fn refused_parameters(error: sqlx::Error) -> FeedError {
+    match &error {
+        sqlx::Error::Database(database)
+            if database.message().contains("unsupported startup parameter") =>
+        {
+            FeedError::Pooler(format!(
+                "it refused a startup parameter: {}",
+                database.message()
+            ))
+        }
+        _ => FeedError::Database(error),
+    }
+}
