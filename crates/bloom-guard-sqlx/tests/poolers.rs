@@ -179,7 +179,7 @@ async fn a_pooler_that_refuses_the_startup_parameters_is_named(pool: PgPool) {
     let through = bouncer.pool(&pool);
     match check_session(&through).await {
         Err(FeedError::Pooler(reason)) => {
-            assert!(reason.contains("startup parameter"), "{reason}")
+            assert!(reason.contains("startup parameter"), "{reason}");
         }
         other => panic!("{other:?}"),
     }
