@@ -3,6 +3,8 @@
 
 // The key sources (any sqlx query, Postgres COPY), the SQL tables every
 // backend shares (snapshots, fleet), the follower engine, and its backends.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod ddl;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 mod digest;
 mod error;
@@ -33,7 +35,7 @@ pub use fleet_rebuild::FleetRebuild;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use follow::Follow;
 #[cfg(feature = "mysql")]
-pub use mysql::MySqlFollower;
+pub use mysql::{uninstall_mysql, MySqlFollower};
 #[cfg(feature = "postgres")]
 pub use postgres::{
     check_session, grant_runtime, install, uninstall, PgCopySource, PgFollower,
@@ -43,5 +45,5 @@ pub use postgres::{
 pub use source::copy_text::{CopyTextDecoder, CopyTextError};
 pub use source::query::QuerySource;
 #[cfg(feature = "sqlite")]
-pub use sqlite::SqliteFollower;
+pub use sqlite::{uninstall_sqlite, SqliteFollower};
 pub use watch::Watch;

@@ -594,3 +594,55 @@ async fn rtrim_under_space_padded_text_refuses_only_absent_spellings() {
     assert_eq!(guard.stats().last_error, None);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `Watch::uninstall_sqlite` drops a table's triggers (its writes no
+/// longer reach the feed), and `uninstall_sqlite` everything the feed
+/// installed, leaving the application's tables as they were.
+#[tokio::test]
+async fn uninstall_removes_a_tables_triggers_then_the_whole_feed() {
+    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let pool = open(&dir.join("items.db")).await;
+    sqlx::raw_sql("create table items (id integer primary key, key not null unique)")
+        .execute(&pool)
+        .await
+        .expect("schema");
+    let items = Watch::table("items").key("key");
+    items.install_sqlite(&pool).await.expect("install");
+    let count = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .expect(sql)
+        }
+    };
+    let ours = "select count(*) from sqlite_master where name like 'bloom\\_guard\\_%' escape '\\'";
+    let triggers = "select count(*) from sqlite_master where type = 'trigger'";
+    let feed_rows = "select count(*) from bloom_guard_changes";
+    sqlx::raw_sql("insert into items (key) values ('recorded')")
+        .execute(&pool)
+        .await
+        .expect("insert");
+    let recorded = count(feed_rows).await;
+    assert_eq!(count(triggers).await, 3);
+
+    items.uninstall_sqlite(&pool).await.expect("unwatch");
+    assert_eq!(count(triggers).await, 0);
+    sqlx::raw_sql("insert into items (key) values ('unrecorded')")
+        .execute(&pool)
+        .await
+        .expect("insert");
+    assert_eq!(count(feed_rows).await, recorded, "a write reached the feed");
+
+    items.install_sqlite(&pool).await.expect("watch again");
+    bloom_guard_sqlx::uninstall_sqlite(&pool)
+        .await
+        .expect("uninstall");
+    assert_eq!(count(ours).await, 0);
+    assert_eq!(count("select count(*) from items").await, 2);
+    items.install_sqlite(&pool).await.expect("install again");
+    assert_eq!(count(triggers).await, 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}

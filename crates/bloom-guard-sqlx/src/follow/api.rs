@@ -91,7 +91,8 @@ macro_rules! follower_api {
             /// once it is half the [`retention`](Self::retention) old, by
             /// one instance, so that an instance starting later replays
             /// little of the feed; an unchanged filter is not written
-            /// again. Keep it well under the
+            /// again. `Duration::ZERO` republishes at every check, changed
+            /// or not. Keep it well under the
             /// [`retention`](Self::retention): a snapshot older than the
             /// feed's pruned horizon is refused.
             #[must_use]

@@ -87,8 +87,9 @@ impl<B: Database> Follower<B> {
     /// least [`REPUBLISH_AT_LEAST`]) read since it was last seen fresh, or
     /// half the retention gone (a snapshot older than the feed's pruned
     /// horizon cannot be caught up).
+    /// A zero interval republishes at every check, changed or not.
     fn changed_enough(&self, age_secs: f64) -> bool {
-        if age_secs >= self.retention.as_secs_f64() / 2.0 {
+        if self.snapshot_interval.is_zero() || age_secs >= self.retention.as_secs_f64() / 2.0 {
             return true;
         }
         let since = self.fleet().changes_at_fresh;

@@ -6,6 +6,7 @@ use sqlx::{AssertSqlSafe, MySqlPool};
 use super::catalog::{self, Trigger};
 use super::columns;
 use super::names::{ident, literal, table_ident, table_parts};
+use super::uninstall::{ddl_connection, lock_wait_timed_out, DDL_LOCK_WAIT};
 use crate::error::FeedError;
 use crate::watch::Watch;
 
@@ -154,7 +155,10 @@ impl Watch {
     }
 
     /// The bodies of this table's three feed triggers, by event.
-    fn mysql_triggers(&self, binary: &[bool]) -> [(&'static str, &'static str, String); 3] {
+    pub(super) fn mysql_triggers(
+        &self,
+        binary: &[bool],
+    ) -> [(&'static str, &'static str, String); 3] {
         let name = literal(self.feed_name());
         let (new, old) = (self.mysql_key("new", binary), self.mysql_key("old", binary));
         let insert = |kind: &str, key: &str| {
@@ -206,7 +210,22 @@ end if",
     ///
     /// [`FeedError::Database`] if the table or a column does not exist, or
     /// a privilege is missing.
+    ///
+    /// Each try of the triggers' DDL waits at most a second for the table's
+    /// metadata lock (`lock_wait_timeout`), so writers never queue behind
+    /// it longer, and is tried again until the transaction in its way
+    /// ends.
     pub async fn install_mysql(&self, pool: &MySqlPool) -> Result<(), FeedError> {
+        crate::ddl::retrying_locks("watch", DDL_LOCK_WAIT, lock_wait_timed_out, || {
+            self.install_mysql_once(pool)
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// One try of [`install_mysql`](Self::install_mysql): a running
+    /// follower's repair tries once per check.
+    pub(super) async fn install_mysql_once(&self, pool: &MySqlPool) -> Result<(), sqlx::Error> {
         for statement in TABLES {
             sqlx::query(statement).execute(pool).await?;
         }
@@ -214,12 +233,13 @@ end if",
         let binary = match binary {
             Some(binary) if !binary.is_empty() => binary,
             _ => {
-                return Err(FeedError::Database(sqlx::Error::Protocol(format!(
+                return Err(sqlx::Error::Protocol(format!(
                     "{}: the table or a key column is missing (the watch names {:?})",
                     self.table, self.key_columns
-                ))))
+                )))
             }
         };
+        let mut ddl = ddl_connection(pool).await?;
         let (schema, _) = table_parts(&self.table);
         let table_sql = table_ident(&self.table);
         let stored = catalog::stored_triggers(pool, self).await?;
@@ -242,13 +262,13 @@ end if",
             };
             // Trigger DDL as plain text: MySQL prepares no CREATE TRIGGER.
             sqlx::raw_sql(AssertSqlSafe(format!("drop trigger if exists {qualified}")))
-                .execute(pool)
+                .execute(&mut *ddl)
                 .await?;
             sqlx::raw_sql(AssertSqlSafe(format!(
                 "create trigger {qualified} {} {} on {table_sql} for each row {}",
                 expected.timing, expected.event, expected.statement
             )))
-            .execute(pool)
+            .execute(&mut *ddl)
             .await?;
         }
         if replaced {

@@ -12,6 +12,9 @@ mod names;
 mod scan;
 mod settle;
 mod store;
+mod uninstall;
+
+pub use uninstall::uninstall_mysql;
 mod wake;
 
 use std::sync::Arc;
@@ -209,11 +212,9 @@ impl Database for MySqlBackend {
         {
             return Ok(false);
         }
-        if let Err(crate::error::FeedError::Database(error)) =
-            self.watch.install_mysql(&self.pool).await
-        {
-            return Err(error);
-        }
+        // One try: a table an open transaction holds is tried again at
+        // the next check, never holding writers back.
+        self.watch.install_mysql_once(&self.pool).await?;
         // Every instance rebuilds: writes made without the triggers are in
         // no feed.
         catalog::record_resync(&self.pool, self.watch.feed_name()).await?;

@@ -1,12 +1,9 @@
 //! Installing the change feed's SQL into a Postgres database.
 
-use std::time::Duration;
-
 use futures_util::TryFutureExt;
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 
 use crate::error::FeedError;
-use crate::follow::retry_pauses;
 
 /// [`DDL_LOCK_TIMEOUT`] as a literal, for the statements that embed it.
 macro_rules! ddl_lock_timeout {
@@ -273,37 +270,17 @@ pub(super) const QUIET: &str = concat!(
 /// transaction in its way ends.
 pub(crate) const DDL_LOCK_TIMEOUT: &str = ddl_lock_timeout!();
 
-/// Runs `attempt` until it does not time out on a lock (SQLSTATE 55P03),
-/// pausing between tries as every retry loop of the crate does
-/// ([`retry_pauses`]), so that writers run between the tries; says once
-/// that it waits, and once that it got through.
-pub(crate) async fn retrying_locks<F, Fut>(what: &str, mut attempt: F) -> Result<(), sqlx::Error>
+/// Runs `attempt` until it does not time out on a lock (SQLSTATE 55P03):
+/// see [`crate::ddl::retrying_locks`].
+pub(crate) async fn retrying_locks<F, Fut>(what: &str, attempt: F) -> Result<(), sqlx::Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), sqlx::Error>>,
 {
-    let mut pauses = retry_pauses();
-    let mut tries = 0_u32;
-    loop {
-        match attempt().await {
-            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => {
-                tries += 1;
-                if tries == 1 {
-                    tracing::warn!(
-                        what,
-                        %error,
-                        "an open transaction holds a lock the feed's DDL needs; trying again every few seconds, never holding writers back longer than {DDL_LOCK_TIMEOUT}"
-                    );
-                }
-                let pause = pauses.next().unwrap_or(Duration::from_secs(10));
-                tokio::time::sleep(pause).await;
-            }
-            result => {
-                if tries > 0 && result.is_ok() {
-                    tracing::info!(what, tries, "the feed's DDL got its lock");
-                }
-                return result;
-            }
-        }
-    }
+    crate::ddl::retrying_locks(what, DDL_LOCK_TIMEOUT, lock_not_available, attempt).await
+}
+
+/// A lock not granted within `lock_timeout` (SQLSTATE 55P03).
+fn lock_not_available(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(error) if error.code().as_deref() == Some("55P03"))
 }

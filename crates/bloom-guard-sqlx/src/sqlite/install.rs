@@ -119,6 +119,36 @@ impl Watch {
         Ok(())
     }
 
+    /// Stops recording this table's keys: drops the feed's triggers from
+    /// it. A follower of the guard that still runs reports the gap and lets
+    /// every request through (or puts the triggers back at its next check,
+    /// as it does for a table rebuilt without them: stop the followers
+    /// first).
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Database`] if the database refuses the DDL.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(pool: sqlx::SqlitePool) -> Result<(), bloom_guard_sqlx::FeedError> {
+    /// bloom_guard_sqlx::Watch::table("items").key("key").uninstall_sqlite(&pool).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn uninstall_sqlite(&self, pool: &SqlitePool) -> Result<(), FeedError> {
+        let script: String = super::feed::trigger_names(self)
+            .iter()
+            .map(|name| format!("drop trigger if exists {};", ident(name)))
+            .collect();
+        let mut tx = pool.begin_with("begin immediate").await?;
+        sqlx::raw_sql(AssertSqlSafe(script))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     pub(super) fn sqlite_key_query(&self) -> String {
         format!(
             "select {} from {} as t",
@@ -126,4 +156,42 @@ impl Watch {
             ident(&self.table)
         )
     }
+}
+
+/// Removes the change feed from a SQLite database: every feed trigger on
+/// every table, and the feed's, snapshots' and fleet's tables (every
+/// object named `bloom_guard_*`), in one transaction. Stop the followers
+/// first: a running one puts its table's triggers back at its next check.
+///
+/// # Errors
+///
+/// [`FeedError::Database`] if the database refuses the DDL.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::SqlitePool) -> Result<(), bloom_guard_sqlx::FeedError> {
+/// bloom_guard_sqlx::uninstall_sqlite(&pool).await?;
+/// # Ok(()) }
+/// ```
+pub async fn uninstall_sqlite(pool: &SqlitePool) -> Result<(), FeedError> {
+    let mut tx = pool.begin_with("begin immediate").await?;
+    // Triggers first: a trigger's table may be dropped after it.
+    let objects: Vec<(String, String)> = sqlx::query_as(
+        "select type, name from sqlite_master
+          where type in ('trigger', 'table') and name like 'bloom\\_guard\\_%' escape '\\'
+          order by type = 'table', name",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let script: String = objects
+        .iter()
+        .map(|(kind, name)| format!("drop {kind} if exists {};", ident(name)))
+        .collect();
+    sqlx::raw_sql(AssertSqlSafe(script))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    tracing::info!("removed the bloom-guard change feed");
+    Ok(())
 }

@@ -10,6 +10,8 @@ mod scan;
 mod snapshot;
 mod wake;
 
+pub use install::uninstall_sqlite;
+
 use std::time::Duration;
 
 use bloom_guard::BloomGuard;
