@@ -453,6 +453,35 @@ $$;
 -- `session_replication_role = replica` sessions too, and a row trigger
 -- ENABLE REPLICA, which only logical replication's apply worker (and
 -- replica sessions) fire: the apply worker fires no statement trigger.
+-- Whether `rel` has every feed trigger of `guard` over `key_columns`, each
+-- enabled as it must be and calling this key's function: then
+-- `create_triggers` leaves it alone (version 9), so a new partition or
+-- child gets its triggers without locking the rest of the tree.
+create or replace function bloom_guard.triggers_complete(rel regclass, key_columns text[], guard text)
+returns boolean
+language sql stable
+set search_path = pg_catalog, pg_temp
+set jit = off
+as $$
+    select pg_catalog.count(t.oid) = pg_catalog.count(*)
+    from (values
+        ('inserted', 'A', bloom_guard.record_function(guard, key_columns, 'inserted')::text),
+        ('updated', 'A', bloom_guard.record_function(guard, key_columns, 'updated')::text),
+        ('deleted', 'A', bloom_guard.record_function(guard, key_columns, 'deleted')::text),
+        ('truncated', 'A', 'record_truncated'),
+        ('replica', 'R', bloom_guard.record_function(guard, key_columns, 'row')::text)) e(event, mode, function)
+    left join pg_catalog.pg_trigger t
+      on t.tgrelid = rel
+     and t.tgname = bloom_guard.trigger_name(guard, e.event)
+     and t.tgenabled = e.mode
+     and t.tgfoid = (select p.oid from pg_catalog.pg_proc p
+                      where p.proname = e.function and p.pronamespace = 'bloom_guard'::regnamespace
+                      limit 1)
+    -- A partitioned table holds no rows: no row trigger of its own.
+    where not (e.event = 'replica'
+               and exists (select from pg_catalog.pg_class c where c.oid = rel and c.relkind = 'p'))
+$$;
+
 create or replace function bloom_guard.create_triggers(target regclass, key_columns text[], guard text)
 returns void
 language plpgsql
@@ -469,6 +498,9 @@ begin
     perform pg_catalog.set_config('bloom_guard.installing', 'on', true);
     perform bloom_guard.create_record_functions(guard, key_columns);
     for rel in select bloom_guard.family(target) loop
+        -- Tables already complete are not locked again: watching the tree
+        -- after a partition was added touches only the new partition.
+        continue when bloom_guard.triggers_complete(rel, key_columns, guard);
         foreach event in array array['inserted', 'updated', 'deleted', 'truncated', 'replica'] loop
             execute pg_catalog.format('drop trigger if exists %I on %s', bloom_guard.trigger_name(guard, event), rel);
         end loop;

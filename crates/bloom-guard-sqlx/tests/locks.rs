@@ -115,3 +115,53 @@ async fn the_upgrade_behind_a_reader_never_stalls_writers(pool: PgPool) {
         .expect("version");
     assert_eq!(version, bloom_guard_sqlx::SCHEMA_VERSION);
 }
+
+/// A partition added to a watched tree gets its triggers from `watch`
+/// without the rest of the tree being locked again: a transaction open on
+/// another partition holds nothing up.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_new_partition_is_watched_without_locking_the_others(pool: PgPool) {
+    bloom_guard_sqlx::install(&pool).await.expect("install");
+    exec(
+        &pool,
+        "create table parts (k text not null) partition by list (k);
+         create table parts_a partition of parts for values in ('a');
+         select bloom_guard.watch('parts', array['k'], 'parts');
+         create table parts_b partition of parts for values in ('b')",
+    )
+    .await;
+    let gaps = || async {
+        sqlx::query_scalar::<_, String>("select problem from bloom_guard.gaps('parts')")
+            .fetch_all(&pool)
+            .await
+            .expect("gaps")
+    };
+    assert!(!gaps().await.is_empty(), "the new partition has no trigger");
+    // A reader of the old partition: dropping and creating its triggers
+    // again would wait for it.
+    let mut holder = pool.acquire().await.expect("a connection").detach();
+    let mut open = holder.begin().await.expect("begin");
+    sqlx::raw_sql("select count(*) from parts_a")
+        .execute(&mut *open)
+        .await
+        .expect("read");
+    let parts = bloom_guard_sqlx::Watch::table("parts")
+        .key("k")
+        .name("parts");
+    tokio::time::timeout(Duration::from_secs(5), parts.install(&pool))
+        .await
+        .expect("watch waited for the old partition's reader")
+        .expect("watch");
+    assert_eq!(gaps().await, Vec::<String>::new());
+    exec(&pool, "insert into parts values ('b')").await;
+    let recorded: i64 = sqlx::query_scalar(
+        "select count(*) from bloom_guard.changes where guard = 'parts' and kind = 'i' and key = 'b'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("feed");
+    assert_eq!(recorded, 1);
+    open.commit().await.expect("commit");
+    let _ = holder.close().await;
+}
