@@ -42,6 +42,13 @@ pub enum FeedError {
     /// retried: a setting must change.
     #[error("the database connection goes through a pooler that breaks sessions ({0}): LISTEN and session advisory locks need a session of their own; give the follower a pool with a direct URL, or a pooler database in session mode that passes the startup parameter `options`")]
     Pooler(String),
+    /// No key type compares a watched key column as the database does (a
+    /// case- and accent-insensitive collation, a type parsed rather than
+    /// compared): the guard could never refuse a key of it. Each column is
+    /// named with its type or collation and what to change. Not retried: a
+    /// column or a setting must change.
+    #[error("no key type compares the key as the database does, so the guard could never refuse one: {0}")]
+    Uncomparable(String),
 }
 
 /// `error: cause: cause`, for a log line.

@@ -296,3 +296,40 @@ async fn a_stored_key_the_key_type_cannot_compare_keeps_the_guard_open(pool: PgP
     assert!(!again.is_ready());
     assert!(again.may_contain("istanbul"));
 }
+
+/// A key column no key type compares as Postgres does (an ICU collation
+/// that ignores accents, a date parsed from many spellings) is refused at
+/// watch, naming the column and why; nothing is installed on it.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_key_column_no_key_type_compares_is_refused_at_watch(pool: PgPool) {
+    bloom_guard_sqlx::install(&pool).await.expect("install");
+    exec(
+        &pool,
+        "create collation if not exists accent_insensitive
+             (provider = icu, locale = 'und-u-ks-level1', deterministic = false);
+         create table people (name text collate accent_insensitive not null);
+         create table days (day date not null)",
+    )
+    .await;
+    for (table, column, why) in [
+        ("people", "name", "ignores accents"),
+        ("days", "day", "parsed"),
+    ] {
+        let watched = Watch::table(table).key(column).install(&pool).await;
+        let Err(bloom_guard_sqlx::FeedError::Uncomparable(message)) = watched else {
+            panic!("{table}: {watched:?}");
+        };
+        assert!(
+            message.contains(&format!("{table}.{column}")) && message.contains(why),
+            "{message}"
+        );
+    }
+    let triggers: i64 = sqlx::query_scalar(
+        "select count(*) from pg_trigger where tgrelid in ('people'::regclass, 'days'::regclass)",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("triggers");
+    assert_eq!(triggers, 0);
+}

@@ -646,3 +646,34 @@ async fn uninstall_removes_a_tables_triggers_then_the_whole_feed() {
     assert_eq!(count(triggers).await, 3);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A key column of numeric affinity (`7.0` is found by `7`) is refused at
+/// watch, naming the column; nothing is installed on it.
+#[tokio::test]
+async fn a_key_column_no_key_type_compares_is_refused_at_watch() {
+    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let pool = open(&dir.join("items.db")).await;
+    sqlx::raw_sql("create table prices (amount numeric not null)")
+        .execute(&pool)
+        .await
+        .expect("schema");
+    let watched = Watch::table("prices")
+        .key("amount")
+        .install_sqlite(&pool)
+        .await;
+    let Err(bloom_guard_sqlx::FeedError::Uncomparable(why)) = watched else {
+        panic!("{watched:?}");
+    };
+    assert!(
+        why.contains("prices.amount") && why.contains("numeric affinity"),
+        "{why}"
+    );
+    let triggers: i64 =
+        sqlx::query_scalar("select count(*) from sqlite_master where type = 'trigger'")
+            .fetch_one(&pool)
+            .await
+            .expect("triggers");
+    assert_eq!(triggers, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use bloom_guard_sqlx::{Follow, MySqlFollower, PgFollower, SqliteFollower};
+use bloom_guard_sqlx::{FeedError, Follow, MySqlFollower, PgFollower, SqliteFollower};
 
-use crate::db::Pool;
+use crate::db::{MigrateError, Pool};
 use crate::feeds::{items_feed, users_feed};
 use crate::guards::Guards;
 use crate::state::AppState;
@@ -35,6 +35,15 @@ pub async fn prepare(state: AppState) {
             message.push_str(": ");
             message.push_str(&cause.to_string());
             source = cause.source();
+        }
+        // What only a changed column or setting can fix is no reason to
+        // retry: the service stops with it.
+        if matches!(
+            error,
+            MigrateError::Feed(FeedError::Uncomparable(_) | FeedError::Pooler(_))
+        ) {
+            tracing::error!(error = %message, "cannot guard this database; stopping");
+            std::process::exit(1);
         }
         tracing::warn!(error = %message, retry_in = ?delay, "database migration failed; retrying");
         if let Some(guards) = &state.guards {

@@ -73,6 +73,24 @@ pub(crate) fn enforce(
     }
 }
 
+/// The watched `columns` of `table` that no key type compares as the
+/// database does: an error naming each with why (its type or collation and
+/// what to change), for `watch` to refuse before it installs anything.
+pub(crate) fn comparable(table: &str, columns: &[KeyColumn]) -> Result<(), crate::FeedError> {
+    let uncomparable: Vec<String> = columns
+        .iter()
+        .filter_map(|column| match &column.comparison {
+            Comparison::Unmatched(why) => Some(format!("{table}.{}: {why}", column.name)),
+            _ => None,
+        })
+        .collect();
+    if uncomparable.is_empty() {
+        Ok(())
+    } else {
+        Err(crate::FeedError::Uncomparable(uncomparable.join("; ")))
+    }
+}
+
 /// Whether the guard is exact only while every stored key is printable
 /// ASCII: a case-insensitive key type over a column whose comparison also
 /// equates some non-ASCII spellings with ASCII ones (`citext` maps `İ` to

@@ -216,6 +216,7 @@ end if",
     /// it longer, and is tried again until the transaction in its way
     /// ends.
     pub async fn install_mysql(&self, pool: &MySqlPool) -> Result<(), FeedError> {
+        crate::follow::column::comparable(&self.table, &columns::key_columns(pool, self).await?)?;
         crate::ddl::retrying_locks("watch", DDL_LOCK_WAIT, lock_wait_timed_out, || {
             self.install_mysql_once(pool)
         })

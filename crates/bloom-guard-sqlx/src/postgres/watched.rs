@@ -20,6 +20,10 @@ impl Watch {
             tracing::debug!(table = %self.table, "the table is watched");
             return Ok(());
         }
+        crate::follow::column::comparable(
+            &self.table,
+            &super::catalog::key_columns(pool, self).await?,
+        )?;
         retrying_locks("watch", || self.watch_once(pool)).await?;
         Ok(())
     }

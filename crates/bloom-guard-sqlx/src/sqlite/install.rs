@@ -79,6 +79,10 @@ impl Watch {
     ///
     /// [`FeedError::Database`] if the table or a column does not exist.
     pub async fn install_sqlite(&self, pool: &SqlitePool) -> Result<(), FeedError> {
+        crate::follow::column::comparable(
+            &self.table,
+            &super::feed::key_columns(pool, self).await?,
+        )?;
         let table = ident(&self.table);
         let name = literal(self.feed_name());
         let trigger = |event: &str| ident(&format!("bloom_guard_{}_{event}", self.feed_name()));
