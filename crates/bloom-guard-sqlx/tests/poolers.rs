@@ -134,6 +134,19 @@ impl Bouncer {
     }
 }
 
+/// Through `bouncer`, the session check fails for a reason that says
+/// `why`, and a follower stops by itself.
+async fn refused(pool: &PgPool, bouncer: Bouncer, why: &str) {
+    let through = bouncer.pool(pool);
+    match check_session(&through).await {
+        Err(FeedError::Pooler(reason)) => assert!(reason.contains(why), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    follower_stops(&through).await;
+    through.close().await;
+    bouncer.stop(pool).await;
+}
+
 /// A follower through `through` stops by itself, its guard naming the
 /// pooler.
 async fn follower_stops(through: &PgPool) {
@@ -158,14 +171,7 @@ async fn in_transaction_mode_a_follower_stops_at_start_naming_the_fix(pool: PgPo
     // The parameter PgBouncer would refuse let through: the connections
     // come up, and only the sessions break.
     let bouncer = Bouncer::start(&pool, "transaction", "extra_float_digits,options");
-    let through = bouncer.pool(&pool);
-    match check_session(&through).await {
-        Err(FeedError::Pooler(reason)) => assert!(reason.contains("LISTEN"), "{reason}"),
-        other => panic!("{other:?}"),
-    }
-    follower_stops(&through).await;
-    through.close().await;
-    bouncer.stop(&pool).await;
+    refused(&pool, bouncer, "LISTEN").await;
 }
 
 #[sqlx::test(migrations = "tests/migrations")]
@@ -176,16 +182,7 @@ async fn in_transaction_mode_a_follower_stops_at_start_naming_the_fix(pool: PgPo
 async fn a_pooler_that_refuses_the_startup_parameters_is_named(pool: PgPool) {
     install(&pool).await;
     let bouncer = Bouncer::start(&pool, "transaction", "extra_float_digits");
-    let through = bouncer.pool(&pool);
-    match check_session(&through).await {
-        Err(FeedError::Pooler(reason)) => {
-            assert!(reason.contains("startup parameter"), "{reason}");
-        }
-        other => panic!("{other:?}"),
-    }
-    follower_stops(&through).await;
-    through.close().await;
-    bouncer.stop(&pool).await;
+    refused(&pool, bouncer, "startup parameter").await;
 }
 
 #[sqlx::test(migrations = "tests/migrations")]

@@ -111,15 +111,7 @@ impl Watch {
             updated = trigger("updated"),
             deleted = trigger("deleted"),
         );
-        // One transaction, holding the write lock from its start: an
-        // install running beside another (a follower putting triggers back
-        // while an operator watches the table) waits for it, within the
-        // busy timeout, instead of meeting its triggers half-made.
-        let mut tx = pool.begin_with("begin immediate").await?;
-        sqlx::raw_sql(AssertSqlSafe(script))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        run_script(pool, script).await?;
         Ok(())
     }
 
@@ -145,11 +137,7 @@ impl Watch {
             .iter()
             .map(|name| format!("drop trigger if exists {};", ident(name)))
             .collect();
-        let mut tx = pool.begin_with("begin immediate").await?;
-        sqlx::raw_sql(AssertSqlSafe(script))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        run_script(pool, script).await?;
         Ok(())
     }
 
@@ -160,6 +148,18 @@ impl Watch {
             ident(&self.table)
         )
     }
+}
+
+/// Runs `script` in one transaction that holds the write lock from its
+/// start: an install running beside another (a follower putting triggers
+/// back while an operator watches the table) waits for it, within the busy
+/// timeout, instead of meeting its triggers half-made.
+async fn run_script(pool: &SqlitePool, script: String) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin_with("begin immediate").await?;
+    sqlx::raw_sql(AssertSqlSafe(script))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
 }
 
 /// Removes the change feed from a SQLite database: every feed trigger on
