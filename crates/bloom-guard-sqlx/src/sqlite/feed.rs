@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use sqlx::{AssertSqlSafe, Row, SqlitePool, TypeInfo, ValueRef};
 
-use super::install::ident;
+use super::names::ident;
 use super::mark::Mark;
 use crate::follow::changes::Changes;
 use crate::follow::column::{sqlite_column_definition, sqlite_comparison, KeyColumn};

@@ -3,6 +3,7 @@
 
 use sqlx::{AssertSqlSafe, SqlitePool};
 
+use super::names::{ident, literal};
 use super::{fleet, snapshot};
 use crate::error::FeedError;
 use crate::watch::Watch;
@@ -38,15 +39,6 @@ pub(super) async fn identity(pool: &SqlitePool) -> Result<String, sqlx::Error> {
         .await
 }
 
-/// `"name"` with inner quotes doubled: an SQLite identifier.
-pub(super) fn ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// `'text'` with inner quotes doubled: an SQLite string literal.
-fn literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
-}
 
 impl Watch {
     /// The canonical key of row `alias` in SQLite: as for Postgres (see

@@ -6,6 +6,7 @@ mod feed;
 mod fleet;
 mod install;
 mod mark;
+mod names;
 mod scan;
 mod snapshot;
 mod wake;
