@@ -925,6 +925,15 @@ begin
     execute pg_catalog.format(
         'grant select, insert, update, delete on bloom_guard.settings, bloom_guard.instances to %s', runtime);
     execute pg_catalog.format('grant execute on function bloom_guard.prune(interval) to %s', runtime);
+    -- The read-only helpers the followers' checks call, by name: a
+    -- database whose default privileges revoke EXECUTE from PUBLIC keeps
+    -- them from everyone else.
+    execute pg_catalog.format(
+        'grant execute on function bloom_guard.current_slot(), bloom_guard.family(regclass),
+             bloom_guard.trigger_name(text, text), bloom_guard.record_function(text, text[], text),
+             bloom_guard.key_of(text[], text[]), bloom_guard.key_expression(text[], text),
+             bloom_guard.key_columns_gone(text[]), bloom_guard.counts_rows(text), bloom_guard.gaps(text),
+             bloom_guard.triggers_complete(regclass, text[], text) to %s', runtime);
 end
 $$;
 

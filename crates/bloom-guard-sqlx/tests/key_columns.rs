@@ -333,3 +333,31 @@ async fn a_key_column_no_key_type_compares_is_refused_at_watch(pool: PgPool) {
     .expect("triggers");
     assert_eq!(triggers, 0);
 }
+
+/// A key column altered while the follower runs (to `citext`, which text
+/// keys cannot compare) holds the guard open within a few checks, and
+/// lets it answer again once the column is altered back.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_key_column_altered_while_following_holds_the_guard_open(pool: PgPool) {
+    common::install(&pool).await;
+    exec(&pool, "create extension if not exists citext").await;
+    let guard = BloomGuard::builder().expected_items(1000).build();
+    let _task = spawn(common::follower(&guard, &pool));
+    wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
+    exec(&pool, "alter table items alter column key type citext").await;
+    wait_until("held open for the column", Duration::from_secs(20), || {
+        let stats = guard.stats();
+        stats.state != GuardState::Ready
+            && stats
+                .reason
+                .as_deref()
+                .is_some_and(|reason| reason.contains("items.key"))
+    })
+    .await;
+    exec(&pool, "alter table items alter column key type text").await;
+    wait_until("answering again", Duration::from_secs(20), || {
+        guard.stats().state == GuardState::Ready
+    })
+    .await;
+}

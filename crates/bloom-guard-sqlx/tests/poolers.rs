@@ -62,7 +62,7 @@ impl Bouncer {
         )
         .expect("config");
         // PgBouncer refuses to run as root: as the database's user then.
-        let binary = PathBuf::from(env!("BLOOM_GUARD_PGBOUNCER"));
+        let binary = PathBuf::from(option_env!("BLOOM_GUARD_PGBOUNCER").unwrap_or("pgbouncer"));
         let root = Command::new("id")
             .arg("-u")
             .output()

@@ -66,6 +66,13 @@ async fn owner_installs(pool: &PgPool) -> PgPool {
 async fn the_runtime_role_follows_writes_and_publishes_but_cannot_change_the_feed(pool: PgPool) {
     let owner = owner_installs(&pool).await;
     let runtime = as_role(&pool, RUNTIME).await;
+    // As a DBA who revokes EXECUTE from PUBLIC would have it: the grant
+    // names every function the runtime role calls.
+    exec(
+        &owner,
+        "revoke execute on all functions in schema bloom_guard from public",
+    )
+    .await;
     grant_runtime(&owner, RUNTIME).await.expect("grant");
     exec(
         &owner,

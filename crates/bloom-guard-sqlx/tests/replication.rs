@@ -45,7 +45,9 @@ fn as_account(program: &Path, account: Option<(u32, u32)>) -> Command {
 
 impl Publisher {
     async fn start() -> Self {
-        let bin = PathBuf::from(env!("BLOOM_GUARD_PG_BIN"));
+        let bin = PathBuf::from(
+            option_env!("BLOOM_GUARD_PG_BIN").unwrap_or("/usr/lib/postgresql/15/bin"),
+        );
         let account = server_account();
         let dir = std::env::temp_dir().join(format!("bloom-guard-publisher-{}", fastrand::u64(..)));
         std::fs::create_dir_all(&dir).expect("temporary directory");

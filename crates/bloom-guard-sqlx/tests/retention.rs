@@ -66,7 +66,9 @@ async fn a_feed_no_instance_reads_stays_within_its_bound_under_the_pruning_job(p
     // The bound: a slot is current for at most a retention and a job's
     // interval, and emptied at most a retention and an interval after.
     let bound = (RETENTION + JOB_EVERY) * 2;
-    let slack = Duration::from_millis(750);
+    // A prune that met a look's lock tries again at the next run; a loaded
+    // machine runs the job late.
+    let slack = Duration::from_millis(1500);
     let mut oldest_seen = Duration::ZERO;
     let mut looks = 0;
     tokio::time::sleep(RETENTION * 3).await;

@@ -15,6 +15,9 @@ use crate::follow::column;
 /// rounds.
 const OVERDUE_AFTER: Duration = Duration::from_secs(300);
 
+/// Every how many checks the key columns are looked at again.
+const COLUMNS_EVERY: u32 = 6;
+
 /// How often the feed is pruned at most.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
@@ -45,6 +48,10 @@ impl<B: Database> Follower<B> {
         let mut last_prune: Option<Instant> = None;
         let mut last_look: Option<Instant> = None;
         let mut overdue = false;
+        // The key columns again, every few checks: a column altered to
+        // another collation or type while the follower runs.
+        let mut columns_looked_at = Instant::now();
+        let mut columns_hold = None;
         loop {
             let resync_requested = tokio::select! {
                 _ = ticks.tick() => false,
@@ -65,6 +72,10 @@ impl<B: Database> Follower<B> {
             };
             if resync_requested {
                 self.hold_for_unrecorded();
+            }
+            if columns_looked_at.elapsed() >= self.check_interval * COLUMNS_EVERY {
+                columns_looked_at = Instant::now();
+                self.look_at_key_columns(&mut columns_hold).await;
             }
             // The check reads whether the functions count rows too.
             let checked = self.check(&source, &mut gap).await;
@@ -280,6 +291,31 @@ impl<B: Database> Follower<B> {
             }
         }
         None
+    }
+
+    /// Checks the key columns against the guard's key type again: one that
+    /// no longer compares as the key type does (altered since the start)
+    /// holds the guard open, logged once, until it does again.
+    async fn look_at_key_columns(&self, hold: &mut Option<HoldOpen>) {
+        let Ok(columns) = self.backend.key_columns().await else {
+            return;
+        };
+        match column::check(&self.backend.watch().table, self.guard.key_type(), &columns) {
+            column::Verdict::Refused(problem) => {
+                if hold.is_none() {
+                    tracing::error!(guard = self.guard.name(), %problem, "a watched key column changed and no longer compares as the guard's key type; the guard lets every request through");
+                    *hold = Some(self.guard.hold_open_because(problem));
+                }
+            }
+            column::Verdict::Fits | column::Verdict::FitsWithCaveat(_) => {
+                if hold.take().is_some() {
+                    tracing::info!(
+                        guard = self.guard.name(),
+                        "the watched key columns compare as the guard's key type again"
+                    );
+                }
+            }
+        }
     }
 
     /// Holds the guard open for writes the feed could not record, until a

@@ -72,6 +72,8 @@ impl<B: Database> Follower<B> {
         if let Ok(Some(build_lock)) = self.backend.try_lock(self.guard.name()).await {
             if !fresh().await {
                 publish(&self.backend, &self.guard, &fingerprint, &at).await;
+                // What the next snapshot lacks is counted from here.
+                self.fleet().changes_at_fresh = self.changes_read();
             }
             drop(build_lock);
         }

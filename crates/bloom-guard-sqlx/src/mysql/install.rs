@@ -1,6 +1,8 @@
 //! Installing the change feed in a MySQL or MariaDB database: the feed,
 //! snapshot and fleet tables, and row triggers on the watched table.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use sqlx::{AssertSqlSafe, MySqlPool};
 
 use super::catalog::{self, Trigger};
@@ -217,16 +219,23 @@ end if",
     /// ends.
     pub async fn install_mysql(&self, pool: &MySqlPool) -> Result<(), FeedError> {
         crate::follow::column::comparable(&self.table, &columns::key_columns(pool, self).await?)?;
+        // One resync before the first drop, however many tries it takes.
+        let resynced = AtomicBool::new(false);
         crate::ddl::retrying_locks("watch", DDL_LOCK_WAIT, lock_wait_timed_out, || {
-            self.install_mysql_once(pool)
+            self.install_mysql_once(pool, &resynced)
         })
         .await?;
         Ok(())
     }
 
-    /// One try of [`install_mysql`](Self::install_mysql): a running
-    /// follower's repair tries once per check.
-    pub(super) async fn install_mysql_once(&self, pool: &MySqlPool) -> Result<(), sqlx::Error> {
+    /// One try of [`install_mysql`](Self::install_mysql) (a running
+    /// follower's repair tries once per check). `resynced`: an earlier try
+    /// recorded the resync that opens a replacement.
+    pub(super) async fn install_mysql_once(
+        &self,
+        pool: &MySqlPool,
+        resynced: &AtomicBool,
+    ) -> Result<(), sqlx::Error> {
         for statement in TABLES {
             sqlx::query(statement).execute(pool).await?;
         }
@@ -240,23 +249,31 @@ end if",
                 )))
             }
         };
-        let mut ddl = ddl_connection(pool).await?;
         let (schema, _) = table_parts(&self.table);
         let table_sql = table_ident(&self.table);
         let stored = catalog::stored_triggers(pool, self).await?;
-        let mut replaced = false;
-        for expected in self.mysql_expected_triggers(&binary) {
-            let found = stored.iter().find(|found| found.name == expected.name);
-            if found == Some(&expected) {
-                continue;
-            }
-            if found.is_some() && !replaced {
-                // Writes between the drop and the create are in no feed:
-                // every follower holds open from here until it rebuilt
-                // after the second record, below.
-                catalog::record_resync(pool, self.feed_name()).await?;
-                replaced = true;
-            }
+        let expected = self.mysql_expected_triggers(&binary);
+        let missing: Vec<&Trigger> = expected
+            .iter()
+            .filter(|expected| !stored.contains(expected))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let ours = stored
+            .iter()
+            .any(|found| expected.iter().any(|expected| expected.name == found.name));
+        // Replacing a trigger, or creating one beside others (an earlier
+        // try dropped it and could not create it again): writes between
+        // the drop and the create are in no feed. Every follower holds open
+        // from the first record until it rebuilt after the second, below.
+        let replacing = ours || resynced.load(Ordering::Acquire);
+        if replacing && !resynced.swap(true, Ordering::AcqRel) {
+            catalog::record_resync(pool, self.feed_name()).await?;
+        }
+        // One connection at a time: the DDL's, then the pool's again.
+        let mut ddl = ddl_connection(pool).await?;
+        for expected in missing {
             let qualified = match &schema {
                 Some(schema) => format!("{}.{}", ident(schema), ident(&expected.name)),
                 None => ident(&expected.name),
@@ -272,7 +289,8 @@ end if",
             .execute(&mut *ddl)
             .await?;
         }
-        if replaced {
+        drop(ddl);
+        if replacing {
             catalog::record_resync(pool, self.feed_name()).await?;
         }
         Ok(())

@@ -214,7 +214,9 @@ impl Database for MySqlBackend {
         }
         // One try: a table an open transaction holds is tried again at
         // the next check, never holding writers back.
-        self.watch.install_mysql_once(&self.pool).await?;
+        self.watch
+            .install_mysql_once(&self.pool, &std::sync::atomic::AtomicBool::new(false))
+            .await?;
         // Every instance rebuilds: writes made without the triggers are in
         // no feed.
         catalog::record_resync(&self.pool, self.watch.feed_name()).await?;

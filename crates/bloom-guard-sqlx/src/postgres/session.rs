@@ -15,6 +15,15 @@ const PROBE_CHANNEL: &str = "bloom_guard_probe";
 /// database that delivers it.
 const PROBE_WAIT: Duration = Duration::from_secs(5);
 
+/// Probes that must all go unheard before a pooler is concluded from
+/// silence alone (a notification queue far behind, on a healthy database,
+/// would delay one).
+const PROBES: u32 = 3;
+
+/// The longest the whole check may take: past it, the database is too
+/// slow to tell, which is an error to retry, not a pooler.
+const CHECK_WAIT: Duration = Duration::from_secs(30);
+
 /// Checks that connections made from `pool`'s options keep their session:
 /// a listener's connection `LISTEN`s, a connection of the pool sends it a
 /// notification, and it must arrive. Through a pooler in transaction mode
@@ -45,11 +54,25 @@ pub async fn check_session(pool: &PgPool) -> Result<(), FeedError> {
         .max_connections(1)
         .acquire_timeout(PROBE_WAIT)
         .connect_lazy_with(options);
-    let probed = probe(pool, &listening).await;
+    let probed = tokio::time::timeout(CHECK_WAIT, async {
+        let mut unheard = 0;
+        loop {
+            match probe(pool, &listening).await {
+                // Silence may be a slow queue: only silence every time is
+                // taken for a pooler.
+                Err(FeedError::Pooler(_)) if unheard + 1 < PROBES => unheard += 1,
+                probed => return probed,
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| Err(FeedError::Database(sqlx::Error::PoolTimedOut)));
     listening.close().await;
     probed
 }
 
+/// One probe: `Ok` once heard, [`FeedError::Pooler`] on evidence of a
+/// pooler (a refused startup parameter, the sender hearing it) or silence.
 async fn probe(pool: &PgPool, listening: &PgPool) -> Result<(), FeedError> {
     let mut listener = match PgListener::connect_with(listening).await {
         Ok(listener) => listener,
@@ -81,18 +104,25 @@ async fn probe(pool: &PgPool, listening: &PgPool) -> Result<(), FeedError> {
     let heard = tokio::time::timeout(PROBE_WAIT, async {
         loop {
             match listener.try_recv().await? {
-                Some(notification) if notification.payload() == nonce => return Ok(true),
+                Some(notification) if notification.payload() == nonce => return Ok(()),
                 Some(_) => {}
-                None => return Ok::<_, sqlx::Error>(false),
+                // The connection was lost (a restart, a terminated
+                // backend): an error to retry, not evidence of a pooler.
+                None => {
+                    return Err(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        "the session check's listening connection closed",
+                    )))
+                }
             }
         }
     })
     .await;
     match heard {
-        Ok(Ok(true)) => Ok(()),
+        Ok(Ok(())) => Ok(()),
         Ok(Err(error)) => Err(FeedError::Database(error)),
-        Ok(Ok(false)) | Err(_) => Err(FeedError::Pooler(format!(
-            "a connection that ran LISTEN did not hear a NOTIFY within {PROBE_WAIT:?}"
+        Err(_) => Err(FeedError::Pooler(format!(
+            "a connection that ran LISTEN did not hear a NOTIFY within {PROBE_WAIT:?}, {PROBES} times"
         ))),
     }
 }

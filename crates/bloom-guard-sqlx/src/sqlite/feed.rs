@@ -7,8 +7,8 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use sqlx::{AssertSqlSafe, Row, SqlitePool, TypeInfo, ValueRef};
 
-use super::names::ident;
 use super::mark::Mark;
+use super::names::ident;
 use crate::follow::changes::Changes;
 use crate::follow::column::{sqlite_column_definition, sqlite_comparison, KeyColumn};
 use crate::follow::Read;

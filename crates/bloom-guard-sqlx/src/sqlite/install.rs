@@ -39,7 +39,6 @@ pub(super) async fn identity(pool: &SqlitePool) -> Result<String, sqlx::Error> {
         .await
 }
 
-
 impl Watch {
     /// The canonical key of row `alias` in SQLite: as for Postgres (see
     /// [`Watch`]), a BLOB left as it is, for the reader to skip.
