@@ -75,19 +75,21 @@ async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(
     let never = passed(&guard, (0..100_000).map(|i| format!("never-{i}")));
     assert!(never <= 2.0 * FPP, "never-seen keys passed: {never}");
     // Its snapshot carries every stage (format 4), and a second instance
-    // adopts it: one published after the churn, so the feed since it is
-    // nothing to replay (with much to replay, a start may choose a scan).
-    let published_before: i64 =
-        sqlx::query_scalar("select coalesce(max(id), 0) from bloom_guard.snapshots")
-            .fetch_one(&pool)
-            .await
-            .expect("snapshots");
+    // adopts it: one whose position sees every round of the churn, so the
+    // feed since it is nothing to replay (with much to replay, a start may
+    // choose a scan). A publish in flight during the last round may commit
+    // after the churn with a position before it: its successor is awaited.
+    let churned: String = sqlx::query_scalar("select pg_current_snapshot()::text")
+        .fetch_one(&pool)
+        .await
+        .expect("the snapshot after the churn");
     let mut format = 0;
-    for _ in 0..100 {
+    for _ in 0..200 {
         format = sqlx::query_scalar(
-            "select coalesce(max(format), 0) from bloom_guard.snapshots where id > $1",
+            "select coalesce(max(format), 0) from bloom_guard.snapshots
+              where pg_snapshot_xmin(position::pg_snapshot) >= pg_snapshot_xmax($1::pg_snapshot)",
         )
-        .bind(published_before)
+        .bind(&churned)
         .fetch_one(&pool)
         .await
         .expect("snapshots");
@@ -96,7 +98,7 @@ async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(format, 4, "no snapshot of the grown filter");
+    assert_eq!(format, 4, "no snapshot of the grown filter after the churn");
     let second = BloomGuard::builder().false_positive_rate(FPP).build();
     let _second_task = spawn(follower(&second, &pool));
     wait_until("the second ready", Duration::from_secs(20), || {

@@ -25,6 +25,9 @@ impl<B: Database> Follower<B> {
                 _ => return,
             }
         };
+        // The changes read by the position published: those read while
+        // the publish runs are what the next snapshot lacks.
+        let read_then = self.changes_read();
         if self
             .fleet()
             .fresh_until
@@ -72,8 +75,7 @@ impl<B: Database> Follower<B> {
         if let Ok(Some(build_lock)) = self.backend.try_lock(self.guard.name()).await {
             if !fresh().await {
                 publish(&self.backend, &self.guard, &fingerprint, &at).await;
-                // What the next snapshot lacks is counted from here.
-                self.fleet().changes_at_fresh = self.changes_read();
+                self.fleet().changes_at_fresh = read_then;
             }
             drop(build_lock);
         }
