@@ -834,7 +834,15 @@ begin
         return;
     end if;
     for g in select distinct w.guard from bloom_guard.watched w loop
-        if exists (select from bloom_guard.gaps(g) x where x.rel is not null) then
+        -- Version 9: any ALTER TABLE of a watched table too (a key
+        -- column's type or collation may have changed how the database
+        -- compares keys): followers hold the guard open from the read
+        -- that sees this row, look at the key columns again, and rebuild.
+        if exists (select from bloom_guard.gaps(g) x where x.rel is not null)
+           or exists (select from pg_catalog.pg_event_trigger_ddl_commands() c
+                        join bloom_guard.watched w on w.guard = g
+                       cross join lateral bloom_guard.family(w.rel) f(rel)
+                       where c.command_tag = 'ALTER TABLE' and c.objid = f.rel::oid) then
             insert into bloom_guard.changes (guard, kind, key, part)
             values (g, 'r', '', bloom_guard.current_slot());
         end if;

@@ -73,7 +73,12 @@ impl<B: Database> Follower<B> {
             if resync_requested {
                 self.hold_for_unrecorded();
             }
-            if columns_looked_at.elapsed() >= self.check_interval * COLUMNS_EVERY {
+            // A resync may come from an ALTER of a key column (Postgres's
+            // event trigger records one): looked at before the rebuild
+            // that ends the resync's hold.
+            if resync_requested
+                || columns_looked_at.elapsed() >= self.check_interval * COLUMNS_EVERY
+            {
                 columns_looked_at = Instant::now();
                 self.look_at_key_columns(&mut columns_hold).await;
             }
