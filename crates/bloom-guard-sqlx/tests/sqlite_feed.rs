@@ -677,3 +677,44 @@ async fn a_key_column_no_key_type_compares_is_refused_at_watch() {
     assert_eq!(triggers, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Installing over a current feed changes nothing (SQLite's schema
+/// version stays, so no write lock was taken and no statement of another
+/// connection is prepared again); a trigger dropped by hand is put back.
+#[tokio::test]
+async fn installing_again_over_a_current_feed_writes_nothing() {
+    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let pool = open(&dir.join("items.db")).await;
+    sqlx::raw_sql("create table items (id integer primary key, key not null unique)")
+        .execute(&pool)
+        .await
+        .expect("schema");
+    let items = Watch::table("items").key("key");
+    items.install_sqlite(&pool).await.expect("install");
+    let version = || async {
+        sqlx::query_scalar::<_, i64>("pragma schema_version")
+            .fetch_one(&pool)
+            .await
+            .expect("schema version")
+    };
+    let installed = version().await;
+    items.install_sqlite(&pool).await.expect("install again");
+    assert_eq!(
+        version().await,
+        installed,
+        "installing again changed the schema"
+    );
+    sqlx::raw_sql("drop trigger bloom_guard_items_deleted")
+        .execute(&pool)
+        .await
+        .expect("drop a trigger");
+    items.install_sqlite(&pool).await.expect("repair");
+    let triggers: i64 =
+        sqlx::query_scalar("select count(*) from sqlite_master where type = 'trigger'")
+            .fetch_one(&pool)
+            .await
+            .expect("triggers");
+    assert_eq!(triggers, 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}

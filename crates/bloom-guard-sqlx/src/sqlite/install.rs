@@ -64,7 +64,10 @@ impl Watch {
 
     /// Installs the feed's table and this table's triggers in a SQLite
     /// database: every key written by any client (another instance, the
-    /// `sqlite3` shell) reaches [`SqliteFollower`](crate::SqliteFollower)s. Idempotent.
+    /// `sqlite3` shell) reaches [`SqliteFollower`](crate::SqliteFollower)s. Idempotent:
+    /// over a feed whose tables and triggers are current it is one read,
+    /// with no write lock and no schema change, so every instance may call
+    /// it at start.
     ///
     /// # Errors
     ///
@@ -74,36 +77,66 @@ impl Watch {
             &self.table,
             &super::feed::key_columns(pool, self).await?,
         )?;
+        let triggers = self.sqlite_triggers();
+        if installed(pool, &triggers).await? {
+            tracing::debug!(table = %self.table, "the feed and the table's triggers are in place");
+            return Ok(());
+        }
+        let (snapshot_tables, fleet_tables) = (snapshot::TABLES, fleet::TABLES);
+        let mut script = format!("{FEED_TABLE}\n{snapshot_tables}\n{fleet_tables}\n");
+        for (name, create) in &triggers {
+            script.push_str(&format!(
+                "drop trigger if exists {};\n{create};\n",
+                ident(name)
+            ));
+        }
+        run_script(pool, script).await?;
+        Ok(())
+    }
+
+    /// This table's feed triggers, by name, each as the statement that
+    /// creates it, in the words SQLite keeps in `sqlite_master` (it writes
+    /// the first two keywords in capitals).
+    fn sqlite_triggers(&self) -> Vec<(String, String)> {
         let table = ident(&self.table);
         let name = literal(self.feed_name());
-        let trigger = |event: &str| ident(&format!("bloom_guard_{}_{event}", self.feed_name()));
         let (new_key, old_key) = (self.sqlite_key("new"), self.sqlite_key("old"));
-        let (snapshot_tables, fleet_tables) = (snapshot::TABLES, fleet::TABLES);
-        let script = format!(
-            "{FEED_TABLE}
-            {snapshot_tables}
-            {fleet_tables}
-            drop trigger if exists {inserted};
-            create trigger {inserted} after insert on {table} when ({new_key}) is not null begin
+        let [inserted, updated, deleted] = super::feed::trigger_names(self);
+        vec![
+            (
+                format!(
+                    "CREATE TRIGGER {} after insert on {table} when ({new_key}) is not null begin
                 insert into bloom_guard_changes (guard, kind, key) values ({name}, 'i', {new_key});
-            end;
-            drop trigger if exists {updated};
-            create trigger {updated} after update on {table} when ({new_key}) is not ({old_key}) begin
+            end",
+                    ident(&inserted)
+                ),
+                inserted,
+            ),
+            (
+                format!(
+                    "CREATE TRIGGER {} after update on {table} when ({new_key}) is not ({old_key}) begin
                 insert into bloom_guard_changes (guard, kind, key)
                 select {name}, 'd', {old_key} where ({old_key}) is not null;
                 insert into bloom_guard_changes (guard, kind, key)
                 select {name}, 'i', {new_key} where ({new_key}) is not null;
-            end;
-            drop trigger if exists {deleted};
-            create trigger {deleted} after delete on {table} when ({old_key}) is not null begin
+            end",
+                    ident(&updated)
+                ),
+                updated,
+            ),
+            (
+                format!(
+                    "CREATE TRIGGER {} after delete on {table} when ({old_key}) is not null begin
                 insert into bloom_guard_changes (guard, kind, key) values ({name}, 'd', {old_key});
-            end;",
-            inserted = trigger("inserted"),
-            updated = trigger("updated"),
-            deleted = trigger("deleted"),
-        );
-        run_script(pool, script).await?;
-        Ok(())
+            end",
+                    ident(&deleted)
+                ),
+                deleted,
+            ),
+        ]
+        .into_iter()
+        .map(|(create, name)| (name, create))
+        .collect()
     }
 
     /// Stops recording this table's keys: drops the feed's triggers from
@@ -139,6 +172,41 @@ impl Watch {
             ident(&self.table)
         )
     }
+}
+
+/// The feed's tables, each of which `install_sqlite` creates.
+const FEED_TABLES: [&str; 8] = [
+    "bloom_guard_changes",
+    "bloom_guard_horizon",
+    "bloom_guard_identity",
+    "bloom_guard_snapshots",
+    "bloom_guard_snapshot_chunks",
+    "bloom_guard_locks",
+    "bloom_guard_settings",
+    "bloom_guard_instances",
+];
+
+/// Whether every table of the feed exists and every one of `triggers` is
+/// stored exactly as written: then installing again changes nothing, and
+/// takes no write lock. One read.
+async fn installed(pool: &SqlitePool, triggers: &[(String, String)]) -> Result<bool, sqlx::Error> {
+    let stored: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "select type, name, sql from sqlite_master
+          where (type = 'table' or type = 'trigger') and name like 'bloom\\_guard\\_%' escape '\\'",
+    )
+    .fetch_all(pool)
+    .await?;
+    let has_table = |table: &str| {
+        stored
+            .iter()
+            .any(|(kind, name, _)| kind == "table" && name == table)
+    };
+    let has_trigger = |(trigger, create): &(String, String)| {
+        stored.iter().any(|(kind, name, sql)| {
+            kind == "trigger" && name == trigger && sql.as_deref() == Some(create.as_str())
+        })
+    };
+    Ok(FEED_TABLES.iter().all(|table| has_table(table)) && triggers.iter().all(has_trigger))
 }
 
 /// Runs `script` in one transaction that holds the write lock from its
