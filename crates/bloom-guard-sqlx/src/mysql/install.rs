@@ -62,6 +62,25 @@ const TABLES: [&str; 9] = [
      select replace(uuid(), '-', '') from dual where not exists (select 1 from bloom_guard_identity)",
 ];
 
+/// Whether every table of [`TABLES`] exists with its one row where it has
+/// one: then a start creates nothing (one read instead of nine
+/// statements). Any error (a table missing) says no.
+async fn tables_in_place(pool: &MySqlPool) -> bool {
+    sqlx::query_scalar::<_, i64>(
+        "select (select count(*) from information_schema.tables
+                  where table_schema = database()
+                    and table_name in ('bloom_guard_changes', 'bloom_guard_horizon',
+                                       'bloom_guard_snapshots', 'bloom_guard_snapshot_chunks',
+                                       'bloom_guard_settings', 'bloom_guard_instances',
+                                       'bloom_guard_identity')) = 7
+                and exists (select 1 from bloom_guard_horizon)
+                and exists (select 1 from bloom_guard_identity)",
+    )
+    .fetch_one(pool)
+    .await
+    .is_ok_and(|in_place| in_place == 1)
+}
+
 /// The database file's identity, written at install (empty before):
 /// snapshot fingerprints include it, so a snapshot restored into another
 /// server is not taken for this one's.
@@ -236,8 +255,10 @@ end if",
         pool: &MySqlPool,
         resynced: &AtomicBool,
     ) -> Result<(), sqlx::Error> {
-        for statement in TABLES {
-            sqlx::query(statement).execute(pool).await?;
+        if !tables_in_place(pool).await {
+            for statement in TABLES {
+                sqlx::query(statement).execute(pool).await?;
+            }
         }
         let binary: Option<Vec<bool>> = self.mysql_binary(pool).await?.into_iter().collect();
         let binary = match binary {
