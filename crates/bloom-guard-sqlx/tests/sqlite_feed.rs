@@ -23,6 +23,18 @@ async fn open(path: &std::path::Path) -> SqlitePool {
         .expect("open")
 }
 
+/// A SQLite file of its own, in a new folder, with `schema` run on it.
+async fn fresh(schema: &str) -> (std::path::PathBuf, SqlitePool) {
+    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let pool = open(&dir.join("items.db")).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(schema.to_owned()))
+        .execute(&pool)
+        .await
+        .expect("schema");
+    (dir, pool)
+}
+
 async fn wait_for(guard: &BloomGuard, key: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
     while !(guard.stats().state == GuardState::Ready && guard.may_contain(key)) {
@@ -600,13 +612,8 @@ async fn rtrim_under_space_padded_text_refuses_only_absent_spellings() {
 /// installed, leaving the application's tables as they were.
 #[tokio::test]
 async fn uninstall_removes_a_tables_triggers_then_the_whole_feed() {
-    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let pool = open(&dir.join("items.db")).await;
-    sqlx::raw_sql("create table items (id integer primary key, key not null unique)")
-        .execute(&pool)
-        .await
-        .expect("schema");
+    let (dir, pool) =
+        fresh("create table items (id integer primary key, key not null unique)").await;
     let items = Watch::table("items").key("key");
     items.install_sqlite(&pool).await.expect("install");
     let count = |sql: &'static str| {
@@ -651,13 +658,7 @@ async fn uninstall_removes_a_tables_triggers_then_the_whole_feed() {
 /// watch, naming the column; nothing is installed on it.
 #[tokio::test]
 async fn a_key_column_no_key_type_compares_is_refused_at_watch() {
-    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let pool = open(&dir.join("items.db")).await;
-    sqlx::raw_sql("create table prices (amount numeric not null)")
-        .execute(&pool)
-        .await
-        .expect("schema");
+    let (dir, pool) = fresh("create table prices (amount numeric not null)").await;
     let watched = Watch::table("prices")
         .key("amount")
         .install_sqlite(&pool)
@@ -683,13 +684,8 @@ async fn a_key_column_no_key_type_compares_is_refused_at_watch() {
 /// connection is prepared again); a trigger dropped by hand is put back.
 #[tokio::test]
 async fn installing_again_over_a_current_feed_writes_nothing() {
-    let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let pool = open(&dir.join("items.db")).await;
-    sqlx::raw_sql("create table items (id integer primary key, key not null unique)")
-        .execute(&pool)
-        .await
-        .expect("schema");
+    let (dir, pool) =
+        fresh("create table items (id integer primary key, key not null unique)").await;
     let items = Watch::table("items").key("key");
     items.install_sqlite(&pool).await.expect("install");
     let version = || async {
