@@ -8,7 +8,7 @@ use sqlx::{AssertSqlSafe, MySqlPool};
 use super::catalog::{self, Trigger};
 use super::columns;
 use super::names::{ident, literal, table_ident, table_parts};
-use super::uninstall::{ddl_connection, lock_wait_timed_out, DDL_LOCK_WAIT};
+use super::uninstall::{ddl_connection, lock_wait_timed_out, DDL_LOCK_WAIT, TABLE_NAMES};
 use crate::error::FeedError;
 use crate::watch::Watch;
 
@@ -66,16 +66,15 @@ const TABLES: [&str; 9] = [
 /// one: then a start creates nothing (one read instead of nine
 /// statements). Any error (a table missing) says no.
 async fn tables_in_place(pool: &MySqlPool) -> bool {
-    sqlx::query_scalar::<_, i64>(
+    let names: Vec<String> = TABLE_NAMES.iter().map(|name| literal(name)).collect();
+    sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
         "select (select count(*) from information_schema.tables
-                  where table_schema = database()
-                    and table_name in ('bloom_guard_changes', 'bloom_guard_horizon',
-                                       'bloom_guard_snapshots', 'bloom_guard_snapshot_chunks',
-                                       'bloom_guard_settings', 'bloom_guard_instances',
-                                       'bloom_guard_identity')) = 7
+                  where table_schema = database() and table_name in ({})) = {}
                 and exists (select 1 from bloom_guard_horizon)
                 and exists (select 1 from bloom_guard_identity)",
-    )
+        names.join(", "),
+        TABLE_NAMES.len()
+    )))
     .fetch_one(pool)
     .await
     .is_ok_and(|in_place| in_place == 1)

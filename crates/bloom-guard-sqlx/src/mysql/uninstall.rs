@@ -39,7 +39,7 @@ pub(super) fn lock_wait_timed_out(error: &sqlx::Error) -> bool {
 
 /// The feed's, the snapshots' and the fleet's tables, in the order they
 /// can be dropped.
-const TABLES: [&str; 7] = [
+pub(super) const TABLE_NAMES: [&str; 7] = [
     "bloom_guard_snapshot_chunks",
     "bloom_guard_snapshots",
     "bloom_guard_changes",
@@ -76,7 +76,7 @@ pub async fn uninstall_mysql(pool: &MySqlPool) -> Result<(), FeedError> {
     .fetch_all(pool)
     .await?;
     drop_triggers(pool, None, &triggers).await?;
-    let tables: Vec<String> = TABLES.iter().map(|table| ident(table)).collect();
+    let tables: Vec<String> = TABLE_NAMES.iter().map(|table| ident(table)).collect();
     sqlx::raw_sql(AssertSqlSafe(format!(
         "drop table if exists {}",
         tables.join(", ")
