@@ -80,8 +80,9 @@ impl FleetRebuild {
     /// or MariaDB database.
     #[cfg(feature = "mysql")]
     pub fn mysql(guard: BloomGuard, pool: sqlx::MySqlPool, watch: Watch) -> Self {
+        let backend = MySqlBackend::new(&guard, pool, watch);
         Self {
-            engine: Engine::MySql(Rebuild::new(guard, MySqlBackend::new(pool, watch))),
+            engine: Engine::MySql(Rebuild::new(guard, backend)),
         }
     }
 

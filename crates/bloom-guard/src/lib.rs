@@ -29,6 +29,7 @@ pub use error::{AdoptError, BuildError};
 pub use handle::builder::Builder;
 pub use handle::guard::{BloomGuard, HoldOpen};
 pub use keys::batch::KeyBatch;
+pub use keys::collation::{Collation, CollationBuilder, CollationError};
 pub use keys::key::{Key, KeyError};
 pub use keys::key_type::KeyType;
 pub use lifecycle::adopt::Adoption;

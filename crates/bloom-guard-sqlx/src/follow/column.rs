@@ -30,6 +30,10 @@ pub(crate) enum Comparison {
     Integer,
     /// UUIDs: any spelling finds the value.
     Uuid,
+    /// Text under a case- or accent-insensitive collation whose weights
+    /// the guard reproduces ([`KeyType::Collated`]): the collation's name.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    Collated(String),
     /// No key type compares as the column does; why.
     Unmatched(String),
 }
@@ -91,6 +95,45 @@ pub(crate) fn comparable(table: &str, columns: &[KeyColumn]) -> Result<(), crate
     }
 }
 
+/// The key type that compares keys as the watched `columns` of `table`
+/// do: `Err(name)` for a collation whose weights the backend must read;
+/// composite keys are text.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn key_type_for(
+    table: &str,
+    columns: &[KeyColumn],
+    watched: usize,
+) -> Result<Result<KeyType, String>, crate::FeedError> {
+    comparable(table, columns)?;
+    if columns.len() != watched {
+        return Err(crate::FeedError::Uncomparable(format!(
+            "{table} lacks a watched key column"
+        )));
+    }
+    let [column] = columns else {
+        return match check_composite(table, columns) {
+            Verdict::Refused(why) => Err(crate::FeedError::Uncomparable(why)),
+            _ => Ok(Ok(KeyType::Text)),
+        };
+    };
+    Ok(Ok(match &column.comparison {
+        Comparison::Exact => KeyType::Text,
+        Comparison::CaseInsensitive
+        | Comparison::AsciiCaseInsensitive
+        | Comparison::IgnoresCharacters => KeyType::CaseInsensitiveText,
+        Comparison::PadSpace => KeyType::SpacePaddedText,
+        Comparison::Integer => KeyType::Integer,
+        Comparison::Uuid => KeyType::Uuid,
+        Comparison::Collated(name) => return Ok(Err(name.clone())),
+        Comparison::Unmatched(why) => {
+            return Err(crate::FeedError::Uncomparable(format!(
+                "{table}.{}: {why}",
+                column.name
+            )))
+        }
+    }))
+}
+
 /// Whether the guard is exact only while every stored key is printable
 /// ASCII: a case-insensitive key type over a column whose comparison also
 /// equates some non-ASCII spellings with ASCII ones (`citext` maps `İ` to
@@ -138,6 +181,17 @@ fn check_one(table: &str, key_type: KeyType, column: &KeyColumn) -> Verdict {
         Comparison::PadSpace => KeyType::SpacePaddedText,
         Comparison::Integer => KeyType::Integer,
         Comparison::Uuid => KeyType::Uuid,
+        Comparison::Collated(name) => {
+            return match key_type {
+                KeyType::Collated(collation) if collation.name().eq_ignore_ascii_case(name) => {
+                    Verdict::Fits
+                }
+                other => Verdict::Refused(format!(
+                    "{table}.{} compares keys under collation {name}, but the guard's key type is {other:?}: it would refuse stored keys spelt otherwise; build the guard with the key type Watch::key_type_mysql returns",
+                    column.name
+                )),
+            };
+        }
     };
     // A key type that compares more loosely is safe: requests it cannot
     // put in canonical form pass unchecked.
@@ -200,6 +254,7 @@ fn describe(comparison: &Comparison) -> &str {
         Comparison::PadSpace => "ignoring trailing spaces",
         Comparison::Integer => "as integers (007 is 7)",
         Comparison::Uuid => "as UUIDs (any case, braces, no hyphens)",
+        Comparison::Collated(_) => "under a case- or accent-insensitive collation",
         Comparison::Unmatched(why) => why,
     }
 }

@@ -1,10 +1,55 @@
 //! A watched MySQL table's key columns and how the server compares them.
 
+use bloom_guard::KeyType;
 use sqlx::MySqlPool;
 
 use super::names::located;
-use crate::follow::column::{Comparison, KeyColumn};
+use crate::follow::column::{key_type_for, Comparison, KeyColumn};
 use crate::watch::Watch;
+use crate::FeedError;
+
+impl Watch {
+    /// The key type a guard over this table needs on MySQL or MariaDB,
+    /// from its key column's type and collation: `Integer`, `Uuid`,
+    /// `SpacePaddedText` for a PAD SPACE binary collation, `Text`, and for
+    /// a case- or accent-insensitive collation ( `utf8mb4_general_ci`,
+    /// MariaDB's default; `utf8mb4_unicode_ci`; `utf8mb4_uca1400_ai_ci`;
+    /// MySQL 8's `utf8mb4_0900_ai_ci`) [`KeyType::Collated`], with the
+    /// collation's weights read from the server (one statement, once per
+    /// process). Composite keys are `Text`.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Uncomparable`] for a column no key type compares as the
+    /// server does (a language's collation, an accent-sensitive one), naming
+    /// the collations supported; [`FeedError::Database`] if the table
+    /// cannot be read.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use bloom_guard::BloomGuard;
+    /// use bloom_guard_sqlx::{MySqlFollower, Watch};
+    ///
+    /// # async fn run(pool: sqlx::MySqlPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+    /// let items = Watch::table("items").key("key");
+    /// items.install_mysql(&pool).await?;
+    /// // `key varchar(255)` under utf8mb4_general_ci: `Apple-Pie` is found
+    /// // as `apple-pie`, and the guard looks keys up as the server does.
+    /// let guard = BloomGuard::builder()
+    ///     .key_type(items.key_type_mysql(&pool).await?)
+    ///     .build();
+    /// tokio::spawn(MySqlFollower::new(guard.clone(), pool, items).run());
+    /// # Ok(()) }
+    /// ```
+    pub async fn key_type_mysql(&self, pool: &MySqlPool) -> Result<KeyType, FeedError> {
+        let columns = key_columns(pool, self).await?;
+        match key_type_for(&self.table, &columns, self.key_columns.len())? {
+            Ok(key_type) => Ok(key_type),
+            Err(collation) => super::collation::key_type(pool, &collation).await,
+        }
+    }
+}
 
 /// Whether the watched table has every key column.
 pub(super) async fn has_key_columns(pool: &MySqlPool, watch: &Watch) -> Result<bool, sqlx::Error> {
@@ -85,11 +130,17 @@ pub(super) fn comparison(data_type: &str, collation: Option<&str>) -> Comparison
         (true, false, "varchar" | "tinytext" | "text" | "mediumtext" | "longtext" | "char") => {
             Comparison::PadSpace
         }
-        (true, true, "char") => Comparison::Unmatched(
+        (_, true, "char") => Comparison::Unmatched(
             "a char column pads its values with spaces, which its NO PAD collation compares; use varchar".to_owned(),
         ),
+        (false, _, "varchar" | "tinytext" | "text" | "mediumtext" | "longtext" | "char")
+            if super::collation::is_supported(&collation) =>
+        {
+            Comparison::Collated(collation)
+        }
         _ => Comparison::Unmatched(format!(
-            "its collation {collation} equates spellings no key type reproduces (case, accents, trailing spaces); use a NO PAD binary collation (utf8mb4_nopad_bin on MariaDB, utf8mb4_0900_bin on MySQL) or varbinary"
+            "its collation {collation} equates spellings no key type reproduces; use one of {} (KeyType::Collated), a NO PAD binary collation (utf8mb4_nopad_bin on MariaDB, utf8mb4_0900_bin on MySQL) or varbinary",
+            super::collation::supported_list()
         )),
     }
 }
@@ -117,9 +168,16 @@ mod tests {
                 "{data_type} {collation}"
             );
         }
+        for collation in ["utf8mb4_general_ci", "utf8mb4_0900_ai_ci"] {
+            assert_eq!(
+                comparison("varchar", Some(collation)),
+                Comparison::Collated(collation.to_owned())
+            );
+        }
         for (data_type, collation) in [
-            ("varchar", Some("utf8mb4_general_ci")),
-            ("varchar", Some("utf8mb4_0900_ai_ci")),
+            ("varchar", Some("utf8mb4_german2_ci")),
+            ("varchar", Some("utf8mb4_0900_as_ci")),
+            ("char", Some("utf8mb4_general_nopad_ci")),
             ("char", Some("utf8mb4_nopad_bin")),
             ("date", None),
         ] {

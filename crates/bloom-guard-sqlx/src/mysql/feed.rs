@@ -143,6 +143,7 @@ pub(super) async fn read_since(
     settled: &Arc<Settled>,
     pool: &MySqlPool,
     name: &str,
+    collation: Option<&str>,
     since: &Cursor,
 ) -> Result<Read<Cursor>, sqlx::Error> {
     // Settled before the statement's view: an id up to it that this read
@@ -154,8 +155,13 @@ pub(super) async fn read_since(
         settled.advance(pool)
     };
     let (condition, values) = after(since, "c.");
+    // Under a collation, each key also as the server weighs it.
+    let weighed = collation.map_or_else(
+        || "null".to_owned(),
+        |collation| super::collation::weighed("c.k", collation),
+    );
     let statement = format!(
-        "select h.below, m.id, m.guard, m.kind, m.k, m.at, c.id, c.guard, c.kind, c.k, c.at
+        "select h.below, m.id, m.guard, m.kind, m.k, m.at, c.id, c.guard, c.kind, c.k, c.at, {weighed}
          from (select cast(coalesce(max(below), 0) as signed) as below from bloom_guard_horizon) h
          left join bloom_guard_changes m on m.id = ?
          left join bloom_guard_changes c on {condition}
@@ -222,12 +228,12 @@ async fn read_rows(
     let mut seen = BTreeSet::new();
     let mut last: Option<Row> = None;
     let mut first = None;
-    while let Some(row) = rows.try_next().await? {
+    while let Some(raw) = rows.try_next().await? {
         if first.is_none() {
-            let below: i64 = row.try_get(0)?;
-            first = Some((below, row_from(&row, 1)?));
+            let below: i64 = raw.try_get(0)?;
+            first = Some((below, row_from(&raw, 1)?));
         }
-        let Some(row) = row_from(&row, 6)? else {
+        let Some(row) = row_from(&raw, 6)? else {
             continue; // the one row of a read that found nothing
         };
         let id = row.0;
@@ -236,7 +242,8 @@ async fn read_rows(
         }
         seen.insert(id);
         if row.1 == name {
-            changes.record(&row.2, row.3.as_deref());
+            let weighed: Option<Vec<u8>> = raw.try_get(11)?;
+            changes.record(&row.2, weighed.as_deref().or(row.3.as_deref()));
         }
         last = Some(row);
     }

@@ -159,17 +159,26 @@ impl Watch {
             .collect())
     }
 
-    /// The key query of a scan: every row's key, as bytes.
-    pub(super) async fn mysql_key_query(&self, pool: &MySqlPool) -> Result<String, sqlx::Error> {
+    /// The key query of a scan: every row's key, as bytes, or as the
+    /// server weighs it under `collation` ([`Collation::weighed`](bloom_guard::Collation::weighed)).
+    pub(super) async fn mysql_key_query(
+        &self,
+        pool: &MySqlPool,
+        collation: Option<&str>,
+    ) -> Result<String, sqlx::Error> {
         let binary: Vec<bool> = self
             .mysql_binary(pool)
             .await?
             .into_iter()
             .map(|binary| binary.unwrap_or(false))
             .collect();
+        let key = self.mysql_key("t", &binary);
+        let key = match collation {
+            Some(collation) => super::collation::weighed(&key, collation),
+            None => key,
+        };
         Ok(format!(
-            "select {} as k from {} as t",
-            self.mysql_key("t", &binary),
+            "select {key} as k from {} as t",
             table_ident(&self.table)
         ))
     }

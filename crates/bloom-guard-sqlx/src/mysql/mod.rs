@@ -4,6 +4,7 @@
 //! the feed's tables and triggers, and the scan.
 
 mod catalog;
+mod collation;
 mod columns;
 mod cursor;
 mod feed;
@@ -20,7 +21,7 @@ mod wake;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bloom_guard::BloomGuard;
+use bloom_guard::{BloomGuard, KeyType};
 use sqlx::{MySql, MySqlPool};
 use tokio_util::sync::CancellationToken;
 
@@ -69,8 +70,9 @@ follower_api!(MySqlFollower);
 impl MySqlFollower {
     /// A follower for `guard`, holding the keys of `watch`'s table.
     pub fn new(guard: BloomGuard, pool: MySqlPool, watch: Watch) -> Self {
+        let backend = MySqlBackend::new(&guard, pool, watch);
         Self {
-            engine: Follower::new(guard, MySqlBackend::new(pool, watch)),
+            engine: Follower::new(guard, backend),
         }
     }
 }
@@ -85,11 +87,19 @@ pub(crate) struct MySqlBackend {
     settled: Arc<Settled>,
     snapshots: Tables<MySql>,
     fleet: FleetTables<MySql>,
+    /// The collation of a [`KeyType::Collated`] guard: stored keys are
+    /// read as the server weighs them under it.
+    collation: Option<String>,
 }
 
 impl MySqlBackend {
-    pub(crate) fn new(pool: MySqlPool, watch: Watch) -> Self {
+    pub(crate) fn new(guard: &BloomGuard, pool: MySqlPool, watch: Watch) -> Self {
+        let collation = match guard.key_type() {
+            KeyType::Collated(collation) => Some(collation.name().to_owned()),
+            _ => None,
+        };
         Self {
+            collation,
             snapshots: Tables::new(&pool, &store::STATEMENTS),
             fleet: FleetTables::new(&pool, &store::FLEET),
             settled: Arc::default(),
@@ -120,7 +130,10 @@ impl Database for MySqlBackend {
     }
 
     async fn key_source(&self) -> Result<KeySet<MySqlScan>, sqlx::Error> {
-        let query = self.watch.mysql_key_query(&self.pool).await?;
+        let query = self
+            .watch
+            .mysql_key_query(&self.pool, self.collation.as_deref())
+            .await?;
         let identity = install::identity(&self.pool).await?;
         let versions = catalog::trigger_versions(&self.pool, &self.watch).await?;
         Ok(KeySet {
@@ -172,6 +185,7 @@ impl Database for MySqlBackend {
             &self.settled,
             &self.pool,
             self.watch.feed_name(),
+            self.collation.as_deref(),
             since,
         )
         .await

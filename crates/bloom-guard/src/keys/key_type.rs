@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 
 use crate::keys::batch::KeyBatch;
+use crate::keys::collation::Collation;
 use crate::keys::key::{Key, KeyError};
 
 #[doc = include_str!("../../docs/key_types.md")]
@@ -24,6 +25,13 @@ pub enum KeyType {
     Integer,
     /// A UUID.
     Uuid,
+    /// Text under a case- or accent-insensitive database collation
+    /// (MariaDB's `utf8mb4_general_ci`, `utf8mb4_unicode_ci`): keys are
+    /// held and looked up by their weights under the collation, so every
+    /// spelling the database calls equal finds the stored key.
+    /// `bloom_guard_sqlx::key_type` reads the collation of a watched
+    /// column.
+    Collated(Collation),
 }
 
 impl KeyType {
@@ -89,6 +97,10 @@ impl KeyType {
                 let uuid = uuid::Uuid::try_parse(text).map_err(|_| KeyError::NotOfKeyType)?;
                 Ok(Key::from(uuid.hyphenated().to_string()))
             }
+            KeyType::Collated(collation) => collation
+                .weights(text)
+                .map(Key::from)
+                .ok_or(KeyError::Uncomparable),
         }
     }
 
@@ -109,7 +121,15 @@ impl KeyType {
     }
 
     /// A stored key in canonical form, or as it is if not of this type.
+    /// Under a collation, a key the database weighed
+    /// ([`Collation::weighed`]) is its weights.
     pub(crate) fn canonical_or_same(self, key: Key<'_>) -> Key<'_> {
+        if let KeyType::Collated(collation) = self {
+            return match collation.stored(key.as_bytes()) {
+                Some(weights) => Key::from(weights),
+                None => key,
+            };
+        }
         self.canonical(key.clone()).unwrap_or(key)
     }
 }

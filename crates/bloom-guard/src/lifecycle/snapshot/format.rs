@@ -15,6 +15,7 @@
 //! | 36 × `n` (Bloom) | per sub-filter: hash functions (4), false-positive rate (8, `f64` bits), capacity, keys, 64-bit words of bits (8 each) |
 //! | 8 + 16 × `n` (counting) | the target rate (`f64` bits); per shard: its keys and its length in bytes (8 each); format 4: 20 × `n`, each shard followed by its stage (4) |
 //! | 4 + text, three times | guard name, key-query fingerprint, feed position (each at most [`MAX_TEXT`] bytes) |
+//! | 4 + text (key type 5 only) | the collation's identity ([`Collation::identity`](crate::Collation::identity)) |
 //! | 8 × words | the parts, one after the other: a sub-filter's bits, a shard's bytes (qfilter's, in postcard) padded to whole words |
 //! | 32 | SHA-256 of everything before |
 //!
@@ -27,6 +28,7 @@
 //! Every field that steers a replay (the position among them) is inside
 //! the checksum.
 
+use crate::keys::collation::Collation;
 use crate::keys::key_type::KeyType;
 
 use super::parts::{
@@ -53,7 +55,7 @@ const FIXED_HEADER_LEN: usize = 1 + 16 + 8 + 4;
 pub(super) const CHECKSUM_LEN: usize = 32;
 /// The longest header any snapshot has.
 pub(super) const MAX_HEADER_LEN: usize =
-    FIXED_HEADER_LEN + 1 + 8 + STAGED_SHARD_LEN * MAX_SHARDS + 3 * (4 + MAX_TEXT);
+    FIXED_HEADER_LEN + 1 + 8 + STAGED_SHARD_LEN * MAX_SHARDS + 4 * (4 + MAX_TEXT);
 /// The longest name, fingerprint or position a snapshot holds: a snapshot
 /// with a longer one is refused when read, never cut short (a cut position
 /// would replay from the wrong place).
@@ -104,7 +106,14 @@ impl Header {
             }
         }
         let info = &self.info;
-        for text in [&info.guard, &info.fingerprint, &info.position] {
+        let collation = match info.key_type {
+            KeyType::Collated(collation) => Some(collation.identity()),
+            _ => None,
+        };
+        for text in [&info.guard, &info.fingerprint, &info.position]
+            .into_iter()
+            .chain(&collation)
+        {
             // Whole, however long: the reader refuses what is too long.
             let len = u32::try_from(text.len()).unwrap_or(u32::MAX);
             header.extend_from_slice(&len.to_le_bytes());
@@ -140,8 +149,7 @@ impl Header {
     /// `format`.
     pub(super) fn decode(mut bytes: &[u8], format: u32) -> Result<Self, SnapshotError> {
         let bytes = &mut bytes;
-        let key_type =
-            key_type_of(take(bytes, 1, "key type")?[0]).ok_or(SnapshotError::Field("key type"))?;
+        let key_type_code = take(bytes, 1, "key type")?[0];
         let counting = if format >= 3 {
             match take(bytes, 1, "filter kind")?[0] {
                 0 => false,
@@ -163,6 +171,12 @@ impl Header {
         let guard = text(bytes, "guard")?;
         let fingerprint = text(bytes, "fingerprint")?;
         let position = text(bytes, "position")?;
+        let key_type = match key_type_code {
+            COLLATED => Collation::find(&text(bytes, "collation")?).map(KeyType::Collated),
+            code => key_type_of(code),
+        }
+        // A collation this process never built: no guard of it to adopt.
+        .ok_or(SnapshotError::Field("key type"))?;
         if !bytes.is_empty() {
             return Err(SnapshotError::Field("header length"));
         }
@@ -248,8 +262,12 @@ fn key_type_code(key_type: KeyType) -> u8 {
         KeyType::Integer => 2,
         KeyType::Uuid => 3,
         KeyType::SpacePaddedText => 4,
+        KeyType::Collated(_) => COLLATED,
     }
 }
+
+/// The key type of a collation, whose identity follows the position.
+const COLLATED: u8 = 5;
 
 fn key_type_of(code: u8) -> Option<KeyType> {
     Some(match code {

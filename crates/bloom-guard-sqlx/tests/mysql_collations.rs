@@ -1,0 +1,271 @@
+//! Keys under MariaDB's case- and accent-insensitive collations, proven
+//! against the server: a corpus of every code point of the Basic
+//! Multilingual Plane, alone and beside ASCII letters, is stored in a
+//! watched table under each collation (half scanned, half through the
+//! feed); a probe table holds each stored string and its other spellings
+//! (upper and lower case, trailing spaces). Every probe the server finds
+//! in the watched table (`join ... on p.w = t.w`, the server's own
+//! equality) must not be refused by the guard, every probe the guard
+//! weighs itself must weigh as the server weighs it, and random absent
+//! keys are refused.
+
+mod common;
+
+use std::time::Duration;
+
+use bloom_guard::{BloomGuard, Collation, Key, KeyType};
+use bloom_guard_sqlx::{MySqlFollower, Watch};
+use common::mysql::fresh;
+use common::{spawn, wait_until};
+use sqlx::MySqlPool;
+
+/// The collations proven with the whole corpus.
+const COLLATIONS: &[&str] = &[
+    "utf8mb4_general_ci",
+    "utf8mb4_unicode_ci",
+    "utf8mb4_unicode_520_ci",
+    "utf8mb4_uca1400_ai_ci",
+];
+
+/// Spellings the docs promise, each beside what it must find.
+const SPELLINGS: &[(&str, &[&str])] = &[
+    ("Apple-Pie", &["apple-pie", "APPLE-PIE", "Apple-Pie "]),
+    ("cafe", &["café", "cafe ", "CAFÉ"]),
+];
+
+/// Every Basic Multilingual Plane scalar value (no surrogates).
+fn bmp() -> impl Iterator<Item = char> {
+    (0_u32..0x1_0000).filter_map(char::from_u32)
+}
+
+/// The stored corpus: every BMP character alone, and after and before an
+/// ASCII letter (another for each character, so contractions with any
+/// letter are met), and the documented spellings.
+fn corpus() -> Vec<String> {
+    let mut corpus = Vec::new();
+    for c in bmp() {
+        let letter = char::from(b'a' + (c as u32 % 26) as u8);
+        let letter = if (c as u32).is_multiple_of(2) {
+            letter.to_ascii_uppercase()
+        } else {
+            letter
+        };
+        corpus.push(c.to_string());
+        corpus.push(format!("{letter}{c}"));
+        corpus.push(format!("{c}{letter}"));
+    }
+    corpus.extend(SPELLINGS.iter().map(|(stored, _)| (*stored).to_owned()));
+    corpus.push("straße".to_owned());
+    corpus
+}
+
+/// What requests ask for: each single character and its other spellings,
+/// the pairs as stored, the documented spellings.
+fn probes(corpus: &[String]) -> Vec<String> {
+    let mut probes = Vec::new();
+    for stored in corpus {
+        probes.push(stored.clone());
+        if stored.chars().count() == 1 {
+            probes.push(stored.to_uppercase());
+            probes.push(stored.to_lowercase());
+            probes.push(format!("{stored} "));
+            probes.push(format!("{stored}  "));
+        }
+    }
+    for (_, spellings) in SPELLINGS {
+        probes.extend(spellings.iter().map(|s| (*s).to_owned()));
+    }
+    // A contraction under the UCA collations: `И` and a combining breve
+    // weigh as `Й`.
+    probes.extend(["strasse", "И\u{306}", "и\u{306}"].map(str::to_owned));
+    probes
+}
+
+async fn insert_all(pool: &MySqlPool, table: &str, rows: &[String]) {
+    for chunk in rows.chunks(2000) {
+        let values = vec!["(?)"; chunk.len()].join(", ");
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "insert into {table} (w) values {values}"
+        )));
+        for row in chunk {
+            query = query.bind(row);
+        }
+        query.execute(pool).await.expect("insert rows");
+    }
+}
+
+/// Whether the guard refuses `key` as a request: a canonical form the
+/// filter does not hold.
+fn refuses(guard: &BloomGuard, key: &str) -> bool {
+    guard.key_type().to_canonical(Key::from(key)).is_ok() && !guard.may_contain(key)
+}
+
+/// One collation: the corpus stored, the probes the server matches, and
+/// the guard's answers.
+async fn prove(pool: &MySqlPool, collation: &str) {
+    for table in ["words", "probes"] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "drop table if exists {table};
+             create table {table} (id bigint auto_increment primary key,
+                                   w varchar(40) character set utf8mb4 collate {collation} not null,
+                                   key (w))"
+        )))
+        .execute(pool)
+        .await
+        .expect("create the tables");
+    }
+    let corpus = corpus();
+    let (scanned, fed) = corpus.split_at(corpus.len() / 2);
+    insert_all(pool, "words", scanned).await;
+    let watch = Watch::table("words").key("w");
+    watch.install_mysql(pool).await.expect("watch words");
+    let key_type = watch.key_type_mysql(pool).await.expect("the key type");
+    let KeyType::Collated(found) = key_type else {
+        panic!("{collation}: {key_type:?}");
+    };
+    assert_eq!(found.name(), collation);
+    let guard = BloomGuard::builder()
+        .key_type(key_type)
+        .expected_items(corpus.len() as u64 * 2)
+        .false_positive_rate(0.001)
+        .build();
+    let _running = spawn(
+        MySqlFollower::new(guard.clone(), pool.clone(), watch.clone())
+            .check_interval(Duration::from_millis(200))
+            .poll_interval(Duration::from_millis(200)),
+    );
+    wait_until("the warm-up", Duration::from_secs(60), || guard.is_ready()).await;
+    insert_all(pool, "words", fed).await;
+    let last = format!("zz-last-{}", fastrand::u64(..));
+    insert_all(pool, "words", std::slice::from_ref(&last)).await;
+    wait_until("the feed", Duration::from_secs(60), || {
+        guard.may_contain(&last)
+    })
+    .await;
+
+    let probes = probes(&corpus);
+    insert_all(pool, "probes", &probes).await;
+    let matched: Vec<String> = sqlx::query_scalar(
+        "select p.w from probes p where exists (select 1 from words t where t.w = p.w)",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("the probes the server finds");
+    assert!(matched.len() >= corpus.len(), "{}", matched.len());
+    // Every probe the guard weighs itself weighs as the server weighs it.
+    let weighed: Vec<(String, Vec<u8>)> = sqlx::query_as("select w, weight_string(w) from probes")
+        .fetch_all(pool)
+        .await
+        .expect("the server's weights");
+    let mut differ = Vec::new();
+    for (probe, server) in &weighed {
+        if let Some(own) = found.weights(probe) {
+            if Some(own) != found.stored(&Collation::weighed(server)) {
+                differ.push(probe);
+            }
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "{collation}: {} probes weigh otherwise than on the server, such as {:?}",
+        differ.len(),
+        &differ[..differ.len().min(10)]
+    );
+    let refused: Vec<&String> = matched.iter().filter(|key| refuses(&guard, key)).collect();
+    assert!(
+        refused.is_empty(),
+        "{collation}: {} of {} keys the server finds were refused, such as {:?}",
+        refused.len(),
+        matched.len(),
+        &refused[..refused.len().min(10)]
+    );
+    for (stored, spellings) in SPELLINGS {
+        for spelling in *spellings {
+            assert!(
+                !refuses(&guard, spelling),
+                "{collation}: {spelling} for {stored}"
+            );
+        }
+    }
+    // Absent keys are refused: the guard still guards.
+    let mut rng = fastrand::Rng::with_seed(7);
+    let absent: Vec<String> = (0..10_000)
+        .map(|_| (0..12).map(|_| rng.alphanumeric()).collect())
+        .collect();
+    let refused = absent.iter().filter(|key| refuses(&guard, key)).count();
+    assert!(
+        refused >= 9_900,
+        "{collation}: only {refused} of 10 000 absent keys refused"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn every_spelling_the_server_finds_is_found_under_each_collation() {
+    let pool = fresh(4).await;
+    let server: String = sqlx::query_scalar("select version()")
+        .fetch_one(&pool)
+        .await
+        .expect("version");
+    for collation in COLLATIONS {
+        if collation.contains("uca1400") && !server.contains("MariaDB") {
+            continue; // MariaDB 10.10 and later only
+        }
+        prove(&pool, collation).await;
+    }
+}
+
+/// `straße` is found as `strasse` under `utf8mb4_unicode_ci`, not under
+/// `general_ci`, which compares them as the server does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn expansions_follow_the_collation() {
+    let pool = fresh(2).await;
+    for (collation, equal) in [("utf8mb4_unicode_ci", true), ("utf8mb4_general_ci", false)] {
+        let table = format!("t_{}", collation.replace("utf8mb4_", ""));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "create table {table} (id int primary key, w varchar(20) collate {collation})"
+        )))
+        .execute(&pool)
+        .await
+        .expect("create");
+        let key_type = Watch::table(&table)
+            .key("w")
+            .key_type_mysql(&pool)
+            .await
+            .expect("key type");
+        let form = |text| key_type.to_canonical(Key::from(text)).ok();
+        let server: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "select _utf8mb4'straße' collate {collation} = _utf8mb4'strasse'"
+        )))
+        .fetch_one(&pool)
+        .await
+        .expect("compare");
+        assert_eq!(server == 1, equal, "{collation}");
+        assert_eq!(form("straße") == form("strasse"), equal, "{collation}");
+    }
+}
+
+/// A language's collation (contractions of letters) and an accent-
+/// sensitive one are refused by `key_type_mysql`, naming the supported
+/// collations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn collations_without_a_form_are_a_clear_error() {
+    let pool = fresh(2).await;
+    sqlx::raw_sql(
+        "create table spanish (id int primary key, w varchar(20) collate utf8mb4_spanish2_ci)",
+    )
+    .execute(&pool)
+    .await
+    .expect("create");
+    let error = Watch::table("spanish")
+        .key("w")
+        .key_type_mysql(&pool)
+        .await
+        .expect_err("refused");
+    let message = error.to_string();
+    for named in ["spanish.w", "utf8mb4_spanish2_ci", "utf8mb4_general_ci"] {
+        assert!(message.contains(named), "{named} not in {message}");
+    }
+}
