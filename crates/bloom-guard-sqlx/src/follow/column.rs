@@ -116,22 +116,32 @@ pub(crate) fn key_type_for(
             _ => Ok(Ok(KeyType::Text)),
         };
     };
-    Ok(Ok(match &column.comparison {
-        Comparison::Exact => KeyType::Text,
-        Comparison::CaseInsensitive
-        | Comparison::AsciiCaseInsensitive
-        | Comparison::IgnoresCharacters => KeyType::CaseInsensitiveText,
-        Comparison::PadSpace => KeyType::SpacePaddedText,
-        Comparison::Integer => KeyType::Integer,
-        Comparison::Uuid => KeyType::Uuid,
-        Comparison::Collated(name) => return Ok(Err(name.clone())),
-        Comparison::Unmatched(why) => {
-            return Err(crate::FeedError::Uncomparable(format!(
-                "{table}.{}: {why}",
-                column.name
-            )))
-        }
-    }))
+    match &column.comparison {
+        Comparison::Exact => Ok(Ok(KeyType::Text)),
+        Comparison::Collated(name) => Ok(Err(name.clone())),
+        Comparison::Unmatched(why) => Err(crate::FeedError::Uncomparable(format!(
+            "{table}.{}: {why}",
+            column.name
+        ))),
+        other => Ok(Ok(other.key_type().unwrap_or_default())),
+    }
+}
+
+impl Comparison {
+    /// The key type of a column compared so, where one type fits without
+    /// more to read (not under a collation, nor byte for byte, where any
+    /// text type fits).
+    fn key_type(&self) -> Option<KeyType> {
+        Some(match self {
+            Comparison::CaseInsensitive
+            | Comparison::AsciiCaseInsensitive
+            | Comparison::IgnoresCharacters => KeyType::CaseInsensitiveText,
+            Comparison::PadSpace => KeyType::SpacePaddedText,
+            Comparison::Integer => KeyType::Integer,
+            Comparison::Uuid => KeyType::Uuid,
+            Comparison::Exact | Comparison::Collated(_) | Comparison::Unmatched(_) => return None,
+        })
+    }
 }
 
 /// Whether the guard is exact only while every stored key is printable
@@ -175,12 +185,6 @@ fn check_one(table: &str, key_type: KeyType, column: &KeyColumn) -> Verdict {
                 column.name
             ))
         }
-        Comparison::CaseInsensitive
-        | Comparison::AsciiCaseInsensitive
-        | Comparison::IgnoresCharacters => KeyType::CaseInsensitiveText,
-        Comparison::PadSpace => KeyType::SpacePaddedText,
-        Comparison::Integer => KeyType::Integer,
-        Comparison::Uuid => KeyType::Uuid,
         Comparison::Collated(name) => {
             return match key_type {
                 KeyType::Collated(collation) if collation.name().eq_ignore_ascii_case(name) => {
@@ -192,6 +196,10 @@ fn check_one(table: &str, key_type: KeyType, column: &KeyColumn) -> Verdict {
                 )),
             };
         }
+        other => match other.key_type() {
+            Some(needed) => needed,
+            None => return Verdict::Fits,
+        },
     };
     // A key type that compares more loosely is safe: requests it cannot
     // put in canonical form pass unchecked.

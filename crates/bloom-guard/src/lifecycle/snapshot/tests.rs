@@ -425,3 +425,44 @@ fn counting_stages_are_read_only_in_order_from_the_first() {
         );
     }
 }
+
+/// A toy case-insensitive collation, built once per `name`.
+fn collated(name: &str) -> crate::KeyType {
+    let mut builder = crate::Collation::builder(name, "test");
+    for c in ' '..='~' {
+        builder = builder.weigh(c, &[u16::from(c.to_ascii_uppercase() as u8)]);
+    }
+    crate::KeyType::Collated(builder.pad_space(true).build().expect("weights"))
+}
+
+#[tokio::test]
+async fn a_collated_snapshot_names_its_collation() {
+    let guard = BloomGuard::builder()
+        .name("items")
+        .key_type(collated("snap_ci"))
+        .build();
+    guard
+        .rebuild(&KeyList::new(vec!["Apple-Pie".to_owned()]))
+        .await
+        .expect("build");
+    let bytes = bytes_of(&guard, "7");
+    let nothing = || async { Ok::<(), std::io::Error>(()) };
+    let same = BloomGuard::builder()
+        .name("items")
+        .key_type(collated("snap_ci"))
+        .build();
+    same.adopt(Snapshot::decode(&bytes).expect("intact"), QUERY, nothing())
+        .await
+        .expect("adopted under the same collation");
+    assert!(same.may_contain("apple-pie "));
+    for other in [collated("snap_other_ci"), crate::KeyType::Text] {
+        let candidate = BloomGuard::builder().name("items").key_type(other).build();
+        match candidate
+            .adopt(Snapshot::decode(&bytes).expect("intact"), QUERY, nothing())
+            .await
+        {
+            Err(AdoptError::Mismatch { what, .. }) => assert_eq!(what, "key type"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
