@@ -62,8 +62,9 @@ impl FleetRebuild {
     /// Postgres database.
     #[cfg(feature = "postgres")]
     pub fn new(guard: BloomGuard, pool: sqlx::PgPool, watch: Watch) -> Self {
+        let backend = PgBackend::new(&guard, pool, watch);
         Self {
-            engine: Engine::Postgres(Rebuild::new(guard, PgBackend::new(pool, watch))),
+            engine: Engine::Postgres(Rebuild::new(guard, backend)),
         }
     }
 

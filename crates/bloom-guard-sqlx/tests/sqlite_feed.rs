@@ -714,3 +714,104 @@ async fn installing_again_over_a_current_feed_writes_nothing() {
     assert_eq!(triggers, 3);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every code point of the Basic Multilingual Plane alone, after and
+/// before an ASCII letter, and with trailing spaces, stored under
+/// `COLLATE NOCASE` and under `COLLATE RTRIM` (half scanned, half through
+/// the feed), with the key type `key_type_sqlite` picks; every probe (each
+/// stored string, its upper and lower case, trailing spaces) that SQLite
+/// finds there (`join ... on p.w = t.w`, its own equality) must be found
+/// by the guard, and absent keys are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_nocase_and_rtrim_find_is_found() {
+    for collation in ["nocase", "rtrim"] {
+        let (dir, pool) = fresh(&format!(
+            "create table words (id integer primary key, w text collate {collation} not null);
+             create index words_w on words (w);
+             create table probes (w text collate {collation} not null);"
+        ))
+        .await;
+        let watch = Watch::table("words").key("w");
+        watch.install_sqlite(&pool).await.expect("install");
+        let key_type = watch.key_type_sqlite(&pool).await.expect("the key type");
+        let expected = match collation {
+            "nocase" => bloom_guard::KeyType::CaseInsensitiveText,
+            _ => bloom_guard::KeyType::SpacePaddedText,
+        };
+        assert_eq!(key_type, expected, "{collation}");
+        let mut corpus = Vec::new();
+        for c in (0_u32..0x1_0000).filter_map(char::from_u32) {
+            let letter = char::from(b'a' + (c as u32 % 26) as u8);
+            corpus.push(c.to_string());
+            corpus.push(format!("{letter}{c}"));
+            corpus.push(format!("{c}{} ", letter.to_ascii_uppercase()));
+        }
+        let mut probes = corpus.clone();
+        for stored in corpus.iter().filter(|s| s.chars().count() == 1) {
+            probes.push(stored.to_uppercase());
+            probes.push(stored.to_lowercase());
+            probes.push(format!("{stored}  "));
+        }
+        let insert = async |table: &str, rows: &[String]| {
+            for chunk in rows.chunks(5_000) {
+                let values = vec!["(?)"; chunk.len()].join(", ");
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "insert into {table} (w) values {values}"
+                )));
+                for row in chunk {
+                    query = query.bind(row);
+                }
+                query.execute(&pool).await.expect("insert");
+            }
+        };
+        let (scanned, fed) = corpus.split_at(corpus.len() / 2);
+        insert("words", scanned).await;
+        let guard = BloomGuard::builder()
+            .key_type(key_type)
+            .expected_items(corpus.len() as u64 * 2)
+            .false_positive_rate(0.001)
+            .build();
+        let follower = SqliteFollower::new(guard.clone(), pool.clone(), watch);
+        let task = tokio::spawn(follower.run());
+        insert("words", fed).await;
+        insert("words", &["zz-last".to_owned()]).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !(guard.is_ready() && guard.may_contain("zz-last")) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{collation}: not caught up"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        insert("probes", &probes).await;
+        let matched: Vec<String> = sqlx::query_scalar(
+            "select p.w from probes p where exists (select 1 from words t where t.w = p.w)",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("the probes SQLite finds");
+        assert!(matched.len() >= corpus.len(), "{}", matched.len());
+        let refuses = |key: &str| {
+            key_type.to_canonical(bloom_guard::Key::from(key)).is_ok() && !guard.may_contain(key)
+        };
+        let refused: Vec<&String> = matched.iter().filter(|key| refuses(key)).collect();
+        assert!(
+            refused.is_empty(),
+            "{collation}: {} of {} keys SQLite finds were refused, such as {:?}",
+            refused.len(),
+            matched.len(),
+            &refused[..refused.len().min(10)]
+        );
+        let mut rng = fastrand::Rng::with_seed(7);
+        let absent = (0..10_000)
+            .filter(|_| refuses(&(0..12).map(|_| rng.alphanumeric()).collect::<String>()))
+            .count();
+        assert!(
+            absent >= 9_900,
+            "{collation}: only {absent} of 10 000 absent keys refused"
+        );
+        task.abort();
+        pool.close().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -3,8 +3,10 @@
 use std::time::Duration;
 
 use bloom_guard::{BloomGuard, KeyType, ReadPace};
+use bloom_guard_sqlx::FeedError;
 
 use crate::config::{Config, MAX_KEY_LEN};
+use crate::db::{Database, Pool};
 
 /// The service's guards, one per resource.
 #[derive(Debug, Clone)]
@@ -40,6 +42,30 @@ impl Guards {
 /// # Ok::<(), items_service::config::ConfigError>(())
 /// ```
 pub fn guards(config: &Config) -> Guards {
+    guards_with(config, KeyType::Text)
+}
+
+/// As [`guards`], with the `items` key type read from its key column where
+/// the database compares keys otherwise than byte for byte: on MySQL and
+/// MariaDB a column altered to a case- and accent-insensitive collation
+/// (`utf8mb4_general_ci`) gets [`KeyType::Collated`], so `Apple-Pie` is
+/// found as `apple-pie`, as the database finds it. The example's own
+/// schema stores keys as `varbinary`: `Text`.
+///
+/// # Errors
+///
+/// [`FeedError::Uncomparable`] for a column no key type compares as the
+/// database does; [`FeedError::Database`] if the column cannot be read
+/// (the database down, or the table not created yet).
+pub async fn guards_for(config: &Config, db: &Database) -> Result<Guards, FeedError> {
+    let items = match db.pool() {
+        Pool::MySql(pool) => crate::items_feed().key_type_mysql(pool).await?,
+        Pool::Postgres(_) | Pool::Sqlite(_) => KeyType::Text,
+    };
+    Ok(guards_with(config, items))
+}
+
+fn guards_with(config: &Config, items: KeyType) -> Guards {
     // One ceiling on barrier reads for the instance, whichever guard a
     // flood hits.
     let pace = ReadPace::default();
@@ -63,7 +89,7 @@ pub fn guards(config: &Config) -> Guards {
         builder.build()
     };
     Guards {
-        items: guard("items", KeyType::Text),
+        items: guard("items", items),
         users: guard("users", KeyType::Uuid),
         snapshots: config.snapshots,
         instance: config

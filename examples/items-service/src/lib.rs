@@ -20,7 +20,7 @@ pub use config::Config;
 pub use config::MAX_KEY_LEN;
 pub use db::{Database, Item, MigrateError, Pool, UrlError, User};
 pub use feeds::{items_feed, users_feed};
-pub use guards::{guards, Guards};
+pub use guards::{guards, guards_for, Guards};
 pub use routes::app;
 pub use server::{serve, Limits};
 pub use startup::prepare;

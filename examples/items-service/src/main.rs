@@ -27,7 +27,8 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use items_service::{admin_app, app, guards, prepare, serve, AppState, Config, Database, Limits};
+use items_service::startup::guards_at_start;
+use items_service::{admin_app, app, prepare, serve, AppState, Config, Database, Limits};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -95,7 +96,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         ),
         None => None,
     };
-    let guards = config.guard_enabled.then(|| guards(&config));
+    let guards = if config.guard_enabled {
+        Some(guards_at_start(&config, &db).await?)
+    } else {
+        None
+    };
     if guards.is_none() {
         tracing::warn!("BLOOM_GUARD=off: every request reaches the cache and the database");
     }

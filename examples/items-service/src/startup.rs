@@ -6,10 +6,40 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use bloom_guard_sqlx::{FeedError, Follow, MySqlFollower, PgFollower, SqliteFollower};
 
-use crate::db::{MigrateError, Pool};
+use crate::config::Config;
+use crate::db::{Database, MigrateError, Pool};
 use crate::feeds::{items_feed, users_feed};
-use crate::guards::Guards;
+use crate::guards::{guards, guards_for, Guards};
 use crate::state::AppState;
+
+/// How long the start waits for the `items` key column to be read.
+const KEY_COLUMN_WAIT: Duration = Duration::from_secs(10);
+
+/// The guards, with the `items` key type read from its key column
+/// ([`guards_for`]) if the database answers within 10 s.
+///
+/// # Errors
+///
+/// [`FeedError::Uncomparable`] for a key column no key type compares as
+/// the database does: the service stops with it. A database that does not
+/// answer, or a table not created yet (a first start), is no error: keys
+/// are compared byte for byte (the example's own schema), and should the
+/// column compare otherwise, the follower holds the guard open with the
+/// reason until the next start.
+pub async fn guards_at_start(config: &Config, db: &Database) -> Result<Guards, FeedError> {
+    let read = tokio::time::timeout(KEY_COLUMN_WAIT, guards_for(config, db)).await;
+    match read {
+        Ok(Ok(guards)) => return Ok(guards),
+        Ok(Err(error @ FeedError::Uncomparable(_))) => return Err(error),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "cannot read the items key column now; its keys are compared byte for byte");
+        }
+        Err(_) => {
+            tracing::warn!(wait = ?KEY_COLUMN_WAIT, "the database did not answer; the items keys are compared byte for byte");
+        }
+    }
+    Ok(guards(config))
+}
 
 /// Brings the database up and the guard warm: applies the migrations and
 /// installs the change feed (retrying while the database is unreachable),

@@ -144,6 +144,60 @@ async fn existing_and_absent_keys(db: Database) {
     );
 }
 
+/// MariaDB's default collation on the items key: the start reads it
+/// (`guards_for`), and the guard finds every spelling the database finds
+/// while it still answers absent keys itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn mysql_keys_under_the_default_collation() {
+    let db = mysql().await;
+    let Pool::MySql(pool) = db.pool().clone() else {
+        unreachable!("a MySQL database");
+    };
+    sqlx::raw_sql(
+        "alter table items modify `key` varchar(255) character set utf8mb4 collate utf8mb4_general_ci not null;
+         insert into items (`key`, value) values ('Apple-Pie', 'pie'), ('cafe', 'coffee');",
+    )
+    .execute(&pool)
+    .await
+    .expect("the column altered");
+    // Watching again installs the triggers for the altered column.
+    db.migrate().await.expect("migrate");
+    let guards = items_service::guards_for(&test_config(), &db)
+        .await
+        .expect("the key type");
+    assert!(
+        matches!(guards.items.key_type(), bloom_guard::KeyType::Collated(_)),
+        "{:?}",
+        guards.items.key_type()
+    );
+    let state = AppState::new(db, Some(guards));
+    prepare(state.clone()).await;
+    let app = app(state.clone());
+    for (spelling, stored) in [
+        ("apple-pie", "Apple-Pie"),
+        ("APPLE-PIE", "Apple-Pie"),
+        ("Apple-Pie%20", "Apple-Pie"),
+        ("caf%C3%A9", "cafe"),
+        ("cafe%20", "cafe"),
+        ("APPLE", "apple"),
+    ] {
+        let found = get(&app, &format!("/items/{spelling}")).await;
+        assert_eq!(found.status, StatusCode::OK, "{spelling}");
+        assert!(found.body.contains(stored), "{spelling}: {}", found.body);
+    }
+    let lookups = state.db.lookups();
+    for i in 0..100 {
+        let absent = get(&app, &format!("/items/absent-{i}")).await;
+        assert_eq!(absent.status, StatusCode::NOT_FOUND);
+    }
+    assert!(
+        state.db.lookups() - lookups <= 1,
+        "{} absent keys reached the database",
+        state.db.lookups() - lookups
+    );
+}
+
 async fn created_key_is_found_at_once(db: Database) {
     let (app, state) = ready_app(db).await;
     // A miss first, so a negative entry could hide the new key.

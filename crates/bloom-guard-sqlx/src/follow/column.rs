@@ -14,8 +14,15 @@ use crate::watch::Watch;
 pub(crate) enum Comparison {
     /// Text compared byte for byte.
     Exact,
-    /// Text compared without case (`citext`, an ICU collation at level 2).
+    /// Text compared without case (an ICU collation at level 2, `citext`
+    /// under a collation that lowers ASCII letters otherwise).
     CaseInsensitive,
+    /// Text compared by its `lower()` under the database's default
+    /// collation, which lowers ASCII letters as ASCII does (`citext`):
+    /// stored keys are read lowered by the database, so a stored key with
+    /// other characters is held exactly.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Lowered,
     /// Text compared without ASCII case only (SQLite's `NOCASE`): other
     /// characters compare as themselves.
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
@@ -98,7 +105,6 @@ pub(crate) fn comparable(table: &str, columns: &[KeyColumn]) -> Result<(), crate
 /// The key type that compares keys as the watched `columns` of `table`
 /// do: `Err(name)` for a collation whose weights the backend must read;
 /// composite keys are text.
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) fn key_type_for(
     table: &str,
     columns: &[KeyColumn],
@@ -106,9 +112,8 @@ pub(crate) fn key_type_for(
 ) -> Result<Result<KeyType, String>, crate::FeedError> {
     comparable(table, columns)?;
     if columns.len() != watched {
-        return Err(crate::FeedError::Uncomparable(format!(
-            "{table} lacks a watched key column"
-        )));
+        // Not created yet, perhaps: a database error, not a column to change.
+        return Err(sqlx::Error::ColumnNotFound(format!("a key column of {table}")).into());
     }
     let [column] = columns else {
         return match check_composite(table, columns) {
@@ -134,6 +139,7 @@ impl Comparison {
     fn key_type(&self) -> Option<KeyType> {
         Some(match self {
             Comparison::CaseInsensitive
+            | Comparison::Lowered
             | Comparison::AsciiCaseInsensitive
             | Comparison::IgnoresCharacters => KeyType::CaseInsensitiveText,
             Comparison::PadSpace => KeyType::SpacePaddedText,
@@ -146,8 +152,10 @@ impl Comparison {
 
 /// Whether the guard is exact only while every stored key is printable
 /// ASCII: a case-insensitive key type over a column whose comparison also
-/// equates some non-ASCII spellings with ASCII ones (`citext` maps `İ` to
-/// `i`; ICU collations fold full-width letters and ignore soft hyphens).
+/// equates some non-ASCII spellings with ASCII ones the database's
+/// `lower()` does not give (ICU collations fold full-width letters and
+/// ignore soft hyphens; `citext` under a Turkish locale lowers `I` to
+/// `ı`). Not `citext` otherwise: its stored keys are read lowered.
 pub(crate) fn needs_ascii_keys(key_type: KeyType, columns: &[KeyColumn]) -> bool {
     key_type == KeyType::CaseInsensitiveText
         && matches!(
@@ -166,7 +174,7 @@ pub(crate) fn is_unsafe_key(key: &[u8]) -> bool {
 }
 
 /// Why the guard stays open once such a key is stored.
-pub(crate) const UNSAFE_KEY: &str = "a stored key holds characters other than printable ASCII under a case-insensitive column, which the database may equate with other spellings the guard cannot reproduce (citext maps İ to i, ICU folds full-width letters): the guard lets every request through";
+pub(crate) const UNSAFE_KEY: &str = "a stored key holds characters other than printable ASCII under a case-insensitive column, which the database may equate with other spellings the guard cannot reproduce (ICU folds full-width letters; citext under a locale that lowers I to ı): the guard lets every request through";
 
 /// Checks `key_type` against the watched `columns` of `table`.
 pub(crate) fn check(table: &str, key_type: KeyType, columns: &[KeyColumn]) -> Verdict {
@@ -207,6 +215,7 @@ fn check_one(table: &str, key_type: KeyType, column: &KeyColumn) -> Verdict {
         (_, found) if found == needed => true,
         (
             Comparison::CaseInsensitive
+            | Comparison::Lowered
             | Comparison::AsciiCaseInsensitive
             | Comparison::IgnoresCharacters,
             KeyType::Integer | KeyType::Uuid,
@@ -255,7 +264,9 @@ fn check_composite(table: &str, columns: &[KeyColumn]) -> Verdict {
 fn describe(comparison: &Comparison) -> &str {
     match comparison {
         Comparison::Exact => "byte for byte",
-        Comparison::CaseInsensitive | Comparison::AsciiCaseInsensitive => "without case",
+        Comparison::CaseInsensitive | Comparison::Lowered | Comparison::AsciiCaseInsensitive => {
+            "without case"
+        }
         Comparison::IgnoresCharacters => {
             "ignoring control characters (a nondeterministic collation)"
         }
@@ -268,17 +279,21 @@ fn describe(comparison: &Comparison) -> &str {
 }
 
 /// A Postgres column's comparison, from its base type's name, its type as
-/// declared, and its collation (`None`: deterministic).
+/// declared, its collation (`None`: deterministic), and whether `lower()`
+/// under it is the database default's and lowers ASCII letters as ASCII
+/// does (not so under a Turkish locale, where `I` lowers to `ı`).
 #[cfg(any(feature = "postgres", test))]
 pub(crate) fn postgres_comparison(
     base_type: &str,
     is_enum: bool,
     declared: &str,
     nondeterministic_locale: Option<&str>,
+    lowers_as_ascii: bool,
 ) -> Comparison {
     match base_type {
         "int2" | "int4" | "int8" => Comparison::Integer,
         "uuid" => Comparison::Uuid,
+        "citext" if lowers_as_ascii => Comparison::Lowered,
         "citext" => Comparison::CaseInsensitive,
         "bpchar" => match nondeterministic_locale {
             None => Comparison::PadSpace,
@@ -491,34 +506,38 @@ mod tests {
     #[test]
     fn postgres_types_and_collations() {
         assert_eq!(
-            postgres_comparison("int8", false, "bigint", None),
+            postgres_comparison("int8", false, "bigint", None, true),
             Comparison::Integer
         );
         assert_eq!(
-            postgres_comparison("uuid", false, "uuid", None),
+            postgres_comparison("uuid", false, "uuid", None, true),
             Comparison::Uuid
         );
         assert_eq!(
-            postgres_comparison("citext", false, "citext", None),
+            postgres_comparison("citext", false, "citext", None, true),
+            Comparison::Lowered
+        );
+        assert_eq!(
+            postgres_comparison("citext", false, "citext", None, false),
             Comparison::CaseInsensitive
         );
         assert_eq!(
-            postgres_comparison("varchar", false, "character varying(20)", None),
+            postgres_comparison("varchar", false, "character varying(20)", None, true),
             Comparison::Exact
         );
         assert_eq!(
-            postgres_comparison("mood", true, "mood", None),
+            postgres_comparison("mood", true, "mood", None, true),
             Comparison::Exact
         );
         assert_eq!(
-            postgres_comparison("bpchar", false, "character(8)", None),
+            postgres_comparison("bpchar", false, "character(8)", None, true),
             Comparison::PadSpace
         );
         assert!(matches!(
-            postgres_comparison("numeric", false, "numeric", None),
+            postgres_comparison("numeric", false, "numeric", None, true),
             Comparison::Unmatched(_)
         ));
-        let icu = |locale| postgres_comparison("text", false, "text", Some(locale));
+        let icu = |locale| postgres_comparison("text", false, "text", Some(locale), true);
         assert_eq!(icu("und-u-ks-level2"), Comparison::CaseInsensitive);
         assert_eq!(icu("@colStrength=secondary"), Comparison::CaseInsensitive);
         assert_eq!(icu("und-u-ks-level3"), Comparison::IgnoresCharacters);
@@ -530,7 +549,7 @@ mod tests {
             Comparison::Unmatched(_)
         ));
         assert!(matches!(
-            postgres_comparison("name", false, "name", None),
+            postgres_comparison("name", false, "name", None, true),
             Comparison::Unmatched(_)
         ));
     }

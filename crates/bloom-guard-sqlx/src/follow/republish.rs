@@ -12,6 +12,10 @@ impl<B: Database> Follower<B> {
     /// the interval and the filter changed enough since (or the snapshot
     /// is half the retention old), on one instance.
     pub(super) async fn republish_if_stale(&self) {
+        // The changes read by the position published, counted before the
+        // position is taken: a read that lands between the two is then
+        // counted as lacking (published again), never as published.
+        let read_then = self.changes_read();
         let (fingerprint, at) = {
             let fleet = self.fleet();
             match (&fleet.fingerprint, &fleet.position, fleet.scanned_at) {
@@ -25,9 +29,6 @@ impl<B: Database> Follower<B> {
                 _ => return,
             }
         };
-        // The changes read by the position published: those read while
-        // the publish runs are what the next snapshot lacks.
-        let read_then = self.changes_read();
         if self
             .fleet()
             .fresh_until

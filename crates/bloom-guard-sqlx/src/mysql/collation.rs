@@ -111,9 +111,10 @@ pub(super) async fn key_type(pool: &MySqlPool, collation: &str) -> Result<KeyTyp
             weigh(&format!("_utf8mb4'{}'", &text[1..]))
         )
     };
+    let set = charset(&collation);
     let (pads, one_level, supplementary): (i64, i64, Option<Vec<u8>>) =
         sqlx::query_as(AssertSqlSafe(format!(
-            "select cast(_utf8mb4'a' collate {collation} = _utf8mb4'a ' as signed),
+            "select cast(convert(_utf8mb4'a' using {set}) collate {collation} = _utf8mb4'a ' as signed),
                     cast(({}) and ({}) as signed),
                     case when {} = {} and {} = {} then {} end",
             one_level("ab"),

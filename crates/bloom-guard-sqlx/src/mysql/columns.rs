@@ -23,7 +23,7 @@ impl Watch {
     /// [`FeedError::Uncomparable`] for a column no key type compares as the
     /// server does (a language's collation, an accent-sensitive one), naming
     /// the collations supported; [`FeedError::Database`] if the table
-    /// cannot be read.
+    /// cannot be read or lacks a key column.
     ///
     /// # Example
     ///

@@ -155,10 +155,16 @@ pub(super) async fn read_since(
         settled.advance(pool)
     };
     let (condition, values) = after(since, "c.");
-    // Under a collation, each key also as the server weighs it.
+    // Under a collation, each of the feed's keys also as the server
+    // weighs it (the name is the statement's first value).
     let weighed = collation.map_or_else(
         || "null".to_owned(),
-        |collation| super::collation::weighed("c.k", collation),
+        |collation| {
+            format!(
+                "case when c.guard = ? then {} end",
+                super::collation::weighed("c.k", collation)
+            )
+        },
     );
     let statement = format!(
         "select h.below, m.id, m.guard, m.kind, m.k, m.at, c.id, c.guard, c.kind, c.k, c.at, {weighed}
@@ -167,7 +173,11 @@ pub(super) async fn read_since(
          left join bloom_guard_changes c on {condition}
          order by c.id"
     );
-    let mut query = sqlx::query(AssertSqlSafe(statement)).bind(since.high);
+    let mut query = sqlx::query(AssertSqlSafe(statement));
+    if collation.is_some() {
+        query = query.bind(name);
+    }
+    query = query.bind(since.high);
     for value in values {
         query = query.bind(value);
     }

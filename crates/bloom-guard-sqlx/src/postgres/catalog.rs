@@ -123,11 +123,13 @@ pub(super) async fn key_columns(
     watch: &Watch,
 ) -> Result<Vec<KeyColumn>, sqlx::Error> {
     // `colllocale` since Postgres 17, `colliculocale` before.
-    let rows: Vec<(String, String, bool, String, Option<String>)> = sqlx::query_as(
+    let rows: Vec<(String, String, bool, String, Option<String>, bool)> = sqlx::query_as(
         "select a.attname::text, coalesce(b.typname, t.typname)::text,
                 coalesce(b.typtype, t.typtype) = 'e', format_type(a.atttypid, a.atttypmod),
                 case when c.collisdeterministic then null
-                     else coalesce(to_jsonb(c) ->> 'colllocale', to_jsonb(c) ->> 'colliculocale', c.collcollate) end
+                     else coalesce(to_jsonb(c) ->> 'colllocale', to_jsonb(c) ->> 'colliculocale', c.collcollate) end,
+                a.attcollation = 100 -- the default collation, which the feed's lower() uses
+                  and pg_catalog.lower('ABCDEFGHIJKLMNOPQRSTUVWXYZ' collate \"default\") = 'abcdefghijklmnopqrstuvwxyz'
            from unnest($2::text[]) with ordinality as k(name, n)
            join pg_catalog.pg_attribute a
              on a.attrelid = $1::regclass and a.attname = k.name and not a.attisdropped
@@ -142,9 +144,17 @@ pub(super) async fn key_columns(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(name, base, is_enum, declared, locale)| KeyColumn {
-            comparison: postgres_comparison(&base, is_enum, &declared, locale.as_deref()),
-            name,
-        })
+        .map(
+            |(name, base, is_enum, declared, locale, lowers)| KeyColumn {
+                comparison: postgres_comparison(
+                    &base,
+                    is_enum,
+                    &declared,
+                    locale.as_deref(),
+                    lowers,
+                ),
+                name,
+            },
+        )
         .collect())
 }

@@ -19,20 +19,36 @@ use crate::kept::KeptConnection;
 /// `pg_current_snapshot()` is the statement's own snapshot, taken after the
 /// locks it waited for only under READ COMMITTED, which it reports. Keys travel as
 /// UTF-8 bytes (`bytea`, which no client encoding refuses), or as stored in
-/// a SQL_ASCII database, which has no encoding to convert from.
-const READ: &str = "
+/// a SQL_ASCII database, which has no encoding to convert from; `$3`:
+/// [`lowered`].
+static READ: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| READ_STATEMENT.replace("LOWERED", &lowered("c.key")));
+
+const READ_STATEMENT: &str = "
 with now as (
     select pg_catalog.pg_current_snapshot() as snapshot,
            pg_catalog.pg_snapshot_xmin($2::pg_snapshot) < (select below from bloom_guard.horizon) as pruned,
            case pg_catalog.current_setting('server_encoding') when 'SQL_ASCII' then 'SQL_ASCII' else 'UTF8' end as encoding,
            pg_catalog.current_setting('transaction_isolation') as isolation
 )
-select now.snapshot::text, now.pruned, c.kind::text, pg_catalog.convert_to(c.key, now.encoding), now.isolation
+select now.snapshot::text, now.pruned, c.kind::text,
+       pg_catalog.convert_to(case when $3 then LOWERED else c.key end, now.encoding), now.isolation
 from now left join bloom_guard.changes c
   on c.guard = $1
  and not now.pruned
  and c.xid >= pg_catalog.pg_snapshot_xmin($2::pg_snapshot)
  and not pg_catalog.pg_visible_in_snapshot(c.xid, $2::pg_snapshot)";
+
+/// A key of a case-insensitive guard as the database lowers it, where it
+/// has characters other than ASCII (ASCII keys as they are: the guard
+/// lowers those itself, and a Turkish locale lowers `I` otherwise): the
+/// form `citext` compares, so a stored key with any characters is held
+/// exactly. Under the default collation, as the feed's key column has.
+pub(super) fn lowered(key: &str) -> String {
+    format!(
+        "case when pg_catalog.octet_length({key}) = pg_catalog.char_length({key}) then {key}::text else pg_catalog.lower({key}::text collate \"default\") end"
+    )
+}
 
 /// Retention runs at this level, whatever the database's or the role's
 /// default: under REPEATABLE READ a statement's snapshot would predate the
@@ -77,10 +93,12 @@ pub(super) fn feed_connection(pool: &PgPool) -> KeptConnection<PgConnection> {
 pub(super) async fn read_kept(
     kept: &KeptConnection<PgConnection>,
     name: &str,
+    lowered: bool,
     seen: &str,
 ) -> Result<Read<String>, sqlx::Error> {
     let mut lease = kept.lease().await?;
-    let read = crate::kept::within_timeout(read_since(lease.connection(), name, seen)).await?;
+    let read =
+        crate::kept::within_timeout(read_since(lease.connection(), name, lowered, seen)).await?;
     lease.keep();
     Ok(read)
 }
@@ -90,9 +108,14 @@ pub(super) async fn read_kept(
 async fn read_since(
     connection: &mut PgConnection,
     name: &str,
+    lowered: bool,
     seen: &str,
 ) -> Result<Read<String>, sqlx::Error> {
-    let mut rows = sqlx::query(READ).bind(name).bind(seen).fetch(connection);
+    let mut rows = sqlx::query(READ.as_str())
+        .bind(name)
+        .bind(seen)
+        .bind(lowered)
+        .fetch(connection);
     let mut position = None;
     let mut changes = Changes::default();
     while let Some(row) = rows.try_next().await? {

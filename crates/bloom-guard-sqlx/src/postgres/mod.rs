@@ -16,7 +16,7 @@ mod watched;
 
 use std::time::Duration;
 
-use bloom_guard::BloomGuard;
+use bloom_guard::{BloomGuard, KeyType};
 use sqlx::{PgPool, Postgres};
 use tokio_util::sync::CancellationToken;
 
@@ -64,8 +64,9 @@ impl PgFollower {
     /// A follower for `guard`, holding the keys of `watch`'s table, reading
     /// through `pool`.
     pub fn new(guard: BloomGuard, pool: PgPool, watch: Watch) -> Self {
+        let backend = PgBackend::new(&guard, pool, watch);
         Self {
-            engine: Follower::new(guard, PgBackend::new(pool, watch)),
+            engine: Follower::new(guard, backend),
         }
     }
 
@@ -102,10 +103,14 @@ pub(crate) struct PgBackend {
     fleet: FleetTables<Postgres>,
     /// How often the elected notifier looks for new changes.
     notify_interval: Duration,
+    /// Stored keys with characters other than ASCII are read as the
+    /// database lowers them (a case-insensitive guard: over `citext`, the
+    /// form the database compares).
+    lowered: bool,
 }
 
 impl PgBackend {
-    pub(crate) fn new(pool: PgPool, watch: Watch) -> Self {
+    pub(crate) fn new(guard: &BloomGuard, pool: PgPool, watch: Watch) -> Self {
         let snapshots = Tables::new(&pool, &snapshot::STATEMENTS);
         let fleet = FleetTables::new(&pool, &fleet::STATEMENTS);
         Self {
@@ -115,6 +120,7 @@ impl PgBackend {
             snapshots,
             fleet,
             notify_interval: Duration::from_millis(10),
+            lowered: guard.key_type() == KeyType::CaseInsensitiveText,
         }
     }
 }
@@ -139,7 +145,7 @@ impl Database for PgBackend {
     }
 
     async fn key_source(&self) -> Result<KeySet<PgCopySource>, sqlx::Error> {
-        let query = self.watch.key_query(&self.pool).await?;
+        let query = self.watch.key_query(&self.pool, self.lowered).await?;
         // A snapshot names the tables and triggers it was built under: one
         // from before a table was recreated or a trigger altered is not
         // adopted.
@@ -170,7 +176,7 @@ impl Database for PgBackend {
     }
 
     async fn read(&self, since: &String) -> Result<Read<String>, sqlx::Error> {
-        feed::read_kept(&self.feed, self.watch.feed_name(), since).await
+        feed::read_kept(&self.feed, self.watch.feed_name(), self.lowered, since).await
     }
 
     async fn pending(&self, since: &String, limit: u64) -> Result<u64, sqlx::Error> {

@@ -28,6 +28,39 @@ impl Watch {
         Ok(())
     }
 
+    /// The key type a guard over this table needs, from its key column's
+    /// type and collation: `Integer`, `Uuid`, `CaseInsensitiveText` for
+    /// `citext` and case-insensitive ICU collations, `SpacePaddedText` for
+    /// `char(n)`, `Text` otherwise; composite keys are `Text`.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Uncomparable`] for a column no key type compares as
+    /// Postgres does (an accent-insensitive collation, a `date`);
+    /// [`FeedError::Database`] if the table cannot be read or lacks a key
+    /// column.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use bloom_guard::BloomGuard;
+    /// use bloom_guard_sqlx::{PgFollower, Watch};
+    ///
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+    /// let users = Watch::table("users").key("email"); // citext
+    /// let guard = BloomGuard::builder()
+    ///     .key_type(users.key_type(&pool).await?)
+    ///     .build();
+    /// tokio::spawn(PgFollower::new(guard.clone(), pool, users).run());
+    /// # Ok(()) }
+    /// ```
+    pub async fn key_type(&self, pool: &sqlx::PgPool) -> Result<bloom_guard::KeyType, FeedError> {
+        let columns = super::catalog::key_columns(pool, self).await?;
+        crate::follow::column::key_type_for(&self.table, &columns, self.key_columns.len())?.map_err(
+            |collation| FeedError::Uncomparable(format!("{}: collation {collation}", self.table)),
+        )
+    }
+
     /// Whether the table is watched with this key, every trigger in place
     /// and this version's functions: then [`install`](Self::install) has
     /// nothing to do, and takes no lock and needs no right beyond the
@@ -88,13 +121,23 @@ impl Watch {
 
     /// The query whose rows are every key of the table in canonical form,
     /// as the feed's triggers write them.
-    pub(super) async fn key_query(&self, pool: &sqlx::PgPool) -> Result<String, sqlx::Error> {
+    pub(super) async fn key_query(
+        &self,
+        pool: &sqlx::PgPool,
+        lowered: bool,
+    ) -> Result<String, sqlx::Error> {
         let (table, key): (String, String) =
             sqlx::query_as("select $1::regclass::text, bloom_guard.key_expression($2, 't')")
                 .bind(&self.table)
                 .bind(&self.key_columns)
                 .fetch_one(pool)
                 .await?;
+        if lowered {
+            return Ok(format!(
+                "select {} from (select {key} as k from {table} as t) as keys",
+                super::feed::lowered("k")
+            ));
+        }
         Ok(format!("select {key} from {table} as t"))
     }
 }

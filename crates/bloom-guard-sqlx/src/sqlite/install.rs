@@ -62,6 +62,27 @@ impl Watch {
         }
     }
 
+    /// The key type a guard over this table needs, from its key column's
+    /// declared type and collation: `Integer` for `INTEGER` affinity,
+    /// `CaseInsensitiveText` for `COLLATE NOCASE`, `SpacePaddedText` for
+    /// `COLLATE RTRIM`, `Text` otherwise; composite keys are `Text`.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Uncomparable`] for a column no key type compares as
+    /// SQLite does (numeric affinity, an application's collation);
+    /// [`FeedError::Database`] if the table cannot be read or lacks a key
+    /// column.
+    pub async fn key_type_sqlite(
+        &self,
+        pool: &SqlitePool,
+    ) -> Result<bloom_guard::KeyType, FeedError> {
+        let columns = super::feed::key_columns(pool, self).await?;
+        crate::follow::column::key_type_for(&self.table, &columns, self.key_columns.len())?.map_err(
+            |collation| FeedError::Uncomparable(format!("{}: collation {collation}", self.table)),
+        )
+    }
+
     /// Installs the feed's table and this table's triggers in a SQLite
     /// database: every key written by any client (another instance, the
     /// `sqlite3` shell) reaches [`SqliteFollower`](crate::SqliteFollower)s. Idempotent:
