@@ -4,6 +4,7 @@
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
+pub(crate) mod spellings;
 
 use std::time::Duration;
 
