@@ -75,21 +75,22 @@ async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(
     let never = passed(&guard, (0..100_000).map(|i| format!("never-{i}")));
     assert!(never <= 2.0 * FPP, "never-seen keys passed: {never}");
     // Its snapshot carries every stage (format 4), and a second instance
-    // adopts it: one whose position sees every round of the churn, so the
-    // feed since it is nothing to replay (with much to replay, a start may
-    // choose a scan). A publish in flight during the last round may commit
-    // after the churn with a position before it: its successor is awaited.
-    let churned: String = sqlx::query_scalar("select pg_current_snapshot()::text")
+    // adopts it: one whose position sees the last round of the churn, so
+    // the feed since it is nothing to replay (with much to replay, a start
+    // may choose a scan). A publish in flight during the last round may
+    // commit with a position before it: its successor (the round's 20 000
+    // changes are enough to publish again) is awaited.
+    let last_round: String = sqlx::query_scalar("select max(xid)::text from bloom_guard.changes")
         .fetch_one(&pool)
         .await
-        .expect("the snapshot after the churn");
+        .expect("the last round's transaction");
     let mut format = 0;
     for _ in 0..200 {
         format = sqlx::query_scalar(
             "select coalesce(max(format), 0) from bloom_guard.snapshots
-              where pg_snapshot_xmin(position::pg_snapshot) >= pg_snapshot_xmax($1::pg_snapshot)",
+              where pg_visible_in_snapshot($1::xid8, position::pg_snapshot)",
         )
-        .bind(&churned)
+        .bind(&last_round)
         .fetch_one(&pool)
         .await
         .expect("snapshots");

@@ -1,6 +1,6 @@
 //! The guard's cost per request, against the same inner service without it;
-//! key extraction; filter lookups at 1M and 10M keys, in one filter and in
-//! filters grown into 2 and 4 sub-filters.
+//! key extraction; each key type's canonical form; filter lookups at 1M and
+//! 10M keys, in one filter and in filters grown into 2 and 4 sub-filters.
 //!
 //! Run with `cargo bench -p bloom-guard --bench guard`.
 
@@ -10,7 +10,8 @@ use std::hint::black_box;
 
 use axum::extract::MatchedPath;
 use bloom_guard::{
-    BloomGuard, Header, KeyBatch, KeyExtractor, KeySource, PathParam, PathSegment, QueryParam,
+    BloomGuard, Collation, Header, Key, KeyBatch, KeyExtractor, KeySource, KeyType, PathParam,
+    PathSegment, QueryParam,
 };
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use futures_util::stream::{self, BoxStream, StreamExt};
@@ -187,6 +188,50 @@ fn extraction(c: &mut Criterion) {
     group.finish();
 }
 
+/// A collation as large as a server's: every BMP character weighed, one
+/// weight each (two for a few), case folded for ASCII.
+fn bmp_collation() -> Collation {
+    let mut builder = Collation::builder("bench_ci", "bench");
+    for c in (0_u32..0x1_0000).filter_map(char::from_u32) {
+        let folded = c.to_ascii_uppercase() as u32;
+        let weight = u16::try_from(folded).unwrap_or(u16::MAX);
+        builder = if c == 'ß' {
+            builder.weigh(c, &[u16::from(b'S'), u16::from(b'S')])
+        } else {
+            builder.weigh(c, &[weight])
+        };
+    }
+    builder.pad_space(true).build().expect("weights")
+}
+
+/// A request key's canonical form under each key type, for an ASCII key of
+/// 13 bytes and a UUID.
+fn key_types(c: &mut Criterion) {
+    let mut group = c.benchmark_group("canonical");
+    let collated = KeyType::Collated(bmp_collation());
+    for (name, key_type, key) in [
+        ("text", KeyType::Text, "Item-00000042"),
+        (
+            "case_insensitive",
+            KeyType::CaseInsensitiveText,
+            "Item-00000042",
+        ),
+        ("space_padded", KeyType::SpacePaddedText, "Item-00000042"),
+        ("collated", collated, "Item-00000042"),
+        ("collated_accents", collated, "Café-Straße-1"),
+        (
+            "uuid",
+            KeyType::Uuid,
+            "550E8400-E29B-41D4-A716-446655440000",
+        ),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| black_box(key_type.to_canonical(Key::from(black_box(key)))));
+        });
+    }
+    group.finish();
+}
+
 fn contains(c: &mut Criterion) {
     let mut group = c.benchmark_group("contains");
     for keys in [1_000_000_u64, 10_000_000] {
@@ -246,5 +291,12 @@ fn sub_filters(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, service, extraction, contains, sub_filters);
+criterion_group!(
+    benches,
+    service,
+    extraction,
+    key_types,
+    contains,
+    sub_filters
+);
 criterion_main!(benches);

@@ -3,14 +3,16 @@
 //! up by.
 
 use bloom_guard::{Collation, KeyType};
-use sqlx::{AssertSqlSafe, MySqlPool};
+use sqlx::{AssertSqlSafe, MySqlPool, Row};
 use unicode_normalization::char::is_combining_mark;
 
 use crate::FeedError;
 
-/// The case- and accent-insensitive collations whose weights the guard
+/// The case- or accent-insensitive collations whose weights the guard
 /// reproduces: the root collations of each family, PAD SPACE and NO PAD,
-/// whose weights are one level (primary) and need no language's rules.
+/// which need no language's rules; MariaDB's `uca1400` ones at every
+/// strength (its `WEIGHT_STRING` gives each level apart, MySQL 8's does
+/// not).
 const SUPPORTED: &[&str] = &[
     "general_ci",
     "general_nopad_ci",
@@ -20,6 +22,12 @@ const SUPPORTED: &[&str] = &[
     "unicode_520_nopad_ci",
     "uca1400_ai_ci",
     "uca1400_nopad_ai_ci",
+    "uca1400_as_ci",
+    "uca1400_nopad_as_ci",
+    "uca1400_ai_cs",
+    "uca1400_nopad_ai_cs",
+    "uca1400_as_cs",
+    "uca1400_nopad_as_cs",
     "0900_ai_ci",
 ];
 
@@ -57,14 +65,42 @@ fn charset(collation: &str) -> &'static str {
         .unwrap_or("utf8mb4")
 }
 
+/// The levels a supported `collation` compares: letters (1), accents (2),
+/// case (3), from its name (`_as_ci`: 1 and 2; `_ai_cs`: 1 and 3).
+fn levels(collation: &str) -> &'static [u8] {
+    let collation = collation.to_ascii_lowercase();
+    if collation.ends_with("_as_cs") {
+        &[1, 2, 3]
+    } else if collation.ends_with("_as_ci") {
+        &[1, 2]
+    } else if collation.ends_with("_ai_cs") {
+        &[1, 3]
+    } else {
+        &[1]
+    }
+}
+
+/// `text` weighed under `collation` at `level` (no `LEVEL` clause for a
+/// collation of one level: MySQL 8 has none).
+fn weigh(text: &str, collation: &str, level: u8) -> String {
+    let charset = charset(collation);
+    let at = if levels(collation).len() > 1 {
+        format!(" level {level}")
+    } else {
+        String::new()
+    };
+    format!("weight_string(convert({text} using {charset}) collate {collation}{at})")
+}
+
 /// `expression` (binary UTF-8) weighed under `collation` by the server, as
 /// a stored key a guard takes ([`Collation::weighed`]): the exact form of
-/// any key, whatever characters it holds.
+/// any key, whatever characters it holds, level after level.
 pub(super) fn weighed(expression: &str, collation: &str) -> String {
-    format!(
-        "concat(x'ff', weight_string(convert({expression} using {}) collate {collation}))",
-        charset(collation)
-    )
+    let levels: Vec<String> = levels(collation)
+        .iter()
+        .map(|level| weigh(expression, collation, *level))
+        .collect();
+    format!("concat(x'ff', {})", levels.join(", x'0000', "))
 }
 
 /// The key type of a guard over a column under `collation`: its weights,
@@ -87,63 +123,73 @@ pub(super) async fn key_type(pool: &MySqlPool, collation: &str) -> Result<KeyTyp
     if let Some(known) = Collation::find(&format!("{collation} on {server}")) {
         return Ok(KeyType::Collated(known));
     }
-    let weigh = |text: &str| {
-        format!(
-            "weight_string(convert({text} using {}) collate {collation})",
-            charset(&collation)
-        )
-    };
-    // Every code point of the Basic Multilingual Plane with its weights
-    // (NULL for a surrogate), in one statement.
+    let levels = levels(&collation);
+    // Every code point of the Basic Multilingual Plane with its weights at
+    // each level (NULL for a surrogate), in one statement.
     let digits = "(select 0 d union all select 1 union all select 2 union all select 3 union all select 4 union all select 5 union all select 6 union all select 7 union all select 8 union all select 9 union all select 10 union all select 11 union all select 12 union all select 13 union all select 14 union all select 15)";
-    let rows: Vec<(i64, Option<Vec<u8>>)> = sqlx::query_as(AssertSqlSafe(format!(
+    let columns: Vec<String> = levels
+        .iter()
+        .map(|level| weigh("char(n using utf32)", &collation, *level))
+        .collect();
+    let rows = sqlx::query(AssertSqlSafe(format!(
         "select n, {} from (select a.d * 4096 + b.d * 256 + c.d * 16 + e.d as n
             from {digits} a, {digits} b, {digits} c, {digits} e) as points",
-        weigh("char(n using utf32)")
+        columns.join(", ")
     )))
     .fetch_all(pool)
     .await?;
-    let one_level = |text: &str| {
-        format!(
-            "{} = concat({}, {})",
-            weigh(&format!("_utf8mb4'{text}'")),
-            weigh(&format!("_utf8mb4'{}'", &text[..1])),
-            weigh(&format!("_utf8mb4'{}'", &text[1..]))
-        )
-    };
+    // Each level weighs a pair of characters as the two alone, one after
+    // the other; a padded collation equates `a` and `a `.
+    let separate: Vec<String> = levels
+        .iter()
+        .flat_map(|level| {
+            ["ab", "Ab"].map(|pair| {
+                let at = |text: &str| weigh(&format!("_utf8mb4'{text}'"), &collation, *level);
+                format!(
+                    "{} = concat({}, {})",
+                    at(pair),
+                    at(&pair[..1]),
+                    at(&pair[1..])
+                )
+            })
+        })
+        .collect();
+    let plane = |bytes: &str| weigh(&format!("_utf8mb4 x'{bytes}'"), &collation, 1);
     let set = charset(&collation);
-    let (pads, one_level, supplementary): (i64, i64, Option<Vec<u8>>) =
+    let (pads, separate, supplementary): (i64, i64, Option<Vec<u8>>) =
         sqlx::query_as(AssertSqlSafe(format!(
             "select cast(convert(_utf8mb4'a' using {set}) collate {collation} = _utf8mb4'a ' as signed),
-                    cast(({}) and ({}) as signed),
+                    cast({} as signed),
                     case when {} = {} and {} = {} then {} end",
-            one_level("ab"),
-            one_level("Ab"),
-            weigh("_utf8mb4 x'f0908080'"),
-            weigh("_utf8mb4 x'f09f9880'"),
-            weigh("_utf8mb4 x'f0a08080'"),
-            weigh("_utf8mb4 x'f48fbfbd'"),
-            weigh("_utf8mb4 x'f0908080'"),
+            separate.join(" and "),
+            plane("f0908080"),
+            plane("f09f9880"),
+            plane("f0a08080"),
+            plane("f48fbfbd"),
+            plane("f0908080"),
         )))
         .fetch_one(pool)
         .await?;
-    if one_level != 1 {
+    if separate != 1 {
         return Err(FeedError::Uncomparable(format!(
-            "collation {collation} weighs a key in several levels, which the guard does not reproduce ({})",
+            "collation {collation} weighs characters otherwise beside others, which the guard does not reproduce ({})",
             supported_list()
         )));
     }
     let general = collation.contains("general");
     let mut builder = Collation::builder(collation.clone(), server).pad_space(pads == 1);
-    for (point, weights) in rows {
-        let (Some(c), Some(weights)) =
-            (u32::try_from(point).ok().and_then(char::from_u32), weights)
-        else {
+    for row in rows {
+        let point: i64 = row.try_get(0)?;
+        let Some(c) = u32::try_from(point).ok().and_then(char::from_u32) else {
             continue;
         };
-        if let Some(units) = units(&weights) {
-            if general || !may_contract(c) {
-                builder = builder.weigh(c, &units);
+        if !general && may_contract(c) {
+            continue;
+        }
+        for at in 1..=levels.len() {
+            let weights: Option<Vec<u8>> = row.try_get(at)?;
+            if let Some(units) = weights.as_deref().and_then(units) {
+                builder = builder.weigh_at(at, c, &units);
             }
         }
     }
@@ -215,13 +261,21 @@ mod tests {
         }
         for collation in [
             "utf8mb4_german2_ci",
-            "utf8mb4_uca1400_as_ci",
+            "utf8mb4_uca1400_german2_ai_ci",
             "utf8mb4_0900_as_ci",
             "latin1_swedish_ci",
             "utf8mb4_bin",
         ] {
             assert!(!is_supported(collation), "{collation}");
         }
+        assert!(is_supported("utf8mb4_uca1400_as_ci"));
+        assert_eq!(levels("utf8mb4_uca1400_as_ci"), [1, 2]);
+        assert_eq!(levels("utf8mb4_uca1400_nopad_ai_cs"), [1, 3]);
+        assert_eq!(levels("utf8mb4_general_ci"), [1]);
+        assert_eq!(
+            weighed("c.k", "utf8mb4_uca1400_as_ci"),
+            "concat(x'ff', weight_string(convert(c.k using utf8mb4) collate utf8mb4_uca1400_as_ci level 1), x'0000', weight_string(convert(c.k using utf8mb4) collate utf8mb4_uca1400_as_ci level 2))"
+        );
         assert_eq!(charset("utf8mb3_general_ci"), "utf8mb3");
         assert_eq!(
             weighed("c.k", "utf8mb4_general_ci"),

@@ -52,15 +52,22 @@ const BMP: usize = 0x1_0000;
 #[derive(Clone, Copy)]
 pub struct Collation(&'static Table);
 
-/// A collation's weights: those of each character the table covers.
+/// A collation's weights: those of each character the table covers, level
+/// by level.
 struct Table {
     name: String,
     server: String,
+    levels: Box<[Level]>,
+    /// Bit `c`: the table covers BMP character `c` (at every level).
+    covered: Box<[u64]>,
+}
+
+/// The weights of one level (primary: letters; secondary: accents;
+/// tertiary: case).
+struct Level {
     /// `starts[c]..starts[c + 1]` are the weights of BMP character `c`.
     starts: Box<[u32]>,
     units: Box<[u16]>,
-    /// Bit `c`: the table covers BMP character `c`.
-    covered: Box<[u64]>,
     /// The weights of every character outside the BMP, when the database
     /// gives them all the same ones.
     supplementary: Option<Box<[u16]>>,
@@ -69,13 +76,17 @@ struct Table {
     pad: Option<u16>,
 }
 
+/// What separates the levels of a key's weights: no weight is zero.
+const LEVEL_SEPARATOR: [u8; 2] = [0, 0];
+
 /// The weights of a collation, character by character: see
 /// [`Collation::builder`].
 #[derive(Debug, Clone)]
 pub struct CollationBuilder {
     name: String,
     server: String,
-    weights: Vec<Option<Vec<u16>>>,
+    /// Per level, per BMP character.
+    weights: Vec<Vec<Option<Vec<u16>>>>,
     supplementary: Option<Vec<u16>>,
     pad_space: bool,
 }
@@ -84,9 +95,13 @@ pub struct CollationBuilder {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CollationError {
-    /// PAD SPACE, but the space's weights are not exactly one.
+    /// PAD SPACE, but the space's weights are not exactly one at a level.
     #[error("collation {0} pads with spaces, but the space does not weigh exactly one weight")]
     Padding(String),
+    /// A level beyond the third, or weights outside the BMP with several
+    /// levels.
+    #[error("collation {0} has weights at a level the guard does not reproduce")]
+    Level(String),
     /// The table covers no character.
     #[error("collation {0} has no weights")]
     Empty(String),
@@ -99,8 +114,25 @@ impl CollationBuilder {
     /// [`supplementary`](Self::supplementary); a character never weighed
     /// is not covered.
     #[must_use]
-    pub fn weigh(mut self, c: char, weights: &[u16]) -> Self {
-        if let Some(slot) = self.weights.get_mut(c as usize) {
+    pub fn weigh(self, c: char, weights: &[u16]) -> Self {
+        self.weigh_at(1, c, weights)
+    }
+
+    /// Gives character `c` its weights at `level` (1 to 3) of a collation
+    /// that compares several (an accent-sensitive one: accents at level
+    /// 2; a case-sensitive one: case at level 3), as the database weighs
+    /// it alone at that level. A character is covered once weighed at
+    /// every level given.
+    #[must_use]
+    pub fn weigh_at(mut self, level: usize, c: char, weights: &[u16]) -> Self {
+        if !(1..=3).contains(&level) {
+            self.weights.clear(); // refused by `build`
+            return self;
+        }
+        while self.weights.len() < level {
+            self.weights.push(vec![None; BMP]);
+        }
+        if let Some(slot) = self.weights[level - 1].get_mut(c as usize) {
             *slot = Some(weights.to_vec());
         }
         self
@@ -108,7 +140,7 @@ impl CollationBuilder {
 
     /// Every character outside the Basic Multilingual Plane weighs
     /// `weights` (MariaDB's `utf8mb4_general_ci` weighs them all as
-    /// U+FFFD).
+    /// U+FFFD). Of a collation of one level only.
     #[must_use]
     pub fn supplementary(mut self, weights: &[u16]) -> Self {
         self.supplementary = Some(weights.to_vec());
@@ -135,36 +167,49 @@ impl CollationBuilder {
         if let Some(table) = registry.get(&identity) {
             return Ok(Collation(table));
         }
-        let pad = if self.pad_space {
-            match self.weights.get(usize::from(b' ')).cloned().flatten() {
-                Some(space) if space.len() == 1 => Some(space[0]),
-                _ => return Err(CollationError::Padding(self.name)),
-            }
-        } else {
-            None
-        };
-        if self.weights.iter().all(Option::is_none) {
-            return Err(CollationError::Empty(self.name));
+        if self.weights.is_empty() || (self.weights.len() > 1 && self.supplementary.is_some()) {
+            return Err(CollationError::Level(self.name));
         }
-        let mut starts = Vec::with_capacity(BMP + 1);
-        let mut units = Vec::with_capacity(BMP * 2);
         let mut covered = vec![0_u64; BMP / 64];
-        for (c, weights) in self.weights.iter().enumerate() {
-            starts.push(units.len() as u32);
-            if let Some(weights) = weights {
-                units.extend_from_slice(weights);
+        for c in 0..BMP {
+            if self.weights.iter().all(|level| level[c].is_some()) {
                 covered[c / 64] |= 1 << (c % 64);
             }
         }
-        starts.push(units.len() as u32);
+        if covered.iter().all(|bits| *bits == 0) {
+            return Err(CollationError::Empty(self.name));
+        }
+        let mut levels = Vec::with_capacity(self.weights.len());
+        for (at, weights) in self.weights.iter().enumerate() {
+            let pad = if self.pad_space {
+                match weights[usize::from(b' ')].as_deref() {
+                    Some(&[space]) => Some(space),
+                    _ => return Err(CollationError::Padding(self.name)),
+                }
+            } else {
+                None
+            };
+            let mut starts = Vec::with_capacity(BMP + 1);
+            let mut units = Vec::with_capacity(BMP * 2);
+            for weights in weights {
+                starts.push(units.len() as u32);
+                units.extend_from_slice(weights.as_deref().unwrap_or_default());
+            }
+            starts.push(units.len() as u32);
+            levels.push(Level {
+                starts: starts.into(),
+                units: units.into(),
+                supplementary: (at == 0)
+                    .then(|| self.supplementary.clone().map(Into::into))
+                    .flatten(),
+                pad,
+            });
+        }
         let table: &'static Table = Box::leak(Box::new(Table {
             name: self.name,
             server: self.server,
-            starts: starts.into(),
-            units: units.into(),
+            levels: levels.into(),
             covered: covered.into(),
-            supplementary: self.supplementary.map(Into::into),
-            pad,
         }));
         registry.insert(identity, table);
         Ok(Collation(table))
@@ -190,7 +235,7 @@ impl Collation {
         CollationBuilder {
             name: name.into(),
             server: server.into(),
-            weights: vec![None; BMP],
+            weights: vec![vec![None; BMP]],
             supplementary: None,
             pad_space: false,
         }
@@ -220,7 +265,13 @@ impl Collation {
 
     /// Whether trailing spaces are compared away (PAD SPACE).
     pub fn pads_spaces(&self) -> bool {
-        self.0.pad.is_some()
+        self.0.levels.iter().any(|level| level.pad.is_some())
+    }
+
+    /// The number of levels it compares (1: letters only; 2: accents too;
+    /// 3: case too).
+    pub fn levels(&self) -> usize {
+        self.0.levels.len()
     }
 
     /// A stored key as the database weighed it (`WEIGHT_STRING(key)` on
@@ -247,22 +298,29 @@ impl Collation {
     /// cover.
     pub fn weights(&self, text: &str) -> Option<Vec<u8>> {
         let table = self.0;
-        let mut weights = Vec::with_capacity(text.len() * 2);
-        for c in text.chars() {
-            let c = c as usize;
-            let units = if c < BMP {
-                if table.covered[c / 64] & (1 << (c % 64)) == 0 {
-                    return None;
-                }
-                &table.units[table.starts[c] as usize..table.starts[c + 1] as usize]
-            } else {
-                table.supplementary.as_deref()?
-            };
-            for unit in units {
-                weights.extend_from_slice(&unit.to_be_bytes());
+        let mut weights = Vec::with_capacity(text.len() * 2 * table.levels.len());
+        for (at, level) in table.levels.iter().enumerate() {
+            if at > 0 {
+                weights.extend_from_slice(&LEVEL_SEPARATOR);
             }
+            let from = weights.len();
+            for c in text.chars() {
+                let c = c as usize;
+                let units = if c < BMP {
+                    if table.covered[c / 64] & (1 << (c % 64)) == 0 {
+                        return None;
+                    }
+                    &level.units[level.starts[c] as usize..level.starts[c + 1] as usize]
+                } else {
+                    level.supplementary.as_deref()?
+                };
+                for unit in units {
+                    weights.extend_from_slice(&unit.to_be_bytes());
+                }
+            }
+            trim(&mut weights, from, level.pad);
         }
-        Some(self.trimmed(weights))
+        Some(weights)
     }
 
     /// A stored key in canonical form: the weights of a key the database
@@ -285,22 +343,45 @@ impl Collation {
     /// ```
     pub fn stored(&self, key: &[u8]) -> Option<Vec<u8>> {
         match key.split_first() {
-            Some((&WEIGHED, weights)) if weights.len().is_multiple_of(2) => {
-                Some(self.trimmed(weights.to_vec()))
-            }
+            Some((&WEIGHED, weights)) if weights.len().is_multiple_of(2) => self.trimmed(weights),
             _ => self.weights(std::str::from_utf8(key).ok()?),
         }
     }
 
-    /// `weights` without trailing pad weights (PAD SPACE).
-    fn trimmed(&self, mut weights: Vec<u8>) -> Vec<u8> {
-        if let Some(pad) = self.0.pad {
-            let pad = pad.to_be_bytes();
-            while weights.len() >= 2 && weights[weights.len() - 2..] == pad {
-                weights.truncate(weights.len() - 2);
+    /// Weights the database gave, level after level with
+    /// [`LEVEL_SEPARATOR`] between, each level without trailing pad
+    /// weights; `None` for another number of levels.
+    fn trimmed(&self, weights: &[u8]) -> Option<Vec<u8>> {
+        let levels = &self.0.levels;
+        let mut trimmed = Vec::with_capacity(weights.len());
+        let mut parts = weights.chunks_exact(2);
+        for (at, level) in levels.iter().enumerate() {
+            if at > 0 {
+                trimmed.extend_from_slice(&LEVEL_SEPARATOR);
             }
+            let from = trimmed.len();
+            for unit in parts.by_ref() {
+                if unit == LEVEL_SEPARATOR {
+                    if at + 1 == levels.len() {
+                        return None; // more levels than the table's
+                    }
+                    break;
+                }
+                trimmed.extend_from_slice(unit);
+            }
+            trim(&mut trimmed, from, level.pad);
         }
-        weights
+        Some(trimmed)
+    }
+}
+
+/// Drops the trailing `pad` weights of the level that starts at `from`.
+fn trim(weights: &mut Vec<u8>, from: usize, pad: Option<u16>) {
+    if let Some(pad) = pad {
+        let pad = pad.to_be_bytes();
+        while weights.len() >= from + 2 && weights[weights.len() - 2..] == pad {
+            weights.truncate(weights.len() - 2);
+        }
     }
 }
 
@@ -357,6 +438,39 @@ mod tests {
         assert_eq!(ci.stored(b"a "), ci.weights("A"));
         assert_eq!(ci.stored("é".as_bytes()), None);
         assert_eq!(ci.stored(&[WEIGHED, 1]), None, "odd weights");
+    }
+
+    #[test]
+    fn accents_are_a_second_level() {
+        // Letters at level 1, an acute accent at level 2 (0x21; none: 0x20).
+        let mut builder = Collation::builder("toy_as_ci", "test").pad_space(true);
+        for c in ' '..='~' {
+            let letter = u16::from(c.to_ascii_uppercase() as u8);
+            builder = builder.weigh(c, &[letter]).weigh_at(2, c, &[0x20]);
+        }
+        let builder = builder
+            .weigh('é', &[u16::from(b'E')])
+            .weigh_at(2, 'é', &[0x20, 0x21]);
+        let accents = builder.build().expect("weights");
+        assert_eq!(accents.levels(), 2);
+        let form = |text| accents.weights(text).expect("covered");
+        assert_eq!(form("cafe"), form("CAFE  "));
+        assert_ne!(form("cafe"), form("café"));
+        // As the database gives `café ` level by level.
+        let weighed = Collation::weighed(&[
+            0, 0x43, 0, 0x41, 0, 0x46, 0, 0x45, 0, 0x20, 0, 0, 0, 0x20, 0, 0x20, 0, 0x20, 0, 0x20,
+            0, 0x21, 0, 0x20,
+        ]);
+        assert_eq!(
+            accents.stored(&weighed),
+            Some(form("CAFÉ".to_lowercase().as_str()))
+        );
+        let three = [0, 0x41, 0, 0, 0, 0x20, 0, 0, 0, 0x20];
+        assert_eq!(
+            accents.stored(&Collation::weighed(&three)),
+            None,
+            "three levels"
+        );
     }
 
     #[test]
