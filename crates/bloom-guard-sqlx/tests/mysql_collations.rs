@@ -55,7 +55,9 @@ const SPELLINGS: &[(&str, &[&str])] = &[
 fn corpus(beside: bool) -> Vec<String> {
     let mut corpus = spellings::corpus(beside);
     corpus.extend(SPELLINGS.iter().map(|(stored, _)| (*stored).to_owned()));
-    corpus.push("straße".to_owned());
+    // An expansion; U+0000 (a zero weight under general_ci); Catalan's
+    // middle dot, which contracts with the `l` before it under uca1400.
+    corpus.extend(["straße", "\0", "a\0b", "col·lecció", "L·L", "l·"].map(str::to_owned));
     corpus
 }
 
@@ -68,7 +70,19 @@ fn probes(corpus: &[String]) -> Vec<String> {
     }
     // A contraction under the UCA collations: `И` and a combining breve
     // weigh as `Й`.
-    probes.extend(["strasse", "И\u{306}", "и\u{306}"].map(str::to_owned));
+    probes.extend(
+        [
+            "strasse",
+            "И\u{306}",
+            "и\u{306}",
+            "A\0B",
+            "colleccio",
+            "COL·LECCIÓ",
+            "ll",
+            "l",
+        ]
+        .map(str::to_owned),
+    );
     probes
 }
 

@@ -33,11 +33,23 @@ impl Changes {
     /// Adds a feed row: its kind (`i`, `d`, `t`, `r`) and its key's bytes,
     /// `None` for a key no request can name (a SQLite BLOB).
     pub(crate) fn record(&mut self, kind: &str, key: Option<&[u8]>) {
+        self.record_with(kind, key, KeyBatch::push_text);
+    }
+
+    /// As [`record`](Self::record), for a key the database weighed
+    /// ([`Collation::weighed`](bloom_guard::Collation::weighed)): bytes, not
+    /// text.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn record_weighed(&mut self, kind: &str, key: Option<&[u8]>) {
+        self.record_with(kind, key, KeyBatch::push);
+    }
+
+    fn record_with(&mut self, kind: &str, key: Option<&[u8]>, push: fn(&mut KeyBatch, &[u8])) {
         self.rows += 1;
         match (kind, key) {
-            ("i", Some(key)) => self.added.push_text(key),
+            ("i", Some(key)) => push(&mut self.added, key),
             ("i", None) => self.added.skip(),
-            ("d", Some(key)) => self.removed.push_text(key),
+            ("d", Some(key)) => push(&mut self.removed, key),
             ("d", None) => self.removed.skip(),
             ("t", _) => self.truncated = true,
             ("r", _) => self.resync = true,

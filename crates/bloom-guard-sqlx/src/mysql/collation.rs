@@ -221,16 +221,20 @@ fn units(bytes: &[u8]) -> Option<Vec<u16>> {
 }
 
 /// Whether `c` may weigh otherwise beside its neighbours under a UCA
-/// collation: a combining mark (`И` and a breve weigh as `Й`), a conjoining
+/// collation: a combining mark (`И` and a breve weigh as `Й`), a middle
+/// dot (`l·` weighs as `l` under `uca1400`: Catalan's `l·l`), a conjoining
 /// Hangul jamo, or a character of a script whose Unicode collation rules
 /// contract sequences of letters (Thai and Lao vowels, Tibetan, Myanmar,
 /// Khmer and their neighbours). A request key holding one passes to the
-/// handler unchecked.
+/// handler unchecked. (Searched on MariaDB 10.11's `uca1400_ai_ci`: after
+/// every Latin, Greek and Cyrillic letter, every BMP character weighs as
+/// itself but the breve, U+00B7 and U+0387.)
 fn may_contract(c: char) -> bool {
     is_combining_mark(c)
         || matches!(
             c,
-            '\u{0e00}'..='\u{0fff}'   // Thai, Lao, Tibetan
+            '\u{00b7}' | '\u{0387}' // middle dots
+                | '\u{0e00}'..='\u{0fff}'   // Thai, Lao, Tibetan
                 | '\u{1000}'..='\u{109f}' // Myanmar
                 | '\u{1100}'..='\u{11ff}' // Hangul jamo
                 | '\u{1780}'..='\u{17ff}' // Khmer
@@ -287,6 +291,7 @@ mod tests {
     fn marks_and_contracting_scripts_are_left_out() {
         assert!(may_contract('\u{0306}'));
         assert!(may_contract('เ'));
+        assert!(may_contract('·'));
         assert!(!may_contract('И'));
         assert!(!may_contract('ß'));
         assert_eq!(units(&[0x0e, 0x33, 0, 1]), Some(vec![0x0e33, 1]));

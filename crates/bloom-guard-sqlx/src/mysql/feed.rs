@@ -252,8 +252,10 @@ async fn read_rows(
         }
         seen.insert(id);
         if row.1 == name {
-            let weighed: Option<Vec<u8>> = raw.try_get(11)?;
-            changes.record(&row.2, weighed.as_deref().or(row.3.as_deref()));
+            match raw.try_get::<Option<Vec<u8>>, _>(11)? {
+                Some(weighed) => changes.record_weighed(&row.2, Some(&weighed)),
+                None => changes.record(&row.2, row.3.as_deref()),
+            }
         }
         last = Some(row);
     }

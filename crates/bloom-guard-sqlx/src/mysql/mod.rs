@@ -138,7 +138,12 @@ impl Database for MySqlBackend {
         let versions = catalog::trigger_versions(&self.pool, &self.watch).await?;
         Ok(KeySet {
             fingerprint: store::fingerprint(&identity, &query, &versions),
-            source: MySqlScan::new(self.pool.clone(), query, Arc::clone(&self.settled)),
+            source: MySqlScan::new(
+                self.pool.clone(),
+                query,
+                Arc::clone(&self.settled),
+                self.collation.is_some(),
+            ),
             trigger_versions: versions,
         })
     }

@@ -22,11 +22,21 @@ pub(crate) struct MySqlScan {
     settled: Arc<Settled>,
     /// Counts the rows of the key query.
     count: QuerySource<MySql>,
+    /// The query reads keys as the server weighs them under a collation
+    /// ([`Collation::weighed`](bloom_guard::Collation::weighed)): bytes, not
+    /// text.
+    weighed: bool,
 }
 
 impl MySqlScan {
-    pub(super) fn new(pool: MySqlPool, query: String, settled: Arc<Settled>) -> Self {
+    pub(super) fn new(
+        pool: MySqlPool,
+        query: String,
+        settled: Arc<Settled>,
+        weighed: bool,
+    ) -> Self {
         Self {
+            weighed,
             count: QuerySource::new(pool.clone(), query.clone()),
             pool,
             query,
@@ -71,10 +81,11 @@ impl KeySource for MySqlScan {
     }
 
     fn keys(&self) -> BoxStream<'static, Result<KeyBatch, SourceError>> {
-        let (pool, query, settled) = (
+        let (pool, query, settled, weighed) = (
             self.pool.clone(),
             self.query.clone(),
             Arc::clone(&self.settled),
+            self.weighed,
         );
         spawn_scan(move |batches| async move {
             // Settled before the snapshot; the feed's position and the keys
@@ -89,7 +100,11 @@ impl KeySource for MySqlScan {
             while let Some(row) = rows.try_next().await? {
                 // A NULL key names no row.
                 if let Some(key) = row.try_get::<Option<&[u8]>, _>(0)? {
-                    batch.push_text(key);
+                    if weighed {
+                        batch.push(key);
+                    } else {
+                        batch.push_text(key);
+                    }
                 }
                 if !batches.send_if_full(&mut batch).await {
                     return Ok(());

@@ -1,7 +1,6 @@
 //! A batch of keys in one buffer: what a key source yields, what the feed
 //! hands the guard, and what a filter inserts in one pass.
 
-use crate::keys::collation::WEIGHED;
 use crate::keys::key::Key;
 
 /// Keys packed into one buffer: one allocation per batch, not per key.
@@ -67,11 +66,11 @@ impl KeyBatch {
 
     /// Adds a stored text key, or counts it as skipped if it is not valid
     /// UTF-8: requests carry text, so no request can name such a key, and
-    /// the guard passes a request whose key does not decode to UTF-8. A
-    /// key the database weighed ([`Collation::weighed`](crate::Collation::weighed))
-    /// is added as it is.
+    /// the guard passes a request whose key does not decode to UTF-8. (A
+    /// key the database weighed, [`Collation::weighed`](crate::Collation::weighed),
+    /// is no text: [`push`](Self::push) it.)
     pub fn push_text(&mut self, key: &[u8]) {
-        if key.first() == Some(&WEIGHED) || std::str::from_utf8(key).is_ok() {
+        if std::str::from_utf8(key).is_ok() {
             self.push(key);
         } else {
             self.skip();

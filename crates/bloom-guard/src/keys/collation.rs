@@ -76,7 +76,8 @@ struct Level {
     pad: Option<u16>,
 }
 
-/// What separates the levels of a key's weights: no weight is zero.
+/// What separates the levels of a key's weights: a collation of several
+/// levels has no zero weight (`build` refuses one that has).
 const LEVEL_SEPARATOR: [u8; 2] = [0, 0];
 
 /// The weights of a collation, character by character: see
@@ -98,8 +99,8 @@ pub enum CollationError {
     /// PAD SPACE, but the space's weights are not exactly one at a level.
     #[error("collation {0} pads with spaces, but the space does not weigh exactly one weight")]
     Padding(String),
-    /// A level beyond the third, or weights outside the BMP with several
-    /// levels.
+    /// A level beyond the third, or with several levels a zero weight (the
+    /// levels' separator) or weights outside the BMP.
     #[error("collation {0} has weights at a level the guard does not reproduce")]
     Level(String),
     /// The table covers no character.
@@ -167,7 +168,15 @@ impl CollationBuilder {
         if let Some(table) = registry.get(&identity) {
             return Ok(Collation(table));
         }
-        if self.weights.is_empty() || (self.weights.len() > 1 && self.supplementary.is_some()) {
+        let several = self.weights.len() > 1;
+        let zero = || {
+            self.weights
+                .iter()
+                .flatten()
+                .flatten()
+                .any(|weights| weights.contains(&0))
+        };
+        if self.weights.is_empty() || (several && (self.supplementary.is_some() || zero())) {
             return Err(CollationError::Level(self.name));
         }
         let mut covered = vec![0_u64; BMP / 64];
@@ -353,6 +362,13 @@ impl Collation {
     /// weights; `None` for another number of levels.
     fn trimmed(&self, weights: &[u8]) -> Option<Vec<u8>> {
         let levels = &self.0.levels;
+        if let [level] = &levels[..] {
+            // One level: a zero weight is a weight (U+0000 under
+            // `general_ci`), not a separator.
+            let mut trimmed = weights.to_vec();
+            trim(&mut trimmed, 0, level.pad);
+            return Some(trimmed);
+        }
         let mut trimmed = Vec::with_capacity(weights.len());
         let mut parts = weights.chunks_exact(2);
         for (at, level) in levels.iter().enumerate() {
@@ -438,6 +454,21 @@ mod tests {
         assert_eq!(ci.stored(b"a "), ci.weights("A"));
         assert_eq!(ci.stored("é".as_bytes()), None);
         assert_eq!(ci.stored(&[WEIGHED, 1]), None, "odd weights");
+        // A zero weight is a weight with one level (U+0000 under general_ci).
+        let nul = Collation::builder("toy_nul", "test")
+            .weigh('\0', &[0])
+            .weigh('a', &[0x41])
+            .build()
+            .expect("weights");
+        assert_eq!(
+            nul.stored(&Collation::weighed(&[0, 0x41, 0, 0])),
+            nul.weights("a\0")
+        );
+        let zero_at_two = Collation::builder("toy_zero_levels", "test")
+            .weigh('a', &[0x41])
+            .weigh_at(2, 'a', &[0])
+            .build();
+        assert!(matches!(zero_at_two, Err(CollationError::Level(_))));
     }
 
     #[test]
