@@ -99,6 +99,18 @@ async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    if format != 4 {
+        let all: Vec<(i64, i32, String, bool)> = sqlx::query_as(
+            "select id, format, position, pg_visible_in_snapshot($1::xid8, position::pg_snapshot) from bloom_guard.snapshots order by id",
+        )
+        .bind(&last_round)
+        .fetch_all(&pool)
+        .await
+        .expect("snapshots");
+        eprintln!(
+            "the last round {last_round}; the snapshots (id, format, position, sees it): {all:?}"
+        );
+    }
     assert_eq!(format, 4, "no snapshot of the grown filter after the churn");
     let second = BloomGuard::builder().false_positive_rate(FPP).build();
     let _second_task = spawn(follower(&second, &pool));

@@ -46,13 +46,14 @@ impl<B: Database> Follower<B> {
             {
                 Ok(Some(stored)) if stored.age_secs < self.snapshot_interval.as_secs_f64() => {
                     let left = self.snapshot_interval.as_secs_f64() - stored.age_secs;
-                    let mut fleet = self.fleet();
-                    fleet.fresh_until = Some((
+                    // The changes it lacks are still counted from this
+                    // instance's last publish: its position may predate
+                    // changes read since (a publish racing a read, or
+                    // another instance's).
+                    self.fleet().fresh_until = Some((
                         fingerprint.clone(),
                         Instant::now() + std::time::Duration::from_secs_f64(left.max(0.0)),
                     ));
-                    // The changes it lacks are counted from here.
-                    fleet.changes_at_fresh = self.changes_read();
                     true
                 }
                 Ok(Some(stored)) if !self.changed_enough(stored.age_secs) => {
@@ -89,7 +90,8 @@ impl<B: Database> Follower<B> {
 
     /// Whether a snapshot `age_secs` old lacks enough of the filter's
     /// changes to be published again: [`REPUBLISH_SHARE`] of its keys (at
-    /// least [`REPUBLISH_AT_LEAST`]) read since it was last seen fresh, or
+    /// least [`REPUBLISH_AT_LEAST`]) read since this instance last
+    /// published (or started), or
     /// half the retention gone (a snapshot older than the feed's pruned
     /// horizon cannot be caught up).
     /// A zero interval republishes at every check, changed or not.

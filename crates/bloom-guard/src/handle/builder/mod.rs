@@ -120,7 +120,10 @@ impl Builder {
     /// (default off). Turn it on only if your application refuses such keys
     /// itself (then no key it serves is refused, and random long keys no
     /// longer reach it); they are counted in
-    /// [`Stats::bad_keys`](crate::Stats::bad_keys).
+    /// [`Stats::bad_keys`](crate::Stats::bad_keys). Under a key type that
+    /// finds longer spellings of a stored key (`SpacePaddedText`: trailing
+    /// spaces; `Collated`: trailing spaces, ignorable characters), the
+    /// application must refuse those lengths too, or leave it off.
     #[must_use]
     pub fn refuse_long_keys(mut self, refuse: bool) -> Self {
         self.config.refuse_long_keys = refuse;
