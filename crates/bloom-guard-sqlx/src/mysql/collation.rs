@@ -226,9 +226,11 @@ fn units(bytes: &[u8]) -> Option<Vec<u16>> {
 /// Hangul jamo, or a character of a script whose Unicode collation rules
 /// contract sequences of letters (Thai and Lao vowels, Tibetan, Myanmar,
 /// Khmer and their neighbours). A request key holding one passes to the
-/// handler unchecked. (Searched on MariaDB 10.11's `uca1400_ai_ci`: after
-/// every Latin, Greek and Cyrillic letter, every BMP character weighs as
-/// itself but the breve, U+00B7 and U+0387.)
+/// handler unchecked. (Searched on MariaDB 10.11's `uca1400_ai_ci`, every
+/// BMP character after every character of U+0020-U+1FFF, U+2000-U+303F,
+/// the kana, U+A000-U+A9FF and U+FB00-U+FFFF outside the ranges below, and
+/// samples of CJK and Hangul syllables: the only characters that weigh
+/// otherwise after another are combining marks and the two middle dots.)
 fn may_contract(c: char) -> bool {
     is_combining_mark(c)
         || matches!(
