@@ -7,6 +7,8 @@ mod catch_up;
 pub(crate) mod changes;
 pub(crate) mod column;
 mod cost;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) mod dialects;
 mod fleet;
 mod maintain;
 mod presence;
@@ -29,8 +31,10 @@ use tracing::Instrument;
 
 pub(crate) use api::follower_api;
 pub use api::Follow;
+#[cfg(feature = "postgres")]
+pub(crate) use backend::Catalog;
 pub(crate) use backend::{
-    Catalog, Clock, Database, FleetTable, KeySet, LoadError, Read, SnapshotStore, Stored, WakeUps,
+    Clock, Database, FleetTable, KeySet, LoadError, Read, SnapshotStore, Stored, WakeUps,
 };
 pub(crate) use rebuild::Rebuild;
 

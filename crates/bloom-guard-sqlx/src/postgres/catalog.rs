@@ -3,7 +3,8 @@
 
 use sqlx::{AssertSqlSafe, PgPool};
 
-use crate::follow::column::{postgres_comparison, KeyColumn};
+use crate::follow::column::KeyColumn;
+use crate::follow::dialects::postgres_comparison;
 use crate::follow::Catalog;
 use crate::watch::Watch;
 

@@ -10,7 +10,8 @@ use sqlx::{AssertSqlSafe, Row, SqlitePool, TypeInfo, ValueRef};
 use super::mark::Mark;
 use super::names::ident;
 use crate::follow::changes::Changes;
-use crate::follow::column::{sqlite_column_definition, sqlite_comparison, KeyColumn};
+use crate::follow::column::KeyColumn;
+use crate::follow::dialects::{sqlite_column_definition, sqlite_comparison};
 use crate::follow::Read;
 use crate::watch::Watch;
 
