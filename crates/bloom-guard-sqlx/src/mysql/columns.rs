@@ -21,8 +21,8 @@ impl Watch {
     /// # Errors
     ///
     /// [`FeedError::Uncomparable`] for a column no key type compares as the
-    /// server does (a language's collation, an accent-sensitive one), naming
-    /// the collations supported; [`FeedError::Database`] if the table
+    /// server does (a language's collation, MySQL 8's accent-sensitive
+    /// ones), naming the collations supported; [`FeedError::Database`] if the table
     /// cannot be read or lacks a key column.
     ///
     /// # Example

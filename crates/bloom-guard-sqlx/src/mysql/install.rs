@@ -238,7 +238,9 @@ end if",
     /// # Errors
     ///
     /// [`FeedError::Database`] if the table or a column does not exist, or
-    /// a privilege is missing.
+    /// a privilege is missing; [`FeedError::Uncomparable`] for a key column
+    /// no key type compares as the server does (see
+    /// [`key_type_mysql`](Self::key_type_mysql)), with nothing installed.
     ///
     /// Each try of the triggers' DDL waits at most a second for the table's
     /// metadata lock (`lock_wait_timeout`), so writers never queue behind

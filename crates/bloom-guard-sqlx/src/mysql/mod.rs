@@ -41,8 +41,8 @@ const REVISIT: Duration = Duration::from_millis(25);
 #[doc = include_str!("../follow/protocol.md")]
 ///
 /// On MySQL and MariaDB the feed is read whenever its highest row id
-/// moves (looked at every 10 ms while it does, every 100 ms at
-/// rest), at every refusal's read barrier, and at least every
+/// moves (looked at every 10 ms while it does, backing off to once a
+/// second at rest), at every refusal's read barrier, and at least every
 /// [`poll_interval`](Self::poll_interval). Needs
 /// [`Watch::install_mysql`] first.
 ///
@@ -57,7 +57,11 @@ const REVISIT: Duration = Duration::from_millis(25);
 /// # async fn run(pool: sqlx::MySqlPool) -> Result<(), bloom_guard_sqlx::FeedError> {
 /// let items = Watch::table("items").key("key");
 /// items.install_mysql(&pool).await?;
-/// let guard = BloomGuard::builder().build();
+/// // The key type the column needs: under MariaDB's default collation,
+/// // `Apple-Pie` is found as `apple-pie`.
+/// let guard = BloomGuard::builder()
+///     .key_type(items.key_type_mysql(&pool).await?)
+///     .build();
 /// tokio::spawn(MySqlFollower::new(guard.clone(), pool, items).run());
 /// # Ok(()) }
 /// ```

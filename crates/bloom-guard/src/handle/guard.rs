@@ -201,12 +201,18 @@ impl BloomGuard {
     }
 
     /// Whether the key may exist: `false` means it certainly does not. The
-    /// key is put in the guard's [`KeyType`](crate::KeyType) form first.
-    /// Always `true` while no filter is in place (the guard fails open).
+    /// key is put in the guard's [`KeyType`](crate::KeyType) form first;
+    /// one with characters the key type cannot compare as the database
+    /// does (a combining mark under a collation) may be stored under
+    /// another spelling: `true`. Always `true` while no filter is in place
+    /// (the guard fails open).
     pub fn may_contain(&self, key: impl AsRef<[u8]>) -> bool {
         let key = Key::from(key.as_ref());
-        self.shared
-            .may_contain(&self.shared.config.key_type.canonical_or_same(key))
+        let key_type = self.shared.config.key_type;
+        if key_type.to_canonical(key.clone()) == Err(crate::KeyError::Uncomparable) {
+            return true;
+        }
+        self.shared.may_contain(&key_type.canonical_or_same(key))
     }
 
     /// Whether the guard has protected: a filter that holds every key

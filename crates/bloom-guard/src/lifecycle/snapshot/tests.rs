@@ -466,3 +466,16 @@ async fn a_collated_snapshot_names_its_collation() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_key_the_collation_cannot_weigh_may_be_stored() {
+    let guard = BloomGuard::builder().key_type(collated("may_ci")).build();
+    guard
+        .rebuild(&KeyList::new(vec!["cafe".to_owned()]))
+        .await
+        .expect("build");
+    assert!(guard.may_contain("CAFE "));
+    assert!(!guard.may_contain("tea"));
+    // `é` is not in the table: another spelling of it may be stored.
+    assert!(guard.may_contain("café"));
+}
