@@ -298,3 +298,66 @@ async fn collations_without_a_form_are_a_clear_error() {
         assert!(message.contains(named), "{named} not in {message}");
     }
 }
+
+/// Deletes under a collation: a row's key is weighed the same when it is
+/// inserted and when it is deleted (by any spelling), so the counting
+/// filter forgets it exactly once; two rows of equal spellings stay found
+/// until both are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn deletes_under_a_collation_are_forgotten_once() {
+    let pool = fresh(2).await;
+    sqlx::raw_sql(
+        "create table names (id bigint auto_increment primary key,
+                             w varchar(40) character set utf8mb4 collate utf8mb4_general_ci not null,
+                             key (w))",
+    )
+    .execute(&pool)
+    .await
+    .expect("create");
+    let watch = Watch::table("names").key("w");
+    watch.install_mysql(&pool).await.expect("watch");
+    let guard = BloomGuard::builder()
+        .key_type(watch.key_type_mysql(&pool).await.expect("the key type"))
+        .build();
+    let _running = spawn(
+        MySqlFollower::new(guard.clone(), pool.clone(), watch)
+            .check_interval(Duration::from_millis(200))
+            .poll_interval(Duration::from_millis(200)),
+    );
+    wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
+    let exec = async |sql: &str| {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&pool)
+            .await
+            .expect("statement");
+    };
+    exec("insert into names (w) values ('Apple-Pie'), ('café'), ('CAFE ')").await;
+    wait_until("the inserts", Duration::from_secs(10), || {
+        guard.may_contain("apple-pie") && guard.may_contain("cafe")
+    })
+    .await;
+    // Deleted by another spelling: the row's own key is what is forgotten.
+    exec("delete from names where w = 'APPLE-PIE'").await;
+    wait_until("the delete", Duration::from_secs(10), || {
+        !guard.may_contain("apple-pie")
+    })
+    .await;
+    // Two rows the collation equates: one gone, the other still found.
+    exec("delete from names where w = 'café' collate utf8mb4_bin").await;
+    exec("insert into names (w) values ('zz-after')").await;
+    wait_until("the feed", Duration::from_secs(10), || {
+        guard.may_contain("zz-after")
+    })
+    .await;
+    assert!(
+        guard.may_contain("Café"),
+        "a row spelt CAFE  is still stored"
+    );
+    exec("delete from names where w = 'cafe'").await;
+    wait_until("the last delete", Duration::from_secs(10), || {
+        !guard.may_contain("cafe")
+    })
+    .await;
+    assert!(guard.stats().deletes_applied >= 3, "{:?}", guard.stats());
+}
