@@ -361,3 +361,158 @@ async fn deletes_under_a_collation_are_forgotten_once() {
     .await;
     assert!(guard.stats().deletes_applied >= 3, "{:?}", guard.stats());
 }
+
+/// A spelling of one of a few words, as users type them: any case, an
+/// accent or a decomposed one, `ß` for `ss`, Catalan's middle dot,
+/// trailing spaces.
+fn spelling(rng: &mut fastrand::Rng) -> String {
+    let word = ["apple", "cafe", "strasse", "pie", "colleccio", "ab"][rng.usize(..6)];
+    let mut out = String::new();
+    let mut chars = word.chars().peekable();
+    while let Some(c) = chars.next() {
+        let c = if rng.bool() {
+            c.to_ascii_uppercase()
+        } else {
+            c
+        };
+        match (c, rng.u8(..6)) {
+            ('e' | 'E', 0) => out.push(if c == 'e' { 'é' } else { 'É' }),
+            ('e' | 'E', 1) => {
+                out.push(c);
+                out.push('\u{301}');
+            }
+            ('s', 2) if chars.peek() == Some(&'s') => {
+                chars.next();
+                out.push('ß');
+            }
+            ('l' | 'L', 3) => {
+                out.push(c);
+                out.push('·');
+            }
+            _ => out.push(c),
+        }
+    }
+    out.push_str(&" ".repeat(rng.usize(..3)));
+    out
+}
+
+/// A random workload on a collated column (inserts, deletes and key
+/// changes by any spelling, a delete and an insert in one transaction,
+/// `REPLACE`), and after every twenty steps, for every spelling ever
+/// written or asked for, the table's answer (`exists ... where w = ?`)
+/// against the guard's: a spelling the table finds is never refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn a_random_workload_under_a_collation_never_refuses_a_spelling_the_table_finds() {
+    let pool = fresh(4).await;
+    let server: String = sqlx::query_scalar("select version()")
+        .fetch_one(&pool)
+        .await
+        .expect("version");
+    let collations: &[&str] = if server.contains("MariaDB") {
+        &["utf8mb4_general_ci", "utf8mb4_uca1400_as_ci"]
+    } else {
+        &["utf8mb4_general_ci"]
+    };
+    let mut rng = fastrand::Rng::with_seed(42);
+    for collation in collations {
+        let table = format!("model_{}", collation.replace("utf8mb4_", ""));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "create table {table} (id bigint auto_increment primary key,
+                                   w varchar(40) character set utf8mb4 collate {collation} not null,
+                                   key (w))"
+        )))
+        .execute(&pool)
+        .await
+        .expect("create");
+        let watch = Watch::table(&table).key("w");
+        watch.install_mysql(&pool).await.expect("watch");
+        let guard = BloomGuard::builder()
+            .key_type(watch.key_type_mysql(&pool).await.expect("the key type"))
+            .build();
+        let _running = spawn(
+            MySqlFollower::new(guard.clone(), pool.clone(), watch)
+                .check_interval(Duration::from_millis(200))
+                .poll_interval(Duration::from_millis(200)),
+        );
+        wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
+        let mut seen = std::collections::BTreeSet::new();
+        let (mut found, mut deletes) = (0, 0);
+        for step in 0..200 {
+            let (key, other) = (spelling(&mut rng), spelling(&mut rng));
+            seen.insert(key.clone());
+            seen.insert(other.clone());
+            let id = rng.u64(1..=(step as u64 + 1));
+            let statement = match rng.u8(..6) {
+                0 | 1 => format!("insert into {table} (w) values (?)"),
+                2 => {
+                    deletes += 1;
+                    format!("delete from {table} where w = ?")
+                }
+                3 => format!("update {table} set w = ? where id = {id}"),
+                4 => format!("replace into {table} (id, w) values ({id}, ?)"),
+                _ => {
+                    deletes += 1;
+                    let mut tx = pool.begin().await.expect("begin");
+                    for sql in [
+                        format!("delete from {table} where w = ?"),
+                        format!("insert into {table} (w) values (?)"),
+                    ] {
+                        sqlx::query(sqlx::AssertSqlSafe(sql))
+                            .bind(&key)
+                            .execute(&mut *tx)
+                            .await
+                            .expect("statement");
+                    }
+                    tx.commit().await.expect("commit");
+                    continue;
+                }
+            };
+            sqlx::query(sqlx::AssertSqlSafe(statement))
+                .bind(&key)
+                .execute(&pool)
+                .await
+                .expect("statement");
+            if step % 20 != 19 {
+                continue;
+            }
+            let last = format!("zz-{step}");
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "insert into {table} (w) values (?)"
+            )))
+            .bind(&last)
+            .execute(&pool)
+            .await
+            .expect("the last row");
+            wait_until("the feed", Duration::from_secs(20), || {
+                guard.may_contain(&last)
+            })
+            .await;
+            for key in &seen {
+                let exists: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "select exists (select 1 from {table} where w = ?)"
+                )))
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .expect("the table's answer");
+                if exists == 1 {
+                    found += 1;
+                    assert!(
+                        !spellings::refuses(&guard, key),
+                        "{collation}, step {step}: {key:?} is in the table but refused"
+                    );
+                }
+            }
+        }
+        assert!(
+            found > 100 && deletes > 20,
+            "{collation}: found {found}, deletes {deletes}"
+        );
+        assert!(
+            guard.stats().deletes_applied > 0,
+            "{collation}: {:?}",
+            guard.stats()
+        );
+    }
+}
