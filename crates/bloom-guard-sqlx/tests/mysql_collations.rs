@@ -299,6 +299,56 @@ async fn collations_without_a_form_are_a_clear_error() {
     }
 }
 
+/// A guard with the key type of `watch`'s column, and its follower, once
+/// ready.
+async fn followed(pool: &MySqlPool, watch: &Watch) -> (BloomGuard, common::Running) {
+    let guard = BloomGuard::builder()
+        .key_type(watch.key_type_mysql(pool).await.expect("the key type"))
+        .build();
+    let running = spawn(
+        MySqlFollower::new(guard.clone(), pool.clone(), watch.clone())
+            .check_interval(Duration::from_millis(200))
+            .poll_interval(Duration::from_millis(200)),
+    );
+    wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
+    (guard, running)
+}
+
+/// A key written through one pool is found at once, under another
+/// spelling, through a guard following the table on its own connections
+/// (another instance): the read barrier's promise under a collation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn a_key_written_elsewhere_is_found_at_once_under_any_spelling() {
+    let pool = fresh(2).await;
+    sqlx::raw_sql(
+        "create table names (id bigint auto_increment primary key,
+                             w varchar(40) character set utf8mb4 collate utf8mb4_unicode_ci not null,
+                             key (w))",
+    )
+    .execute(&pool)
+    .await
+    .expect("create");
+    let watch = Watch::table("names").key("w");
+    watch.install_mysql(&pool).await.expect("watch");
+    let elsewhere = common::mysql::with_isolation(&pool, "repeatable read", 2).await;
+    let (guard, _running) = followed(&elsewhere, &watch).await;
+    for i in 0..200 {
+        sqlx::query("insert into names (w) values (?)")
+            .bind(format!("Straße-{i}"))
+            .execute(&pool)
+            .await
+            .expect("insert");
+        let spelling = format!("STRASSE-{i}%20");
+        assert_ne!(
+            common::status(&guard, &spelling).await,
+            http::StatusCode::NOT_FOUND,
+            "{spelling} refused right after its row committed"
+        );
+    }
+    assert!(guard.stats().barrier_waits > 0, "{:?}", guard.stats());
+}
+
 /// Deletes under a collation: a row's key is weighed the same when it is
 /// inserted and when it is deleted (by any spelling), so the counting
 /// filter forgets it exactly once; two rows of equal spellings stay found
@@ -317,15 +367,7 @@ async fn deletes_under_a_collation_are_forgotten_once() {
     .expect("create");
     let watch = Watch::table("names").key("w");
     watch.install_mysql(&pool).await.expect("watch");
-    let guard = BloomGuard::builder()
-        .key_type(watch.key_type_mysql(&pool).await.expect("the key type"))
-        .build();
-    let _running = spawn(
-        MySqlFollower::new(guard.clone(), pool.clone(), watch)
-            .check_interval(Duration::from_millis(200))
-            .poll_interval(Duration::from_millis(200)),
-    );
-    wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
+    let (guard, _running) = followed(&pool, &watch).await;
     let exec = async |sql: &str| {
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
             .execute(&pool)
@@ -427,15 +469,7 @@ async fn a_random_workload_under_a_collation_never_refuses_a_spelling_the_table_
         .expect("create");
         let watch = Watch::table(&table).key("w");
         watch.install_mysql(&pool).await.expect("watch");
-        let guard = BloomGuard::builder()
-            .key_type(watch.key_type_mysql(&pool).await.expect("the key type"))
-            .build();
-        let _running = spawn(
-            MySqlFollower::new(guard.clone(), pool.clone(), watch)
-                .check_interval(Duration::from_millis(200))
-                .poll_interval(Duration::from_millis(200)),
-        );
-        wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
+        let (guard, _running) = followed(&pool, &watch).await;
         let mut seen = std::collections::BTreeSet::new();
         let (mut found, mut deletes) = (0, 0);
         for step in 0..200 {
