@@ -299,6 +299,21 @@ async fn collations_without_a_form_are_a_clear_error() {
     }
 }
 
+/// A new table `(id, w)` with `w` under `collation`, watched.
+async fn watched(pool: &MySqlPool, table: &str, collation: &str) -> Watch {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "create table {table} (id bigint auto_increment primary key,
+                               w varchar(40) character set utf8mb4 collate {collation} not null,
+                               key (w))"
+    )))
+    .execute(pool)
+    .await
+    .expect("create");
+    let watch = Watch::table(table).key("w");
+    watch.install_mysql(pool).await.expect("watch");
+    watch
+}
+
 /// A guard with the key type of `watch`'s column, and its follower, once
 /// ready.
 async fn followed(pool: &MySqlPool, watch: &Watch) -> (BloomGuard, common::Running) {
@@ -321,16 +336,7 @@ async fn followed(pool: &MySqlPool, watch: &Watch) -> (BloomGuard, common::Runni
 #[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
 async fn a_key_written_elsewhere_is_found_at_once_under_any_spelling() {
     let pool = fresh(2).await;
-    sqlx::raw_sql(
-        "create table names (id bigint auto_increment primary key,
-                             w varchar(40) character set utf8mb4 collate utf8mb4_unicode_ci not null,
-                             key (w))",
-    )
-    .execute(&pool)
-    .await
-    .expect("create");
-    let watch = Watch::table("names").key("w");
-    watch.install_mysql(&pool).await.expect("watch");
+    let watch = watched(&pool, "names", "utf8mb4_unicode_ci").await;
     let elsewhere = common::mysql::with_isolation(&pool, "repeatable read", 2).await;
     let (guard, _running) = followed(&elsewhere, &watch).await;
     for i in 0..200 {
@@ -357,16 +363,7 @@ async fn a_key_written_elsewhere_is_found_at_once_under_any_spelling() {
 #[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
 async fn deletes_under_a_collation_are_forgotten_once() {
     let pool = fresh(2).await;
-    sqlx::raw_sql(
-        "create table names (id bigint auto_increment primary key,
-                             w varchar(40) character set utf8mb4 collate utf8mb4_general_ci not null,
-                             key (w))",
-    )
-    .execute(&pool)
-    .await
-    .expect("create");
-    let watch = Watch::table("names").key("w");
-    watch.install_mysql(&pool).await.expect("watch");
+    let watch = watched(&pool, "names", "utf8mb4_general_ci").await;
     let (guard, _running) = followed(&pool, &watch).await;
     let exec = async |sql: &str| {
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
@@ -459,16 +456,7 @@ async fn a_random_workload_under_a_collation_never_refuses_a_spelling_the_table_
     let mut rng = fastrand::Rng::with_seed(42);
     for collation in collations {
         let table = format!("model_{}", collation.replace("utf8mb4_", ""));
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "create table {table} (id bigint auto_increment primary key,
-                                   w varchar(40) character set utf8mb4 collate {collation} not null,
-                                   key (w))"
-        )))
-        .execute(&pool)
-        .await
-        .expect("create");
-        let watch = Watch::table(&table).key("w");
-        watch.install_mysql(&pool).await.expect("watch");
+        let watch = watched(&pool, &table, collation).await;
         let (guard, _running) = followed(&pool, &watch).await;
         let mut seen = std::collections::BTreeSet::new();
         let (mut found, mut deletes) = (0, 0);

@@ -209,10 +209,13 @@ impl BloomGuard {
     pub fn may_contain(&self, key: impl AsRef<[u8]>) -> bool {
         let key = Key::from(key.as_ref());
         let key_type = self.shared.config.key_type;
-        if key_type.to_canonical(key.clone()) == Err(crate::KeyError::Uncomparable) {
-            return true;
+        match key_type.to_canonical(key.clone()) {
+            Ok(canonical) => self.shared.may_contain(&canonical),
+            Err(crate::KeyError::Uncomparable) => true,
+            // Not text, or not of the type: a stored key's own form (a key
+            // the database weighed, an integer column's text).
+            Err(_) => self.shared.may_contain(&key_type.canonical_or_same(key)),
         }
-        self.shared.may_contain(&key_type.canonical_or_same(key))
     }
 
     /// Whether the guard has protected: a filter that holds every key
