@@ -46,7 +46,8 @@ impl Row {
     }
 }
 
-const ATTACK_LUA: &str = r#"
+/// Seeds each wrk thread's random keys apart; `n` counts its requests.
+const SEEDED_LUA: &str = r#"
 local counter = 0
 setup = function(thread)
   counter = counter + 1
@@ -54,10 +55,30 @@ setup = function(thread)
 end
 init = function(args)
   math.randomseed(os.time() * 1000 + id)
+  n = 0
 end
+"#;
+
+/// Absent keys of `/items/{key}`.
+const ATTACK_LUA: &str = r#"
 request = function()
   return wrk.format("GET", string.format("/items/absent-%08x%08x",
     math.random(0, 0x7fffffff), math.random(0, 0x7fffffff)))
+end
+"#;
+
+/// Absent keys of both guards in turn: `/items/{key}` and `/users/{id}`
+/// (UUIDs), for the reads the guards of one instance share.
+const TWO_GUARDS_LUA: &str = r#"
+request = function()
+  n = n + 1
+  if n % 2 == 0 then
+    return wrk.format("GET", string.format("/items/absent-%08x%08x",
+      math.random(0, 0x7fffffff), math.random(0, 0x7fffffff)))
+  end
+  return wrk.format("GET", string.format("/users/%08x-%04x-4%03x-8%03x-%04x%08x",
+    math.random(0, 0x7fffffff), math.random(0, 0xffff), math.random(0, 0xfff),
+    math.random(0, 0xfff), math.random(0, 0xffff), math.random(0, 0x7fffffff)))
 end
 "#;
 
@@ -75,8 +96,15 @@ pub(crate) async fn barrier(
     settings: &BarrierSettings,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let scripts = tempfile_dir()?;
-    std::fs::write(scripts.join("attack.lua"), ATTACK_LUA)?;
+    std::fs::write(
+        scripts.join("attack.lua"),
+        format!("{SEEDED_LUA}{ATTACK_LUA}"),
+    )?;
     std::fs::write(scripts.join("unrouted.lua"), UNROUTED_LUA)?;
+    std::fs::write(
+        scripts.join("two_guards.lua"),
+        format!("{SEEDED_LUA}{TWO_GUARDS_LUA}"),
+    )?;
 
     let db = Database::create(server_url, "bloom_guard_barrier").await?;
     let result = floods(&db, binary, out, settings, &scripts).await;
@@ -94,6 +122,7 @@ async fn floods(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let attack = scripts.join("attack.lua");
     let unrouted = scripts.join("unrouted.lua");
+    let two_guards = scripts.join("two_guards.lua");
     println!("filling {} rows", settings.keys);
     db.fill(settings.keys).await?;
     let env = |barrier: &str| {
@@ -132,6 +161,7 @@ async fn floods(
             ("unrouted 404", &on, &unrouted),
             ("barrier on", &on, &attack),
             ("barrier off", &off, &attack),
+            (TWO_GUARDS, &on, &two_guards),
         ];
         if connections == settings.connections[0] {
             targets.push(("unguarded service", &unguarded, &attack));
@@ -146,7 +176,7 @@ async fn floods(
                 tokio::time::sleep(SETTLE).await;
                 let before = db.transactions().await?;
                 let measured = wrk(&service.addr, script, connections, seconds).await?;
-                let reads = if run == "barrier on" {
+                let reads = if run == "barrier on" || run == TWO_GUARDS {
                     Some(feed_reads(before).await?)
                 } else {
                     None
@@ -236,6 +266,9 @@ fn row(run: &str, connections: usize, (rps, p50, p99): (f64, f64, f64), reads: O
         db_reads_per_sec: reads,
     }
 }
+
+/// The flood over both guards of one instance, with the barrier on.
+const TWO_GUARDS: &str = "barrier on, two guards";
 
 /// The rest before every flood.
 const SETTLE: Duration = Duration::from_secs(3);
@@ -347,8 +380,17 @@ fn report(rows: &[Row]) {
                 on.requests_per_sec / row.requests_per_sec.max(1.0)
             )
         });
+        // A flood over two guards costs the reads of one when they share.
+        let shared = find(TWO_GUARDS, connections)
+            .and_then(|two| Some((two.reads_share()?, on.reads_share()?)))
+            .map_or(String::new(), |(two, one)| {
+                format!(
+                    ", reads ÷ refusals over two guards ÷ over one {:.2}",
+                    two / one.max(f64::MIN_POSITIVE)
+                )
+            });
         println!(
-            "  {connections:>5} connections: on ÷ off {:.2}, on ÷ unrouted {:.2}{unguarded}",
+            "  {connections:>5} connections: on ÷ off {:.2}, on ÷ unrouted {:.2}{unguarded}{shared}",
             on.requests_per_sec / off.requests_per_sec.max(1.0),
             on.requests_per_sec / unrouted.requests_per_sec.max(1.0),
         );

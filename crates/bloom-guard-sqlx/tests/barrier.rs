@@ -145,3 +145,76 @@ async fn sqlite_a_key_created_through_one_pool_is_served_through_another_at_once
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two guards of one instance on one database, both flooded with absent
+/// keys: a read one guard's refusals asked for also reads for the other's
+/// (one statement), and a key committed before a request is never refused
+/// whichever statement read for it.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_guards_on_one_database_share_reads_and_refuse_no_committed_key(pool: PgPool) {
+    install(&pool).await;
+    exec(&pool, "create table users (key text primary key)").await;
+    let users = Watch::table("users").key("key");
+    users.install(&pool).await.expect("watch users");
+    let guards = [guard(), guard()];
+    let _running = [
+        spawn(follower(&guards[0], &pool)),
+        spawn(
+            bloom_guard_sqlx::PgFollower::new(guards[1].clone(), pool.clone(), users)
+                .poll_interval(Duration::from_millis(500)),
+        ),
+    ];
+    for guard in &guards {
+        wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
+    }
+    // A flood of absent keys on both guards.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood: Vec<_> = (0..64)
+        .map(|i| {
+            let (guard, stop) = (guards[i % 2].clone(), std::sync::Arc::clone(&stop));
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Refused, or a false positive of the filter.
+                    let key = format!("absent-{}", fastrand::u64(..));
+                    status(&guard, &key).await;
+                }
+            })
+        })
+        .collect();
+    // Meanwhile keys written by another client, asked for at once.
+    let mut refused = Vec::new();
+    for i in 0..300 {
+        let (table, guard) = if i % 2 == 0 {
+            ("items", &guards[0])
+        } else {
+            ("users", &guards[1])
+        };
+        let key = format!("created-{i}-{}", fastrand::u32(..));
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "insert into {table} (key) values ($1)"
+        )))
+        .bind(&key)
+        .execute(&pool)
+        .await
+        .expect("insert");
+        if status(guard, &key).await == StatusCode::NOT_FOUND {
+            refused.push(key);
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in flood {
+        task.await.expect("the flood's requests");
+    }
+    assert!(refused.is_empty(), "committed keys refused: {refused:?}");
+    let feeds: Vec<_> = guards
+        .iter()
+        .map(|guard| guard.stats().feed.expect("a feed read"))
+        .collect();
+    let shared: u64 = feeds.iter().map(|feed| feed.shared_reads).sum();
+    assert!(shared > 0, "no read was shared: {feeds:?}");
+    for guard in &guards {
+        let stats = guard.stats();
+        assert_eq!(stats.barrier_timeouts, 0, "{stats:?}");
+    }
+}

@@ -156,6 +156,31 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// The feed's position now, with the database's clock.
     fn position(&self) -> impl Future<Output = Result<Clock<Self::Position>, sqlx::Error>> + Send;
 
+    /// Names the database (and role) this backend reads its feed from,
+    /// where one statement can read the feeds of several guards
+    /// ([`read_together`](Self::read_together)): the followers of one
+    /// instance on one database then share a read when refusals of several
+    /// guards wait. `None`: each follower reads its own feed.
+    fn shared_reads(&self) -> Option<String> {
+        None
+    }
+
+    /// The changes committed after each position of `reads`, feeds of
+    /// followers on the database [`shared_reads`](Self::shared_reads)
+    /// names, in one statement on the first's connection; in the order of
+    /// `reads`. Each takes its snapshot after the call.
+    fn read_together(
+        reads: &[(&Self, &Self::Position)],
+    ) -> impl Future<Output = Result<Vec<Read<Self::Position>>, sqlx::Error>> + Send {
+        async move {
+            let mut all = Vec::with_capacity(reads.len());
+            for (backend, since) in reads {
+                all.push(backend.read(since).await?);
+            }
+            Ok(all)
+        }
+    }
+
     /// The changes committed after `since`.
     fn read(
         &self,

@@ -10,6 +10,7 @@ mod cost;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) mod dialects;
 mod fleet;
+mod group;
 mod maintain;
 mod presence;
 mod reader;
@@ -65,8 +66,21 @@ pub(crate) struct Follower<B: Database> {
     /// The feed position of the last read applied to the filter in use;
     /// held from a read's start until it is applied (by the reader loop,
     /// or by a catch-up that puts a new filter in use), so no read is
-    /// applied twice or skipped.
-    feed: tokio::sync::Mutex<Option<B::Position>>,
+    /// applied twice or skipped. Shared: another guard's read on the same
+    /// database may hold it to read for this one (`group.rs`).
+    feed: Arc<tokio::sync::Mutex<Option<B::Position>>>,
+    /// Wakes the reader loop: a read another guard's statement began for
+    /// this one failed.
+    read_now: Notify,
+    /// Wakes the maintenance for a rebuild: a read found the feed's
+    /// triggers (re)installed.
+    resync: Arc<Notify>,
+    /// Feed rows read since the follower started.
+    rows_read: std::sync::atomic::AtomicU64,
+    /// Feed reads applied since the follower started, and how many of them
+    /// were made by another guard's statement.
+    reads_made: std::sync::atomic::AtomicU64,
+    shared_reads: std::sync::atomic::AtomicU64,
     /// Catch-ups that put a filter in use (and moved `feed` past it).
     catch_ups: std::sync::atomic::AtomicU64,
     /// Whether the feed's triggers count rows as a counting filter needs:
@@ -120,7 +134,12 @@ impl<B: Database> Follower<B> {
     pub(crate) fn new(guard: BloomGuard, backend: B) -> Self {
         Self {
             reads: guard.feed_reader(),
-            feed: tokio::sync::Mutex::new(None),
+            feed: Arc::new(tokio::sync::Mutex::new(None)),
+            read_now: Notify::new(),
+            resync: Arc::new(Notify::new()),
+            rows_read: std::sync::atomic::AtomicU64::new(0),
+            reads_made: std::sync::atomic::AtomicU64::new(0),
+            shared_reads: std::sync::atomic::AtomicU64::new(0),
             catch_ups: std::sync::atomic::AtomicU64::new(0),
             counts_rows: std::sync::atomic::AtomicBool::new(false),
             no_keys: bloom_guard::KeyBatch::default(),
@@ -162,7 +181,7 @@ impl<B: Database> Follower<B> {
         tokio::pin!(shutdown);
         let this = Arc::new(self);
         let wake = Arc::new(Notify::new());
-        let resync = Arc::new(Notify::new());
+        let resync = Arc::clone(&this.resync);
         let published = Arc::new(Notify::new());
         let settings = Arc::new(Notify::new());
         let stop = CancellationToken::new();
@@ -210,9 +229,10 @@ impl<B: Database> Follower<B> {
                 (gap, checked),
             );
             let _maintenance = AbortOnDropHandle::new(tokio::spawn(maintenance.in_current_span()));
+            let group = group::Membership::join(&this);
             tokio::select! {
                 () = &mut shutdown => {}
-                () = this.follow(&source, &wake, &resync) => {}
+                () = this.follow(&source, &wake, group.as_ref()) => {}
             }
         }
         stop.cancel();

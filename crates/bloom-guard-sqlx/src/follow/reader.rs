@@ -1,20 +1,27 @@
 //! Reading the feed: on every wake-up and interval, forever.
 
-use bloom_guard::FeedStatus;
+use bloom_guard::{FeedStatus, ReadStart};
 use std::time::Duration;
 use tokio::sync::Notify;
 
 use tokio::time::{sleep, Instant};
 
 use super::changes::Changes;
+use super::group::{Companion, Membership};
 use super::{retry_pauses, Database, Follower, Read, MAX_PAUSE};
 
 impl<B: Database> Follower<B> {
     /// Reads the feed from the follower's position on every wake-up and
-    /// interval, applying each read to the filter in use.
-    pub(super) async fn follow(&self, source: &B::Source, wake: &Notify, resync: &Notify) {
+    /// interval, applying each read to the filter in use. A read refusals
+    /// asked for also reads for the waiting refusals of `group`'s other
+    /// guards, in one statement.
+    pub(super) async fn follow(
+        &self,
+        source: &B::Source,
+        wake: &Notify,
+        group: Option<&Membership<B>>,
+    ) {
         let feed_name = self.backend.feed();
-        let mut total = 0;
         let mut failing = false;
         let mut pauses = retry_pauses();
         // The read barrier: refusals wait for a read that began after their
@@ -29,7 +36,8 @@ impl<B: Database> Follower<B> {
                 // Set before the loop starts.
                 return;
             };
-            match self.backend.read(&position).await {
+            let company = group.map(Membership::company).unwrap_or_default();
+            match self.read_with(&position, company).await {
                 Ok(Read::Changes {
                     position: reached,
                     changes,
@@ -39,19 +47,9 @@ impl<B: Database> Follower<B> {
                         failing = false;
                         pauses = retry_pauses();
                     }
-                    total += changes.rows;
-                    self.note_read(&changes);
                     // The keys first, then the position: a snapshot
                     // published at the position holds every key before it.
-                    self.hooks.apply(
-                        &self.guard,
-                        feed_name,
-                        &changes,
-                        (
-                            self.read_start(&position.to_string(), &changes),
-                            &reached.to_string(),
-                        ),
-                    );
+                    self.apply_keys(&position, &reached, &changes);
                     #[cfg(test)]
                     if let (Some(pause), true) = (&self.between_keys_and_position, changes.rows > 0)
                     {
@@ -61,16 +59,8 @@ impl<B: Database> Follower<B> {
                     if let Some(soon) = B::revisit(&reached) {
                         next_poll = next_poll.min(soon);
                     }
-                    *feed = Some(reached.clone());
+                    self.apply_position(&mut feed, reached, &changes, started, false);
                     drop(feed);
-                    reads.done(started);
-                    self.fleet().position = Some(reached.clone());
-                    if changes.resync {
-                        tracing::info!(feed = feed_name, "the feed's triggers were (re)installed; rebuilding to include keys written without them");
-                        resync.notify_one();
-                    }
-                    self.guard
-                        .record_feed_read(FeedStatus::new(reached.to_string(), total));
                     // A wake-up that found nothing may be anyone's NOTIFY:
                     // the next read waits out the gap. Real writes always
                     // bring rows, so they never wait.
@@ -103,10 +93,94 @@ impl<B: Database> Follower<B> {
                 // A refusal waits: read as soon as the guard's read pace
                 // allows, so the refusals of a flood share reads.
                 () = reads.asked() => {}
+                // Another guard's statement could not read for this one.
+                () = self.read_now.notified() => {}
                 () = async { sleep(gap).await; wake.notified().await } => {}
                 () = sleep(next_poll) => {}
             }
         }
+    }
+
+    /// Reads the feed from `position`, in one statement with the reads of
+    /// `company`, which it applies.
+    async fn read_with(
+        &self,
+        position: &B::Position,
+        company: Vec<Companion<B>>,
+    ) -> Result<Read<B::Position>, sqlx::Error> {
+        if company.is_empty() {
+            return self.backend.read(position).await;
+        }
+        let mut reads = Vec::with_capacity(company.len() + 1);
+        reads.push((&self.backend, position));
+        reads.extend(
+            company
+                .iter()
+                .map(|companion| (&companion.follower.backend, &companion.position)),
+        );
+        let read = B::read_together(&reads).await;
+        drop(reads);
+        match read {
+            Ok(all) => {
+                let mut all = all.into_iter();
+                let own = all.next().ok_or(sqlx::Error::RowNotFound);
+                for companion in company {
+                    companion.finish(all.next());
+                }
+                own
+            }
+            Err(error) => {
+                for companion in company {
+                    companion.finish(None);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Puts the keys of a read from `from` to `reached` in the filter in
+    /// use, and notes what else the read brought.
+    pub(super) fn apply_keys(&self, from: &B::Position, reached: &B::Position, changes: &Changes) {
+        self.rows_read
+            .fetch_add(changes.rows, std::sync::atomic::Ordering::Relaxed);
+        self.note_read(changes);
+        self.hooks.apply(
+            &self.guard,
+            self.backend.feed(),
+            changes,
+            (
+                self.read_start(&from.to_string(), changes),
+                &reached.to_string(),
+            ),
+        );
+    }
+
+    /// After [`apply_keys`](Self::apply_keys): moves the feed to the
+    /// position the read `started` reached, and lets the refusals that
+    /// waited for it go on.
+    pub(super) fn apply_position(
+        &self,
+        feed: &mut Option<B::Position>,
+        reached: B::Position,
+        changes: &Changes,
+        started: ReadStart,
+        shared: bool,
+    ) {
+        use std::sync::atomic::Ordering::Relaxed;
+        *feed = Some(reached.clone());
+        self.reads.done(started);
+        let reads = self.reads_made.fetch_add(1, Relaxed) + 1;
+        let shared_reads =
+            self.shared_reads.fetch_add(u64::from(shared), Relaxed) + u64::from(shared);
+        if changes.resync {
+            tracing::info!(feed = self.backend.feed(), "the feed's triggers were (re)installed; rebuilding to include keys written without them");
+            self.resync.notify_one();
+        }
+        self.guard.record_feed_read(
+            FeedStatus::new(reached.to_string(), self.rows_read.load(Relaxed))
+                .with_reads(reads, shared_reads),
+        );
+        self.fleet().position = Some(reached);
     }
 
     /// What any read (the loop's or a catch-up's) brings besides keys: a

@@ -15,29 +15,43 @@ use crate::follow::changes::Changes;
 use crate::follow::Read;
 use crate::kept::KeptConnection;
 
-/// The changes read and the feed's snapshot after them, in one statement:
+/// The changes read and the feed's snapshot after them, in one statement,
+/// for one feed or several (`$1`, `$2`, `$3`: the feeds' names, the
+/// positions they read from, whether their keys are [`lowered`]):
 /// `pg_current_snapshot()` is the statement's own snapshot, taken after the
-/// locks it waited for only under READ COMMITTED, which it reports. Keys travel as
-/// UTF-8 bytes (`bytea`, which no client encoding refuses), or as stored in
-/// a SQL_ASCII database, which has no encoding to convert from; `$3`:
-/// [`lowered`].
+/// locks it waited for only under READ COMMITTED, which it reports. Keys
+/// travel as UTF-8 bytes (`bytea`, which no client encoding refuses), or as
+/// stored in a SQL_ASCII database, which has no encoding to convert from.
+///
+/// Each feed's rows are one index scan of its own (the lateral subquery,
+/// which `offset 0` keeps from being planned as a join over the whole
+/// feed).
 static READ: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| READ_STATEMENT.replace("LOWERED", &lowered("c.key")));
 
 const READ_STATEMENT: &str = "
 with now as (
     select pg_catalog.pg_current_snapshot() as snapshot,
-           pg_catalog.pg_snapshot_xmin($2::pg_snapshot) < (select below from bloom_guard.horizon) as pruned,
+           (select below from bloom_guard.horizon) as below,
            case pg_catalog.current_setting('server_encoding') when 'SQL_ASCII' then 'SQL_ASCII' else 'UTF8' end as encoding,
            pg_catalog.current_setting('transaction_isolation') as isolation
+), m as (
+    select m.i, m.guard, m.lowered, m.seen::pg_snapshot as seen,
+           pg_catalog.pg_snapshot_xmin(m.seen::pg_snapshot) < now.below as pruned
+      from now, rows from (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::bool[]))
+           with ordinality as m(guard, seen, lowered, i)
 )
-select now.snapshot::text, now.pruned, c.kind::text,
-       pg_catalog.convert_to(case when $3 then LOWERED else c.key end, now.encoding), now.isolation
-from now left join bloom_guard.changes c
-  on c.guard = $1
- and not now.pruned
- and c.xid >= pg_catalog.pg_snapshot_xmin($2::pg_snapshot)
- and not pg_catalog.pg_visible_in_snapshot(c.xid, $2::pg_snapshot)";
+select m.i, now.snapshot::text, m.pruned, c.kind::text,
+       pg_catalog.convert_to(case when m.lowered then LOWERED else c.key end, now.encoding), now.isolation
+  from now cross join m
+  left join lateral (
+      select c.kind, c.key
+        from bloom_guard.changes c
+       where c.guard = m.guard
+         and not m.pruned
+         and c.xid >= pg_catalog.pg_snapshot_xmin(m.seen)
+         and not pg_catalog.pg_visible_in_snapshot(c.xid, m.seen)
+      offset 0) c on true";
 
 /// A key of a case-insensitive guard as the database lowers it, where it
 /// has characters other than ASCII (ASCII keys as they are: the guard
@@ -88,39 +102,48 @@ pub(super) fn feed_connection(pool: &PgPool) -> KeptConnection<PgConnection> {
     KeptConnection::new(options, None)
 }
 
-/// Reads the changes of feed `name` committed after position `seen` on the
-/// kept connection; a read that failed closes it.
+/// One feed of a read: its name, whether its keys are [`lowered`], and
+/// the position it reads from.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FeedRead<'a> {
+    pub(super) name: &'a str,
+    pub(super) lowered: bool,
+    pub(super) seen: &'a str,
+}
+
+/// Reads the changes of `feeds` committed after their positions on the
+/// kept connection, in one statement; a read that failed closes it.
 pub(super) async fn read_kept(
     kept: &KeptConnection<PgConnection>,
-    name: &str,
-    lowered: bool,
-    seen: &str,
-) -> Result<Read<String>, sqlx::Error> {
+    feeds: &[FeedRead<'_>],
+) -> Result<Vec<Read<String>>, sqlx::Error> {
     let mut lease = kept.lease().await?;
-    let read =
-        crate::kept::within_timeout(read_since(lease.connection(), name, lowered, seen)).await?;
+    let read = crate::kept::within_timeout(read_since(lease.connection(), feeds)).await?;
     lease.keep();
     Ok(read)
 }
 
-/// Reads the changes of feed `name` committed after position `seen`, in
-/// one statement: its own snapshot, under the session's READ COMMITTED.
+/// Reads the changes of `feeds` committed after their positions, in one
+/// statement: its own snapshot, under the session's READ COMMITTED.
 async fn read_since(
     connection: &mut PgConnection,
-    name: &str,
-    lowered: bool,
-    seen: &str,
-) -> Result<Read<String>, sqlx::Error> {
+    feeds: &[FeedRead<'_>],
+) -> Result<Vec<Read<String>>, sqlx::Error> {
+    let names: Vec<&str> = feeds.iter().map(|feed| feed.name).collect();
+    let seen: Vec<&str> = feeds.iter().map(|feed| feed.seen).collect();
+    let lowered: Vec<bool> = feeds.iter().map(|feed| feed.lowered).collect();
     let mut rows = sqlx::query(READ.as_str())
-        .bind(name)
+        .bind(names)
         .bind(seen)
         .bind(lowered)
         .fetch(connection);
     let mut position = None;
-    let mut changes = Changes::default();
+    // Each feed's changes, `None` once its rows were pruned.
+    let mut read: Vec<Option<Changes>> = feeds.iter().map(|_| Some(Changes::default())).collect();
+    let mut answered = vec![false; feeds.len()];
     while let Some(row) = rows.try_next().await? {
         if position.is_none() {
-            let isolation: String = row.try_get(4)?;
+            let isolation: String = row.try_get(5)?;
             if isolation != "read committed" {
                 // A pooler dropped the startup parameters, and the role's
                 // default isolation would let the read miss a truncation.
@@ -128,15 +151,23 @@ async fn read_since(
                     format!("the change feed connection runs at {isolation}, not read committed: connect without a pooler that drops startup parameters").into(),
                 ));
             }
-            position = Some(row.try_get(0)?);
-            if row.try_get::<bool, _>(1)? {
-                return Ok(Read::Pruned);
-            }
+            position = Some(row.try_get::<String, _>(1)?);
         }
-        let Some(kind) = row.try_get::<Option<String>, _>(2)? else {
-            continue; // the one row of a read that found nothing
+        let feed = usize::try_from(row.try_get::<i64, _>(0)?)
+            .ok()
+            .and_then(|i| i.checked_sub(1))
+            .filter(|&i| i < feeds.len())
+            .ok_or(sqlx::Error::RowNotFound)?;
+        answered[feed] = true;
+        if row.try_get::<bool, _>(2)? {
+            read[feed] = None;
+            continue;
+        }
+        let (Some(changes), Some(kind)) = (&mut read[feed], row.try_get::<Option<String>, _>(3)?)
+        else {
+            continue; // the one row of a feed without changes
         };
-        let raw = row.try_get_raw(3)?;
+        let raw = row.try_get_raw(4)?;
         let key = if raw.is_null() {
             &[][..]
         } else {
@@ -145,7 +176,19 @@ async fn read_since(
         changes.record(&kind, Some(key));
     }
     let position = position.ok_or(sqlx::Error::RowNotFound)?;
-    Ok(Read::Changes { position, changes })
+    if answered.contains(&false) {
+        return Err(sqlx::Error::RowNotFound);
+    }
+    Ok(read
+        .into_iter()
+        .map(|changes| match changes {
+            Some(changes) => Read::Changes {
+                position: position.clone(),
+                changes,
+            },
+            None => Read::Pruned,
+        })
+        .collect())
 }
 
 /// Counts the rows of feed `name` committed after position `seen`, up to

@@ -125,6 +125,17 @@ impl PgBackend {
     }
 }
 
+impl PgBackend {
+    /// This follower's feed in a read from `since`.
+    fn feed_read<'a>(&'a self, since: &'a str) -> feed::FeedRead<'a> {
+        feed::FeedRead {
+            name: self.watch.feed_name(),
+            lowered: self.lowered,
+            seen: since,
+        }
+    }
+}
+
 impl Database for PgBackend {
     type Position = String;
     type Source = PgCopySource;
@@ -176,7 +187,30 @@ impl Database for PgBackend {
     }
 
     async fn read(&self, since: &String) -> Result<Read<String>, sqlx::Error> {
-        feed::read_kept(&self.feed, self.watch.feed_name(), self.lowered, since).await
+        let mut read = feed::read_kept(&self.feed, &[self.feed_read(since)]).await?;
+        read.pop().ok_or(sqlx::Error::RowNotFound)
+    }
+
+    fn shared_reads(&self) -> Option<String> {
+        let options = self.pool.connect_options();
+        Some(format!(
+            "postgres://{}@{}:{}/{}",
+            options.get_username(),
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or_default(),
+        ))
+    }
+
+    async fn read_together(reads: &[(&Self, &String)]) -> Result<Vec<Read<String>>, sqlx::Error> {
+        let Some((first, _)) = reads.first() else {
+            return Ok(Vec::new());
+        };
+        let feeds: Vec<_> = reads
+            .iter()
+            .map(|(backend, since)| backend.feed_read(since))
+            .collect();
+        feed::read_kept(&first.feed, &feeds).await
     }
 
     async fn pending(&self, since: &String, limit: u64) -> Result<u64, sqlx::Error> {

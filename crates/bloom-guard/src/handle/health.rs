@@ -184,12 +184,20 @@ impl Health {
         *lock(&self.last_error) = Some(error);
     }
 
-    /// Records a feed read's status; how many changes it brought since the
-    /// last (a follower that starts again counts from 0).
-    pub(crate) fn record_feed(&self, status: FeedStatus) -> u64 {
+    /// Records a feed read's status; how many changes, reads and shared
+    /// reads it counts since the last (a follower that starts again counts
+    /// from 0).
+    pub(crate) fn record_feed(&self, status: FeedStatus) -> [u64; 3] {
         let mut feed = lock(&self.feed);
-        let before = feed.as_ref().map_or(0, |(last, _)| last.changes);
-        let new = status.changes.checked_sub(before).unwrap_or(status.changes);
+        let since = |now: u64, before: Option<u64>| {
+            before.map_or(now, |before| now.checked_sub(before).unwrap_or(now))
+        };
+        let last = feed.as_ref().map(|(last, _)| last);
+        let new = [
+            since(status.changes, last.map(|last| last.changes)),
+            since(status.reads, last.map(|last| last.reads)),
+            since(status.shared_reads, last.map(|last| last.shared_reads)),
+        ];
         *feed = Some((status, Instant::now()));
         new
     }

@@ -246,6 +246,12 @@ pub struct FeedStatus {
     pub position: String,
     /// Changes read since the follower started.
     pub changes: u64,
+    /// Reads of the feed since the follower started.
+    pub reads: u64,
+    /// Of those reads, how many one statement made together with another
+    /// guard's (followers of one instance on one database share a read
+    /// when refusals of both wait).
+    pub shared_reads: u64,
     /// Milliseconds since the last successful read: every key committed
     /// before then is in the filter.
     pub read_ago_ms: u64,
@@ -288,8 +294,28 @@ impl FeedStatus {
         Self {
             position: position.into(),
             changes,
+            reads: 0,
+            shared_reads: 0,
             read_ago_ms: 0,
             storage: None,
         }
+    }
+
+    /// With `reads` reads since the follower started, `shared` of them made
+    /// by one statement with another guard's.
+    ///
+    /// ```
+    /// use bloom_guard::{BloomGuard, FeedStatus};
+    ///
+    /// let guard = BloomGuard::builder().build();
+    /// guard.record_feed_read(FeedStatus::new("7", 3).with_reads(10, 4));
+    /// let feed = guard.stats().feed.expect("a read was recorded");
+    /// assert_eq!((feed.reads, feed.shared_reads), (10, 4));
+    /// ```
+    #[must_use]
+    pub fn with_reads(mut self, reads: u64, shared: u64) -> Self {
+        self.reads = reads;
+        self.shared_reads = shared;
+        self
     }
 }

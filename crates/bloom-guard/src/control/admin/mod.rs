@@ -521,7 +521,7 @@ mod tests {
             guarded.clone().oneshot(request).await.expect("infallible");
         }
         guard.record_feed_read(crate::FeedStatus::new("1", 3));
-        guard.record_feed_read(crate::FeedStatus::new("2", 5));
+        guard.record_feed_read(crate::FeedStatus::new("2", 5).with_reads(2, 1));
 
         let app = Admin::new("s3cret")
             .guard(guard)
@@ -560,6 +560,8 @@ mod tests {
             r#"bloom_guard_ready{guard="items"} 1"#,
             r#"bloom_guard_generation{guard="items"} 1"#,
             r#"bloom_guard_feed_changes_total{guard="items"} 5"#,
+            r#"bloom_guard_feed_reads_total{guard="items"} 2"#,
+            r#"bloom_guard_feed_shared_reads_total{guard="items"} 1"#,
             r#"bloom_guard_builds_total{guard="items",source="scan"} 1"#,
             r#"bloom_guard_mode{guard="items",mode="enforce"} 1"#,
             r#"bloom_guard_mode{guard="items",mode="shadow"} 0"#,

@@ -131,26 +131,33 @@ impl FeedReader {
     /// Cancel-safe: a refusal's ask stays until the next
     /// [`begin`](Self::begin).
     pub async fn asked(&self) {
-        while !self.slot.asked() {
-            let woken = self.slot.wake.notified();
-            if self.slot.asked() {
-                break;
-            }
-            woken.await;
-        }
         let pace = &self.barrier.pace;
-        let (began, asks_then) = {
-            let paced = self.pace.lock();
-            (paced.began, paced.asks)
-        };
-        let gap_over = began + pace.gap();
-        loop {
-            let (now, asks) = (Instant::now(), self.slot.asks_since(asks_then));
-            if now >= gap_over || asks >= pace.per_read() || pace.quiet(asks, now - began) {
-                break;
+        'asked: loop {
+            while !self.slot.asked() {
+                let woken = self.slot.wake.notified();
+                if self.slot.asked() {
+                    break;
+                }
+                woken.await;
             }
-            // Woken by the ask that makes company enough, or the gap over.
-            let _ = tokio::time::timeout_at(gap_over, self.slot.wake.notified()).await;
+            let (began, asks_then) = {
+                let paced = self.pace.lock();
+                (paced.began, paced.asks)
+            };
+            let gap_over = began + pace.gap();
+            loop {
+                if !self.slot.asked() {
+                    // A read for another guard's follower took these asks
+                    // ([`begin_if_asked`](Self::begin_if_asked)).
+                    continue 'asked;
+                }
+                let (now, asks) = (Instant::now(), self.slot.asks_since(asks_then));
+                if now >= gap_over || asks >= pace.per_read() || pace.quiet(asks, now - began) {
+                    break 'asked;
+                }
+                // Woken by the ask that makes company enough, or the gap over.
+                let _ = tokio::time::timeout_at(gap_over, self.slot.wake.notified()).await;
+            }
         }
         pace.admit().await;
         self.pace.lock().next_asked = true;
@@ -168,6 +175,25 @@ impl FeedReader {
             paced.asks = asks;
         }
         ReadStart(read)
+    }
+
+    /// Numbers a read that another guard's follower makes on this one's
+    /// behalf, if a refusal waits for one: one statement of the database
+    /// reading several guards' feeds. `None` when no refusal waits (the
+    /// read would only cost the statement rows). Like [`begin`](Self::begin),
+    /// call it before the statement takes its snapshot; the read counts as
+    /// one refusals asked for, so this reader's own [`asked`](Self::asked)
+    /// waits for the refusals that come after it.
+    pub fn begin_if_asked(&self) -> Option<ReadStart> {
+        let mut paced = self.pace.lock();
+        if !self.slot.asked() || paced.next_asked {
+            // No refusal waits, or this reader's own read is about to begin.
+            return None;
+        }
+        let (read, asks) = self.slot.begin(Some(self.barrier.pace.per_read()));
+        paced.began = Instant::now();
+        paced.asks = asks;
+        Some(ReadStart(read))
     }
 
     /// Marks the read `start` done: its keys are in the filter. Every

@@ -364,3 +364,120 @@ async fn a_refusal_right_after_a_wake_up_read_is_read_for_at_once() {
     reader.done(reader.begin());
     assert!(next.await.expect("the wait runs"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_read_made_for_another_guard_serves_the_refusals_that_asked_before_it() {
+    let barrier = barrier(Duration::from_secs(1));
+    let reader = FeedReader::new(Arc::clone(&barrier));
+    // No refusal waits: no read on its behalf.
+    assert!(reader.begin_if_asked().is_none());
+    let before = wait_now(&barrier);
+    settle().await;
+    let shared = reader.begin_if_asked().expect("a refusal waits");
+    // Asked once, read once: no second read on its behalf.
+    assert!(reader.begin_if_asked().is_none());
+    let after = wait_now(&barrier);
+    settle().await;
+    reader.done(shared);
+    assert!(before.await.expect("the wait runs"));
+    settle().await;
+    // The read began before the second request arrived: not enough.
+    assert!(!after.is_finished());
+    // The reader's own loop is asked for the second only.
+    reader.asked().await;
+    reader.done(reader.begin());
+    assert!(after.await.expect("the wait runs"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ask_another_guard_read_for_does_not_wake_the_reader_again() {
+    let pace = ReadPace::default()
+        .refusals_per_read(10)
+        .max_gap(Duration::from_millis(20))
+        .quiet_below(0);
+    let barrier = Arc::new(Barrier::new(Some(Duration::from_secs(1)), pace));
+    let reader = FeedReader::new(Arc::clone(&barrier));
+    let first = wait_now(&barrier);
+    reader.asked().await;
+    reader.done(reader.begin());
+    assert!(first.await.expect("the wait runs"));
+    // A flood: the next read waits for company or the gap.
+    let wait = wait_now(&barrier);
+    let asked = tokio::time::timeout(Duration::from_millis(5), reader.asked());
+    let shared = async {
+        settle().await;
+        let read = reader.begin_if_asked().expect("a refusal waits");
+        reader.done(read);
+    };
+    let (asked, ()) = tokio::join!(asked, shared);
+    assert!(wait.await.expect("the wait runs"));
+    assert!(
+        asked.is_err(),
+        "the reader was asked for a read already made"
+    );
+    // Nor after the gap, with no refusal since.
+    let asked = tokio::time::timeout(Duration::from_millis(50), reader.asked()).await;
+    assert!(
+        asked.is_err(),
+        "the reader was asked for a read already made"
+    );
+}
+
+/// A mutation that lets `begin_if_asked` number a read before the asks it
+/// takes (one read early) must fail this: many waiters, reads for them by
+/// a reader that records which requests' keys it saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_made_for_another_guard_never_release_a_waiter_that_arrived_after_they_began() {
+    let barrier = barrier(Duration::from_secs(30));
+    let reader = Arc::new(FeedReader::new(Arc::clone(&barrier)));
+    // Requests "commit" key n, then wait; the read sees every key committed
+    // before it began.
+    let committed = Arc::new(AtomicU64::new(0));
+    let filter = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reads = {
+        let (reader, committed, filter, stop) = (
+            Arc::clone(&reader),
+            Arc::clone(&committed),
+            Arc::clone(&filter),
+            Arc::clone(&stop),
+        );
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Acquire) {
+                let Some(read) = reader.begin_if_asked() else {
+                    tokio::task::yield_now().await;
+                    continue;
+                };
+                let seen = committed.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                filter.fetch_max(seen, Ordering::SeqCst);
+                reader.done(read);
+            }
+        })
+    };
+    let late = Arc::new(AtomicUsize::new(0));
+    let waiters: Vec<_> = (0..2_000)
+        .map(|_| {
+            let (barrier, committed, filter, late) = (
+                Arc::clone(&barrier),
+                Arc::clone(&committed),
+                Arc::clone(&filter),
+                Arc::clone(&late),
+            );
+            tokio::spawn(async move {
+                let key = committed.fetch_add(1, Ordering::SeqCst) + 1;
+                let ticket = barrier.ticket();
+                assert!(barrier.wait(ticket).await, "the wait timed out");
+                if filter.load(Ordering::SeqCst) < key {
+                    late.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for waiter in waiters {
+        waiter.await.expect("the waiter runs");
+    }
+    stop.store(true, Ordering::Release);
+    reads.await.expect("the reads run");
+    assert_eq!(late.load(Ordering::Relaxed), 0, "waiters released early");
+}

@@ -45,6 +45,8 @@ pub const DURATION_BUCKETS: &[f64] = &[
 /// | `bloom_guard_build_failures_total` | counter | builds |
 /// | `bloom_guard_build_duration_seconds` (label `source`) | histogram | seconds |
 /// | `bloom_guard_feed_changes_total` | counter | changes |
+/// | `bloom_guard_feed_reads_total` | counter | reads |
+/// | `bloom_guard_feed_shared_reads_total` | counter | reads |
 /// | `bloom_guard_feed_read_timestamp_seconds` | gauge | seconds |
 /// | `bloom_guard_feed_bytes` | gauge | bytes |
 /// | `bloom_guard_feed_prune_overdue_seconds` | gauge | seconds |
@@ -143,6 +145,16 @@ pub fn describe_metrics() {
         "bloom_guard_feed_changes_total",
         Unit::Count,
         "Changes read from the change feed."
+    );
+    describe_counter!(
+        "bloom_guard_feed_reads_total",
+        Unit::Count,
+        "Reads of the change feed (each a statement, or a share of one)."
+    );
+    describe_counter!(
+        "bloom_guard_feed_shared_reads_total",
+        Unit::Count,
+        "Reads of the change feed made by one statement with another guard's, for refusals of both."
     );
     describe_gauge!(
         "bloom_guard_feed_read_timestamp_seconds",

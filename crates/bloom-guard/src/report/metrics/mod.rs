@@ -75,6 +75,8 @@ fn unix_now() -> f64 {
 pub(crate) struct GuardMetrics {
     build_failures: Counter,
     feed_changes: Counter,
+    feed_reads: Counter,
+    feed_shared_reads: Counter,
     feed_read_at: Gauge,
     feed_bytes: Gauge,
     feed_prune_overdue: Gauge,
@@ -111,6 +113,8 @@ impl GuardMetrics {
         let metrics = Self {
             build_failures: counter!("bloom_guard_build_failures_total", "guard" => guard),
             feed_changes: counter!("bloom_guard_feed_changes_total", "guard" => guard),
+            feed_reads: counter!("bloom_guard_feed_reads_total", "guard" => guard),
+            feed_shared_reads: counter!("bloom_guard_feed_shared_reads_total", "guard" => guard),
             feed_read_at: gauge!("bloom_guard_feed_read_timestamp_seconds", "guard" => guard),
             feed_bytes: gauge!("bloom_guard_feed_bytes", "guard" => guard),
             feed_prune_overdue: gauge!("bloom_guard_feed_prune_overdue_seconds", "guard" => guard),
@@ -137,6 +141,8 @@ impl GuardMetrics {
         Self {
             build_failures: Counter,
             feed_changes: Counter,
+            feed_reads: Counter,
+            feed_shared_reads: Counter,
             feed_read_at: Gauge,
             feed_bytes: Gauge,
             feed_prune_overdue: Gauge,
@@ -198,9 +204,13 @@ impl GuardMetrics {
         }
     }
 
-    /// A successful feed read that brought `changes` changes.
-    pub(crate) fn feed_read(&self, changes: u64) {
+    /// Successful feed reads since the last recorded: the changes they
+    /// brought, how many, and how many shared a statement with another
+    /// guard's.
+    pub(crate) fn feed_read(&self, [changes, reads, shared]: [u64; 3]) {
         self.feed_changes.increment(changes);
+        self.feed_reads.increment(reads);
+        self.feed_shared_reads.increment(shared);
         self.feed_read_at.set(unix_now());
     }
 
