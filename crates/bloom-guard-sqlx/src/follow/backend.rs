@@ -156,6 +156,16 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// The feed's position now, with the database's clock.
     fn position(&self) -> impl Future<Output = Result<Clock<Self::Position>, sqlx::Error>> + Send;
 
+    /// The changes committed after `since`, a position that may be far
+    /// behind (a snapshot's or a scan's, at a catch-up): where the database
+    /// plans a statement for its parameters, planned for this one.
+    fn read_behind(
+        &self,
+        since: &Self::Position,
+    ) -> impl Future<Output = Result<Read<Self::Position>, sqlx::Error>> + Send {
+        self.read(since)
+    }
+
     /// Names the database (and role) this backend reads its feed from,
     /// where one statement can read the feeds of several guards
     /// ([`read_together`](Self::read_together)): the followers of one

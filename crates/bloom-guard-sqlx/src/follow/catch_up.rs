@@ -97,7 +97,11 @@ impl<B: Database> Follower<B> {
                 *feed = Some(reached);
             }
         }
-        let read = self.backend.read(from).await.map_err(CatchUpError::from)?;
+        let read = self
+            .backend
+            .read_behind(from)
+            .await
+            .map_err(CatchUpError::from)?;
         let Read::Changes {
             position: reached,
             changes,

@@ -41,6 +41,9 @@ pub(super) struct Companion<B: Database> {
     feed: OwnedMutexGuard<Option<B::Position>>,
     pub(super) position: B::Position,
     started: ReadStart,
+    /// Whether the read was applied: a companion dropped before (the
+    /// statement's follower stopped) wakes its own loop to read.
+    applied: bool,
 }
 
 impl<B: Database> Membership<B> {
@@ -75,6 +78,16 @@ impl<B: Database> Membership<B> {
         })
     }
 
+    /// The other members: their waiting refusals count toward the company
+    /// of this member's reads.
+    pub(super) fn others(&self) -> Vec<Arc<Follower<B>>> {
+        lock(&self.group.members)
+            .iter()
+            .filter(|member| !member.ptr_eq(&self.follower))
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
     /// The other members with refusals waiting whose feed is free now,
     /// each with its read begun: they join the read `leader` is about to
     /// make. A member whose feed is held (its own read, a catch-up) reads
@@ -104,6 +117,7 @@ impl<B: Database> Membership<B> {
                 feed,
                 position,
                 started,
+                applied: false,
             });
         }
         company
@@ -120,26 +134,27 @@ impl<B: Database> Companion<B> {
     /// Applies the statement's read for this companion; `None`: the
     /// statement failed, or found its feed pruned. Then its refusals go on
     /// to the handler at once and its own loop reads.
-    pub(super) fn finish(self, read: Option<Read<B::Position>>) {
-        let Self {
-            follower,
-            mut feed,
-            position,
-            started,
-        } = self;
+    pub(super) fn finish(mut self, read: Option<Read<B::Position>>) {
         match read {
             Some(Read::Changes {
                 position: reached,
                 changes,
             }) => {
-                follower.apply_keys(&position, &reached, &changes);
-                follower.apply_position(&mut feed, reached, &changes, started, true);
+                let follower = &self.follower;
+                follower.apply_keys(&self.position, &reached, &changes);
+                follower.apply_position(&mut *self.feed, reached, &changes, self.started, true);
+                self.applied = true;
             }
-            Some(Read::Pruned) | None => {
-                drop(feed);
-                follower.reads.failed();
-                follower.read_now.notify_one();
-            }
+            Some(Read::Pruned) | None => self.follower.reads.failed(),
+        }
+    }
+}
+
+impl<B: Database> Drop for Companion<B> {
+    fn drop(&mut self) {
+        if !self.applied {
+            // Its refusals asked for a read this one did not bring.
+            self.follower.read_now.notify_one();
         }
     }
 }

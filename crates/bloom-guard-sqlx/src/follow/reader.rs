@@ -89,10 +89,13 @@ impl<B: Database> Follower<B> {
                     continue;
                 }
             }
+            // The guards whose waiting refusals this loop's reads serve too.
+            let others = group.map(Membership::others).unwrap_or_default();
+            let others: Vec<_> = others.iter().map(|other| &other.reads).collect();
             tokio::select! {
                 // A refusal waits: read as soon as the guard's read pace
                 // allows, so the refusals of a flood share reads.
-                () = reads.asked() => {}
+                () = reads.asked_with(&others) => {}
                 // Another guard's statement could not read for this one.
                 () = self.read_now.notified() => {}
                 () = async { sleep(gap).await; wake.notified().await } => {}

@@ -29,6 +29,22 @@ use crate::kept::KeptConnection;
 static READ: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| READ_STATEMENT.replace("LOWERED", &lowered("c.key")));
 
+/// [`READ`] for one feed from a position that may be far behind (a
+/// snapshot's or a scan's, at a catch-up), sent as a one-off statement:
+/// planned for its own name and position, it probes the index by guard
+/// and transaction id. The prepared [`READ`] runs, after its first
+/// executions, on a generic plan, which may walk every guard's rows since
+/// the position through the index by transaction id: cheap from the
+/// loop's recent positions, not from one that predates a bulk load of
+/// another guard's table.
+static READ_BEHIND: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    READ.replace("where c.guard = m.guard", "where c.guard = ($1::text[])[1]")
+        .replace(
+            "c.xid >= pg_catalog.pg_snapshot_xmin(m.seen)",
+            "c.xid >= pg_catalog.pg_snapshot_xmin((($2::text[])[1])::pg_snapshot)",
+        )
+});
+
 const READ_STATEMENT: &str = "
 with now as (
     select pg_catalog.pg_current_snapshot() as snapshot,
@@ -118,24 +134,48 @@ pub(super) async fn read_kept(
     feeds: &[FeedRead<'_>],
 ) -> Result<Vec<Read<String>>, sqlx::Error> {
     let mut lease = kept.lease().await?;
-    let read = crate::kept::within_timeout(read_since(lease.connection(), feeds)).await?;
+    let read =
+        crate::kept::within_timeout(read_since(lease.connection(), (READ.as_str(), true), feeds))
+            .await?;
     lease.keep();
     Ok(read)
 }
 
+/// Reads the changes of `feed` committed after a position that may be far
+/// behind, on the kept connection ([`READ_BEHIND`]).
+pub(super) async fn read_kept_behind(
+    kept: &KeptConnection<PgConnection>,
+    feed: FeedRead<'_>,
+) -> Result<Read<String>, sqlx::Error> {
+    let mut lease = kept.lease().await?;
+    let mut read =
+        crate::kept::within_timeout(read_since(lease.connection(), behind(), &[feed])).await?;
+    lease.keep();
+    read.pop().ok_or(sqlx::Error::RowNotFound)
+}
+
+/// The statement of a read from far behind, and whether it is prepared:
+/// [`READ_BEHIND`], one-off, so planned for its own name and position.
+fn behind() -> (&'static str, bool) {
+    (READ_BEHIND.as_str(), false)
+}
+
 /// Reads the changes of `feeds` committed after their positions, in one
-/// statement: its own snapshot, under the session's READ COMMITTED.
+/// statement (`statement`, prepared or one-off): its own snapshot, under
+/// the session's READ COMMITTED.
 async fn read_since(
     connection: &mut PgConnection,
+    (statement, prepared): (&'static str, bool),
     feeds: &[FeedRead<'_>],
 ) -> Result<Vec<Read<String>>, sqlx::Error> {
     let names: Vec<&str> = feeds.iter().map(|feed| feed.name).collect();
     let seen: Vec<&str> = feeds.iter().map(|feed| feed.seen).collect();
     let lowered: Vec<bool> = feeds.iter().map(|feed| feed.lowered).collect();
-    let mut rows = sqlx::query(READ.as_str())
+    let mut rows = sqlx::query(statement)
         .bind(names)
         .bind(seen)
         .bind(lowered)
+        .persistent(prepared)
         .fetch(connection);
     let mut position = None;
     // Each feed's changes, `None` once its rows were pruned.
@@ -211,6 +251,8 @@ pub(super) async fn pending(
     .bind(name)
     .bind(seen)
     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    // Planned for its own guard and position, as READ_BEHIND.
+    .persistent(false)
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -253,4 +295,76 @@ pub(super) async fn storage(
         u64::try_from(bytes).unwrap_or(0),
         overdue.max(0.0) as u64,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Watch;
+
+    /// Feed rows this transaction fetched through the feed's indexes.
+    async fn rows_fetched(connection: &mut PgConnection) -> i64 {
+        sqlx::query_scalar(
+            "select coalesce(sum(idx_tup_fetch), 0)::int8 from pg_catalog.pg_stat_xact_user_tables
+              where schemaname = 'bloom_guard' and relname like 'changes%'",
+        )
+        .fetch_one(connection)
+        .await
+        .expect("table statistics")
+    }
+
+    /// A catch-up of a quiet guard from a position before another guard's
+    /// bulk load reads its own rows through the index by guard, not the
+    /// other's rows through the index by transaction id.
+    #[sqlx::test(migrations = false)]
+    #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+    async fn a_read_from_far_behind_probes_only_its_own_guards_rows(pool: PgPool) {
+        crate::install(&pool).await.expect("install the feed");
+        for table in ["items", "users"] {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "create table {table} (key text primary key)"
+            )))
+            .execute(&pool)
+            .await
+            .expect("a table");
+            Watch::table(table)
+                .key("key")
+                .install(&pool)
+                .await
+                .expect("watch");
+        }
+        let before: String = sqlx::query_scalar("select pg_catalog.pg_current_snapshot()::text")
+            .fetch_one(&pool)
+            .await
+            .expect("a position");
+        sqlx::raw_sql(
+            "insert into items select 'item-' || g from generate_series(1, 20000) g;
+             insert into users values ('ann'), ('bob'), ('cy');
+             analyze bloom_guard.changes",
+        )
+        .execute(&pool)
+        .await
+        .expect("a bulk load");
+        let mut tx = pool.begin().await.expect("a transaction");
+        let read = read_since(
+            &mut tx,
+            behind(),
+            &[FeedRead {
+                name: "users",
+                lowered: false,
+                seen: &before,
+            }],
+        )
+        .await
+        .expect("a read");
+        let Some(Read::Changes { changes, .. }) = read.first() else {
+            panic!("no changes read: {read:?}");
+        };
+        assert_eq!(changes.added.len(), 3);
+        let fetched = rows_fetched(&mut tx).await;
+        assert!(
+            fetched < 1_000,
+            "the read fetched {fetched} feed rows: other guards' rows by transaction id"
+        );
+    }
 }

@@ -191,6 +191,10 @@ impl Database for PgBackend {
         read.pop().ok_or(sqlx::Error::RowNotFound)
     }
 
+    async fn read_behind(&self, since: &String) -> Result<Read<String>, sqlx::Error> {
+        feed::read_kept_behind(&self.feed, self.feed_read(since)).await
+    }
+
     fn shared_reads(&self) -> Option<String> {
         let options = self.pool.connect_options();
         Some(format!(

@@ -44,6 +44,10 @@ use slot::Slot;
 use ticket::Reads;
 pub(crate) use ticket::Ticket;
 
+/// The next reader's id, unique in the process: readers of different
+/// guards that share reads rank by it.
+static NEXT_SLOT: AtomicU64 = AtomicU64::new(0);
+
 /// The barrier of one guard: its followers' slots. A guard may have
 /// several followers (one per watched table): a refusal waits for a read
 /// of every one.
@@ -56,7 +60,6 @@ pub(crate) struct Barrier {
     tick: Duration,
     pace: ReadPace,
     readers: ArcSwap<Vec<Arc<Slot>>>,
-    next_id: AtomicU64,
     /// Every reader left (its follower stopped, or panicked in a hook):
     /// the filter no longer follows the table, so refusals go on at once
     /// until a reader joins again.
@@ -94,7 +97,6 @@ impl Barrier {
             tick,
             pace,
             readers: ArcSwap::from_pointee(Vec::new()),
-            next_id: AtomicU64::new(0),
             orphaned: AtomicBool::new(false),
             released: [Notify::new(), Notify::new()],
             waiting: AtomicUsize::new(0),
@@ -330,7 +332,7 @@ impl Barrier {
     }
 
     fn join(&self) -> Arc<Slot> {
-        let slot = Arc::new(Slot::new(self.next_id.fetch_add(1, Ordering::Relaxed)));
+        let slot = Arc::new(Slot::new(NEXT_SLOT.fetch_add(1, Ordering::Relaxed)));
         self.readers.rcu(|readers| {
             let mut readers = Vec::clone(readers);
             readers.push(Arc::clone(&slot));

@@ -76,6 +76,10 @@ struct Paced {
     next_asked: bool,
 }
 
+/// How often a reader pacing a read looks at the refusals waiting on the
+/// readers its reads also serve.
+const COMPANY_TICK: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// One feed read, from [`FeedReader::begin`].
 #[derive(Debug, Clone, Copy)]
 #[must_use = "hand it to FeedReader::done once the read's keys are in the filter"]
@@ -131,6 +135,20 @@ impl FeedReader {
     /// Cancel-safe: a refusal's ask stays until the next
     /// [`begin`](Self::begin).
     pub async fn asked(&self) {
+        self.asked_with(&[]).await;
+    }
+
+    /// [`asked`](Self::asked), for a reader whose reads also serve the
+    /// waiting refusals of `others`: readers of other guards whose feeds
+    /// one statement reads with this one's (their reads begun with
+    /// [`begin_if_asked`](Self::begin_if_asked)). Their waiting refusals
+    /// count toward a read's company, and of the readers that have company
+    /// enough, the one with the most refusals waiting reads (ties: the
+    /// first to join its guard's barrier), so a flood over several guards
+    /// shares reads as a flood over one does.
+    ///
+    /// Cancel-safe, as [`asked`](Self::asked).
+    pub async fn asked_with(&self, others: &[&FeedReader]) {
         let pace = &self.barrier.pace;
         'asked: loop {
             while !self.slot.asked() {
@@ -152,15 +170,50 @@ impl FeedReader {
                     continue 'asked;
                 }
                 let (now, asks) = (Instant::now(), self.slot.asks_since(asks_then));
-                if now >= gap_over || asks >= pace.per_read() || pace.quiet(asks, now - began) {
+                let company = asks >= pace.per_read() || self.leads_company(asks, others);
+                if now >= gap_over || company || pace.quiet(asks, now - began) {
                     break 'asked;
                 }
-                // Woken by the ask that makes company enough, or the gap over.
-                let _ = tokio::time::timeout_at(gap_over, self.slot.wake.notified()).await;
+                // Woken by the ask that makes company enough, or the gap
+                // over; with others, looking at their asks every tick.
+                let until = if others.is_empty() {
+                    gap_over
+                } else {
+                    gap_over.min(now + COMPANY_TICK)
+                };
+                let _ = tokio::time::timeout_at(until, self.slot.wake.notified()).await;
             }
         }
         pace.admit().await;
         self.pace.lock().next_asked = true;
+    }
+
+    /// Whether `asks` refusals waiting here and those waiting on `others`
+    /// make company enough for a read, and this reader has the most of
+    /// them waiting.
+    fn leads_company(&self, asks: u64, others: &[&FeedReader]) -> bool {
+        if others.is_empty() {
+            return false;
+        }
+        let mut all = asks;
+        for other in others {
+            let theirs = other.waiting();
+            if theirs > asks || (theirs == asks && other.slot.id < self.slot.id) {
+                return false;
+            }
+            all += theirs;
+        }
+        all >= self.barrier.pace.per_read()
+    }
+
+    /// Refusals that asked since this reader's last read for refusals
+    /// began, while one waits.
+    fn waiting(&self) -> u64 {
+        if !self.slot.asked() {
+            return 0;
+        }
+        let asks_then = self.pace.lock().asks;
+        self.slot.asks_since(asks_then)
     }
 
     /// Numbers a new read. Call it before the read takes its snapshot or

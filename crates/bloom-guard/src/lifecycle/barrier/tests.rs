@@ -481,3 +481,52 @@ async fn reads_made_for_another_guard_never_release_a_waiter_that_arrived_after_
     reads.await.expect("the reads run");
     assert_eq!(late.load(Ordering::Relaxed), 0, "waiters released early");
 }
+
+#[tokio::test(start_paused = true)]
+async fn refusals_waiting_on_guards_that_share_reads_make_company_together() {
+    let pace = ReadPace::default()
+        .refusals_per_read(10)
+        .max_gap(Duration::from_millis(50))
+        .quiet_below(0);
+    let items = Arc::new(Barrier::new(Some(Duration::from_secs(1)), pace.clone()));
+    let users = Arc::new(Barrier::new(Some(Duration::from_secs(1)), pace));
+    let (first, second) = (
+        FeedReader::new(Arc::clone(&items)),
+        FeedReader::new(Arc::clone(&users)),
+    );
+    // A first read of each: from now on a flood, paced.
+    for (barrier, reader) in [(&items, &first), (&users, &second)] {
+        let wait = wait_now(barrier);
+        reader.asked().await;
+        reader.done(reader.begin());
+        assert!(wait.await.expect("the wait runs"));
+    }
+    // Six refusals on each: neither has company enough alone, together they do.
+    let waits: Vec<_> = (0..6)
+        .flat_map(|_| [wait_now(&items), wait_now(&users)])
+        .collect();
+    settle().await;
+    let alone = tokio::time::timeout(Duration::from_millis(10), first.asked()).await;
+    assert!(alone.is_err(), "six refusals made company enough alone");
+    // The reader that joined first leads; the other does not read too.
+    let started = Instant::now();
+    first.asked_with(&[&second]).await;
+    assert!(
+        started.elapsed() <= Duration::from_millis(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let follows =
+        tokio::time::timeout(Duration::from_millis(5), second.asked_with(&[&first])).await;
+    assert!(follows.is_err(), "both readers led");
+    // One statement for both: the leader's read and one made for the other.
+    let own = first.begin();
+    let shared = second
+        .begin_if_asked()
+        .expect("refusals wait on the other guard");
+    first.done(own);
+    second.done(shared);
+    for wait in waits {
+        assert!(wait.await.expect("the wait runs"));
+    }
+}
