@@ -148,8 +148,9 @@ async fn sqlite_a_key_created_through_one_pool_is_served_through_another_at_once
 
 /// Two guards of one instance on one database, both flooded with absent
 /// keys: a read one guard's refusals asked for also reads for the other's
-/// (one statement), and a key committed before a request is never refused
-/// whichever statement read for it.
+/// (one statement), a key committed before a request is never refused
+/// whichever statement read for it, and keys deleted meanwhile are
+/// forgotten while the keys left are kept.
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn postgres_guards_on_one_database_share_reads_and_refuse_no_committed_key(pool: PgPool) {
@@ -182,8 +183,10 @@ async fn postgres_guards_on_one_database_share_reads_and_refuse_no_committed_key
             })
         })
         .collect();
-    // Meanwhile keys written by another client, asked for at once.
+    // Meanwhile keys written by another client, asked for at once; every
+    // third round deletes the key written two rounds before.
     let mut refused = Vec::new();
+    let (mut kept, mut deleted) = (Vec::new(), Vec::new());
     for i in 0..300 {
         let (table, guard) = if i % 2 == 0 {
             ("items", &guards[0])
@@ -199,7 +202,33 @@ async fn postgres_guards_on_one_database_share_reads_and_refuse_no_committed_key
         .await
         .expect("insert");
         if status(guard, &key).await == StatusCode::NOT_FOUND {
-            refused.push(key);
+            refused.push(key.clone());
+        }
+        kept.push((table, key));
+        if i % 3 == 2 {
+            let (table, key) = kept.remove(kept.len() - 3);
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "delete from {table} where key = $1"
+            )))
+            .bind(&key)
+            .execute(&pool)
+            .await
+            .expect("delete");
+            deleted.push((table, key));
+        }
+    }
+    let guard_of = |table: &str| &guards[usize::from(table == "users")];
+    // After a read that began after the deletes, the deleted keys are
+    // forgotten (but for the filter's false positives), the others kept.
+    let mut forgotten = 0;
+    for (table, key) in &deleted {
+        if status(guard_of(table), key).await == StatusCode::NOT_FOUND {
+            forgotten += 1;
+        }
+    }
+    for (table, key) in &kept {
+        if status(guard_of(table), key).await == StatusCode::NOT_FOUND {
+            refused.push(key.clone());
         }
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -207,6 +236,11 @@ async fn postgres_guards_on_one_database_share_reads_and_refuse_no_committed_key
         task.await.expect("the flood's requests");
     }
     assert!(refused.is_empty(), "committed keys refused: {refused:?}");
+    assert!(
+        forgotten * 10 >= deleted.len() * 9,
+        "{forgotten} of {} deleted keys forgotten",
+        deleted.len()
+    );
     let feeds: Vec<_> = guards
         .iter()
         .map(|guard| guard.stats().feed.expect("a feed read"))

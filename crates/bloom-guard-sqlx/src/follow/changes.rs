@@ -73,11 +73,22 @@ impl Hooks {
         guard: &BloomGuard,
         feed: &str,
         changes: &Changes,
+        positions: (&str, &str),
+    ) {
+        Self::put(guard, feed, changes, positions);
+        self.tell(changes);
+    }
+
+    /// [`apply`](Self::apply) without telling the hooks: the keys in the
+    /// filter in use.
+    pub(crate) fn put(
+        guard: &BloomGuard,
+        feed: &str,
+        changes: &Changes,
         (from, reached): (&str, &str),
     ) {
         warn_skipped(feed, changes);
         guard.apply_changes(&changes.added, &changes.removed, Some(from), Some(reached));
-        self.tell(changes);
     }
 
     /// Tells the hooks what a read brought: each changed key, or one

@@ -141,9 +141,21 @@ impl<B: Database> Companion<B> {
                 changes,
             }) => {
                 let follower = &self.follower;
-                follower.apply_keys(&self.position, &reached, &changes);
+                follower.apply_keys(&self.position, &reached, &changes, false);
                 follower.apply_position(&mut *self.feed, reached, &changes, self.started, true);
                 self.applied = true;
+                // The hooks last, after the position moved: a hook that
+                // panics cannot make this guard read the changes again,
+                // nor stop the follower whose statement it was.
+                let told = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    follower.hooks.tell(&changes);
+                }));
+                if told.is_err() {
+                    tracing::error!(
+                        guard = follower.guard.name(),
+                        "a hook panicked on the changes of a read another guard's follower made for this one; ignored"
+                    );
+                }
             }
             Some(Read::Pruned) | None => self.follower.reads.failed(),
         }

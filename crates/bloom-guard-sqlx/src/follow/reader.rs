@@ -4,11 +4,15 @@ use bloom_guard::{FeedStatus, ReadStart};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-use tokio::time::{sleep, Instant};
+use tokio::time::{sleep, sleep_until, Instant};
 
 use super::changes::Changes;
 use super::group::{Companion, Membership};
 use super::{retry_pauses, Database, Follower, Read, MAX_PAUSE};
+
+/// How often a reader loop waiting for refusals looks up again the
+/// guards that share its reads.
+const OTHERS_AGAIN: Duration = Duration::from_secs(1);
 
 impl<B: Database> Follower<B> {
     /// Reads the feed from the follower's position on every wake-up and
@@ -49,7 +53,7 @@ impl<B: Database> Follower<B> {
                     }
                     // The keys first, then the position: a snapshot
                     // published at the position holds every key before it.
-                    self.apply_keys(&position, &reached, &changes);
+                    self.apply_keys(&position, &reached, &changes, true);
                     #[cfg(test)]
                     if let (Some(pause), true) = (&self.between_keys_and_position, changes.rows > 0)
                     {
@@ -89,17 +93,24 @@ impl<B: Database> Follower<B> {
                     continue;
                 }
             }
-            // The guards whose waiting refusals this loop's reads serve too.
-            let others = group.map(Membership::others).unwrap_or_default();
-            let others: Vec<_> = others.iter().map(|other| &other.reads).collect();
-            tokio::select! {
-                // A refusal waits: read as soon as the guard's read pace
-                // allows, so the refusals of a flood share reads.
-                () = reads.asked_with(&others) => {}
-                // Another guard's statement could not read for this one.
-                () = self.read_now.notified() => {}
-                () = async { sleep(gap).await; wake.notified().await } => {}
-                () = sleep(next_poll) => {}
+            let gap_over = Instant::now() + gap;
+            let poll_at = Instant::now() + next_poll;
+            loop {
+                // The guards whose waiting refusals this loop's reads serve
+                // too, looked up again every second (one that stopped is
+                // not kept alive).
+                let others = group.map(Membership::others).unwrap_or_default();
+                let asks: Vec<_> = others.iter().map(|other| &other.reads).collect();
+                tokio::select! {
+                    // A refusal waits: read as soon as the guard's read pace
+                    // allows, so the refusals of a flood share reads.
+                    () = reads.asked_with(&asks) => break,
+                    // Another guard's statement could not read for this one.
+                    () = self.read_now.notified() => break,
+                    () = async { sleep_until(gap_over).await; wake.notified().await } => break,
+                    () = sleep_until(poll_at) => break,
+                    () = sleep(OTHERS_AGAIN), if !others.is_empty() => {}
+                }
             }
         }
     }
@@ -142,20 +153,27 @@ impl<B: Database> Follower<B> {
     }
 
     /// Puts the keys of a read from `from` to `reached` in the filter in
-    /// use, and notes what else the read brought.
-    pub(super) fn apply_keys(&self, from: &B::Position, reached: &B::Position, changes: &Changes) {
+    /// use, and notes what else the read brought; tells the hooks if
+    /// `tell` (a read made for this follower by another's statement tells
+    /// them after its position moved, see `group.rs`).
+    pub(super) fn apply_keys(
+        &self,
+        from: &B::Position,
+        reached: &B::Position,
+        changes: &Changes,
+        tell: bool,
+    ) {
         self.rows_read
             .fetch_add(changes.rows, std::sync::atomic::Ordering::Relaxed);
         self.note_read(changes);
-        self.hooks.apply(
-            &self.guard,
-            self.backend.feed(),
-            changes,
-            (
-                self.read_start(&from.to_string(), changes),
-                &reached.to_string(),
-            ),
-        );
+        let (from, reached) = (from.to_string(), reached.to_string());
+        let positions = (self.read_start(&from, changes), reached.as_str());
+        if tell {
+            self.hooks
+                .apply(&self.guard, self.backend.feed(), changes, positions);
+        } else {
+            super::changes::Hooks::put(&self.guard, self.backend.feed(), changes, positions);
+        }
     }
 
     /// After [`apply_keys`](Self::apply_keys): moves the feed to the

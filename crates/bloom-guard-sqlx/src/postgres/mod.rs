@@ -198,11 +198,12 @@ impl Database for PgBackend {
     fn shared_reads(&self) -> Option<String> {
         let options = self.pool.connect_options();
         Some(format!(
-            "postgres://{}@{}:{}/{}",
+            "postgres://{}@{}:{}/{} {:?}",
             options.get_username(),
             options.get_host(),
             options.get_port(),
             options.get_database().unwrap_or_default(),
+            options.get_socket(),
         ))
     }
 

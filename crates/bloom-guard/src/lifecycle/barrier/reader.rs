@@ -144,13 +144,13 @@ impl FeedReader {
     /// [`begin_if_asked`](Self::begin_if_asked)). Their waiting refusals
     /// count toward a read's company, and of the readers that have company
     /// enough, the one with the most refusals waiting reads (ties: the
-    /// first to join its guard's barrier), so a flood over several guards
+    /// reader made first in the process), so a flood over several guards
     /// shares reads as a flood over one does.
     ///
     /// Cancel-safe, as [`asked`](Self::asked).
     pub async fn asked_with(&self, others: &[&FeedReader]) {
         let pace = &self.barrier.pace;
-        'asked: loop {
+        loop {
             while !self.slot.asked() {
                 let woken = self.slot.wake.notified();
                 if self.slot.asked() {
@@ -158,31 +158,27 @@ impl FeedReader {
                 }
                 woken.await;
             }
+            // Looked at again on every pass: a read made for this reader by
+            // another's statement ([`begin_if_asked`](Self::begin_if_asked))
+            // took the asks so far and started the gap again.
             let (began, asks_then) = {
                 let paced = self.pace.lock();
                 (paced.began, paced.asks)
             };
             let gap_over = began + pace.gap();
-            loop {
-                if !self.slot.asked() {
-                    // A read for another guard's follower took these asks
-                    // ([`begin_if_asked`](Self::begin_if_asked)).
-                    continue 'asked;
-                }
-                let (now, asks) = (Instant::now(), self.slot.asks_since(asks_then));
-                let company = asks >= pace.per_read() || self.leads_company(asks, others);
-                if now >= gap_over || company || pace.quiet(asks, now - began) {
-                    break 'asked;
-                }
-                // Woken by the ask that makes company enough, or the gap
-                // over; with others, looking at their asks every tick.
-                let until = if others.is_empty() {
-                    gap_over
-                } else {
-                    gap_over.min(now + COMPANY_TICK)
-                };
-                let _ = tokio::time::timeout_at(until, self.slot.wake.notified()).await;
+            let (now, asks) = (Instant::now(), self.slot.asks_since(asks_then));
+            let company = asks >= pace.per_read() || self.leads_company(asks, others);
+            if now >= gap_over || company || pace.quiet(asks, now - began) {
+                break;
             }
+            // Woken by the ask that makes company enough, or the gap over;
+            // with others, looking at their asks every tick.
+            let until = if others.is_empty() {
+                gap_over
+            } else {
+                gap_over.min(now + COMPANY_TICK)
+            };
+            let _ = tokio::time::timeout_at(until, self.slot.wake.notified()).await;
         }
         pace.admit().await;
         self.pace.lock().next_asked = true;
