@@ -187,37 +187,35 @@ async fn postgres_guards_on_one_database_share_reads_and_refuse_no_committed_key
     // third round deletes the key written two rounds before.
     let mut refused = Vec::new();
     let (mut kept, mut deleted) = (Vec::new(), Vec::new());
+    let guard_of = |table: &str| &guards[usize::from(table == "users")];
+    let run = |statement: String, key: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(statement))
+                .bind(key)
+                .execute(&pool)
+                .await
+                .expect("a write");
+        }
+    };
     for i in 0..300 {
-        let (table, guard) = if i % 2 == 0 {
-            ("items", &guards[0])
-        } else {
-            ("users", &guards[1])
-        };
+        let table = if i % 2 == 0 { "items" } else { "users" };
         let key = format!("created-{i}-{}", fastrand::u32(..));
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "insert into {table} (key) values ($1)"
-        )))
-        .bind(&key)
-        .execute(&pool)
-        .await
-        .expect("insert");
-        if status(guard, &key).await == StatusCode::NOT_FOUND {
+        run(
+            format!("insert into {table} (key) values ($1)"),
+            key.clone(),
+        )
+        .await;
+        if status(guard_of(table), &key).await == StatusCode::NOT_FOUND {
             refused.push(key.clone());
         }
         kept.push((table, key));
         if i % 3 == 2 {
             let (table, key) = kept.remove(kept.len() - 3);
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "delete from {table} where key = $1"
-            )))
-            .bind(&key)
-            .execute(&pool)
-            .await
-            .expect("delete");
+            run(format!("delete from {table} where key = $1"), key.clone()).await;
             deleted.push((table, key));
         }
     }
-    let guard_of = |table: &str| &guards[usize::from(table == "users")];
     // After a read that began after the deletes, the deleted keys are
     // forgotten (but for the filter's false positives), the others kept.
     let mut forgotten = 0;
