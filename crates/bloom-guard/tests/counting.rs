@@ -635,3 +635,63 @@ async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(
         live.len() as u64 + stats.deletes_left + adopted.deletes_left
     );
 }
+
+/// A snapshot holds the filter of its moment, though the feed goes on
+/// changing the filter before its chunks are made: its adopter replays
+/// those changes from the snapshot's position, each delete once, and
+/// keeps every live key.
+#[tokio::test]
+async fn a_snapshot_is_its_moment_though_the_filter_changes_before_its_chunks() {
+    let feed = Feed::default();
+    let keys: Vec<String> = (0..100_000).map(|i| format!("k{i}")).collect();
+    for key in &keys {
+        feed.add(key);
+    }
+    let first = guard();
+    let reader = first.feed_reader();
+    reader.catch_up_with(feed.clone());
+    first.rebuild(&feed).await.expect("build");
+    let writer = first.snapshot("ignored", "q").expect("an exact filter");
+    // After the moment, before any chunk: a third of the keys deleted
+    // (in every shard), new ones added.
+    let at = feed.len();
+    for key in keys.iter().step_by(3) {
+        feed.delete(key);
+    }
+    for i in 0..10_000 {
+        feed.add(&format!("n{i}"));
+    }
+    feed.follow(&first, at);
+    assert_eq!(first.stats().deletes_left, 0);
+    let bytes: Vec<u8> = writer.chunks(1 << 16).flatten().collect();
+
+    let second = guard();
+    let second_reader = second.feed_reader();
+    second_reader.catch_up_with(feed.clone());
+    let adoption = second
+        .begin_adoption(Snapshot::decode(&bytes).expect("intact"), "q")
+        .await
+        .expect("adopt");
+    assert_eq!(adoption.info().position, at.to_string());
+    let (added, removed, reached) = feed.read(at);
+    adoption.apply(&added, &removed, &reached.to_string());
+    adoption.promote().expect("promote");
+    let stats = second.stats();
+    assert_eq!(
+        (stats.deletes_left, stats.keys),
+        (0, 100_000 - 33_334 + 10_000)
+    );
+    let live = keys
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 3 != 0)
+        .map(|(_, key)| key.clone())
+        .chain((0..10_000).map(|i| format!("n{i}")));
+    assert!(live.into_iter().all(|key| second.may_contain(&key)));
+    let gone = keys
+        .iter()
+        .step_by(3)
+        .filter(|key| second.may_contain(key))
+        .count();
+    assert!(gone < 200, "{gone} deleted keys still found");
+}

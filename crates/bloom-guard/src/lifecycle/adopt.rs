@@ -24,8 +24,10 @@ impl BloomGuard {
     /// chunks are written may or may not be in them; the replay brings
     /// them.
     ///
-    /// A counting filter (a guard that follows a change feed) is copied
-    /// at once, with the feed position of the last read applied to it, and
+    /// A counting filter (a guard that follows a change feed) is taken
+    /// at once, with the feed position of the last read applied to it
+    /// (without a copy: a shard that changes before its chunk is made is
+    /// copied then), and
     /// `position` is not used: its adopter must apply each later delete
     /// exactly once. `None` for one that cannot say which rows it holds
     /// (built without a feed position) or that overflowed.

@@ -1,5 +1,6 @@
 //! The filter's life, from scan to swap: where keys come from (`source`),
-//! one build (`scan`: size, register for inserts, scan, verify, promote),
+//! one build (`scan`: size, register for inserts, scan, verify, promote;
+//! `load` puts the scan's keys in),
 //! warm-up, rebuilds and their maintenance (`rebuild`), one rebuild at a
 //! time (`single_flight`), and snapshots: writing the filter in use and
 //! adopting one instead of scanning (`snapshot/`, `adopt`), and the read
@@ -14,6 +15,7 @@
 pub(crate) mod adopt;
 pub(crate) mod barrier;
 pub(crate) mod catch_up;
+pub(crate) mod load;
 pub(crate) mod rebuild;
 pub(crate) mod scan;
 pub(crate) mod single_flight;

@@ -12,6 +12,7 @@ use crate::filters::filter::Filter;
 use crate::handle::shared::{Overfull, Shared};
 use crate::keys::key::Key;
 use crate::lifecycle::catch_up::{PendingFilter, Promote};
+use crate::lifecycle::load::Loader;
 use crate::lifecycle::source::KeySource;
 use crate::report::stats::FilterOrigin;
 
@@ -55,7 +56,7 @@ pub(crate) async fn scan<S: KeySource>(
     let mut keys = source.keys();
     let mut scanned: u64 = 0;
     let mut sample: Vec<Vec<u8>> = Vec::with_capacity(SAMPLE_SIZE);
-    let mut hashes = Vec::new();
+    let mut loader = Loader::new(Arc::clone(&filter));
     let mut last_report = (Instant::now(), 0_u64);
     let mut first = true;
     while let Some(batch) = keys.next().await {
@@ -64,7 +65,7 @@ pub(crate) async fn scan<S: KeySource>(
             counting.settle(batch.position().filter(|_| from_position));
         }
         let batch = config.key_type.canonical_batch(&batch);
-        filter.insert_batch(&batch, &mut hashes);
+        loader.load(&batch).await?;
         if sample.len() < SAMPLE_SIZE {
             sample.extend(
                 batch
@@ -90,6 +91,7 @@ pub(crate) async fn scan<S: KeySource>(
         }
     }
     drop(keys);
+    loader.finish().await?;
     if let (true, Some(counting)) = (first, filter.counting()) {
         // No batch at all: no position either.
         counting.settle(None);

@@ -3,6 +3,7 @@
 //! `users.rs`.
 
 mod items;
+mod migrate;
 mod users;
 
 use std::str::FromStr;
@@ -199,34 +200,6 @@ impl Database {
     /// The pool.
     pub fn pool(&self) -> &Pool {
         &self.pool
-    }
-
-    /// Applies the migrations of this kind of database.
-    ///
-    /// # Errors
-    ///
-    /// If the database is unreachable or a migration fails.
-    pub async fn migrate(&self) -> Result<(), MigrateError> {
-        let (items, users) = (crate::items_feed(), crate::users_feed());
-        match self.pool.clone() {
-            Pool::Postgres(pool) => {
-                sqlx::migrate!("../../migrations").run(&pool).await?;
-                bloom_guard_sqlx::install(&pool).await?;
-                items.install(&pool).await?;
-                users.install(&pool).await?;
-            }
-            Pool::Sqlite(pool) => {
-                sqlx::migrate!("./sqlite").run(&pool).await?;
-                items.install_sqlite(&pool).await?;
-                users.install_sqlite(&pool).await?;
-            }
-            Pool::MySql(pool) => {
-                sqlx::migrate!("./mysql").run(&pool).await?;
-                items.install_mysql(&pool).await?;
-                users.install_mysql(&pool).await?;
-            }
-        }
-        Ok(())
     }
 
     /// Inserts the demo items if the table is empty (always for a new

@@ -28,9 +28,11 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
+use std::sync::Arc;
+
 use parking_lot::RwLock;
 
-use super::shard::{decode_shard, encode_shard, new_shard, ShardError, ShardParts};
+use super::shard::{new_shard, Shard, ShardError};
 use crate::lock::lock;
 
 /// The most slots a shard starts with: 2^16, about 62 000 keys at 95 %.
@@ -49,7 +51,7 @@ const MIN_RATE: f64 = 1e-12;
 /// One stage: shards of one size and rate.
 #[derive(Debug)]
 pub(crate) struct Stage {
-    shards: Box<[RwLock<qfilter::Filter>]>,
+    shards: Box<[RwLock<Shard>]>,
     /// The narrowest and the widest fingerprint of its shards (fixed:
     /// growing in place keeps a shard's width).
     widths: (u8, u8),
@@ -105,19 +107,19 @@ impl Stage {
         }
         let shards = std::iter::once(first)
             .chain((1..count).map(|_| new_shard(shard_capacity, rate)))
-            .map(RwLock::new)
+            .map(|shard| RwLock::new(Arc::new(shard)))
             .collect();
         Self::of(shards, after)
     }
 
     /// A stage of `shards`, after the stage `after`.
-    fn of(shards: Box<[RwLock<qfilter::Filter>]>, after: Option<&Stage>) -> Self {
+    fn of(shards: Box<[RwLock<Shard>]>, after: Option<&Stage>) -> Self {
         let widths = shards.iter().fold((u8::MAX, 0), |(low, high), shard| {
             let width = shard.read().fingerprint_size();
             (low.min(width), high.max(width))
         });
         let nests = after.is_none_or(|before| {
-            shards.len() % before.shards.len() == 0 && widths.0 >= before.widths.1
+            shards.len().is_multiple_of(before.shards.len()) && widths.0 >= before.widths.1
         });
         Self {
             shards,
@@ -129,9 +131,14 @@ impl Stage {
     /// The shard of a hash, from its high bits (the fingerprint is its
     /// low bits).
     #[inline]
-    fn shard(&self, hash: u64) -> &RwLock<qfilter::Filter> {
-        let index = ((u128::from(hash) * self.shards.len() as u128) >> 64) as usize;
-        &self.shards[index]
+    fn shard(&self, hash: u64) -> &RwLock<Shard> {
+        &self.shards[self.index(hash)]
+    }
+
+    /// The index of a hash's shard: grows with the hash.
+    #[inline]
+    fn index(&self, hash: u64) -> usize {
+        ((u128::from(hash) * self.shards.len() as u128) >> 64) as usize
     }
 
     #[inline]
@@ -141,10 +148,25 @@ impl Stage {
 
     /// Adds a copy; `false` if its shard is full.
     fn insert(&self, hash: u64) -> bool {
-        self.shard(hash)
-            .write()
+        Arc::make_mut(&mut self.shard(hash).write())
             .insert_fingerprint(true, hash)
             .is_ok()
+    }
+
+    /// Adds a copy of each of `hashes`, sorted, all of one shard, under one
+    /// lock; returns those that found the shard full.
+    fn insert_run<'h>(&self, hashes: &'h [u64]) -> &'h [u64] {
+        let Some(&first) = hashes.first() else {
+            return hashes;
+        };
+        let mut locked = self.shard(first).write();
+        let shard = Arc::make_mut(&mut locked);
+        for (at, &hash) in hashes.iter().enumerate() {
+            if shard.insert_fingerprint(true, hash).is_err() {
+                return &hashes[at..];
+            }
+        }
+        &[]
     }
 
     fn sum(&self, of: impl Fn(&qfilter::Filter) -> u64) -> u64 {
@@ -217,6 +239,32 @@ impl Chain {
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
+    /// Adds one copy of each of `hashes` in the order of their shards:
+    /// each shard is locked once and its memory is still in the cache for
+    /// the next hash, where random order reaches a cold shard for nearly
+    /// every one. Each goes to the stage that was newest when the call
+    /// began, as if they had all arrived at once, and one whose shard
+    /// there is full goes on as [`insert`](Self::insert) would. Sorts
+    /// `hashes`.
+    pub(crate) fn insert_many(&self, hashes: &mut [u64]) {
+        hashes.sort_unstable();
+        let Some(stage) = self.stages().last() else {
+            return;
+        };
+        let mut rest: &[u64] = hashes;
+        while let Some(&first) = rest.first() {
+            // The shard is picked from the high bits: sorted hashes of one
+            // shard are next to each other.
+            let index = stage.index(first);
+            let run = rest.partition_point(|&hash| stage.index(hash) <= index);
+            let (same, after) = rest.split_at(run);
+            for &hash in stage.insert_run(same) {
+                self.insert(hash);
+            }
+            rest = after;
+        }
+    }
+
     /// Stage `at`: room for as many keys as the stages before it hold
     /// fully grown, at [`TIGHTENING`] times the last one's rate.
     fn next_stage(&self, at: usize) -> Stage {
@@ -259,7 +307,7 @@ impl Chain {
         if matches > 1 && !self.stages().all(|stage| stage.nests) {
             return Removal::Kept;
         }
-        if stage.shard(hash).write().remove_fingerprint(hash) {
+        if Arc::make_mut(&mut stage.shard(hash).write()).remove_fingerprint(hash) {
             Removal::Removed
         } else {
             Removal::Missing
@@ -328,15 +376,17 @@ impl Chain {
         stages + overflow
     }
 
-    /// Every stage's shards, encoded, and the overflow table.
-    pub(crate) fn to_parts(&self) -> (Vec<Vec<ShardParts>>, Vec<(u64, u32)>) {
+    /// Every stage's shards as they are now, and the overflow table. The
+    /// shards are shared, not copied: one the filter changes from now on
+    /// is copied then.
+    pub(crate) fn to_parts(&self) -> (Vec<Vec<Shard>>, Vec<(u64, u32)>) {
         let stages = self
             .stages()
             .map(|stage| {
                 stage
                     .shards
                     .iter()
-                    .map(|shard| ShardParts(encode_shard(&shard.read())))
+                    .map(|shard| Arc::clone(&shard.read()))
                     .collect()
             })
             .collect();
@@ -347,12 +397,10 @@ impl Chain {
         (stages, overflow)
     }
 
-    /// A chain from its stages' shards. Each shard's bytes are dropped
-    /// once it is decoded: the chain and its snapshot's bytes are never
-    /// held whole at once.
+    /// A chain of a snapshot's stages.
     pub(crate) fn from_parts(
         target_fpp: f64,
-        stages: Vec<Vec<ShardParts>>,
+        stages: Vec<Vec<Shard>>,
         overflow: Vec<(u64, u32)>,
     ) -> Result<Self, ShardError> {
         if stages.is_empty() || stages.len() > MAX_STAGES {
@@ -360,10 +408,7 @@ impl Chain {
         }
         let chain = Self::empty(target_fpp, overflow.into_iter().collect());
         for (slot, shards) in chain.stages.iter().zip(stages) {
-            let shards = shards
-                .into_iter()
-                .map(|ShardParts(bytes)| decode_shard(&bytes).map(RwLock::new))
-                .collect::<Result<Box<[_]>, _>>()?;
+            let shards: Box<[_]> = shards.into_iter().map(RwLock::new).collect();
             if shards.is_empty() {
                 return Err(ShardError("a stage with no shards".to_owned()));
             }

@@ -26,7 +26,7 @@ use crate::lock::lock;
 
 pub(crate) use chain::MAX_STAGES;
 use chain::{Chain, Removal};
-pub(crate) use shard::{ShardError, ShardParts};
+pub(crate) use shard::{decode_shard, encode_shard, encoded_len, Shard, ShardError};
 
 /// A growing quotient filter that removes.
 pub(crate) struct CountingFilter {
@@ -69,13 +69,13 @@ enum Live {
 }
 
 /// Everything a counting filter is made of.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct CountingParts {
     pub(crate) seed: u128,
     pub(crate) target_fpp: f64,
     pub(crate) skipped: u64,
     /// Each stage's shards, oldest stage first.
-    pub(crate) stages: Vec<Vec<ShardParts>>,
+    pub(crate) stages: Vec<Vec<Shard>>,
     pub(crate) overflow: Vec<(u64, u32)>,
 }
 
@@ -183,6 +183,22 @@ impl CountingFilter {
         if batch.skipped() > 0 {
             self.skipped.fetch_add(batch.skipped(), Ordering::Relaxed);
         }
+    }
+
+    /// Appends the hashes of `batch`'s keys to `hashes`, for
+    /// [`insert_hashes`](Self::insert_hashes).
+    pub(crate) fn hash_batch(&self, batch: &KeyBatch, hashes: &mut Vec<u64>) {
+        hashes.extend(batch.iter().map(|key| self.hash(key.as_bytes())));
+        if batch.skipped() > 0 {
+            self.skipped.fetch_add(batch.skipped(), Ordering::Relaxed);
+        }
+    }
+
+    /// Adds a copy of each of a scan's `hashes`, in shard order: several
+    /// times faster than one key at a time for a filter larger than the
+    /// CPU's caches. Sorts `hashes`.
+    pub(crate) fn insert_hashes(&self, hashes: &mut [u64]) {
+        self.chain.insert_many(hashes);
     }
 
     /// Removes one copy of the key's fingerprint: a copy that this key's
@@ -328,9 +344,10 @@ impl CountingFilter {
         self.chain.estimated_fpp()
     }
 
-    /// The filter's parts and the feed position they hold, copied while
-    /// no read is applied. Only reads of the feed change an exact filter
-    /// (the write path's keys go to the journal), so this is one moment.
+    /// The filter's parts and the feed position they hold, taken while no
+    /// read is applied. Only reads of the feed change an exact filter (the
+    /// write path's keys go to the journal), so this is one moment. The
+    /// shards are shared, not copied (see [`Shard`]).
     pub(crate) fn to_parts(&self) -> (CountingParts, Option<String>) {
         let at = lock(&self.position);
         let (stages, overflow) = self.chain.to_parts();

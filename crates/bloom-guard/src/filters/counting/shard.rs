@@ -1,11 +1,15 @@
 //! One shard of a counting filter's stage: a qfilter, made and stored.
 
+use std::sync::Arc;
+
 /// How many times each shard may double before it is full.
 pub(crate) const GROWTH_ROOM: u64 = 4;
 
-/// A shard as a snapshot stores it: qfilter's bytes (postcard).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ShardParts(pub(crate) Vec<u8>);
+/// One shard, shared: a snapshot holds the shards of one moment while the
+/// feed goes on changing the filter, and a shard changed meanwhile is
+/// copied first (`Arc::make_mut`), so only the shards that change are ever
+/// held twice. A snapshot stores each as qfilter's bytes (postcard).
+pub(crate) type Shard = Arc<qfilter::Filter>;
 
 /// A shard that a snapshot carries could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -33,10 +37,23 @@ pub(super) fn new_shard(capacity: u64, rate: f64) -> qfilter::Filter {
         .unwrap_or_else(|| unreachable!("qfilter refuses a one-key filter"))
 }
 
-pub(super) fn encode_shard(shard: &qfilter::Filter) -> Vec<u8> {
+/// A shard's bytes in a snapshot.
+pub(crate) fn encode_shard(shard: &qfilter::Filter) -> Vec<u8> {
     postcard::to_allocvec(shard).unwrap_or_default()
 }
 
-pub(super) fn decode_shard(bytes: &[u8]) -> Result<qfilter::Filter, ShardError> {
-    postcard::from_bytes(bytes).map_err(|error| ShardError(error.to_string()))
+/// The length of [`encode_shard`]'s bytes, without writing them.
+pub(crate) fn encoded_len(shard: &qfilter::Filter) -> usize {
+    postcard::serialize_with_flavor::<_, postcard::ser_flavors::Size, usize>(
+        shard,
+        postcard::ser_flavors::Size::default(),
+    )
+    .unwrap_or(0)
+}
+
+/// A shard from a snapshot's bytes.
+pub(crate) fn decode_shard(bytes: &[u8]) -> Result<Shard, ShardError> {
+    postcard::from_bytes(bytes)
+        .map(Arc::new)
+        .map_err(|error| ShardError(error.to_string()))
 }

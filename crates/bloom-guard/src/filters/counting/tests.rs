@@ -248,3 +248,64 @@ fn a_key_deleted_and_inserted_again_in_one_read_stays() {
     filter.apply(&a, &a, None, None);
     assert!(filter.contains(&key("a")));
 }
+
+#[test]
+fn parts_keep_their_moment_while_the_filter_changes() {
+    let filter = CountingFilter::new(50_000, 0.001, 9);
+    for i in 0..40_000 {
+        filter.insert(&key(&format!("k{i}")));
+    }
+    let (parts, _) = filter.to_parts();
+    // The filter changes after the parts were taken: every shard loses
+    // keys and takes new ones.
+    for i in 0..20_000 {
+        filter.remove(&key(&format!("k{i}")));
+        filter.insert(&key(&format!("n{i}")));
+    }
+    let taken = CountingFilter::from_parts(parts).expect("shards");
+    assert_eq!(taken.keys(), 40_000);
+    assert!((0..40_000).all(|i| taken.contains(&key(&format!("k{i}")))));
+    let new_found = (0..20_000)
+        .filter(|i| taken.contains(&key(&format!("n{i}"))))
+        .count();
+    assert!(
+        new_found < 100,
+        "{new_found} keys inserted after the moment"
+    );
+    assert_eq!(filter.keys(), 40_000);
+    assert_eq!(filter.missed(), 0);
+}
+
+#[test]
+fn a_scan_loaded_in_shard_order_holds_what_inserts_one_by_one_would() {
+    // Room for 1 000: the load fills one stage and starts the next, and one key
+    // arrives 500 times.
+    let loaded = CountingFilter::new(1_000, 0.001, 3);
+    let inserted = CountingFilter::new(1_000, 0.001, 3);
+    let mut keys: Vec<String> = (0..60_000).map(|i| format!("k{i}")).collect();
+    keys.extend(std::iter::repeat_n("again".to_owned(), 500));
+    let mut hashes = Vec::new();
+    for chunk in keys.chunks(8192) {
+        let batch: KeyBatch = chunk.iter().map(String::as_str).collect();
+        loaded.hash_batch(&batch, &mut hashes);
+        if hashes.len() > 20_000 {
+            loaded.insert_hashes(&mut hashes);
+            hashes.clear();
+        }
+        for k in chunk {
+            inserted.insert(&key(k));
+        }
+    }
+    loaded.insert_hashes(&mut hashes);
+    assert_eq!(loaded.keys(), inserted.keys());
+    assert!(loaded.stage_count() > 1);
+    assert!(loaded.stage_count() <= inserted.stage_count() + 1);
+    assert!(loaded.estimated_fpp() < 0.002, "{}", loaded.estimated_fpp());
+    assert!(keys.iter().all(|k| loaded.contains(&key(k))));
+    // Every copy stands for a row: each row's delete finds one.
+    loaded.set_exact(true);
+    for k in &keys {
+        loaded.remove(&key(k));
+    }
+    assert_eq!((loaded.missed(), loaded.keys()), (0, 0));
+}

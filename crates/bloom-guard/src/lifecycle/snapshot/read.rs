@@ -3,7 +3,7 @@
 use sha2::{Digest, Sha256};
 
 use crate::filters::bloom::BloomParts;
-use crate::filters::counting::{CountingParts, ShardParts};
+use crate::filters::counting::{decode_shard, CountingParts, Shard};
 use crate::filters::filter::FilterParts;
 
 use super::format::{header_len, Header, CHECKSUM_LEN, PREFIX_LEN};
@@ -22,8 +22,12 @@ pub struct SnapshotReader {
     header: Option<Header>,
     /// Each part's length in words, as the header declares.
     lengths: Vec<u64>,
-    /// Each part's words (a sub-filter's, a shard's), filled in order.
+    /// Each part's words (a sub-filter's, a shard's), filled in order;
+    /// a counting filter's shard is decoded as soon as it is whole, and its
+    /// words let go.
     words: Vec<Vec<u64>>,
+    /// The counting filter's shards decoded so far.
+    shards: Vec<Shard>,
     /// The sub-filter being filled.
     stage: usize,
     checksum: Vec<u8>,
@@ -51,6 +55,7 @@ impl SnapshotReader {
             header: None,
             lengths: Vec::new(),
             words: Vec::new(),
+            shards: Vec::new(),
             stage: 0,
             checksum: Vec::with_capacity(CHECKSUM_LEN),
         }
@@ -89,10 +94,10 @@ impl SnapshotReader {
             chunk = &chunk[take..];
             if self.pending.len() == 8 {
                 let word = std::mem::take(&mut self.pending);
-                self.take_words(&word);
+                self.take_words(&word)?;
             }
         }
-        chunk = self.take_words(chunk);
+        chunk = self.take_words(chunk)?;
         if self.words_done() {
             self.checksum.extend_from_slice(chunk);
         } else {
@@ -101,17 +106,18 @@ impl SnapshotReader {
         Ok(())
     }
 
-    /// Fills the sub-filters with the whole words at the start of `chunk`;
+    /// Fills the parts with the whole words at the start of `chunk`;
     /// returns the rest.
-    fn take_words<'c>(&mut self, mut chunk: &'c [u8]) -> &'c [u8] {
+    fn take_words<'c>(&mut self, mut chunk: &'c [u8]) -> Result<&'c [u8], SnapshotError> {
         if self.header.is_none() {
-            return chunk;
+            return Ok(chunk);
         }
         while let (Some(&length), Some(words)) =
             (self.lengths.get(self.stage), self.words.get_mut(self.stage))
         {
             let missing = (length - words.len() as u64) as usize;
             if missing == 0 {
+                self.part_done()?;
                 self.stage += 1;
                 continue;
             }
@@ -119,6 +125,8 @@ impl SnapshotReader {
             if whole == 0 {
                 break;
             }
+            // Memory for a part only once its words arrive.
+            words.reserve_exact(missing);
             words.extend(chunk[..whole * 8].chunks_exact(8).map(|word| {
                 u64::from_le_bytes([
                     word[0], word[1], word[2], word[3], word[4], word[5], word[6], word[7],
@@ -126,7 +134,32 @@ impl SnapshotReader {
             }));
             chunk = &chunk[whole * 8..];
         }
-        chunk
+        Ok(chunk)
+    }
+
+    /// Part `stage` is whole: a counting filter's shard is decoded now, so
+    /// its words and its decoded copy are never held for every shard at
+    /// once, and a shard that does not decode stops the read here.
+    fn part_done(&mut self) -> Result<(), SnapshotError> {
+        let Some(Header {
+            parts: Parts::Counting { shards, .. },
+            ..
+        }) = &self.header
+        else {
+            return Ok(());
+        };
+        let (Some(head), Some(words)) = (shards.get(self.stage), self.words.get_mut(self.stage))
+        else {
+            return Ok(());
+        };
+        let mut bytes = Vec::with_capacity(words.len() * 8);
+        for word in std::mem::take(words) {
+            bytes.extend_from_slice(&word.to_le_bytes());
+        }
+        bytes.truncate(head.bytes as usize);
+        let shard = decode_shard(&bytes).map_err(|_| SnapshotError::Field("shard"))?;
+        self.shards.push(shard);
+        Ok(())
     }
 
     fn words_done(&self) -> bool {
@@ -161,12 +194,14 @@ impl SnapshotReader {
         header.info.len = self.len;
         // The length matches the bytes stored: only now is memory set aside.
         self.lengths = header.parts.words();
-        self.words = self
+        if self
             .lengths
             .iter()
-            .map(|&words| usize::try_from(words).map(Vec::with_capacity))
-            .collect::<Result<_, _>>()
-            .map_err(|_| SnapshotError::Field("words"))?;
+            .any(|&words| usize::try_from(words).is_err())
+        {
+            return Err(SnapshotError::Field("words"));
+        }
+        self.words = vec![Vec::new(); self.lengths.len()];
         self.header = Some(header);
         self.pending.clear();
         Ok(&chunk[head_len - had..])
@@ -199,21 +234,14 @@ impl SnapshotReader {
                 skipped: header.skipped,
             }),
             Parts::Counting { target_fpp, shards } => {
-                let mut stages: Vec<Vec<ShardParts>> = Vec::new();
-                for (shard, words) in shards.iter().zip(self.words) {
-                    // One shard's words at a time become its bytes, and
-                    // are dropped: the whole filter is never held twice.
-                    let mut bytes = Vec::with_capacity(words.len() * 8);
-                    for word in words {
-                        bytes.extend_from_slice(&word.to_le_bytes());
-                    }
-                    bytes.truncate(shard.bytes as usize);
+                let mut stages: Vec<Vec<Shard>> = Vec::new();
+                for (head, shard) in shards.iter().zip(self.shards) {
                     // The header lists stages in order from 0 (checked).
-                    if stages.len() <= shard.stage as usize {
+                    if stages.len() <= head.stage as usize {
                         stages.push(Vec::new());
                     }
                     if let Some(stage) = stages.last_mut() {
-                        stage.push(ShardParts(bytes));
+                        stage.push(shard);
                     }
                 }
                 FilterParts::Counting(CountingParts {

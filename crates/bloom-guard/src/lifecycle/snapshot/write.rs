@@ -1,10 +1,11 @@
 //! Writing a filter as a snapshot, a chunk at a time.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::filters::counting::CountingFilter;
+use crate::filters::counting::{encode_shard, encoded_len, CountingFilter, Shard};
 use crate::filters::filter::Filter;
 use crate::keys::key_type::KeyType;
 
@@ -24,41 +25,57 @@ pub struct SnapshotWriter {
 enum Body {
     /// A Bloom filter's bits, read as the chunks are made.
     Bloom(Arc<Filter>),
-    /// A counting filter's shards, copied at one moment; each is written
-    /// padded to whole words.
-    Shards(Vec<Vec<u8>>),
+    /// A counting filter's shards of one moment.
+    Shards(Shards),
 }
 
 impl Body {
-    fn write_words(&self, from: usize, count: usize, out: &mut Vec<u8>) {
+    /// Words `from..from + count`; the chunks ask for them in order.
+    fn write_words(&mut self, from: usize, count: usize, out: &mut Vec<u8>) {
         match self {
             Body::Bloom(filter) => {
                 if let Some(bloom) = filter.bloom() {
                     bloom.write_words(from, count, out);
                 }
             }
-            Body::Shards(shards) => {
-                // Word `from` onwards, counting through the shards in order.
-                let (mut from, mut count) = (from, count);
-                for shard in shards {
-                    let words = shard.len().div_ceil(8);
-                    if from >= words {
-                        from -= words;
-                        continue;
-                    }
-                    let to = words.min(from + count);
-                    for word in from..to {
-                        let bytes = &shard[word * 8..shard.len().min(word * 8 + 8)];
-                        out.extend_from_slice(bytes);
-                        out.extend(std::iter::repeat_n(0, 8 - bytes.len()));
-                    }
-                    count -= to - from;
-                    from = 0;
-                    if count == 0 {
-                        return;
-                    }
-                }
+            Body::Shards(shards) => shards.write_words(count, out),
+        }
+    }
+}
+
+/// A counting filter's shards, taken at one moment and encoded one at a
+/// time as the chunks reach them, each let go once written: the memory
+/// held is one encoded shard, and the copies of the shards the filter
+/// changed meanwhile.
+struct Shards {
+    /// The shards not yet written, in order, with the bytes the header
+    /// declares for each.
+    waiting: VecDeque<(Shard, usize)>,
+    /// The shard being written, padded to whole words.
+    current: Vec<u8>,
+    /// Its bytes written so far.
+    written: usize,
+}
+
+impl Shards {
+    /// The next `count` words.
+    fn write_words(&mut self, mut count: usize, out: &mut Vec<u8>) {
+        while count > 0 {
+            if self.written == self.current.len() {
+                let Some((shard, bytes)) = self.waiting.pop_front() else {
+                    return;
+                };
+                self.current = encode_shard(&shard);
+                drop(shard);
+                // Exactly what the header declares, in whole words.
+                self.current.resize(bytes.div_ceil(8) * 8, 0);
+                self.written = 0;
+                continue;
             }
+            let take = ((self.current.len() - self.written) / 8).min(count);
+            out.extend_from_slice(&self.current[self.written..self.written + take * 8]);
+            self.written += take * 8;
+            count -= take;
         }
     }
 }
@@ -115,8 +132,10 @@ impl SnapshotWriter {
     }
 
     /// A counting filter's snapshot at the feed position its shards hold,
-    /// copied now; `None` if it is not exact (it may hold a row's insert
-    /// twice, or miss a delete) or keys spilled past its last stage (a rebuild is due).
+    /// taken now (a shard the feed changes before the chunks reach it is
+    /// copied first); `None` if it is not exact (it may hold a row's insert
+    /// twice, or miss a delete) or keys spilled past its last stage (a
+    /// rebuild is due).
     pub(crate) fn counting(
         filter: &CountingFilter,
         guard: &str,
@@ -140,7 +159,7 @@ impl SnapshotWriter {
             .flat_map(|(shards, stage)| {
                 shards.iter().map(move |shard| ShardHead {
                     keys: 0,
-                    bytes: shard.0.len() as u64,
+                    bytes: encoded_len(shard) as u64,
                     stage,
                 })
             })
@@ -170,13 +189,21 @@ impl SnapshotWriter {
                 shards,
             },
         };
-        let bytes = parts
+        let Parts::Counting { shards: heads, .. } = &header.parts else {
+            return None;
+        };
+        let waiting = parts
             .stages
             .into_iter()
             .flatten()
-            .map(|shard| shard.0)
+            .zip(heads.iter().map(|head| head.bytes as usize))
             .collect();
-        Some(Self::with_body(header, words, Body::Shards(bytes)))
+        let body = Body::Shards(Shards {
+            waiting,
+            current: Vec::new(),
+            written: 0,
+        });
+        Some(Self::with_body(header, words, body))
     }
 
     fn with_body(mut header: Header, words: u64, body: Body) -> Self {

@@ -1,0 +1,101 @@
+//! The schema at start: the service's migrations and the guards' change
+//! feeds, each applied only if the database lacks it.
+
+use sqlx::migrate::Migrator;
+use sqlx::{Database as Backend, Executor, IntoArguments, Pool as SqlxPool};
+
+use super::{Database, MigrateError, Pool};
+
+static POSTGRES: Migrator = sqlx::migrate!("../../migrations");
+static SQLITE: Migrator = sqlx::migrate!("./sqlite");
+static MYSQL: Migrator = sqlx::migrate!("./mysql");
+
+impl Database {
+    /// Applies the migrations of this kind of database and installs the
+    /// guards' change feeds. A database that has them all costs one read
+    /// for the migrations (not sqlx's lock and `CREATE TABLE IF NOT
+    /// EXISTS`) and one per feed.
+    ///
+    /// # Errors
+    ///
+    /// If the database is unreachable or a migration fails.
+    pub async fn migrate(&self) -> Result<(), MigrateError> {
+        let (items, users) = (crate::items_feed(), crate::users_feed());
+        match self.pool.clone() {
+            Pool::Postgres(pool) => {
+                run_if_needed(&POSTGRES, &pool).await?;
+                bloom_guard_sqlx::install(&pool).await?;
+                items.install(&pool).await?;
+                users.install(&pool).await?;
+            }
+            Pool::Sqlite(pool) => {
+                run_if_needed(&SQLITE, &pool).await?;
+                items.install_sqlite(&pool).await?;
+                users.install_sqlite(&pool).await?;
+            }
+            Pool::MySql(pool) => {
+                run_if_needed(&MYSQL, &pool).await?;
+                items.install_mysql(&pool).await?;
+                users.install_mysql(&pool).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `migrator` unless every one of its migrations is recorded as
+/// applied with the same checksum; sqlx's own checks (a changed or failed
+/// migration) then say what is wrong.
+async fn run_if_needed<DB>(migrator: &Migrator, pool: &SqlxPool<DB>) -> Result<(), MigrateError>
+where
+    DB: Backend,
+    DB::Connection: sqlx::migrate::Migrate,
+    for<'c> &'c SqlxPool<DB>: Executor<'c, Database = DB>,
+    <DB as Backend>::Arguments: IntoArguments<DB>,
+    (i64, Vec<u8>): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    // A database without the table (a new one) fails here: sqlx creates it.
+    let applied: Vec<(i64, Vec<u8>)> =
+        sqlx::query_as("select version, checksum from _sqlx_migrations where success")
+            .fetch_all(pool)
+            .await
+            .unwrap_or_default();
+    if is_current(migrator, &applied) {
+        tracing::debug!("the migrations are applied");
+        return Ok(());
+    }
+    migrator.run(pool).await?;
+    Ok(())
+}
+
+/// Whether `applied` holds each of `migrator`'s migrations, checksum and all.
+fn is_current(migrator: &Migrator, applied: &[(i64, Vec<u8>)]) -> bool {
+    migrator
+        .iter()
+        .filter(|migration| migration.migration_type.is_up_migration())
+        .all(|migration| {
+            applied.iter().any(|(version, checksum)| {
+                *version == migration.version && checksum[..] == migration.checksum[..]
+            })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_or_changed_migration_is_not_current() {
+        let all: Vec<(i64, Vec<u8>)> = POSTGRES
+            .iter()
+            .map(|migration| (migration.version, migration.checksum.to_vec()))
+            .collect();
+        assert!(!all.is_empty());
+        assert!(is_current(&POSTGRES, &all));
+        assert!(!is_current(&POSTGRES, &all[1..]));
+        let mut changed = all.clone();
+        changed[0].1[0] ^= 1;
+        assert!(!is_current(&POSTGRES, &changed));
+        assert!(!is_current(&POSTGRES, &[]));
+    }
+}
