@@ -21,7 +21,7 @@ COPY --from=build /usr/local/bin/items-service /usr/local/bin/items-service
 USER items
 WORKDIR /data
 # mimalloc commits its arenas as pages are used, not ahead: a start's peak
-# memory at 10M keys 58 MiB instead of 71 (docs/benchmarks.md).
+# memory at 10M keys 58 MiB instead of 76 (docs/benchmarks.md).
 ENV BIND_ADDR=0.0.0.0:3000 \
     ADMIN_ADDR=0.0.0.0:3001 \
     RUST_LOG=info \

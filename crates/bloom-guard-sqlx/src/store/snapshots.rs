@@ -10,8 +10,8 @@ use sqlx::{AssertSqlSafe, Database, Decode, Encode, Executor, IntoArguments, Poo
 use crate::follow::{LoadError, SnapshotStore, Stored};
 
 /// Bytes per stored chunk: rows stay small, and a load or a publish holds
-/// about one chunk besides the filter (1 MiB, where 4 MiB added 9 MiB to
-/// a start's peak memory at 10M keys).
+/// about one chunk besides the filter (1 MiB: 4 MiB added about 6 MiB to
+/// a second start's peak memory at 10M keys).
 const CHUNK_BYTES: usize = 1 << 20;
 
 /// A backend's statements for its snapshot tables.

@@ -43,20 +43,21 @@ impl Database {
     }
 }
 
-/// Runs `migrator` unless every one of its migrations is recorded as
-/// applied with the same checksum; sqlx's own checks (a changed or failed
-/// migration) then say what is wrong.
+/// Runs `migrator` unless the database records exactly its migrations, each
+/// applied with the same checksum; otherwise sqlx's own checks (a changed,
+/// failed or unknown migration) say what is wrong. The table is sqlx's
+/// default, the one `sqlx::migrate!` uses.
 async fn run_if_needed<DB>(migrator: &Migrator, pool: &SqlxPool<DB>) -> Result<(), MigrateError>
 where
     DB: Backend,
     DB::Connection: sqlx::migrate::Migrate,
     for<'c> &'c SqlxPool<DB>: Executor<'c, Database = DB>,
     <DB as Backend>::Arguments: IntoArguments<DB>,
-    (i64, Vec<u8>): for<'r> sqlx::FromRow<'r, DB::Row>,
+    (i64, Vec<u8>, bool): for<'r> sqlx::FromRow<'r, DB::Row>,
 {
     // A database without the table (a new one) fails here: sqlx creates it.
-    let applied: Vec<(i64, Vec<u8>)> =
-        sqlx::query_as("select version, checksum from _sqlx_migrations where success")
+    let applied: Vec<(i64, Vec<u8>, bool)> =
+        sqlx::query_as("select version, checksum, success from _sqlx_migrations")
             .fetch_all(pool)
             .await
             .unwrap_or_default();
@@ -68,14 +69,17 @@ where
     Ok(())
 }
 
-/// Whether `applied` holds each of `migrator`'s migrations, checksum and all.
-fn is_current(migrator: &Migrator, applied: &[(i64, Vec<u8>)]) -> bool {
-    migrator
+/// Whether `applied` (version, checksum, success) is exactly `migrator`'s
+/// migrations, each applied with its checksum.
+fn is_current(migrator: &Migrator, applied: &[(i64, Vec<u8>, bool)]) -> bool {
+    let mut ups = migrator
         .iter()
-        .filter(|migration| migration.migration_type.is_up_migration())
-        .all(|migration| {
-            applied.iter().any(|(version, checksum)| {
-                *version == migration.version && checksum[..] == migration.checksum[..]
+        .filter(|migration| migration.migration_type.is_up_migration());
+    let count = ups.clone().count();
+    applied.len() == count
+        && ups.all(|migration| {
+            applied.iter().any(|(version, checksum, success)| {
+                *success && *version == migration.version && checksum[..] == migration.checksum[..]
             })
         })
 }
@@ -85,17 +89,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_missing_or_changed_migration_is_not_current() {
-        let all: Vec<(i64, Vec<u8>)> = POSTGRES
+    fn a_missing_changed_failed_or_unknown_migration_is_not_current() {
+        let all: Vec<(i64, Vec<u8>, bool)> = POSTGRES
             .iter()
-            .map(|migration| (migration.version, migration.checksum.to_vec()))
+            .map(|migration| (migration.version, migration.checksum.to_vec(), true))
             .collect();
         assert!(!all.is_empty());
         assert!(is_current(&POSTGRES, &all));
-        assert!(!is_current(&POSTGRES, &all[1..]));
+        assert!(!is_current(&POSTGRES, &all[1..]), "missing");
         let mut changed = all.clone();
         changed[0].1[0] ^= 1;
-        assert!(!is_current(&POSTGRES, &changed));
+        assert!(!is_current(&POSTGRES, &changed), "changed");
+        let mut failed = all.clone();
+        failed[0].2 = false;
+        assert!(!is_current(&POSTGRES, &failed), "failed");
+        let mut newer = all.clone();
+        newer.push((i64::MAX, vec![1], true));
+        assert!(!is_current(&POSTGRES, &newer), "a newer binary's");
         assert!(!is_current(&POSTGRES, &[]));
     }
 }

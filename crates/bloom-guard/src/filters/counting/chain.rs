@@ -11,9 +11,11 @@
 //! whose sum stays under twice the target however many keys arrive, and
 //! no key is ever moved.
 //!
-//! A key's copies live in whichever stage was newest when each of its rows
-//! arrived, so a delete must take a copy that stands for one of the key's
-//! rows. The stages are nested: each one's shard count is a multiple of
+//! A key's copies live in whichever stage took each of its rows (the
+//! newest when it arrived, or, for a scan's set, the newest when the set
+//! began), so a delete must take a copy that stands for one of the key's
+//! rows; what makes that safe is that the stages nest, not the order in
+//! which they took copies. The stages are nested: each one's shard count is a multiple of
 //! the one before (so two hashes in one shard of a later stage share a
 //! shard in every earlier one) and its fingerprints are at least as wide.
 //! Two keys that match in a later stage then match in every earlier one,

@@ -165,7 +165,9 @@ impl SnapshotWriter {
             })
             .collect();
         let words: u64 = shards.iter().map(|shard| shard.words()).sum();
-        let keys = filter.keys();
+        // The copies the shards of that moment hold (the filter's own count
+        // may have moved since).
+        let keys: u64 = parts.stages.iter().flatten().map(|shard| shard.len()).sum();
         if let Some(first) = shards.first_mut() {
             // The keys are counted once, on the first shard.
             first.keys = keys;
