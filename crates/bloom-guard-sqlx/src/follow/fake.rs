@@ -33,6 +33,8 @@ struct Db {
     commits: Notify,
     /// Lets a paused scan go on.
     resume_scans: Notify,
+    /// Lets a held position be taken.
+    resume_positions: Notify,
 }
 
 #[derive(Default)]
@@ -48,6 +50,8 @@ struct State {
     snapshots: Vec<(Vec<u8>, i64)>,
     lock_held: bool,
     pause_scans: bool,
+    /// Positions wait for `resume_positions` while set.
+    hold_positions: bool,
     events: Vec<&'static str>,
     reads: usize,
     /// Reads fail while set: the database is unreachable.
@@ -158,6 +162,13 @@ impl Database for Fake {
     }
 
     async fn position(&self) -> Result<Clock<usize>, sqlx::Error> {
+        while self.state().hold_positions {
+            let resumed = self.db.resume_positions.notified();
+            if !self.state().hold_positions {
+                break;
+            }
+            resumed.await;
+        }
         let mut state = self.state();
         state.events.push("position");
         state.clock += 1;
@@ -310,6 +321,7 @@ impl SnapshotStore for Fake {
     async fn load(&self, stored: &Stored) -> Result<Snapshot, LoadError> {
         let mut state = self.state();
         state.loads += 1;
+        state.events.push("load");
         let (bytes, _) = &state.snapshots[stored.id as usize - 1];
         let mut reader = SnapshotReader::new(bytes.len() as u64);
         reader.push(bytes)?;
@@ -411,6 +423,32 @@ async fn a_published_snapshot_is_adopted_instead_of_a_scan() {
     let second = run(&fake, true);
     until("ready", || second.guard.is_ready()).await;
     assert_eq!(fake.state().scans, 1, "the second follower scanned");
+    assert!(second.guard.may_contain("a") && second.guard.may_contain("after-the-snapshot"));
+}
+
+#[tokio::test]
+async fn a_start_reads_the_snapshot_while_its_position_is_taken_and_adopts_it() {
+    let fake = Fake::new();
+    fake.commit("a");
+    let first = run(&fake, true);
+    until("ready", || first.guard.is_ready()).await;
+    fake.commit("after-the-snapshot");
+    fake.state().hold_positions = true;
+    let second = run(&fake, true);
+    until("the snapshot read", || fake.state().loads == 1).await;
+    assert!(
+        !second.guard.is_ready(),
+        "adopted before the start's position"
+    );
+    fake.state().hold_positions = false;
+    fake.db.resume_positions.notify_waiters();
+    until("ready", || second.guard.is_ready()).await;
+    let state = fake.state();
+    assert_eq!(
+        (state.loads, state.scans),
+        (1, 1),
+        "the snapshot read twice, or scanned"
+    );
     assert!(second.guard.may_contain("a") && second.guard.may_contain("after-the-snapshot"));
 }
 

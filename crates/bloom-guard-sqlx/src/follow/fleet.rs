@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::catch_up::CatchUpError;
 use super::cost::Rates;
+use super::prefetch::Loaded;
 use super::{Clock, Database, Follower, LoadError, SnapshotStore, Stored};
 
 /// What the follower knows of the fleet's snapshots.
@@ -146,24 +147,25 @@ impl<B: Database> Follower<B> {
         let Some(fingerprint) = self.fleet().fingerprint.clone() else {
             return false;
         };
-        let stored = match self
-            .backend
-            .snapshots()
-            .newest(self.guard.name(), &fingerprint)
-            .await
-        {
-            Ok(Some(stored)) => stored,
-            Ok(None) => return false,
-            Err(error) => {
-                tracing::debug!(%error, "cannot list the filter's snapshots");
-                return false;
-            }
-        };
-        if !wanted(&stored) || self.fleet().refused.contains(&stored.id) {
-            return false;
-        }
         let started = Instant::now();
-        let snapshot = match self.backend.snapshots().load(&stored).await {
+        // What the start read ahead, else the newest snapshot now.
+        let loaded = match self.prefetched(&fingerprint).await {
+            Some(loaded)
+                if wanted(&loaded.stored) && !self.fleet().refused.contains(&loaded.stored.id) =>
+            {
+                loaded
+            }
+            _ => match self.load_newest(&fingerprint, wanted).await {
+                Some(loaded) => loaded,
+                None => return false,
+            },
+        };
+        let Loaded {
+            stored,
+            snapshot,
+            load: loaded,
+        } = loaded;
+        let snapshot = match snapshot {
             Ok(snapshot) => snapshot,
             Err(LoadError::Snapshot(error)) => return self.refuse(&stored, &error),
             Err(error) => {
@@ -171,7 +173,6 @@ impl<B: Database> Follower<B> {
                 return false;
             }
         };
-        let loaded = started.elapsed();
         let adoption = match self.guard.begin_adoption(snapshot, &fingerprint).await {
             Ok(adoption) => adoption,
             Err(error) => return self.refuse(&stored, &error),

@@ -12,6 +12,7 @@ pub(crate) mod dialects;
 mod fleet;
 mod group;
 mod maintain;
+mod prefetch;
 mod presence;
 mod reader;
 mod rebuild;
@@ -104,6 +105,8 @@ pub(crate) struct Follower<B: Database> {
     /// triggers installed again, a key column gone) until a rebuild has
     /// them.
     unrecorded: Mutex<Option<HoldOpen>>,
+    /// The start's snapshot, read while its other statements run.
+    prefetched: Mutex<Option<prefetch::Prefetch>>,
     /// Resyncs read so far: a rebuild releases `unrecorded` only if none
     /// came while it ran.
     resyncs: std::sync::atomic::AtomicU64,
@@ -161,6 +164,7 @@ impl<B: Database> Follower<B> {
             ascii_only: std::sync::atomic::AtomicBool::new(false),
             unsafe_key: Mutex::new(None),
             unrecorded: Mutex::new(None),
+            prefetched: Mutex::new(None),
             resyncs: std::sync::atomic::AtomicU64::new(0),
             #[cfg(test)]
             between_keys_and_position: None,
@@ -236,6 +240,8 @@ impl<B: Database> Follower<B> {
             }
         }
         stop.cancel();
+        // A snapshot still being read for a start that never adopted it.
+        drop(crate::lock::lock(&this.prefetched).take());
         let _ = wake_ups.await;
         this.backend.close().await;
         drop(presence);
@@ -252,7 +258,7 @@ impl<B: Database> Follower<B> {
     /// the feed every key committed after the position. `None` when the
     /// connections cannot keep a session (a pooler in transaction mode):
     /// logged once, and the follower stops.
-    async fn start(&self) -> Option<(B::Source, Clock<B::Position>)> {
+    async fn start(self: &Arc<Self>) -> Option<(B::Source, Clock<B::Position>)> {
         let mut pauses = retry_pauses();
         let mut session_checked = false;
         loop {
@@ -266,6 +272,8 @@ impl<B: Database> Follower<B> {
             };
             let attempt = async {
                 let keys = self.backend.key_source().await?;
+                // The snapshot's bytes come while the statements below run.
+                self.prefetch(&keys.fingerprint);
                 {
                     let mut fleet = self.fleet();
                     fleet.fingerprint = Some(keys.fingerprint);

@@ -14,7 +14,7 @@ impl Database {
     /// Applies the migrations of this kind of database and installs the
     /// guards' change feeds. A database that has them all costs one read
     /// for the migrations (not sqlx's lock and `CREATE TABLE IF NOT
-    /// EXISTS`) and one per feed.
+    /// EXISTS`) and one per feed, the feeds' side by side.
     ///
     /// # Errors
     ///
@@ -25,8 +25,8 @@ impl Database {
             Pool::Postgres(pool) => {
                 run_if_needed(&POSTGRES, &pool).await?;
                 bloom_guard_sqlx::install(&pool).await?;
-                items.install(&pool).await?;
-                users.install(&pool).await?;
+                // Each checks its table in one statement; side by side.
+                tokio::try_join!(items.install(&pool), users.install(&pool))?;
             }
             Pool::Sqlite(pool) => {
                 run_if_needed(&SQLITE, &pool).await?;
