@@ -8,6 +8,8 @@ mod feed;
 mod fleet;
 mod install;
 mod listen;
+#[cfg(feature = "log-feed")]
+mod log;
 mod notifier;
 mod privileges;
 mod session;

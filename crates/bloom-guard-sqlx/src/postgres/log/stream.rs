@@ -1,0 +1,264 @@
+//! A logical replication slot, streamed: each committed transaction's feed
+//! rows, in commit order, once.
+//!
+//! The slot sends again what it sent since the position it last saved
+//! (after a crash, or a reconnect before an acknowledgement reached it).
+//! A transaction is identified by its commit's end position, which grows
+//! with commit order: one at or before `after` was applied already and is
+//! skipped, so no change is applied twice (a delete applied twice would
+//! remove another key's fingerprint).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
+
+use super::pgoutput::{self, Message, Relation};
+use super::rows::{FeedRow, KeyColumns, RelationError};
+
+/// A table the log feeds, and the guards that watch it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LoggedTable {
+    pub(crate) schema: String,
+    pub(crate) table: String,
+    /// Each guard watching it, with its key columns.
+    pub(crate) guards: Vec<(String, Vec<String>)>,
+}
+
+/// What the stream brings next.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A committed transaction's feed rows (none if it changed no watched
+    /// key), at its commit's end position.
+    Committed { end: u64, rows: Vec<FeedRow> },
+    /// Every transaction before `wal_end` was sent: the server said so
+    /// with no transaction open.
+    CaughtUp { wal_end: u64 },
+}
+
+/// Why the stream stopped.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StreamError {
+    #[error("the replication connection failed")]
+    Replication(#[source] pgwire_replication::PgWireError),
+    #[error("the replication stream ended")]
+    Ended,
+    #[error(transparent)]
+    Decode(#[from] pgoutput::DecodeError),
+    #[error("a change of relation {0} came before its description")]
+    UnknownRelation(u32),
+    #[error("the log cannot follow a watched table: {0}")]
+    Relation(#[from] RelationError),
+    #[error("the database URL cannot open a replication connection: {0}")]
+    Url(String),
+}
+
+/// Each guard watching a table, with its key columns, by (schema, table).
+type Watched = HashMap<(String, String), Vec<(String, Vec<String>)>>;
+
+/// A slot's stream of committed transactions.
+pub(crate) struct LogStream {
+    client: ReplicationClient,
+    watched: Watched,
+    /// Key columns by relation id, for the watched relations described so
+    /// far; an empty list for a relation no guard watches.
+    relations: HashMap<u32, Vec<KeyColumns>>,
+    /// The rows of the transaction being received, if one is open.
+    open: Option<Vec<FeedRow>>,
+    /// The end of the last transaction applied.
+    after: u64,
+}
+
+impl LogStream {
+    /// Streams `slot` for `publication`, skipping transactions that end at
+    /// or before `after` (applied already).
+    pub(crate) async fn start(
+        url: &str,
+        slot: &str,
+        publication: &str,
+        tables: &[LoggedTable],
+        after: u64,
+    ) -> Result<Self, StreamError> {
+        let config = config(url, slot, publication)?
+            .with_ack_lsn(Lsn::from_u64(after))
+            .with_status_interval(Duration::from_secs(1));
+        let client = ReplicationClient::connect(config)
+            .await
+            .map_err(StreamError::Replication)?;
+        let watched = tables
+            .iter()
+            .map(|table| {
+                (
+                    (table.schema.clone(), table.table.clone()),
+                    table.guards.clone(),
+                )
+            })
+            .collect();
+        Ok(Self {
+            client,
+            watched,
+            relations: HashMap::new(),
+            open: None,
+            after,
+        })
+    }
+
+    /// The next committed transaction, or word that the stream caught up.
+    pub(crate) async fn next(&mut self) -> Result<Event, StreamError> {
+        loop {
+            let event = self
+                .client
+                .recv()
+                .await
+                .map_err(StreamError::Replication)?
+                .ok_or(StreamError::Ended)?;
+            match event {
+                ReplicationEvent::Begin { .. } => self.open = Some(Vec::new()),
+                ReplicationEvent::XLogData { data, .. } => self.change(&data)?,
+                ReplicationEvent::Commit { end_lsn, .. } => {
+                    let rows = self.open.take().unwrap_or_default();
+                    let end = end_lsn.as_u64();
+                    if end > self.after {
+                        return Ok(Event::Committed { end, rows });
+                    }
+                }
+                ReplicationEvent::KeepAlive { wal_end, .. } if self.open.is_none() => {
+                    return Ok(Event::CaughtUp {
+                        wal_end: wal_end.as_u64(),
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Tells the server every transaction up to `end` is applied: the slot
+    /// keeps no log before it.
+    pub(crate) fn applied(&mut self, end: u64) {
+        self.after = self.after.max(end);
+        self.client.update_applied_lsn(Lsn::from_u64(self.after));
+    }
+
+    /// Stops the stream, saying so to the server.
+    pub(crate) async fn stop(mut self) {
+        let _ = self.client.shutdown().await;
+    }
+
+    fn change(&mut self, data: &[u8]) -> Result<(), StreamError> {
+        let message = pgoutput::decode(data)?;
+        match &message {
+            Message::Relation(relation) => {
+                let keys = self.key_columns(relation)?;
+                self.relations.insert(relation.id, keys);
+            }
+            Message::Insert { relation, .. }
+            | Message::Update { relation, .. }
+            | Message::Delete { relation, .. } => {
+                let keys = self
+                    .relations
+                    .get(relation)
+                    .ok_or(StreamError::UnknownRelation(*relation))?;
+                let rows = self.open.get_or_insert_with(Vec::new);
+                for key_columns in keys {
+                    key_columns.rows(&message, rows);
+                }
+            }
+            Message::Truncate { relations } => {
+                let rows = self.open.get_or_insert_with(Vec::new);
+                for relation in relations {
+                    let keys = self
+                        .relations
+                        .get(relation)
+                        .ok_or(StreamError::UnknownRelation(*relation))?;
+                    for key_columns in keys {
+                        key_columns.rows(&message, rows);
+                    }
+                }
+            }
+            Message::Other => {}
+        }
+        Ok(())
+    }
+
+    /// The guards' key columns in a newly described relation.
+    fn key_columns(&self, relation: &Relation) -> Result<Vec<KeyColumns>, RelationError> {
+        let name = (relation.namespace.clone(), relation.name.clone());
+        let Some(guards) = self.watched.get(&name) else {
+            return Ok(Vec::new());
+        };
+        guards
+            .iter()
+            .map(|(guard, columns)| KeyColumns::of(relation, guard, columns))
+            .collect()
+    }
+}
+
+/// A replication connection's settings from a `postgres://` URL: host,
+/// port, user, password and database; a Unix socket as `host=/dir`.
+fn config(url: &str, slot: &str, publication: &str) -> Result<ReplicationConfig, StreamError> {
+    let bad = |why: &str| StreamError::Url(why.to_owned());
+    let url = url::Url::parse(url).map_err(|error| bad(&error.to_string()))?;
+    if !matches!(url.scheme(), "postgres" | "postgresql") {
+        return Err(bad("not a postgres:// URL"));
+    }
+    let decode = |text: &str| {
+        percent_encoding::percent_decode_str(text)
+            .decode_utf8()
+            .map(|text| text.into_owned())
+            .map_err(|_| bad("not UTF-8"))
+    };
+    let mut host = url.host_str().unwrap_or("localhost").to_owned();
+    let mut port = url.port().unwrap_or(5432);
+    let mut user = decode(url.username())?;
+    let mut database = decode(url.path().trim_start_matches('/'))?;
+    for (name, value) in url.query_pairs() {
+        match &*name {
+            "host" => host = value.into_owned(),
+            "port" => {
+                port = value
+                    .parse()
+                    .map_err(|_| bad("a port that is not a number"))?;
+            }
+            "user" => user = value.into_owned(),
+            "dbname" => database = value.into_owned(),
+            "sslmode" if !matches!(&*value, "disable" | "allow" | "prefer") => {
+                return Err(bad(
+                    "the log reader connects without TLS (sslmode=disable or prefer)",
+                ));
+            }
+            _ => {}
+        }
+    }
+    if user.is_empty() {
+        user = "postgres".to_owned();
+    }
+    if database.is_empty() {
+        database.clone_from(&user);
+    }
+    let password = url.password().map(decode).transpose()?.unwrap_or_default();
+    Ok(ReplicationConfig::new(host, user, password, database, slot, publication).with_port(port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_gives_its_host_port_user_password_and_database() {
+        let tcp = config("postgres://app:p%40ss@db.example:6432/shop", "s", "p").unwrap();
+        assert_eq!(
+            (
+                &*tcp.host,
+                tcp.port,
+                &*tcp.user,
+                &*tcp.password,
+                &*tcp.database
+            ),
+            ("db.example", 6432, "app", "p@ss", "shop")
+        );
+        let socket = config("postgres:///shop?host=/run/postgresql", "s", "p").unwrap();
+        assert!(socket.is_unix_socket());
+        assert!(config("mysql://x/y", "s", "p").is_err());
+        assert!(config("postgres://h/d?sslmode=require", "s", "p").is_err());
+    }
+}
