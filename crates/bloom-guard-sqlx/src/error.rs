@@ -49,6 +49,14 @@ pub enum FeedError {
     /// column or a setting must change.
     #[error("no key type compares the key as the database does, so the guard could never refuse one: {0}")]
     Uncomparable(String),
+    /// The table is fed by the write-ahead log (Postgres's log feed): the
+    /// feed's triggers on it would write every change a second time, and
+    /// a delete applied twice can remove another key. Take it off the log
+    /// feed first; switching feeds is a rebuild. Not retried.
+    #[error(
+        "{0} is fed by the write-ahead log; a table has one feed: take it off the log feed first"
+    )]
+    LogFed(String),
 }
 
 /// `error: cause: cause`, for a log line.

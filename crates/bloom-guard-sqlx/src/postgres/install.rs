@@ -74,7 +74,8 @@ pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
 
 /// Removes the change feed from the database: schema `bloom_guard` with
 /// its tables, functions and snapshots, and (through them) the feed's
-/// triggers on every watched table. Followers still running report a gap
+/// triggers on every watched table; and the log feed's publication and
+/// slot, if it had them (stopping the slot's reader). Followers still running report a gap
 /// and let every request through. Run it with the feed's owner.
 ///
 /// # Errors
@@ -92,10 +93,55 @@ pub async fn uninstall(pool: &PgPool) -> Result<(), FeedError> {
     schema_script(
         pool,
         "uninstall",
-        "drop schema if exists bloom_guard cascade;",
+        "drop schema if exists bloom_guard cascade;
+         drop publication if exists bloom_guard;",
     )
     .await?;
+    drop_log_slot(pool).await?;
     tracing::info!("removed the bloom-guard change feed");
+    Ok(())
+}
+
+/// Drops the database's log feed slot, if there is one: a slot no one
+/// reads keeps the server's write-ahead log. Its reader, if any, is
+/// stopped first.
+async fn drop_log_slot(pool: &PgPool) -> Result<(), sqlx::Error> {
+    const SLOT: &str = "(select 'bloom_guard_' operator(pg_catalog.||) d.oid::text
+                           from pg_catalog.pg_database d
+                          where d.datname = pg_catalog.current_database())";
+    for _ in 0..50 {
+        let (present, active): (bool, bool) = sqlx::query_as(AssertSqlSafe(format!(
+            "select count(*) > 0, coalesce(bool_or(s.active), false)
+               from pg_catalog.pg_replication_slots s where s.slot_name = {SLOT}"
+        )))
+        .fetch_one(pool)
+        .await?;
+        if !present {
+            return Ok(());
+        }
+        if active {
+            sqlx::query(AssertSqlSafe(format!(
+                "select pg_catalog.pg_terminate_backend(s.active_pid)
+                   from pg_catalog.pg_replication_slots s
+                  where s.slot_name = {SLOT} and s.active_pid is not null"
+            )))
+            .execute(pool)
+            .await?;
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        }
+        let dropped = sqlx::query(AssertSqlSafe(format!(
+            "select pg_catalog.pg_drop_replication_slot(s.slot_name)
+               from pg_catalog.pg_replication_slots s where s.slot_name = {SLOT}"
+        )))
+        .execute(pool)
+        .await;
+        match dropped {
+            // Taken again between the look and the drop: look again.
+            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55006") => {}
+            other => return other.map(drop),
+        }
+    }
     Ok(())
 }
 

@@ -24,6 +24,9 @@ impl Watch {
             &self.table,
             &super::catalog::key_columns(pool, self).await?,
         )?;
+        if self.is_log_fed(pool).await? {
+            return Err(FeedError::LogFed(self.table.clone()));
+        }
         retrying_locks("watch", || self.watch_once(pool)).await?;
         Ok(())
     }
@@ -59,6 +62,24 @@ impl Watch {
         crate::follow::column::key_type_for(&self.table, &columns, self.key_columns.len())?.map_err(
             |collation| FeedError::Uncomparable(format!("{}: collation {collation}", self.table)),
         )
+    }
+
+    /// Whether the log feed feeds the table (for any guard): it has one
+    /// feed. False where the log feed was never installed.
+    async fn is_log_fed(&self, pool: &sqlx::PgPool) -> Result<bool, sqlx::Error> {
+        let installed: bool =
+            sqlx::query_scalar("select pg_catalog.to_regclass('bloom_guard.logged') is not null")
+                .fetch_one(pool)
+                .await?;
+        if !installed {
+            return Ok(false);
+        }
+        sqlx::query_scalar(
+            "select exists (select from bloom_guard.logged where rel = $1::regclass)",
+        )
+        .bind(&self.table)
+        .fetch_one(pool)
+        .await
     }
 
     /// Whether the table is watched with this key, every trigger in place

@@ -2,12 +2,16 @@
 //! a logical replication slot streamed with `pgoutput`, each committed
 //! transaction's key changes in commit order, once, as the feed's triggers
 //! record them. The parts so far: the messages' decoding (`pgoutput`),
-//! a change's feed rows (`rows`), and the slot's stream (`stream`).
+//! a change's feed rows (`rows`), the slot's stream (`stream`), a table
+//! put on the log feed (`install`), and the producer that writes the
+//! stream to the feed (`producer`).
 // The follower takes these up with the log feed's producer; until then
 // only the tests use them.
 #![cfg_attr(not(test), allow(dead_code))]
 
+mod install;
 mod pgoutput;
+mod producer;
 mod rows;
 mod stream;
 

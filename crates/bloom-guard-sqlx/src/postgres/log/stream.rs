@@ -16,7 +16,8 @@ use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationE
 use super::pgoutput::{self, Message, Relation};
 use super::rows::{FeedRow, KeyColumns, RelationError};
 
-/// A table the log feeds, and the guards that watch it.
+/// A table the log feeds, and the guards that watch it (none: a table
+/// published for another reason, whose changes are passed over).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LoggedTable {
     pub(crate) schema: String,
@@ -47,6 +48,10 @@ pub(crate) enum StreamError {
     Decode(#[from] pgoutput::DecodeError),
     #[error("a change of relation {0} came before its description")]
     UnknownRelation(u32),
+    /// The publication has a table the stream was not told of: one put on
+    /// the log feed since it started. Start again with the tables now.
+    #[error("{0}.{1} is published but not among the stream's tables")]
+    Unwatched(String, String),
     #[error("the log cannot follow a watched table: {0}")]
     Relation(#[from] RelationError),
     #[error("the database URL cannot open a replication connection: {0}")]
@@ -180,16 +185,19 @@ impl LogStream {
         Ok(())
     }
 
-    /// The guards' key columns in a newly described relation.
-    fn key_columns(&self, relation: &Relation) -> Result<Vec<KeyColumns>, RelationError> {
+    /// The guards' key columns in a newly described relation: none for a
+    /// table given without guards, an error for one not given at all (a
+    /// change of it is not acknowledged, and comes again to a stream
+    /// started with it).
+    fn key_columns(&self, relation: &Relation) -> Result<Vec<KeyColumns>, StreamError> {
         let name = (relation.namespace.clone(), relation.name.clone());
         let Some(guards) = self.watched.get(&name) else {
-            return Ok(Vec::new());
+            return Err(StreamError::Unwatched(name.0, name.1));
         };
-        guards
+        Ok(guards
             .iter()
             .map(|(guard, columns)| KeyColumns::of(relation, guard, columns))
-            .collect()
+            .collect::<Result<_, _>>()?)
     }
 }
 

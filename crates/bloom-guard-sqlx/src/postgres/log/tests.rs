@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
+use super::install::LogInstallError;
+use super::producer::Producer;
 use super::rows::FeedRow;
 use super::stream::{Event, LogStream, LoggedTable};
 
@@ -46,11 +48,18 @@ impl Slot {
     /// A stream of the slot for guard `items` over `public.items`' `key`,
     /// published as `bloom_guard_test`.
     async fn stream(&self, after: u64) -> LogStream {
-        let tables = [LoggedTable {
-            schema: "public".into(),
-            table: "items".into(),
-            guards: vec![("items".into(), vec!["key".into()])],
-        }];
+        let tables = [
+            LoggedTable {
+                schema: "public".into(),
+                table: "items".into(),
+                guards: vec![("items".into(), vec!["key".into()])],
+            },
+            LoggedTable {
+                schema: "public".into(),
+                table: "other".into(),
+                guards: Vec::new(),
+            },
+        ];
         LogStream::start(&self.url, &self.name, "bloom_guard_test", &tables, after)
             .await
             .expect("stream the slot")
@@ -251,4 +260,186 @@ async fn a_truncate_streams_a_truncation_of_the_guard(pool: PgPool) {
         ]
     );
     stream.stop().await;
+}
+
+/// Each key's count in the feed's rows of guard `items`: inserts less
+/// deletes, the keys left non-zero.
+async fn feed_counts(pool: &PgPool) -> BTreeMap<String, i64> {
+    sqlx::query_as::<_, (String, i64)>(
+        "select key, sum(case kind when 'i' then 1 when 'd' then -1 else 0 end)::int8
+           from bloom_guard.changes where guard = 'items' group by key
+         having sum(case kind when 'i' then 1 when 'd' then -1 else 0 end) <> 0",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("feed rows")
+    .into_iter()
+    .collect()
+}
+
+async fn table_counts(pool: &PgPool) -> BTreeMap<String, i64> {
+    sqlx::query_scalar::<_, String>("select key from items")
+        .fetch_all(pool)
+        .await
+        .expect("keys")
+        .into_iter()
+        .map(|key| (key, 1))
+        .collect()
+}
+
+/// Waits until the feed holds `key`.
+async fn until_fed(pool: &PgPool, key: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let fed: bool = sqlx::query_scalar(
+            "select exists (select from bloom_guard.changes where guard = 'items' and key = $1)",
+        )
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .expect("look at the feed");
+        if fed {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{key} never reached the feed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Stops the slot's reader, as a network fault or a killed instance does.
+async fn kill_reader(pool: &PgPool, slot: &str) {
+    sqlx::query(
+        "select pg_terminate_backend(active_pid) from pg_replication_slots
+          where slot_name = $1 and active_pid is not null",
+    )
+    .bind(slot)
+    .execute(pool)
+    .await
+    .expect("terminate the reader");
+}
+
+/// The feed, the log feed's tables and `items` on it.
+async fn log_fed_items(pool: &PgPool) -> (String, Slot) {
+    let url = url_of(pool).await;
+    crate::install(pool).await.expect("install the feed");
+    exec(
+        pool,
+        "create table items (id bigint primary key, key text not null unique);
+         alter table items replica identity using index items_key_key;",
+    )
+    .await;
+    crate::Watch::table("items")
+        .key("key")
+        .install_log(pool)
+        .await
+        .expect("put items on the log feed");
+    let slot = Slot {
+        name: super::install::slot_name(pool).await.expect("slot name"),
+        url: url.clone(),
+    };
+    (url, slot)
+}
+
+#[sqlx::test(migrations = false)]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn two_producers_write_each_change_once_through_killed_connections(pool: PgPool) {
+    let (url, slot) = log_fed_items(&pool).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    for _ in 0..2 {
+        let producer = Producer::new(pool.clone(), &url).await.expect("producer");
+        tokio::spawn(producer.run(stop.clone()));
+    }
+    let statements = [
+        "insert into items (id, key) values (1, 'a'), (2, 'b'), (3, 'c')",
+        "update items set key = 'a2' where id = 1",
+        "update items set id = 20 where id = 2",
+        "insert into items (id, key) values (4, 'd') on conflict (id) do update set key = excluded.key",
+        "insert into items (id, key) values (4, 'd4') on conflict (id) do update set key = excluded.key",
+        "merge into items t using (values (5, 'e'), (3, 'c3')) s(id, key) on t.id = s.id
+           when matched then update set key = s.key when not matched then insert (id, key) values (s.id, s.key)",
+        "begin; delete from items where id = 20; insert into items (id, key) values (6, 'b'); commit",
+        "delete from items where key = 'e'",
+        "copy items (id, key) from program 'printf \"8\\tf\\n9\\tg\\n\"'",
+    ];
+    for (n, sql) in statements.iter().enumerate() {
+        exec(&pool, sql).await;
+        until_fed(&pool, "a").await;
+        // The reader goes down mid-stream, before the server heard of
+        // what was written: the slot sends it again, to either producer.
+        if n % 3 == 2 {
+            kill_reader(&pool, &slot.name).await;
+        }
+    }
+    exec(&pool, "insert into items (id, key) values (100, 'end')").await;
+    until_fed(&pool, "end").await;
+    assert_eq!(feed_counts(&pool).await, table_counts(&pool).await);
+
+    // Both stopped, their reader killed before the server heard of the
+    // last acknowledgement: a producer started again is sent what the
+    // server did not hear of, and writes only what is new.
+    stop.cancel();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    kill_reader(&pool, &slot.name).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let producer = Producer::new(pool.clone(), &url).await.expect("producer");
+    tokio::spawn(producer.run(stop.clone()));
+    exec(&pool, "insert into items (id, key) values (101, 'after')").await;
+    until_fed(&pool, "after").await;
+    assert_eq!(feed_counts(&pool).await, table_counts(&pool).await);
+    stop.cancel();
+}
+
+#[sqlx::test(migrations = false)]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_table_has_one_feed_and_a_key_the_log_cannot_carry_is_refused(pool: PgPool) {
+    let (_url, _slot) = log_fed_items(&pool).await;
+    let triggers = crate::Watch::table("items").key("key").install(&pool).await;
+    assert!(
+        matches!(triggers, Err(crate::FeedError::LogFed(_))),
+        "{triggers:?}"
+    );
+    exec(
+        &pool,
+        "create table watched (key text primary key);
+         create table by_id (id bigint primary key, key text not null unique);
+         create table full_rows (id bigint primary key, key text not null);
+         alter table full_rows replica identity full;",
+    )
+    .await;
+    crate::Watch::table("watched")
+        .key("key")
+        .install(&pool)
+        .await
+        .expect("watch with triggers");
+    let log = crate::Watch::table("watched")
+        .key("key")
+        .install_log(&pool)
+        .await;
+    assert!(matches!(log, Err(LogInstallError::Triggers(_))), "{log:?}");
+    let by_id = crate::Watch::table("by_id")
+        .key("key")
+        .install_log(&pool)
+        .await;
+    assert!(
+        matches!(by_id, Err(LogInstallError::Identity { .. })),
+        "{by_id:?}"
+    );
+    crate::Watch::table("full_rows")
+        .key("key")
+        .install_log(&pool)
+        .await
+        .expect("a full replica identity carries the key");
+    // Uninstalled, nothing of the log feed is left on the server.
+    crate::uninstall(&pool).await.expect("uninstall");
+    let left: i64 = sqlx::query_scalar(
+        "select (select count(*) from pg_replication_slots where database = current_database())
+              + (select count(*) from pg_publication)",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(left, 0);
 }

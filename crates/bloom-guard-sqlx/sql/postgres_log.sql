@@ -1,0 +1,22 @@
+-- The log feed's tables, over the change feed's schema (installed first):
+-- which tables the write-ahead log feeds, for which guards, and how far
+-- each slot's producer wrote. Idempotent.
+
+-- A table fed by the log for `guard`: never also by the feed's triggers
+-- (two copies of a change would apply its delete twice).
+create table if not exists bloom_guard.logged (
+    guard text not null,
+    rel regclass not null,
+    key_columns text[] not null,
+    primary key (guard, rel)
+);
+
+-- The end of the last transaction a slot's producer wrote to the feed, in
+-- the same transaction as its rows: a transaction the slot sends again ends
+-- at or before it, and is skipped.
+create table if not exists bloom_guard.log_progress (
+    slot text primary key,
+    applied pg_lsn not null
+);
+
+revoke all on bloom_guard.logged, bloom_guard.log_progress from public;

@@ -1,0 +1,191 @@
+//! Putting a table on the log feed: its replica identity checked, the
+//! table in the publication, the slot made, and never a table the
+//! triggers feed.
+
+use sqlx::PgPool;
+
+use super::stream::LoggedTable;
+use crate::postgres::install::{retrying_locks, DDL_LOCK_TIMEOUT};
+use crate::watch::Watch;
+
+/// The log feed's publication, one per database.
+pub(crate) const PUBLICATION: &str = "bloom_guard";
+
+/// The log feed's slot of the database `pool` reaches. Slots are the
+/// server's, not a database's: the name carries the database's OID.
+pub(crate) async fn slot_name(pool: &PgPool) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(
+        "select 'bloom_guard_' operator(pg_catalog.||) d.oid::text from pg_catalog.pg_database d
+          where d.datname = pg_catalog.current_database()",
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// The log feed's tables, over the change feed's schema.
+const LOG_SQL: &str = include_str!("../../../sql/postgres_log.sql");
+
+/// Why a table cannot be put on the log feed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LogInstallError {
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    #[error("the log feed needs wal_level=logical (it is {0}): `alter system set wal_level = logical` and a restart")]
+    WalLevel(String),
+    #[error("{0} is fed by the feed's triggers: unwatch it first (switching feeds is a rebuild)")]
+    Triggers(String),
+    #[error("{table}: a delete would not carry key column {column}, which is not in the replica identity; make the key the primary key, `alter table {table} replica identity using index` a unique index on it, or `replica identity full` (every update and delete then logs the whole old row)")]
+    Identity { table: String, column: String },
+}
+
+impl Watch {
+    /// Puts the table on the log feed: from then on every committed change
+    /// of its key reaches the feed through the slot, with no trigger on
+    /// the table. Needs `wal_level=logical`, a role that may create the
+    /// publication and the slot (REPLICATION), the feed installed, and a
+    /// replica identity that holds the key. Idempotent.
+    pub(crate) async fn install_log(&self, pool: &PgPool) -> Result<(), LogInstallError> {
+        let wal_level: String =
+            sqlx::query_scalar("select pg_catalog.current_setting('wal_level')")
+                .fetch_one(pool)
+                .await?;
+        if wal_level != "logical" {
+            return Err(LogInstallError::WalLevel(wal_level));
+        }
+        let triggers: bool = sqlx::query_scalar(
+            "select exists (select from bloom_guard.watched where rel = $1::regclass)",
+        )
+        .bind(&self.table)
+        .fetch_one(pool)
+        .await?;
+        if triggers {
+            return Err(LogInstallError::Triggers(self.table.clone()));
+        }
+        self.check_identity(pool).await?;
+        retrying_locks("install the log feed", || self.log_once(pool)).await?;
+        // Outside the transaction above: a slot is made on its own.
+        sqlx::query(
+            "select pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')
+              where not exists (select from pg_catalog.pg_replication_slots where slot_name = $1)",
+        )
+        .bind(slot_name(pool).await?)
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The tables, the table's row and its place in the publication, in
+    /// one transaction under the feed's install lock.
+    async fn log_once(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        sqlx::query(
+            "select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'))",
+        )
+        .execute(&mut *tx)
+        .await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "set local lock_timeout = '{DDL_LOCK_TIMEOUT}'; set local client_min_messages = warning; {LOG_SQL}"
+        )))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "insert into bloom_guard.logged (guard, rel, key_columns) values ($1, $2::regclass, $3)
+             on conflict (guard, rel) do update set key_columns = excluded.key_columns",
+        )
+        .bind(self.feed_name())
+        .bind(&self.table)
+        .bind(&self.key_columns)
+        .execute(&mut *tx)
+        .await?;
+        let (name, published): (String, bool) = sqlx::query_as(
+            "select $1::regclass::text,
+                    exists (select from pg_catalog.pg_publication_tables
+                             where pubname = $2 and (schemaname, tablename) =
+                                   (select n.nspname, c.relname from pg_catalog.pg_class c
+                                      join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+                                     where c.oid = $1::regclass))",
+        )
+        .bind(&self.table)
+        .bind(PUBLICATION)
+        .fetch_one(&mut *tx)
+        .await?;
+        // The name as Postgres prints a regclass: quoted where it must be.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "do $publication$ begin
+                 if not exists (select from pg_catalog.pg_publication where pubname = '{PUBLICATION}') then
+                     create publication {PUBLICATION} with (publish_via_partition_root = true);
+                 end if;
+             end $publication$;
+             {add}",
+            add = if published {
+                String::new()
+            } else {
+                format!("alter publication {PUBLICATION} add table {name};")
+            }
+        )))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await
+    }
+
+    /// Refuses a table whose replica identity lacks a key column: its
+    /// deletes would reach the log without their key.
+    async fn check_identity(&self, pool: &PgPool) -> Result<(), LogInstallError> {
+        let (identity, columns): (String, Vec<String>) = sqlx::query_as(
+            "select c.relreplident::pg_catalog.text,
+                    coalesce((select pg_catalog.array_agg(a.attname::text)
+                                from pg_catalog.pg_index i
+                                join pg_catalog.pg_attribute a
+                                  on a.attrelid = i.indrelid and a.attnum = any (i.indkey)
+                               where i.indrelid = c.oid
+                                 and ((c.relreplident = 'd' and i.indisprimary)
+                                      or (c.relreplident = 'i' and i.indisreplident))),
+                             '{}')
+               from pg_catalog.pg_class c where c.oid = $1::regclass",
+        )
+        .bind(&self.table)
+        .fetch_one(pool)
+        .await?;
+        if identity == "f" {
+            return Ok(());
+        }
+        match self
+            .key_columns
+            .iter()
+            .find(|column| !columns.contains(column))
+        {
+            Some(column) => Err(LogInstallError::Identity {
+                table: self.table.clone(),
+                column: column.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The tables the log feeds, and each one's guards and key columns.
+pub(crate) async fn logged_tables(pool: &PgPool) -> Result<Vec<LoggedTable>, sqlx::Error> {
+    let rows: Vec<(String, String, String, Vec<String>)> = sqlx::query_as(
+        "select n.nspname::text, c.relname::text, l.guard, l.key_columns
+           from bloom_guard.logged l
+           join pg_catalog.pg_class c on c.oid = l.rel
+           join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+          order by 1, 2, 3",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut tables: Vec<LoggedTable> = Vec::new();
+    for (schema, table, guard, columns) in rows {
+        match tables.last_mut() {
+            Some(last) if last.schema == schema && last.table == table => {
+                last.guards.push((guard, columns));
+            }
+            _ => tables.push(LoggedTable {
+                schema,
+                table,
+                guards: vec![(guard, columns)],
+            }),
+        }
+    }
+    Ok(tables)
+}
