@@ -13,6 +13,22 @@ use super::producer::Producer;
 use super::rows::FeedRow;
 use super::stream::{Event, LogStream, LoggedTable};
 
+/// Raw SQL of every kind on `items (id bigint primary key, key text)`:
+/// key and id updates, upserts, MERGE, a delete and a re-insert of the
+/// key in one transaction, COPY.
+const RAW_SQL: [&str; 9] = [
+    "insert into items (id, key) values (1, 'a'), (2, 'b'), (3, 'c')",
+    "update items set key = 'a2' where id = 1",
+    "update items set id = 20 where id = 2",
+    "insert into items (id, key) values (4, 'd') on conflict (id) do update set key = excluded.key",
+    "insert into items (id, key) values (4, 'd4') on conflict (id) do update set key = excluded.key",
+    "merge into items t using (values (5, 'e'), (3, 'c3')) s(id, key) on t.id = s.id
+       when matched then update set key = s.key when not matched then insert (id, key) values (s.id, s.key)",
+    "begin; delete from items where id = 20; insert into items (id, key) values (6, 'b'); commit",
+    "delete from items where key = 'e'",
+    "copy items (id, key) from program 'printf \"8\\tf\\n9\\tg\\n\"'",
+];
+
 /// A logical slot of the test's database, dropped on drop (also when the
 /// test fails): a slot left behind keeps the server's log and its
 /// database from being dropped.
@@ -156,21 +172,11 @@ async fn raw_sql_of_every_kind_streams_the_rows_the_table_holds(pool: PgPool) {
     .await;
     let slot = Slot::create(&pool, &url).await;
     let mut stream = slot.stream(0).await;
-    let statements = [
-        "insert into items (id, key) values (1, 'a'), (2, 'b'), (3, 'c')",
-        "update items set key = 'a2' where id = 1",
-        "update items set id = 20 where id = 2",
+    let statements = RAW_SQL.iter().chain(&[
         "update items set note = repeat('x', 100000) where id = 3",
-        "insert into items (id, key) values (4, 'd') on conflict (id) do update set key = excluded.key",
-        "insert into items (id, key) values (4, 'd4') on conflict (id) do update set key = excluded.key",
-        "merge into items t using (values (5, 'e'), (3, 'c3')) s(id, key) on t.id = s.id
-           when matched then update set key = s.key when not matched then insert (id, key) values (s.id, s.key)",
-        "begin; delete from items where id = 20; insert into items (id, key) values (6, 'b'); commit",
-        "delete from items where key = 'e'",
         "insert into other values (1)",
         "begin; insert into items (id, key) values (7, 'rolled back'); rollback",
-        "copy items (id, key) from program 'printf \"8\\tf\\n9\\tg\\n\"'",
-    ];
+    ]);
     for sql in statements {
         exec(&pool, sql).await;
     }
@@ -352,19 +358,7 @@ async fn two_producers_write_each_change_once_through_killed_connections(pool: P
         let producer = Producer::new(pool.clone(), &url).await.expect("producer");
         tokio::spawn(producer.run(stop.clone()));
     }
-    let statements = [
-        "insert into items (id, key) values (1, 'a'), (2, 'b'), (3, 'c')",
-        "update items set key = 'a2' where id = 1",
-        "update items set id = 20 where id = 2",
-        "insert into items (id, key) values (4, 'd') on conflict (id) do update set key = excluded.key",
-        "insert into items (id, key) values (4, 'd4') on conflict (id) do update set key = excluded.key",
-        "merge into items t using (values (5, 'e'), (3, 'c3')) s(id, key) on t.id = s.id
-           when matched then update set key = s.key when not matched then insert (id, key) values (s.id, s.key)",
-        "begin; delete from items where id = 20; insert into items (id, key) values (6, 'b'); commit",
-        "delete from items where key = 'e'",
-        "copy items (id, key) from program 'printf \"8\\tf\\n9\\tg\\n\"'",
-    ];
-    for (n, sql) in statements.iter().enumerate() {
+    for (n, sql) in RAW_SQL.iter().enumerate() {
         exec(&pool, sql).await;
         until_fed(&pool, "a").await;
         // The reader goes down mid-stream, before the server heard of
