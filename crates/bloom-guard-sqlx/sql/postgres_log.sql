@@ -19,4 +19,17 @@ create table if not exists bloom_guard.log_progress (
     applied pg_lsn not null
 );
 
-revoke all on bloom_guard.logged, bloom_guard.log_progress from public;
+-- The log feed's rows: a guard's key added ('i'), removed ('d') or its
+-- table truncated ('t'), at the end of the commit that made the change.
+-- A reader's position is such an end: the rows after it are the changes
+-- committed after it, each once, whatever the producer's own transactions.
+create table if not exists bloom_guard.log_changes (
+    lsn pg_lsn not null,
+    guard text not null,
+    kind "char" not null,
+    key text not null
+);
+
+create index if not exists log_changes_guard_lsn on bloom_guard.log_changes (guard, lsn);
+
+revoke all on bloom_guard.log_changes, bloom_guard.logged, bloom_guard.log_progress from public;

@@ -3,8 +3,10 @@
 //! transaction's key changes in commit order, once, as the feed's triggers
 //! record them. The parts so far: the messages' decoding (`pgoutput`),
 //! a change's feed rows (`rows`), the slot's stream (`stream`), a table
-//! put on the log feed (`install`), and the producer that writes the
-//! stream to the feed (`producer`).
+//! put on the log feed (`install`), the producer that writes the stream
+//! to the feed (`producer`), a scan's exact place in the log
+//! (`stream::ScanPoint`), and reads with the barrier by log position
+//! (`read`).
 // The follower takes these up with the log feed's producer; until then
 // only the tests use them.
 #![cfg_attr(not(test), allow(dead_code))]
@@ -12,6 +14,7 @@
 mod install;
 mod pgoutput;
 mod producer;
+mod read;
 mod rows;
 mod stream;
 

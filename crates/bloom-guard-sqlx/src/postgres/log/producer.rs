@@ -1,6 +1,15 @@
 //! The log feed's producer: streams the database's slot and writes each
-//! committed transaction's feed rows to the change feed, in commit order,
-//! once; followers read them as they read the triggers' rows.
+//! committed transaction's feed rows to `bloom_guard.log_changes`, at the
+//! end of that transaction's commit, in commit order, once.
+//!
+//! Why positions in the log and not the triggers' snapshots: the rows are
+//! written in the producer's transaction, which commits after the change
+//! it records. A scan whose snapshot sees the change but not the
+//! producer's rows, replayed from the triggers' position (transactions
+//! committed after the snapshot), would apply the change twice: a delete
+//! twice removes another key's fingerprint. By commit end, a scan at a
+//! position (an exported snapshot of the slot's, `scan_point`) holds every
+//! change up to it and none after.
 //!
 //! The slot takes one reader at a time, so the producers of a fleet elect
 //! themselves: the one that holds the stream writes, the others try again
@@ -136,14 +145,16 @@ impl Producer {
         let end = i64::try_from(end).unwrap_or(i64::MAX);
         let mut tx = self.pool.begin().await?;
         sqlx::query(
-            "insert into bloom_guard.changes (guard, kind, key)
-             select g, k::\"char\", key
+            "insert into bloom_guard.log_changes (lsn, guard, kind, key)
+             select '0/0'::pg_catalog.pg_lsn operator(pg_catalog.+) $4::pg_catalog.numeric,
+                    g, k::\"char\", key
                from rows from (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]),
                                pg_catalog.unnest($3::text[])) as r(g, k, key)",
         )
         .bind(&guards)
         .bind(&kinds)
         .bind(&keys)
+        .bind(end)
         .execute(&mut *tx)
         .await?;
         sqlx::query(

@@ -16,6 +16,10 @@ use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationE
 use super::pgoutput::{self, Message, Relation};
 use super::rows::{FeedRow, KeyColumns, RelationError};
 
+/// The longest an acknowledgement waits before it is sent: at most one a
+/// server round trip of the stream, and only when it moved.
+const ACK_EVERY: Duration = Duration::from_millis(5);
+
 /// A table the log feeds, and the guards that watch it (none: a table
 /// published for another reason, whose changes are passed over).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +60,8 @@ pub(crate) enum StreamError {
     Relation(#[from] RelationError),
     #[error("the database URL cannot open a replication connection: {0}")]
     Url(String),
+    #[error("the server's answer to {0} is not as documented")]
+    Answer(&'static str),
 }
 
 /// Each guard watching a table, with its key columns, by (schema, table).
@@ -84,9 +90,11 @@ impl LogStream {
         tables: &[LoggedTable],
         after: u64,
     ) -> Result<Self, StreamError> {
+        // The server hears of what was written within `ACK_EVERY`: a read
+        // for the barrier waits for that.
         let config = config(url, slot, publication)?
             .with_ack_lsn(Lsn::from_u64(after))
-            .with_status_interval(Duration::from_secs(1));
+            .with_status_interval(ACK_EVERY);
         let client = ReplicationClient::connect(config)
             .await
             .map_err(StreamError::Replication)?;
@@ -245,6 +253,47 @@ fn config(url: &str, slot: &str, publication: &str) -> Result<ReplicationConfig,
     }
     let password = url.password().map(decode).transpose()?.unwrap_or_default();
     Ok(ReplicationConfig::new(host, user, password, database, slot, publication).with_port(port))
+}
+
+/// A scan's place in the log: a snapshot of the database that holds every
+/// change committed up to `lsn` and none after, exported by a temporary
+/// slot made for it. The snapshot can be taken (`SET TRANSACTION
+/// SNAPSHOT`) while this is held; dropping it drops the slot.
+pub(crate) struct ScanPoint {
+    _session: ReplicationClient,
+    pub(crate) snapshot: String,
+    pub(crate) lsn: u64,
+}
+
+impl ScanPoint {
+    /// Makes the temporary slot on a replication connection to `url`. Its
+    /// making waits for the transactions running then to end.
+    pub(crate) async fn take(url: &str) -> Result<Self, StreamError> {
+        let name = format!("bloom_guard_scan_{:016x}", fastrand::u64(..));
+        let mut session = ReplicationClient::connect_gated(config(url, &name, "")?)
+            .await
+            .map_err(StreamError::Replication)?;
+        let rows = session
+            .simple_query(&format!(
+                "CREATE_REPLICATION_SLOT {name} TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')"
+            ))
+            .await
+            .map_err(StreamError::Replication)?;
+        let text = |column: usize| {
+            rows.first()
+                .and_then(|row| row.get(column))
+                .and_then(Option::as_ref)
+                .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+                .ok_or(StreamError::Answer("CREATE_REPLICATION_SLOT"))
+        };
+        let lsn =
+            Lsn::parse(&text(1)?).map_err(|_| StreamError::Answer("CREATE_REPLICATION_SLOT"))?;
+        Ok(Self {
+            snapshot: text(2)?,
+            lsn: lsn.as_u64(),
+            _session: session,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,154 @@
+//! Reading the log feed: the rows after a position, and the read barrier
+//! by log position.
+//!
+//! A position is the end of a commit: every change committed up to it is
+//! in the rows at or before it, none after. A read's new position is the
+//! furthest the producer has written that the read's snapshot can see:
+//! its progress row (written with its rows), or the slot's confirmed
+//! position if that was seen before the read's statement (the producer
+//! confirms only what it wrote, and an idle stream's end, with nothing to
+//! write).
+//!
+//! The barrier: a commit visible before a request arrived ends at or
+//! before the server's insert position taken after it arrived. A read for
+//! the barrier first waits until the slot's confirmed position reaches
+//! that (the producer has written every commit up to it), then reads: no
+//! commit the producer has not decoded yet is refused as absent.
+
+use std::time::Duration;
+
+use futures_util::TryStreamExt as _;
+use sqlx::{PgConnection, Row as _};
+
+use super::rows::FeedRow;
+
+/// How often a barrier's read looks at the slot while the producer is
+/// behind.
+const LOOK_EVERY: Duration = Duration::from_millis(1);
+
+/// The rows of a read, and its new position.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct LogRead {
+    pub(crate) rows: Vec<FeedRow>,
+    pub(crate) position: u64,
+}
+
+/// Why a read of the log feed failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LogReadError {
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    #[error("the log feed's slot {0} is missing")]
+    NoSlot(String),
+    #[error("the log feed's producer did not reach the log's position {0:#x} in time")]
+    Behind(u64),
+}
+
+/// The guards' rows after `after`; with `barrier`, only once the producer
+/// has written every commit before the call, waiting at most that long.
+pub(crate) async fn read(
+    connection: &mut PgConnection,
+    slot: &str,
+    guards: &[&str],
+    after: u64,
+    barrier: Option<Duration>,
+) -> Result<LogRead, LogReadError> {
+    let (mut confirmed, now, block) = look(connection, slot).await?;
+    if let Some(bound) = barrier {
+        let target = record_end_at_or_before(now, block);
+        let deadline = tokio::time::Instant::now() + bound;
+        while confirmed < target {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(LogReadError::Behind(target));
+            }
+            tokio::time::sleep(LOOK_EVERY).await;
+            confirmed = look(connection, slot).await?.0;
+        }
+    }
+    let mut rows = sqlx::query(
+        "with upto as (
+             select greatest(
+                        (select p.applied from bloom_guard.log_progress p where p.slot = $1),
+                        $3::pg_catalog.pg_lsn, $4::pg_catalog.pg_lsn) as lsn)
+         select (u.lsn operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
+                c.guard, c.kind::pg_catalog.text, c.key
+           from upto u
+           left join bloom_guard.log_changes c
+             on c.guard operator(pg_catalog.=) any ($2::text[])
+            and c.lsn operator(pg_catalog.>) $4::pg_catalog.pg_lsn
+            and c.lsn operator(pg_catalog.<=) u.lsn
+          order by c.lsn",
+    )
+    .bind(slot)
+    .bind(guards)
+    .bind(lsn_text(confirmed))
+    .bind(lsn_text(after))
+    .fetch(connection);
+    let mut read = LogRead::default();
+    while let Some(row) = rows.try_next().await? {
+        read.position = row.try_get::<i64, _>(0)?.unsigned_abs();
+        let Some(guard) = row.try_get::<Option<String>, _>(1)? else {
+            continue;
+        };
+        let kind: String = row.try_get(2)?;
+        read.rows.push(FeedRow {
+            guard,
+            kind: kind.bytes().next().unwrap_or(b'r'),
+            key: row.try_get(3)?,
+        });
+    }
+    Ok(read)
+}
+
+/// The slot's confirmed position, the server's insert position, and the
+/// log's page size, in one statement.
+async fn look(connection: &mut PgConnection, slot: &str) -> Result<(u64, u64, u64), LogReadError> {
+    let row: (Option<i64>, i64, i32) = sqlx::query_as(
+        "select (select (s.confirmed_flush_lsn operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8
+                   from pg_catalog.pg_replication_slots s where s.slot_name = $1),
+                (pg_catalog.pg_current_wal_insert_lsn() operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
+                pg_catalog.current_setting('wal_block_size')::pg_catalog.int4",
+    )
+    .bind(slot)
+    .fetch_one(connection)
+    .await?;
+    let confirmed = row.0.ok_or_else(|| LogReadError::NoSlot(slot.to_owned()))?;
+    Ok((
+        confirmed.unsigned_abs(),
+        row.1.unsigned_abs(),
+        u64::try_from(row.2).unwrap_or(8192),
+    ))
+}
+
+/// The furthest a record can end at or before `insert`: the server's
+/// insert position just after a page's header is where the page's first
+/// record would start, and no record ends inside a header, so a log whose
+/// last record fills its page up to the end is decoded up to that end.
+fn record_end_at_or_before(insert: u64, block: u64) -> u64 {
+    // A page header is 24 bytes; the first page of a segment's, 40.
+    match insert % block {
+        24 | 40 => insert - insert % block,
+        _ => insert,
+    }
+}
+
+/// An LSN as Postgres writes it.
+pub(crate) fn lsn_text(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_insert_position_after_a_page_header_reaches_back_to_the_page() {
+        assert_eq!(record_end_at_or_before(8192 * 3 + 24, 8192), 8192 * 3);
+        assert_eq!(record_end_at_or_before(16 << 20 | 40, 8192), 16 << 20);
+        assert_eq!(
+            record_end_at_or_before(8192 * 3 + 200, 8192),
+            8192 * 3 + 200
+        );
+        assert_eq!(lsn_text(0x1_0000_00A8), "1/A8");
+    }
+}
