@@ -27,9 +27,18 @@ create table if not exists bloom_guard.log_changes (
     lsn pg_lsn not null,
     guard text not null,
     kind "char" not null,
-    key text not null
+    key text not null,
+    written_at timestamptz not null default pg_catalog.clock_timestamp()
 );
+
+-- Rows at or before `below` were pruned: a reader behind it rebuilds.
+create table if not exists bloom_guard.log_horizon (
+    singleton boolean primary key default true check (singleton),
+    below pg_lsn not null default '0/0'
+);
+
+insert into bloom_guard.log_horizon default values on conflict do nothing;
 
 create index if not exists log_changes_guard_lsn on bloom_guard.log_changes (guard, lsn);
 
-revoke all on bloom_guard.log_changes, bloom_guard.logged, bloom_guard.log_progress from public;
+revoke all on bloom_guard.log_horizon, bloom_guard.log_changes, bloom_guard.logged, bloom_guard.log_progress from public;

@@ -57,6 +57,13 @@ pub enum FeedError {
         "{0} is fed by the write-ahead log; a table has one feed: take it off the log feed first"
     )]
     LogFed(String),
+    /// The table cannot be put on the log feed: the server's `wal_level`
+    /// is not `logical`, a key column is not in the table's replica
+    /// identity (a delete would reach the log without its key), or the
+    /// feed's triggers feed it. The message says what to change. Not
+    /// retried.
+    #[error("cannot put the table on the log feed: {0}")]
+    LogFeed(String),
 }
 
 /// `error: cause: cause`, for a log line.

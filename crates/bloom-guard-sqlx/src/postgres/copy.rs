@@ -37,6 +37,10 @@ pub struct PgCopySource {
     /// Scan in a REPEATABLE READ transaction and tag the first batch with
     /// its snapshot, as the change feed's position (the follower's scans).
     feed_position: bool,
+    /// Scan at a point of the write-ahead log, reached at this URL, and
+    /// tag the first batch with it (the log feed's scans).
+    #[cfg(feature = "log-feed")]
+    log_point: Option<String>,
 }
 
 impl PgCopySource {
@@ -53,7 +57,19 @@ impl PgCopySource {
             query: query.into(),
             count_query: None,
             feed_position: false,
+            #[cfg(feature = "log-feed")]
+            log_point: None,
         }
+    }
+
+    /// Scans at a point of the write-ahead log: a snapshot that a temporary
+    /// slot exports with its consistent point, through a replication
+    /// connection to `url`; the point, as text, tags the first batch: the
+    /// log feed's position of exactly the rows scanned.
+    #[cfg(feature = "log-feed")]
+    pub(crate) fn at_log_point(mut self, url: String) -> Self {
+        self.log_point = Some(url);
+        self
     }
 
     /// Scans in a REPEATABLE READ transaction whose snapshot, as text,
@@ -95,10 +111,35 @@ impl KeySource for PgCopySource {
         let pool = self.pool.clone();
         let statement = format!("copy ({}) to stdout", self.query);
         let feed_position = self.feed_position;
+        #[cfg(feature = "log-feed")]
+        let log_point = self.log_point.clone();
         spawn_scan(move |batches| async move {
             let mut conn = pool.acquire().await?;
             let mut batch = BatchSender::new_batch();
-            if feed_position {
+            // Held until the COPY's transaction has taken its snapshot.
+            #[cfg(feature = "log-feed")]
+            let point = match log_point {
+                Some(url) => Some(super::log::stream::ScanPoint::take(&url).await.map_err(
+                    |error| SourceError::Database(sqlx::Error::Protocol(error.to_string())),
+                )?),
+                None => None,
+            };
+            #[cfg(feature = "log-feed")]
+            if let Some(point) = &point {
+                conn.close_on_drop();
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "begin isolation level repeatable read, read only; set transaction snapshot '{}'",
+                    point.snapshot.replace('\'', "''")
+                )))
+                .execute(&mut *conn)
+                .await?;
+                batch.set_position(point.lsn.to_string());
+            }
+            #[cfg(feature = "log-feed")]
+            let feed_position = feed_position || point.is_some();
+            #[cfg(feature = "log-feed")]
+            drop(point);
+            if feed_position && batch.position().is_none() {
                 // The COPY reads the transaction's snapshot, taken by the
                 // first statement: the position of exactly its rows. The
                 // connection is closed after the scan, never handed back

@@ -26,6 +26,8 @@ pub use copy::PgCopySource;
 pub use feed::FEED_APPLICATION_NAME;
 pub use install::{install, uninstall, POSTGRES_SQL, SCHEMA_VERSION};
 pub use listen::LISTENER_APPLICATION_NAME;
+#[cfg(feature = "log-feed")]
+pub use log::PgLogFollower;
 pub use notifier::NOTIFIER_APPLICATION_NAME;
 pub use privileges::grant_runtime;
 pub use session::check_session;

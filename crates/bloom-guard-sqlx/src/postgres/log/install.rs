@@ -39,12 +39,39 @@ pub(crate) enum LogInstallError {
 }
 
 impl Watch {
-    /// Puts the table on the log feed: from then on every committed change
-    /// of its key reaches the feed through the slot, with no trigger on
-    /// the table. Needs `wal_level=logical`, a role that may create the
-    /// publication and the slot (REPLICATION), the feed installed, and a
-    /// replica identity that holds the key. Idempotent.
-    pub(crate) async fn install_log(&self, pool: &PgPool) -> Result<(), LogInstallError> {
+    /// Puts the table on the log feed (feature `log-feed`): from then on
+    /// every committed change of its key reaches the feed through the
+    /// database's logical replication slot, with no trigger on the table;
+    /// follow it with [`PgLogFollower`](crate::PgLogFollower). Needs
+    /// `wal_level=logical`, [`install`](crate::install) first, a role that
+    /// may create the publication `bloom_guard` and the slot (ownership of
+    /// the table, the REPLICATION attribute), and a replica identity that
+    /// holds the key: the primary key, `REPLICA IDENTITY USING INDEX` a
+    /// unique index on it, or `FULL`. Idempotent.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::LogFeed`](crate::FeedError::LogFeed) for a server
+    /// without logical decoding, a key outside the replica identity, or a
+    /// table the feed's triggers feed; [`FeedError::Database`](crate::FeedError::Database) if a
+    /// statement fails.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+    /// bloom_guard_sqlx::install(&pool).await?;
+    /// bloom_guard_sqlx::Watch::table("items").key("key").install_log(&pool).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn install_log(&self, pool: &PgPool) -> Result<(), crate::FeedError> {
+        self.put_on_log(pool).await.map_err(|error| match error {
+            LogInstallError::Database(error) => crate::FeedError::Database(error),
+            other => crate::FeedError::LogFeed(other.to_string()),
+        })
+    }
+
+    async fn put_on_log(&self, pool: &PgPool) -> Result<(), LogInstallError> {
         let wal_level: String =
             sqlx::query_scalar("select pg_catalog.current_setting('wal_level')")
                 .fetch_one(pool)
@@ -130,7 +157,7 @@ impl Watch {
 
     /// Refuses a table whose replica identity lacks a key column: its
     /// deletes would reach the log without their key.
-    async fn check_identity(&self, pool: &PgPool) -> Result<(), LogInstallError> {
+    pub(crate) async fn check_identity(&self, pool: &PgPool) -> Result<(), LogInstallError> {
         let (identity, columns): (String, Vec<String>) = sqlx::query_as(
             "select c.relreplident::pg_catalog.text,
                     coalesce((select pg_catalog.array_agg(a.attname::text)
@@ -161,6 +188,79 @@ impl Watch {
             None => Ok(()),
         }
     }
+}
+
+/// Why writes to the watched table could miss the log feed: the table not
+/// on it (or with other key columns), not in the publication, a key column
+/// out of its replica identity, the slot missing or lost, or the feed's
+/// triggers on it too. Empty when none.
+pub(crate) async fn gaps(
+    pool: &PgPool,
+    watch: &Watch,
+    slot: &str,
+) -> Result<Vec<String>, sqlx::Error> {
+    let (logged, published, slot_state, triggers): (bool, bool, Option<String>, bool) = sqlx::query_as(
+        "select exists (select from bloom_guard.logged l
+                         where l.guard = $1 and l.rel = pg_catalog.to_regclass($2) and l.key_columns = $3),
+                exists (select from pg_catalog.pg_publication_rel r
+                          join pg_catalog.pg_publication p on p.oid = r.prpubid
+                         where p.pubname = $4 and r.prrelid = pg_catalog.to_regclass($2)),
+                (select coalesce(s.wal_status, 'reserved') from pg_catalog.pg_replication_slots s
+                  where s.slot_name = $5),
+                exists (select from bloom_guard.watched w where w.rel = pg_catalog.to_regclass($2))",
+    )
+    .bind(watch.feed_name())
+    .bind(&watch.table)
+    .bind(&watch.key_columns)
+    .bind(PUBLICATION)
+    .bind(slot)
+    .fetch_one(pool)
+    .await?;
+    let mut gaps = Vec::new();
+    if !logged {
+        gaps.push(format!(
+            "{} is not on the log feed with these key columns",
+            watch.table
+        ));
+    }
+    if !published {
+        gaps.push(format!(
+            "{} is not in publication {PUBLICATION}",
+            watch.table
+        ));
+    }
+    match slot_state.as_deref() {
+        None => gaps.push(format!("the log feed's slot {slot} is missing")),
+        Some("lost") => gaps.push(format!(
+            "the log feed's slot {slot} was invalidated (max_slot_wal_keep_size)"
+        )),
+        Some(_) => {}
+    }
+    if triggers {
+        gaps.push(format!("{} is fed by triggers too", watch.table));
+    }
+    if logged {
+        if let Err(error) = watch.check_identity(pool).await {
+            gaps.push(error.to_string());
+        }
+    }
+    Ok(gaps)
+}
+
+/// The table's identity and its place on the log feed: it changes when the
+/// table is recreated or put on the feed again, when a filter of before
+/// may lack keys.
+pub(crate) async fn versions(pool: &PgPool, watch: &Watch) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(
+        "select 'log:' operator(pg_catalog.||) coalesce(
+                    (select l.rel::oid::text operator(pg_catalog.||) '@' operator(pg_catalog.||) l.xmin::text
+                       from bloom_guard.logged l
+                      where l.guard = $1 and l.rel = pg_catalog.to_regclass($2)), '')",
+    )
+    .bind(watch.feed_name())
+    .bind(&watch.table)
+    .fetch_one(pool)
+    .await
 }
 
 /// The tables the log feeds, and each one's guards and key columns.

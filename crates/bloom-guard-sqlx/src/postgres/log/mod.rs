@@ -7,16 +7,17 @@
 //! to the feed (`producer`), a scan's exact place in the log
 //! (`stream::ScanPoint`), and reads with the barrier by log position
 //! (`read`).
-// The follower takes these up with the log feed's producer; until then
-// only the tests use them.
-#![cfg_attr(not(test), allow(dead_code))]
 
+mod backend;
+mod follower;
 mod install;
 mod pgoutput;
 mod producer;
 mod read;
 mod rows;
-mod stream;
+pub(super) mod stream;
+
+pub use follower::PgLogFollower;
 
 #[cfg(test)]
 mod tests;

@@ -166,6 +166,11 @@ impl Producer {
         .bind(end)
         .execute(&mut *tx)
         .await?;
+        // Followers read at once; the producer is no writer of the user's,
+        // so its commit may take the notification lock.
+        sqlx::query("select pg_catalog.pg_notify('bloom_guard', '*')")
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await
     }
 }

@@ -52,6 +52,7 @@ pub(crate) async fn read(
     guards: &[&str],
     after: u64,
     barrier: Option<Duration>,
+    lowered: bool,
 ) -> Result<LogRead, LogReadError> {
     let (mut confirmed, now, block) = look(connection, slot).await?;
     if let Some(bound) = barrier {
@@ -65,25 +66,13 @@ pub(crate) async fn read(
             confirmed = look(connection, slot).await?.0;
         }
     }
-    let mut rows = sqlx::query(
-        "with upto as (
-             select greatest(
-                        (select p.applied from bloom_guard.log_progress p where p.slot = $1),
-                        $3::pg_catalog.pg_lsn, $4::pg_catalog.pg_lsn) as lsn)
-         select (u.lsn operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
-                c.guard, c.kind::pg_catalog.text, c.key
-           from upto u
-           left join bloom_guard.log_changes c
-             on c.guard operator(pg_catalog.=) any ($2::text[])
-            and c.lsn operator(pg_catalog.>) $4::pg_catalog.pg_lsn
-            and c.lsn operator(pg_catalog.<=) u.lsn
-          order by c.lsn",
-    )
-    .bind(slot)
-    .bind(guards)
-    .bind(lsn_text(confirmed))
-    .bind(lsn_text(after))
-    .fetch(connection);
+    let mut rows = sqlx::query(sqlx::AssertSqlSafe(READ.as_str()))
+        .bind(slot)
+        .bind(guards)
+        .bind(lsn_text(confirmed))
+        .bind(lsn_text(after))
+        .bind(lowered)
+        .fetch(connection);
     let mut read = LogRead::default();
     while let Some(row) = rows.try_next().await? {
         read.position = row.try_get::<i64, _>(0)?.unsigned_abs();
@@ -99,6 +88,32 @@ pub(crate) async fn read(
     }
     Ok(read)
 }
+
+/// The rows after a position, up to the furthest the producer wrote that
+/// the statement's snapshot sees (its progress, or the confirmed position
+/// seen before), with that position on every row.
+static READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    READ_STATEMENT.replace(
+        "LOWERED",
+        &format!(
+            "case when $5 then {} else c.key end",
+            crate::postgres::feed::lowered("c.key")
+        ),
+    )
+});
+
+const READ_STATEMENT: &str = "with upto as (
+             select greatest(
+                        (select p.applied from bloom_guard.log_progress p where p.slot = $1),
+                        $3::pg_catalog.pg_lsn, $4::pg_catalog.pg_lsn) as lsn)
+         select (u.lsn operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
+                c.guard, c.kind::pg_catalog.text, LOWERED
+           from upto u
+           left join bloom_guard.log_changes c
+             on c.guard operator(pg_catalog.=) any ($2::text[])
+            and c.lsn operator(pg_catalog.>) $4::pg_catalog.pg_lsn
+            and c.lsn operator(pg_catalog.<=) u.lsn
+          order by c.lsn";
 
 /// The slot's confirmed position, the server's insert position, and the
 /// log's page size, in one statement.
@@ -130,6 +145,80 @@ fn record_end_at_or_before(insert: u64, block: u64) -> u64 {
         24 | 40 => insert - insert % block,
         _ => insert,
     }
+}
+
+/// Rows at or before this position were pruned.
+pub(crate) async fn horizon(pool: &sqlx::PgPool) -> Result<u64, sqlx::Error> {
+    let below: Option<i64> = sqlx::query_scalar(
+        "select (below operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8
+           from bloom_guard.log_horizon",
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(below.map_or(0, i64::unsigned_abs))
+}
+
+/// The furthest position the producer has written: every change committed
+/// up to it is in the rows.
+pub(crate) async fn written(pool: &sqlx::PgPool, slot: &str) -> Result<u64, sqlx::Error> {
+    let written: Option<i64> = sqlx::query_scalar(
+        "select (greatest((select p.applied from bloom_guard.log_progress p where p.slot = $1),
+                          '0/0'::pg_catalog.pg_lsn)
+                 operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8",
+    )
+    .bind(slot)
+    .fetch_one(pool)
+    .await?;
+    Ok(written.map_or(0, i64::unsigned_abs))
+}
+
+/// How many rows of `guard` after `since`, counting up to `limit` only.
+pub(crate) async fn pending(
+    pool: &sqlx::PgPool,
+    guard: &str,
+    since: u64,
+    limit: u64,
+) -> Result<u64, sqlx::Error> {
+    let count: i64 = sqlx::query_scalar(
+        "select count(*) from (select from bloom_guard.log_changes c
+                                where c.guard = $1 and c.lsn operator(pg_catalog.>) $2::pg_catalog.pg_lsn
+                                limit $3) as pending",
+    )
+    .bind(guard)
+    .bind(lsn_text(since))
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_one(pool)
+    .await?;
+    Ok(count.unsigned_abs())
+}
+
+/// Removes the rows written longer than `retention` ago, moving the
+/// horizon past them, on one instance at a time; how many.
+pub(crate) async fn prune(pool: &sqlx::PgPool, retention: Duration) -> Result<i64, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let locked: bool = sqlx::query_scalar(
+        "select pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.log_prune'))",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if !locked {
+        return Ok(0);
+    }
+    let pruned: (i64,) = sqlx::query_as(
+        "with gone as (
+             delete from bloom_guard.log_changes
+              where written_at operator(pg_catalog.<) pg_catalog.now() operator(pg_catalog.-) $1::pg_catalog.interval
+             returning lsn),
+         moved as (
+             update bloom_guard.log_horizon h set below = (select max(lsn) from gone)
+              where (select max(lsn) from gone) operator(pg_catalog.>) h.below)
+         select count(*) from gone",
+    )
+    .bind(format!("{} milliseconds", retention.as_millis()))
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(pruned.0)
 }
 
 /// An LSN as Postgres writes it.

@@ -1,7 +1,6 @@
 //! The producer and a table put on the log feed: each change written
 //! once through killed connections, one feed per table.
 
-use super::super::install::LogInstallError;
 use super::*;
 
 #[sqlx::test(migrations = false)]
@@ -67,13 +66,13 @@ async fn a_table_has_one_feed_and_a_key_the_log_cannot_carry_is_refused(pool: Pg
         .key("key")
         .install_log(&pool)
         .await;
-    assert!(matches!(log, Err(LogInstallError::Triggers(_))), "{log:?}");
+    assert!(matches!(log, Err(crate::FeedError::LogFeed(_))), "{log:?}");
     let by_id = crate::Watch::table("by_id")
         .key("key")
         .install_log(&pool)
         .await;
     assert!(
-        matches!(by_id, Err(LogInstallError::Identity { .. })),
+        matches!(by_id, Err(crate::FeedError::LogFeed(_))),
         "{by_id:?}"
     );
     crate::Watch::table("full_rows")

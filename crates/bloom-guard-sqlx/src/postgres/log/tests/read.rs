@@ -21,6 +21,7 @@ async fn a_barrier_read_after_each_commit_holds_exactly_the_table(pool: PgPool) 
             &["items"],
             position,
             Some(Duration::from_secs(10)),
+            false,
         )
         .await
         .expect("a barrier read");
@@ -34,10 +35,16 @@ async fn a_barrier_read_after_each_commit_holds_exactly_the_table(pool: PgPool) 
         );
     }
     // Without the barrier, a read can be behind, never ahead or twice.
-    let quiet =
-        crate::postgres::log::read::read(&mut connection, &slot.name, &["items"], position, None)
-            .await
-            .expect("a read");
+    let quiet = crate::postgres::log::read::read(
+        &mut connection,
+        &slot.name,
+        &["items"],
+        position,
+        None,
+        false,
+    )
+    .await
+    .expect("a read");
     assert!(quiet.rows.is_empty(), "{:?}", quiet.rows);
     stop.cancel();
 }
@@ -95,6 +102,7 @@ async fn a_scan_at_its_point_and_the_rows_after_hold_each_change_once(pool: PgPo
             &["items"],
             lsn,
             Some(Duration::from_secs(10)),
+            false,
         )
         .await
         .expect("the rows after the scan");

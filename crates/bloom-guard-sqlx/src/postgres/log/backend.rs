@@ -1,0 +1,232 @@
+//! The follower engine's backend for a table on the log feed: positions
+//! are commit ends, scans are taken at a slot's exported snapshot, reads
+//! wait for the producer (the barrier by log position), and the check
+//! looks at the table's place on the log feed instead of triggers. The
+//! rest (snapshots, the fleet, locks, the key query) is the Postgres
+//! backend's.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use super::install::slot_name;
+use super::producer::Producer;
+use crate::follow::changes::Changes;
+use crate::follow::column::KeyColumn;
+use crate::follow::{Clock, Database, KeySet, Read, WakeUps};
+use crate::per_database::{database_key, PerDatabase};
+use crate::postgres::{listen, snapshot, PgBackend, PgCopySource};
+use crate::store::fleet::FleetTables;
+use crate::store::snapshots::Tables;
+use crate::watch::Watch;
+use sqlx::Postgres;
+
+/// How long a read waits for the producer to reach the log's position
+/// before it fails (and the guard lets requests through meanwhile).
+const PRODUCER_BOUND: Duration = Duration::from_secs(5);
+
+/// One producer per database in this process, whatever the number of
+/// guards on the log feed.
+static PRODUCERS: PerDatabase<()> = PerDatabase::new();
+
+/// A Postgres table on the log feed.
+#[derive(Debug, Clone)]
+pub(crate) struct PgLogBackend {
+    pub(super) inner: PgBackend,
+    /// The database's URL, for replication connections.
+    pub(super) url: String,
+    /// The database's slot, once known.
+    slot: std::sync::Arc<tokio::sync::OnceCell<String>>,
+}
+
+impl PgLogBackend {
+    pub(crate) fn new(inner: PgBackend, url: String) -> Self {
+        Self {
+            inner,
+            url,
+            slot: std::sync::Arc::default(),
+        }
+    }
+
+    fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    async fn slot(&self) -> Result<&str, sqlx::Error> {
+        self.slot
+            .get_or_try_init(|| slot_name(self.pool()))
+            .await
+            .map(String::as_str)
+    }
+
+    /// The guard's rows after `since`, waiting for the producer when
+    /// `barrier`.
+    async fn read_log(&self, since: u64, barrier: bool) -> Result<Read<u64>, sqlx::Error> {
+        let slot = self.slot().await?.to_owned();
+        let horizon = super::read::horizon(self.pool()).await?;
+        if since < horizon {
+            return Ok(Read::Pruned);
+        }
+        let mut lease = self.inner.feed.lease().await?;
+        let name = self.inner.watch.feed_name();
+        let read = crate::kept::within_timeout(async {
+            super::read::read(
+                lease.connection(),
+                &slot,
+                &[name],
+                since,
+                barrier.then_some(PRODUCER_BOUND),
+                self.inner.lowered,
+            )
+            .await
+            .map_err(|error| match error {
+                super::read::LogReadError::Database(error) => error,
+                other => sqlx::Error::Protocol(other.to_string()),
+            })
+        })
+        .await?;
+        lease.keep();
+        let mut changes = Changes::default();
+        for row in &read.rows {
+            let kind = [row.kind];
+            let kind = std::str::from_utf8(&kind).unwrap_or("r");
+            changes.record(kind, Some(row.key.as_bytes()));
+        }
+        Ok(Read::Changes {
+            position: read.position,
+            changes,
+        })
+    }
+}
+
+impl Database for PgLogBackend {
+    type Position = u64;
+    type Source = PgCopySource;
+    type Snapshots = Tables<Postgres>;
+    type Fleet = FleetTables<Postgres>;
+    type Lock = snapshot::PgBuildLock;
+
+    fn watch(&self) -> &Watch {
+        &self.inner.watch
+    }
+
+    fn announces_changes(&self) -> bool {
+        true
+    }
+
+    fn parse_position(text: &str) -> Option<u64> {
+        text.parse().ok()
+    }
+
+    async fn key_source(&self) -> Result<KeySet<PgCopySource>, sqlx::Error> {
+        let watch = &self.inner.watch;
+        let query = watch.key_query(self.pool(), self.inner.lowered).await?;
+        let versions = self.trigger_versions().await?;
+        let fingerprint = snapshot::fingerprint(self.pool(), &query, &versions).await?;
+        Ok(KeySet {
+            source: PgCopySource::new(self.pool().clone(), query).at_log_point(self.url.clone()),
+            fingerprint,
+            trigger_versions: versions,
+        })
+    }
+
+    async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
+        self.inner.key_columns().await
+    }
+
+    async fn has_unsafe_keys(&self, source: &PgCopySource) -> Result<bool, sqlx::Error> {
+        self.inner.has_unsafe_keys(source).await
+    }
+
+    async fn position(&self) -> Result<Clock<u64>, sqlx::Error> {
+        let slot = self.slot().await?.to_owned();
+        let at = self.inner.position().await?.at;
+        let position = super::read::written(self.pool(), &slot).await?;
+        Ok(Clock { position, at })
+    }
+
+    async fn read(&self, since: &u64) -> Result<Read<u64>, sqlx::Error> {
+        self.read_log(*since, true).await
+    }
+
+    async fn read_behind(&self, since: &u64) -> Result<Read<u64>, sqlx::Error> {
+        self.read_log(*since, false).await
+    }
+
+    async fn pending(&self, since: &u64, limit: u64) -> Result<u64, sqlx::Error> {
+        super::read::pending(self.pool(), self.inner.watch.feed_name(), *since, limit).await
+    }
+
+    async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
+        super::read::prune(self.pool(), retention).await
+    }
+
+    async fn check_session(&self) -> Result<(), crate::FeedError> {
+        self.inner.check_session().await
+    }
+
+    async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
+        let slot = self.slot().await?.to_owned();
+        super::install::gaps(self.pool(), &self.inner.watch, &slot).await
+    }
+
+    async fn repair(&self) -> Result<bool, sqlx::Error> {
+        Ok(false)
+    }
+
+    async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
+        super::install::versions(self.pool(), &self.inner.watch).await
+    }
+
+    fn wake_ups(
+        &self,
+        wake: WakeUps,
+        stop: CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let options = self.pool().connect_options();
+        let database = database_key(
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or_default(),
+            options.get_username(),
+        );
+        let listen = listen::listen(listen::options(&options), wake, stop.clone());
+        let (pool, url) = (self.pool().clone(), self.url.clone());
+        async move {
+            // The process's producer for this database, for as long as a
+            // follower of it runs.
+            let _member = PRODUCERS.join(database, (), move |stop| {
+                tokio::spawn(async move {
+                    match Producer::new(pool, &url).await {
+                        Ok(producer) => producer.run(stop).await,
+                        Err(error) => {
+                            tracing::warn!(%error, "cannot start the log feed's producer");
+                        }
+                    }
+                })
+            });
+            listen.await;
+        }
+    }
+
+    async fn close(&self) {
+        self.inner.close().await;
+    }
+
+    fn snapshots(&self) -> &Tables<Postgres> {
+        self.inner.snapshots()
+    }
+
+    fn fleet(&self) -> &FleetTables<Postgres> {
+        self.inner.fleet()
+    }
+
+    async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {
+        self.inner.lock(guard).await
+    }
+
+    async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, sqlx::Error> {
+        self.inner.try_lock(guard).await
+    }
+}

@@ -1,0 +1,55 @@
+//! The public follower of a table on the log feed.
+
+use bloom_guard::BloomGuard;
+use sqlx::PgPool;
+
+use super::backend::PgLogBackend;
+use crate::follow::{follower_api, Follower};
+use crate::postgres::PgBackend;
+use crate::watch::Watch;
+
+/// Keeps `guard` complete for a Postgres table on the **log feed**: the
+/// changes come from the write-ahead log (`wal_level=logical`), decoded
+/// from a logical replication slot, so writers run no trigger of ours.
+///
+/// The table is put on the log feed once, at migration time, with
+/// [`Watch::install_log`]. One instance of the fleet at a time streams the
+/// database's slot (the slot takes one reader) and writes each committed
+/// transaction's key changes, in commit order, to the feed's table; every
+/// follower reads them from there. A refusal waits until the slot has
+/// confirmed the server's log position taken after the request arrived:
+/// a commit not decoded yet is never refused as absent. `url` is the
+/// database's URL with its password (a replication connection is opened
+/// from it); its role needs the REPLICATION attribute.
+///
+/// # Example
+///
+/// ```no_run
+/// use bloom_guard::BloomGuard;
+/// use bloom_guard_sqlx::{PgLogFollower, Watch};
+///
+/// # async fn run(pool: sqlx::PgPool, url: String) -> Result<(), bloom_guard_sqlx::FeedError> {
+/// let items = Watch::table("items").key("key");
+/// bloom_guard_sqlx::install(&pool).await?; // at migration time
+/// items.install_log(&pool).await?;
+///
+/// let guard = BloomGuard::builder().expected_items(1_000_000).build();
+/// tokio::spawn(PgLogFollower::new(guard.clone(), pool, items, url).run());
+/// # Ok(()) }
+/// ```
+pub struct PgLogFollower {
+    engine: Follower<PgLogBackend>,
+}
+
+follower_api!(PgLogFollower);
+
+impl PgLogFollower {
+    /// A follower for `guard`, holding the keys of `watch`'s table, reading
+    /// through `pool`; replication connections go to `url`.
+    pub fn new(guard: BloomGuard, pool: PgPool, watch: Watch, url: impl Into<String>) -> Self {
+        let inner = PgBackend::new(&guard, pool, watch);
+        Self {
+            engine: Follower::new(guard, PgLogBackend::new(inner, url.into())),
+        }
+    }
+}
