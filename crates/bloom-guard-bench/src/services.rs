@@ -25,6 +25,21 @@ impl Database {
     pub(crate) async fn create(server_url: &str, name: &str) -> Result<Self, sqlx::Error> {
         let server: PgConnectOptions = server_url.parse()?;
         let mut admin = server.connect().await?;
+        // A log feed's slot left by a run that stopped keeps the database.
+        sqlx::query(
+            "select pg_terminate_backend(active_pid) from pg_replication_slots
+              where database = $1 and active_pid is not null",
+        )
+        .bind(name)
+        .execute(&mut admin)
+        .await?;
+        sqlx::query(
+            "select pg_drop_replication_slot(slot_name) from pg_replication_slots
+              where database = $1 and not active",
+        )
+        .bind(name)
+        .execute(&mut admin)
+        .await?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "drop database if exists {name} with (force)"
         )))

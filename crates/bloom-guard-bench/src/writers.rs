@@ -19,14 +19,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{PgFollower, Watch};
+use bloom_guard_sqlx::{PgFollower, PgLogFollower, Watch};
 use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 use crate::services::Database;
 
-/// One cell of the writers' table.
+/// One cell of the writers' table: the trigger feed's table, the log
+/// feed's, and the unwatched twin, with each feed's ratio to the twin.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct WriterCell {
     writers: usize,
@@ -34,6 +35,11 @@ pub(crate) struct WriterCell {
     watched_per_sec: f64,
     unwatched_per_sec: f64,
     ratio: f64,
+    /// The log feed's table: its writers' rate, and the rate counting
+    /// the producer's catch-up after them.
+    log_writers_per_sec: Option<f64>,
+    log_per_sec: Option<f64>,
+    log_ratio: Option<f64>,
 }
 
 const STATEMENTS: [&str; 4] = ["insert", "insert_100", "update_key", "delete"];
@@ -65,6 +71,58 @@ pub(crate) async fn feed_database(
     }
     sqlx::raw_sql("vacuum analyze").execute(&pool).await?;
     Ok((db, pool))
+}
+
+/// How long the log feed's slot takes to confirm the log flushed now
+/// (within a page: a flush can end inside a record that goes on).
+async fn catch_up(pool: &PgPool) -> Result<Duration, sqlx::Error> {
+    let started = Instant::now();
+    let target: String = sqlx::query_scalar("select pg_current_wal_flush_lsn()::text")
+        .fetch_one(pool)
+        .await?;
+    while started.elapsed() < Duration::from_secs(60) {
+        let behind: bool = sqlx::query_scalar(
+            "select coalesce(bool_or(confirmed_flush_lsn < $1::pg_lsn - 8192), true)
+               from pg_replication_slots where slot_name like 'bloom\\_guard\\_%' and not temporary",
+        )
+        .bind(&target)
+        .fetch_one(pool)
+        .await?;
+        if !behind {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(started.elapsed())
+}
+
+/// `items_log`, another twin of `items`, put on the log feed with `rows`
+/// rows, if the server decodes its log; whether it did.
+async fn log_twin(pool: &PgPool, rows: i64) -> Result<bool, Box<dyn std::error::Error>> {
+    let level: String = sqlx::query_scalar("show wal_level").fetch_one(pool).await?;
+    if level != "logical" {
+        return Ok(false);
+    }
+    sqlx::raw_sql(
+        "create table items_log (like items including all);
+         alter table items_log replica identity using index items_log_key_key;",
+    )
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "insert into items_log (key) select 'row-' || g from generate_series(1::bigint, $1) g",
+    )
+    .bind(rows)
+    .execute(pool)
+    .await?;
+    Watch::table("items_log")
+        .key("key")
+        .install_log(pool)
+        .await?;
+    sqlx::raw_sql("vacuum analyze items_log")
+        .execute(pool)
+        .await?;
+    Ok(true)
 }
 
 /// Statements per second of `writers` connections running `statement` on
@@ -141,16 +199,39 @@ pub(crate) async fn compare(
 ) -> Result<(), Box<dyn std::error::Error>> {
     // Rows to update and delete: more than any cell uses.
     let rows = 3_000_000;
-    let (_db, pool) = feed_database(server_url, "bloom_guard_writers", rows).await?;
+    let (db, pool) = feed_database(server_url, "bloom_guard_writers", rows).await?;
+    // The log feed's table, where the server decodes its log: its producer
+    // runs (in a follower) while the writers do, as in production, and so
+    // does the trigger feed's follower.
+    let logged = log_twin(&pool, rows).await?;
+    let mut tables = vec!["items", "items_plain"];
+    let _followers = if logged {
+        tables.insert(1, "items_log");
+        let (items, log) = (BloomGuard::builder().build(), BloomGuard::builder().build());
+        let log_follower = PgLogFollower::new(
+            log,
+            pool.clone(),
+            Watch::table("items_log").key("key"),
+            db.url.clone(),
+        );
+        Some((
+            tokio::spawn(
+                PgFollower::new(items, pool.clone(), Watch::table("items").key("key")).run(),
+            ),
+            tokio::spawn(log_follower.run()),
+        ))
+    } else {
+        println!("the server's wal_level is not logical: the log feed is not measured");
+        None
+    };
     let duration = Duration::from_secs(seconds);
     let mut cells = Vec::new();
     let mut run = 0;
     // Updates and deletes take each row once: a counter per table.
-    let rows_taken: HashMap<&str, Arc<AtomicU64>> = [
-        ("items", Arc::new(AtomicU64::new(1))),
-        ("items_plain", Arc::new(AtomicU64::new(1))),
-    ]
-    .into();
+    let rows_taken: HashMap<&str, Arc<AtomicU64>> = tables
+        .iter()
+        .map(|&table| (table, Arc::new(AtomicU64::new(1))))
+        .collect();
     for writers in [1, 8, 32] {
         if !only_writers.is_empty() && !only_writers.contains(&writers) {
             continue;
@@ -160,9 +241,9 @@ pub(crate) async fn compare(
                 continue;
             }
             let mut rates: HashMap<&str, Vec<f64>> = HashMap::new();
-            // The two tables in turn, twice: drifts of the machine hit both.
+            // The tables in turn, twice: drifts of the machine hit all.
             for _ in 0..2 {
-                for table in ["items", "items_plain"] {
+                for &table in &tables {
                     run += 1;
                     let rate = drive(
                         &pool,
@@ -175,23 +256,48 @@ pub(crate) async fn compare(
                     )
                     .await;
                     rates.entry(table).or_default().push(rate);
+                    // The log feed's work goes on after the writers stop:
+                    // the rate with the producer's catch-up counts it.
+                    if table == "items_log" {
+                        let drain = catch_up(&pool).await?;
+                        let caught_up =
+                            rate * duration.as_secs_f64() / (duration + drain).as_secs_f64();
+                        rates
+                            .entry("items_log caught up")
+                            .or_default()
+                            .push(caught_up);
+                    }
                 }
             }
             let mean = |table| rates[table].iter().sum::<f64>() / rates[table].len() as f64;
             let (watched, unwatched) = (mean("items"), mean("items_plain"));
+            let log_writers = logged.then(|| mean("items_log"));
+            let log = logged.then(|| mean("items_log caught up"));
             let cell = WriterCell {
                 writers,
                 statement,
                 watched_per_sec: watched,
                 unwatched_per_sec: unwatched,
                 ratio: watched / unwatched,
+                log_writers_per_sec: log_writers,
+                log_per_sec: log,
+                log_ratio: log.map(|log| log / unwatched),
             };
             println!(
-                "{writers:>2} writers {statement:<10} watched {watched:>8.0}/s unwatched {unwatched:>8.0}/s ratio {:.2}",
-                cell.ratio
+                "{writers:>2} writers {statement:<10} triggers {watched:>8.0}/s unwatched {unwatched:>8.0}/s ratio {:.2}{}",
+                cell.ratio,
+                log.zip(log_writers).map_or(String::new(), |(log, writers)| format!(
+                    " | log: writers {writers:>8.0}/s ratio {:.2}, with the catch-up {log:>8.0}/s ratio {:.2}",
+                    writers / unwatched,
+                    log / unwatched
+                ))
             );
             cells.push(cell);
         }
+    }
+    if logged {
+        // The slot and the publication go with the feed.
+        bloom_guard_sqlx::uninstall(&pool).await?;
     }
     std::fs::write(out.join("writers.json"), serde_json::to_vec_pretty(&cells)?)?;
     crate::chart::draw_ratios(

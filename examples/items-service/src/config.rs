@@ -32,6 +32,8 @@ pub struct Config {
     /// `BLOOM_SNAPSHOTS`: `off` makes every instance scan at start instead
     /// of adopting the fleet's snapshot (Postgres only).
     pub snapshots: bool,
+    /// `BLOOM_FEED`: where a Postgres database's changes come from.
+    pub feed: Feed,
     /// `BLOOM_READ_BARRIER`: `off` lets the guard refuse on its filter as
     /// it is, without waiting for a feed read begun after the request (a
     /// key created on another instance is then refused for the
@@ -85,6 +87,7 @@ impl std::fmt::Debug for Config {
             .field("admin_addr", &self.admin_addr)
             .field("database_url", &redacted(self.database_url.is_some()))
             .field("sqlite_path", &self.sqlite_path)
+            .field("feed", &self.feed)
             .field("read_barrier", &self.read_barrier)
             .field("admin_token", &redacted(self.admin_token.is_some()))
             .field("bloom_fpp", &self.bloom_fpp)
@@ -159,6 +162,9 @@ impl Config {
             });
         }
         let debug_header = switch("BLOOM_DEBUG_HEADER", false)?;
+        let database_url = var("DATABASE_URL");
+        let feed: Feed = parse("BLOOM_FEED", "triggers", "triggers or log")?;
+        feed.check(database_url.as_deref())?;
         Ok(Self {
             bind_addr: parse(
                 "BIND_ADDR",
@@ -170,7 +176,8 @@ impl Config {
                 "127.0.0.1:3001",
                 "an address such as 127.0.0.1:3001",
             )?,
-            database_url: var("DATABASE_URL"),
+            database_url,
+            feed,
             sqlite_path: var("SQLITE_PATH").unwrap_or_else(|| "items-service.db".to_owned()),
             admin_token: var("ADMIN_TOKEN"),
             bloom_fpp,
@@ -190,6 +197,44 @@ impl Config {
             keep_alive_interval: seconds("HTTP2_KEEP_ALIVE_SECS", 20)?,
             keep_alive_timeout: seconds("HTTP2_KEEP_ALIVE_TIMEOUT_SECS", 20)?,
         })
+    }
+}
+
+/// Where a Postgres database's changes come from (`BLOOM_FEED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feed {
+    /// `triggers` (the default): the feed's triggers on each watched table.
+    Triggers,
+    /// `log`: the write-ahead log, decoded from a logical replication slot
+    /// (`wal_level=logical`); no trigger on the tables.
+    Log,
+}
+
+impl Feed {
+    /// The log feed is Postgres's: refused for any other database.
+    fn check(self, database_url: Option<&str>) -> Result<(), ConfigError> {
+        let postgres = database_url
+            .is_some_and(|url| url.starts_with("postgres://") || url.starts_with("postgresql://"));
+        if self == Feed::Log && !postgres {
+            return Err(ConfigError {
+                name: "BLOOM_FEED",
+                value: "log".to_owned(),
+                expected: "triggers, unless DATABASE_URL is a postgres:// URL (the log feed is Postgres's)",
+            });
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for Feed {
+    type Err = ();
+
+    fn from_str(value: &str) -> Result<Self, ()> {
+        match value {
+            "triggers" => Ok(Self::Triggers),
+            "log" => Ok(Self::Log),
+            _ => Err(()),
+        }
     }
 }
 
@@ -245,6 +290,16 @@ fn parse<T: std::str::FromStr>(
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_log_feed_is_for_postgres_only() {
+        assert!(Feed::Log.check(Some("postgres://db/items")).is_ok());
+        for url in [None, Some("mysql://db/items"), Some("sqlite://items.db")] {
+            let error = Feed::Log.check(url).expect_err("refused").to_string();
+            assert!(error.starts_with("BLOOM_FEED=\"log\""), "{error}");
+            assert!(Feed::Triggers.check(url).is_ok());
+        }
+    }
+
     /// Environment variables are process-wide: one test sets them all.
     #[test]
     fn settings_are_validated_with_a_clear_message() {
@@ -259,6 +314,7 @@ mod tests {
             ),
             ("BLOOM_EXPECTED_ITEMS", "-1", "BLOOM_EXPECTED_ITEMS"),
             ("BLOOM_GUARD", "maybe", "BLOOM_GUARD"),
+            ("BLOOM_FEED", "wal", "BLOOM_FEED=\"wal\""),
             ("BIND_ADDR", "nowhere", "BIND_ADDR"),
             ("IDLE_TIMEOUT_SECS", "0", "IDLE_TIMEOUT_SECS=\"0\""),
             (

@@ -20,6 +20,9 @@ pub struct Guards {
     pub snapshots: bool,
     /// This instance's name in the fleet view.
     pub instance: String,
+    /// Where their Postgres followers read the changes (`BLOOM_FEED`): the
+    /// log feed's with the database's URL, for its replication connection.
+    pub log_feed: Option<String>,
 }
 
 impl Guards {
@@ -96,5 +99,9 @@ fn guards_with(config: &Config, items: KeyType) -> Guards {
             .instance
             .clone()
             .unwrap_or_else(bloom_guard::instance_id),
+        log_feed: match config.feed {
+            crate::config::Feed::Log => config.database_url.clone(),
+            crate::config::Feed::Triggers => None,
+        },
     }
 }

@@ -4,9 +4,11 @@
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use bloom_guard_sqlx::{FeedError, Follow, MySqlFollower, PgFollower, SqliteFollower};
+use bloom_guard_sqlx::{
+    FeedError, Follow, MySqlFollower, PgFollower, PgLogFollower, SqliteFollower,
+};
 
-use crate::config::Config;
+use crate::config::{Config, Feed};
 use crate::db::{Database, MigrateError, Pool};
 use crate::feeds::{items_feed, users_feed};
 use crate::guards::{guards, guards_for, Guards};
@@ -43,8 +45,9 @@ pub async fn guards_at_start(config: &Config, db: &Database) -> Result<Guards, F
 
 /// Brings the database up and the guard warm: applies the migrations and
 /// installs the change feed (retrying while the database is unreachable),
-/// starts the follower that keeps the filter complete ([`PgFollower`],
-/// [`MySqlFollower`] or [`SqliteFollower`]: warm-up, every key written by any instance or SQL
+/// starts the follower that keeps the filter complete ([`PgFollower`], or
+/// [`PgLogFollower`] with `BLOOM_FEED=log`, [`MySqlFollower`] or
+/// [`SqliteFollower`]: warm-up, every key written by any instance or SQL
 /// client, scheduled rebuilds), and returns once the guard is ready. The
 /// service fails open until then.
 pub async fn prepare(state: AppState) {
@@ -56,7 +59,15 @@ pub async fn prepare(state: AppState) {
         .with_jitter()
         .without_max_times()
         .build();
-    while let Err(error) = state.db.migrate().await {
+    let feed = match state
+        .guards
+        .as_ref()
+        .and_then(|guards| guards.log_feed.as_ref())
+    {
+        Some(_) => Feed::Log,
+        None => Feed::Triggers,
+    };
+    while let Err(error) = state.db.migrate_for(feed).await {
         let delay = pauses.next().unwrap_or(Duration::from_secs(10));
         // The whole chain: "migration failed" alone says nothing.
         let mut message = error.to_string();
@@ -70,7 +81,12 @@ pub async fn prepare(state: AppState) {
         // retry: the service stops with it.
         if matches!(
             error,
-            MigrateError::Feed(FeedError::Uncomparable(_) | FeedError::Pooler(_))
+            MigrateError::Feed(
+                FeedError::Uncomparable(_)
+                    | FeedError::Pooler(_)
+                    | FeedError::LogFeed(_)
+                    | FeedError::LogFed(_)
+            )
         ) {
             tracing::error!(error = %message, "cannot guard this database; stopping");
             std::process::exit(1);
@@ -96,8 +112,16 @@ pub async fn prepare(state: AppState) {
     let all = state.cache.clone();
     let drop_all = move || all.invalidate_all();
     let (items, users) = (guards.items.clone(), guards.users.clone());
-    match state.db.pool().clone() {
-        Pool::Postgres(pool) => follow(
+    match (state.db.pool().clone(), guards.log_feed.clone()) {
+        (Pool::Postgres(pool), Some(url)) => follow(
+            &state,
+            &guards,
+            PgLogFollower::new(items, pool.clone(), items_feed(), url.clone()),
+            PgLogFollower::new(users, pool, users_feed(), url),
+            invalidate,
+            drop_all,
+        ),
+        (Pool::Postgres(pool), None) => follow(
             &state,
             &guards,
             PgFollower::new(items, pool.clone(), items_feed()),
@@ -105,7 +129,7 @@ pub async fn prepare(state: AppState) {
             invalidate,
             drop_all,
         ),
-        Pool::Sqlite(pool) => follow(
+        (Pool::Sqlite(pool), _) => follow(
             &state,
             &guards,
             SqliteFollower::new(items, pool.clone(), items_feed()),
@@ -113,7 +137,7 @@ pub async fn prepare(state: AppState) {
             invalidate,
             drop_all,
         ),
-        Pool::MySql(pool) => follow(
+        (Pool::MySql(pool), _) => follow(
             &state,
             &guards,
             MySqlFollower::new(items, pool.clone(), items_feed()),

@@ -5,6 +5,7 @@ use sqlx::migrate::Migrator;
 use sqlx::{Database as Backend, Executor, IntoArguments, Pool as SqlxPool};
 
 use super::{Database, MigrateError, Pool};
+use crate::config::Feed;
 
 static POSTGRES: Migrator = sqlx::migrate!("../../migrations");
 static SQLITE: Migrator = sqlx::migrate!("./sqlite");
@@ -20,13 +21,33 @@ impl Database {
     ///
     /// If the database is unreachable or a migration fails.
     pub async fn migrate(&self) -> Result<(), MigrateError> {
+        self.migrate_for(Feed::Triggers).await
+    }
+
+    /// As [`migrate`](Self::migrate), with a Postgres database's tables put
+    /// on `feed`: the triggers' or the write-ahead log's
+    /// ([`Watch::install_log`](bloom_guard_sqlx::Watch::install_log)).
+    ///
+    /// # Errors
+    ///
+    /// As [`migrate`](Self::migrate); and for the log feed, a server
+    /// without `wal_level=logical` or tables the triggers feed
+    /// ([`FeedError::LogFeed`](bloom_guard_sqlx::FeedError::LogFeed)).
+    pub async fn migrate_for(&self, feed: Feed) -> Result<(), MigrateError> {
         let (items, users) = (crate::items_feed(), crate::users_feed());
         match self.pool.clone() {
             Pool::Postgres(pool) => {
                 run_if_needed(&POSTGRES, &pool).await?;
                 bloom_guard_sqlx::install(&pool).await?;
                 // Each checks its table in one statement; side by side.
-                tokio::try_join!(items.install(&pool), users.install(&pool))?;
+                match feed {
+                    Feed::Triggers => {
+                        tokio::try_join!(items.install(&pool), users.install(&pool))?;
+                    }
+                    Feed::Log => {
+                        tokio::try_join!(items.install_log(&pool), users.install_log(&pool))?;
+                    }
+                }
             }
             Pool::Sqlite(pool) => {
                 run_if_needed(&SQLITE, &pool).await?;

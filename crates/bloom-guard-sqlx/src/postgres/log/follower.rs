@@ -37,6 +37,8 @@ use crate::watch::Watch;
 /// tokio::spawn(PgLogFollower::new(guard.clone(), pool, items, url).run());
 /// # Ok(()) }
 /// ```
+///
+#[doc = include_str!("../../../docs/log-feed.md")]
 pub struct PgLogFollower {
     engine: Follower<PgLogBackend>,
 }

@@ -23,6 +23,7 @@
 
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -42,6 +43,29 @@ pub(crate) enum ProducerError {
     Stream(#[from] StreamError),
 }
 
+/// Transactions received and not written yet.
+#[derive(Default)]
+struct Batch {
+    /// Their rows, each with its transaction's end.
+    rows: Vec<(u64, FeedRow)>,
+    transactions: usize,
+    /// The last one's end.
+    end: u64,
+}
+
+impl Batch {
+    /// At most this many rows, or transactions, go in one write.
+    const ROWS: usize = 10_000;
+
+    fn is_empty(&self) -> bool {
+        self.transactions == 0
+    }
+
+    fn full(&self) -> bool {
+        self.rows.len() >= Self::ROWS || self.transactions >= Self::ROWS
+    }
+}
+
 /// A database's log feed producer.
 pub(crate) struct Producer {
     pub(crate) pool: PgPool,
@@ -55,6 +79,8 @@ impl Producer {
     /// Produces until `stop`, taking the slot whenever it is free.
     pub(crate) async fn run(self, stop: CancellationToken) {
         let mut passed_over = Vec::new();
+        // The last failure logged as a warning: each other one once.
+        let mut warned: Option<String> = None;
         while !stop.is_cancelled() {
             match self.produce(&stop, &passed_over).await {
                 Ok(()) => return,
@@ -67,7 +93,15 @@ impl Producer {
                     continue;
                 }
                 Err(error) => {
-                    tracing::debug!(error = %crate::error::error_chain(&error), "the log feed's slot is not streaming here; trying again");
+                    let message = crate::error::error_chain(&error);
+                    // Another instance streams the slot (object in use,
+                    // whatever the server's language): the election.
+                    if message.contains("SQLSTATE 55006") {
+                        tracing::debug!(error = %message, "another instance streams the log feed's slot");
+                    } else if warned.as_deref() != Some(message.as_str()) {
+                        tracing::warn!(error = %message, retry_in = ?RETRY, "the log feed's producer stopped; the guards on the log feed let requests through until it streams again");
+                        warned = Some(message);
+                    }
                 }
             }
             tokio::select! {
@@ -102,24 +136,57 @@ impl Producer {
         let mut stream =
             LogStream::start(&self.url, &self.slot, &self.publication, &tables, after).await?;
         tracing::info!(slot = %self.slot, "streaming the log feed's slot");
+        // The transactions received and not written yet: written together
+        // once no more is at hand, or the batch is full.
+        let mut batch = Batch::default();
         loop {
-            let event = tokio::select! {
-                () = stop.cancelled() => {
-                    stream.stop().await;
-                    return Ok(());
+            let event = if batch.is_empty() {
+                tokio::select! {
+                    () = stop.cancelled() => {
+                        stream.stop().await;
+                        return Ok(());
+                    }
+                    event = stream.next() => event?,
                 }
-                event = stream.next() => event?,
+            } else {
+                // Receiving is cancel-safe: a transaction half received
+                // stays in the stream.
+                match stream.next().now_or_never() {
+                    Some(event) => event?,
+                    None => {
+                        self.flush(&mut batch, &mut stream).await?;
+                        continue;
+                    }
+                }
             };
             match event {
                 Event::Committed { end, rows } => {
-                    if !rows.is_empty() {
-                        self.write(&rows, end).await?;
+                    batch.rows.extend(rows.into_iter().map(|row| (end, row)));
+                    batch.transactions += 1;
+                    batch.end = end;
+                    if batch.full() {
+                        self.flush(&mut batch, &mut stream).await?;
                     }
-                    stream.applied(end);
                 }
-                Event::CaughtUp { wal_end } => stream.applied(wal_end),
+                Event::CaughtUp { wal_end } => {
+                    self.flush(&mut batch, &mut stream).await?;
+                    stream.applied(wal_end);
+                }
             }
         }
+    }
+
+    /// Writes the batch's rows, if any, and tells the server it has them.
+    async fn flush(&self, batch: &mut Batch, stream: &mut LogStream) -> Result<(), sqlx::Error> {
+        if batch.transactions == 0 {
+            return Ok(());
+        }
+        if !batch.rows.is_empty() {
+            self.write(&batch.rows, batch.end).await?;
+        }
+        stream.applied(batch.end);
+        *batch = Batch::default();
+        Ok(())
     }
 
     /// The end of the last transaction written, 0 if none.
@@ -134,10 +201,13 @@ impl Producer {
         Ok(applied.map_or(0, |applied| applied.unsigned_abs()))
     }
 
-    /// Writes `rows` and the progress `end` in one transaction.
-    async fn write(&self, rows: &[FeedRow], end: u64) -> Result<(), sqlx::Error> {
-        let (mut guards, mut kinds, mut keys) = (Vec::new(), Vec::new(), Vec::new());
-        for row in rows {
+    /// Writes `rows`, each at its transaction's end, and the progress
+    /// `end` in one transaction.
+    async fn write(&self, rows: &[(u64, FeedRow)], end: u64) -> Result<(), sqlx::Error> {
+        let (mut ends, mut guards, mut kinds, mut keys) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (row_end, row) in rows {
+            ends.push(i64::try_from(*row_end).unwrap_or(i64::MAX));
             guards.push(row.guard.as_str());
             kinds.push(char::from(row.kind).to_string());
             keys.push(row.key.as_str());
@@ -146,15 +216,16 @@ impl Producer {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "insert into bloom_guard.log_changes (lsn, guard, kind, key)
-             select '0/0'::pg_catalog.pg_lsn operator(pg_catalog.+) $4::pg_catalog.numeric,
+             select '0/0'::pg_catalog.pg_lsn operator(pg_catalog.+) e::pg_catalog.numeric,
                     g, k::\"char\", key
                from rows from (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]),
-                               pg_catalog.unnest($3::text[])) as r(g, k, key)",
+                               pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::int8[]))
+                    as r(g, k, key, e)",
         )
         .bind(&guards)
         .bind(&kinds)
         .bind(&keys)
-        .bind(end)
+        .bind(&ends)
         .execute(&mut *tx)
         .await?;
         sqlx::query(
