@@ -64,10 +64,6 @@ impl PgLogBackend {
     /// `barrier`.
     async fn read_log(&self, since: u64, barrier: bool) -> Result<Read<u64>, sqlx::Error> {
         let slot = self.slot().await?.to_owned();
-        let horizon = super::read::horizon(self.pool()).await?;
-        if since < horizon {
-            return Ok(Read::Pruned);
-        }
         let mut lease = self.inner.feed.lease().await?;
         let name = self.inner.watch.feed_name();
         let read = crate::kept::within_timeout(async {
@@ -87,6 +83,11 @@ impl PgLogBackend {
         })
         .await?;
         lease.keep();
+        // The horizon as the read's own snapshot saw it: a pruning that
+        // committed before the read took rows it would have had.
+        if since < read.horizon {
+            return Ok(Read::Pruned);
+        }
         let mut changes = Changes::default();
         for row in &read.rows {
             let kind = [row.kind];
@@ -198,10 +199,19 @@ impl Database for PgLogBackend {
             // follower of it runs.
             let _member = PRODUCERS.join(database, (), move |stop| {
                 tokio::spawn(async move {
-                    match Producer::new(pool, &url).await {
-                        Ok(producer) => producer.run(stop).await,
-                        Err(error) => {
-                            tracing::warn!(%error, "cannot start the log feed's producer");
+                    let mut warned = false;
+                    loop {
+                        match Producer::new(pool.clone(), &url).await {
+                            Ok(producer) => return producer.run(stop).await,
+                            Err(error) if !warned => {
+                                tracing::warn!(%error, "cannot start the log feed's producer; trying again");
+                                warned = true;
+                            }
+                            Err(_) => {}
+                        }
+                        tokio::select! {
+                            () = stop.cancelled() => return,
+                            () = tokio::time::sleep(super::producer::RETRY) => {}
                         }
                     }
                 })

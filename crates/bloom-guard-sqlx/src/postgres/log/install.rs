@@ -8,6 +8,10 @@ use super::stream::LoggedTable;
 use crate::postgres::install::{retrying_locks, DDL_LOCK_TIMEOUT};
 use crate::watch::Watch;
 
+/// The prefix of the message `install_log` writes to the log when the log
+/// feed's tables change.
+pub(crate) const LOGGED_MESSAGE: &str = "bloom_guard.logged";
+
 /// The log feed's publication, one per database.
 pub(crate) const PUBLICATION: &str = "bloom_guard";
 
@@ -90,14 +94,24 @@ impl Watch {
         }
         self.check_identity(pool).await?;
         retrying_locks("install the log feed", || self.log_once(pool)).await?;
-        // Outside the transaction above: a slot is made on its own.
-        sqlx::query(
-            "select pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')
+        // Outside the transaction above: a slot is made on its own. A slot
+        // made again (dropped, lost) missed what came before it: readers
+        // and snapshots behind its start rebuild, as behind a pruning.
+        let made: Option<String> = sqlx::query_scalar(
+            "select s.lsn::text from pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput') s
               where not exists (select from pg_catalog.pg_replication_slots where slot_name = $1)",
         )
         .bind(slot_name(pool).await?)
-        .execute(pool)
+        .fetch_optional(pool)
         .await?;
+        if let Some(start) = made {
+            sqlx::query(
+                "update bloom_guard.log_horizon set below = greatest(below, $1::pg_catalog.pg_lsn)",
+            )
+            .bind(start)
+            .execute(pool)
+            .await?;
+        }
         Ok(())
     }
 
@@ -115,15 +129,20 @@ impl Watch {
         )))
         .execute(&mut *tx)
         .await?;
-        sqlx::query(
+        // Unchanged, the row is left as it is: its version is part of the
+        // guard's fingerprint, and a start must not make the fleet rebuild.
+        let changed = sqlx::query(
             "insert into bloom_guard.logged (guard, rel, key_columns) values ($1, $2::regclass, $3)
-             on conflict (guard, rel) do update set key_columns = excluded.key_columns",
+             on conflict (guard, rel) do update set key_columns = excluded.key_columns
+              where bloom_guard.logged.key_columns is distinct from excluded.key_columns",
         )
         .bind(self.feed_name())
         .bind(&self.table)
         .bind(&self.key_columns)
         .execute(&mut *tx)
-        .await?;
+        .await?
+        .rows_affected()
+            > 0;
         let (name, published): (String, bool) = sqlx::query_as(
             "select $1::regclass::text,
                     exists (select from pg_catalog.pg_publication_tables
@@ -152,6 +171,14 @@ impl Watch {
         )))
         .execute(&mut *tx)
         .await?;
+        if changed || !published {
+            // In the log, in commit order: the producer streaming now
+            // takes up the tables as they are from this commit on.
+            sqlx::query("select pg_catalog.pg_logical_emit_message(true, $1, 'logged')")
+                .bind(LOGGED_MESSAGE)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await
     }
 

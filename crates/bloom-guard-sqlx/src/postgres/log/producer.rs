@@ -120,19 +120,7 @@ impl Producer {
         passed_over: &[(String, String)],
     ) -> Result<(), ProducerError> {
         let after = self.progress().await?;
-        let mut tables = logged_tables(&self.pool).await?;
-        for (schema, table) in passed_over {
-            if !tables
-                .iter()
-                .any(|t| &t.schema == schema && &t.table == table)
-            {
-                tables.push(LoggedTable {
-                    schema: schema.clone(),
-                    table: table.clone(),
-                    guards: Vec::new(),
-                });
-            }
-        }
+        let tables = self.tables(passed_over).await?;
         let mut stream =
             LogStream::start(&self.url, &self.slot, &self.publication, &tables, after).await?;
         tracing::info!(slot = %self.slot, "streaming the log feed's slot");
@@ -172,6 +160,12 @@ impl Producer {
                     self.flush(&mut batch, &mut stream).await?;
                     stream.applied(wal_end);
                 }
+                Event::Relogged => {
+                    // Committed already (the message comes with its
+                    // commit): the tables as that transaction left them.
+                    self.flush(&mut batch, &mut stream).await?;
+                    stream.set_tables(&self.tables(passed_over).await?)?;
+                }
             }
         }
     }
@@ -189,6 +183,28 @@ impl Producer {
         Ok(())
     }
 
+    /// The log feed's tables now, and `passed_over` those published for
+    /// another reason (no guard).
+    async fn tables(
+        &self,
+        passed_over: &[(String, String)],
+    ) -> Result<Vec<LoggedTable>, sqlx::Error> {
+        let mut tables = logged_tables(&self.pool).await?;
+        for (schema, table) in passed_over {
+            if !tables
+                .iter()
+                .any(|t| &t.schema == schema && &t.table == table)
+            {
+                tables.push(LoggedTable {
+                    schema: schema.clone(),
+                    table: table.clone(),
+                    guards: Vec::new(),
+                });
+            }
+        }
+        Ok(tables)
+    }
+
     /// The end of the last transaction written, 0 if none.
     async fn progress(&self) -> Result<u64, sqlx::Error> {
         let applied: Option<i64> = sqlx::query_scalar(
@@ -202,18 +218,46 @@ impl Producer {
     }
 
     /// Writes `rows`, each at its transaction's end, and the progress
-    /// `end` in one transaction.
-    async fn write(&self, rows: &[(u64, FeedRow)], end: u64) -> Result<(), sqlx::Error> {
+    /// `end` in one transaction, durably (the server forgets the log
+    /// before `end` once told). Under the progress row's lock, the rows at
+    /// or before the progress another producer wrote are left out, and
+    /// the progress only moves on: two producers (one stalled while the
+    /// other took the slot) never write a change twice.
+    pub(super) async fn write(&self, rows: &[(u64, FeedRow)], end: u64) -> Result<(), sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("set local synchronous_commit = on")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "insert into bloom_guard.log_progress (slot, applied) values ($1, '0/0')
+             on conflict (slot) do nothing",
+        )
+        .bind(&self.slot)
+        .execute(&mut *tx)
+        .await?;
+        let written: i64 = sqlx::query_scalar(
+            "select (applied operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8
+               from bloom_guard.log_progress where slot = $1 for update",
+        )
+        .bind(&self.slot)
+        .fetch_one(&mut *tx)
+        .await?;
+        let written = written.unsigned_abs();
         let (mut ends, mut guards, mut kinds, mut keys) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (row_end, row) in rows {
+        for (row_end, row) in rows.iter().filter(|(row_end, _)| *row_end > written) {
             ends.push(i64::try_from(*row_end).unwrap_or(i64::MAX));
             guards.push(row.guard.as_str());
             kinds.push(char::from(row.kind).to_string());
             keys.push(row.key.as_str());
         }
+        if ends.len() < rows.len() {
+            tracing::debug!(
+                skipped = rows.len() - ends.len(),
+                "another producer wrote some of these changes"
+            );
+        }
         let end = i64::try_from(end).unwrap_or(i64::MAX);
-        let mut tx = self.pool.begin().await?;
         sqlx::query(
             "insert into bloom_guard.log_changes (lsn, guard, kind, key)
              select '0/0'::pg_catalog.pg_lsn operator(pg_catalog.+) e::pg_catalog.numeric,
@@ -229,9 +273,9 @@ impl Producer {
         .execute(&mut *tx)
         .await?;
         sqlx::query(
-            "insert into bloom_guard.log_progress (slot, applied)
-             values ($1, '0/0'::pg_catalog.pg_lsn operator(pg_catalog.+) $2::pg_catalog.numeric)
-             on conflict (slot) do update set applied = excluded.applied",
+            "update bloom_guard.log_progress
+                set applied = greatest(applied, '0/0'::pg_catalog.pg_lsn operator(pg_catalog.+) $2::pg_catalog.numeric)
+              where slot = $1",
         )
         .bind(&self.slot)
         .bind(end)

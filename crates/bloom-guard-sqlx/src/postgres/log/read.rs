@@ -31,6 +31,9 @@ const LOOK_EVERY: Duration = Duration::from_millis(1);
 pub(crate) struct LogRead {
     pub(crate) rows: Vec<FeedRow>,
     pub(crate) position: u64,
+    /// Rows at or before this were pruned, as the read's snapshot saw:
+    /// a read from before it missed some.
+    pub(crate) horizon: u64,
 }
 
 /// Why a read of the log feed failed.
@@ -76,6 +79,7 @@ pub(crate) async fn read(
     let mut read = LogRead::default();
     while let Some(row) = rows.try_next().await? {
         read.position = row.try_get::<i64, _>(0)?.unsigned_abs();
+        read.horizon = row.try_get::<i64, _>(4)?.unsigned_abs();
         let Some(guard) = row.try_get::<Option<String>, _>(1)? else {
             continue;
         };
@@ -105,9 +109,11 @@ static READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 const READ_STATEMENT: &str = "with upto as (
              select greatest(
                         (select p.applied from bloom_guard.log_progress p where p.slot = $1),
-                        $3::pg_catalog.pg_lsn, $4::pg_catalog.pg_lsn) as lsn)
+                        $3::pg_catalog.pg_lsn, $4::pg_catalog.pg_lsn) as lsn,
+                    (select h.below from bloom_guard.log_horizon h) as below)
          select (u.lsn operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
-                c.guard, c.kind::pg_catalog.text, LOWERED
+                c.guard, c.kind::pg_catalog.text, LOWERED,
+                (coalesce(u.below, '0/0') operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8
            from upto u
            left join bloom_guard.log_changes c
              on c.guard operator(pg_catalog.=) any ($2::text[])
@@ -147,22 +153,13 @@ fn record_end_at_or_before(insert: u64, block: u64) -> u64 {
     }
 }
 
-/// Rows at or before this position were pruned.
-pub(crate) async fn horizon(pool: &sqlx::PgPool) -> Result<u64, sqlx::Error> {
-    let below: Option<i64> = sqlx::query_scalar(
-        "select (below operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8
-           from bloom_guard.log_horizon",
-    )
-    .fetch_optional(pool)
-    .await?;
-    Ok(below.map_or(0, i64::unsigned_abs))
-}
-
-/// The furthest position the producer has written: every change committed
-/// up to it is in the rows.
+/// The furthest position the producer has written, or the horizon if it
+/// is further (what came before is in no row, nor to be read): every
+/// change committed up to it is behind it.
 pub(crate) async fn written(pool: &sqlx::PgPool, slot: &str) -> Result<u64, sqlx::Error> {
     let written: Option<i64> = sqlx::query_scalar(
         "select (greatest((select p.applied from bloom_guard.log_progress p where p.slot = $1),
+                          (select h.below from bloom_guard.log_horizon h),
                           '0/0'::pg_catalog.pg_lsn)
                  operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8",
     )

@@ -39,6 +39,10 @@ pub(crate) enum Event {
     /// Every transaction before `wal_end` was sent: the server said so
     /// with no transaction open.
     CaughtUp { wal_end: u64 },
+    /// The log feed's tables changed in the transaction being received:
+    /// the stream takes up the tables as they are now
+    /// ([`set_tables`](LogStream::set_tables)) before anything after.
+    Relogged,
 }
 
 /// Why the stream stopped.
@@ -74,6 +78,9 @@ pub(crate) struct LogStream {
     /// Key columns by relation id, for the watched relations described so
     /// far; an empty list for a relation no guard watches.
     relations: HashMap<u32, Vec<KeyColumns>>,
+    /// The relations as described, to find their key columns again when
+    /// the tables change.
+    descriptions: HashMap<u32, Relation>,
     /// The rows of the transaction being received, if one is open.
     open: Option<Vec<FeedRow>>,
     /// The end of the last transaction applied.
@@ -98,19 +105,11 @@ impl LogStream {
         let client = ReplicationClient::connect(config)
             .await
             .map_err(StreamError::Replication)?;
-        let watched = tables
-            .iter()
-            .map(|table| {
-                (
-                    (table.schema.clone(), table.table.clone()),
-                    table.guards.clone(),
-                )
-            })
-            .collect();
         Ok(Self {
             client,
-            watched,
+            watched: watched(tables),
             relations: HashMap::new(),
+            descriptions: HashMap::new(),
             open: None,
             after,
         })
@@ -135,6 +134,11 @@ impl LogStream {
                         return Ok(Event::Committed { end, rows });
                     }
                 }
+                ReplicationEvent::Message {
+                    transactional: true,
+                    prefix,
+                    ..
+                } if prefix == super::install::LOGGED_MESSAGE => return Ok(Event::Relogged),
                 ReplicationEvent::KeepAlive { wal_end, .. } if self.open.is_none() => {
                     return Ok(Event::CaughtUp {
                         wal_end: wal_end.as_u64(),
@@ -152,6 +156,17 @@ impl LogStream {
         self.client.update_applied_lsn(Lsn::from_u64(self.after));
     }
 
+    /// Takes up `tables` as the log feed's tables from the next change on.
+    pub(crate) fn set_tables(&mut self, tables: &[LoggedTable]) -> Result<(), StreamError> {
+        self.watched = watched(tables);
+        let mut relations = HashMap::with_capacity(self.descriptions.len());
+        for (id, relation) in &self.descriptions {
+            relations.insert(*id, self.key_columns(relation)?);
+        }
+        self.relations = relations;
+        Ok(())
+    }
+
     /// Stops the stream, saying so to the server.
     pub(crate) async fn stop(mut self) {
         let _ = self.client.shutdown().await;
@@ -163,6 +178,7 @@ impl LogStream {
             Message::Relation(relation) => {
                 let keys = self.key_columns(relation)?;
                 self.relations.insert(relation.id, keys);
+                self.descriptions.insert(relation.id, relation.clone());
             }
             Message::Insert { relation, .. }
             | Message::Update { relation, .. }
@@ -207,6 +223,19 @@ impl LogStream {
             .map(|(guard, columns)| KeyColumns::of(relation, guard, columns))
             .collect::<Result<_, _>>()?)
     }
+}
+
+/// The guards of each table, by (schema, table).
+fn watched(tables: &[LoggedTable]) -> Watched {
+    tables
+        .iter()
+        .map(|table| {
+            (
+                (table.schema.clone(), table.table.clone()),
+                table.guards.clone(),
+            )
+        })
+        .collect()
 }
 
 /// A replication connection's settings from a `postgres://` URL: host,

@@ -1,6 +1,8 @@
 //! The producer and a table put on the log feed: each change written
 //! once through killed connections, one feed per table.
 
+use std::collections::BTreeMap;
+
 use super::*;
 
 #[sqlx::test(migrations = false)]
@@ -90,4 +92,110 @@ async fn a_table_has_one_feed_and_a_key_the_log_cannot_carry_is_refused(pool: Pg
     .await
     .expect("count");
     assert_eq!(left, 0);
+}
+
+#[sqlx::test(migrations = false)]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_guard_put_on_a_streamed_table_gets_its_rows_from_its_commit_on(pool: PgPool) {
+    let (url, _slot) = log_fed_items(&pool).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let producer = Producer::new(pool.clone(), &url).await.expect("producer");
+    tokio::spawn(producer.run(stop.clone()));
+    exec(&pool, "insert into items (id, key) values (1, 'before')").await;
+    until_fed(&pool, "before").await;
+    // Put on the log feed while the producer streams the table already:
+    // no new relation comes, the message in the log says so.
+    let second = crate::Watch::table("items").key("key").name("second");
+    second.install_log(&pool).await.expect("a second guard");
+    exec(&pool, "insert into items (id, key) values (2, 'after')").await;
+    until_fed(&pool, "after").await;
+    let second_rows: Vec<String> = sqlx::query_scalar(
+        "select key from bloom_guard.log_changes where guard = 'second' order by lsn",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("the second guard's rows");
+    assert_eq!(second_rows, ["after"]);
+    // Installed again unchanged, the table's place on the feed keeps its
+    // version: no start makes the fleet rebuild.
+    let versions = super::super::install::versions(&pool, &second)
+        .await
+        .expect("versions");
+    second.install_log(&pool).await.expect("again");
+    assert_eq!(
+        super::super::install::versions(&pool, &second)
+            .await
+            .expect("versions"),
+        versions
+    );
+    stop.cancel();
+}
+
+#[sqlx::test(migrations = false)]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn producers_that_overlap_write_each_change_once_and_never_go_back(pool: PgPool) {
+    let (url, _slot) = log_fed_items(&pool).await;
+    let one = Producer::new(pool.clone(), &url).await.expect("producer");
+    let two = Producer::new(pool.clone(), &url).await.expect("producer");
+    let row = |key: &str| crate::postgres::log::rows::FeedRow {
+        guard: "items".into(),
+        kind: b'i',
+        key: key.into(),
+    };
+    // One wrote up to 300 while the other, stalled, still holds 100 to 300.
+    one.write(&[(100, row("a")), (200, row("b")), (300, row("c"))], 300)
+        .await
+        .expect("write");
+    two.write(&[(200, row("b")), (300, row("c"))], 300)
+        .await
+        .expect("write again");
+    two.write(&[(100, row("a"))], 100)
+        .await
+        .expect("write behind");
+    assert_eq!(
+        feed_counts(&pool).await,
+        BTreeMap::from([("a".into(), 1), ("b".into(), 1), ("c".into(), 1)])
+    );
+    let progress: String = sqlx::query_scalar("select applied::text from bloom_guard.log_progress")
+        .fetch_one(&pool)
+        .await
+        .expect("progress");
+    assert_eq!(progress, "0/12C", "the progress went back");
+}
+
+#[sqlx::test(migrations = false)]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_slot_made_again_sends_readers_behind_it_to_a_rebuild(pool: PgPool) {
+    let (url, slot) = log_fed_items(&pool).await;
+    let mut connection = pool.acquire().await.expect("a connection");
+    let before =
+        crate::postgres::log::read::read(&mut connection, &slot.name, &["items"], 0, None, false)
+            .await
+            .expect("a read");
+    exec(&pool, "insert into items (id, key) values (1, 'lost')").await;
+    sqlx::query("select pg_drop_replication_slot($1)")
+        .bind(&slot.name)
+        .execute(&pool)
+        .await
+        .expect("drop the slot");
+    crate::Watch::table("items")
+        .key("key")
+        .install_log(&pool)
+        .await
+        .expect("make the slot again");
+    let after = crate::postgres::log::read::read(
+        &mut connection,
+        &slot.name,
+        &["items"],
+        before.position,
+        None,
+        false,
+    )
+    .await
+    .expect("a read");
+    assert!(
+        after.horizon > before.position,
+        "a reader from before the slot was made again would miss 'lost': {after:?}"
+    );
+    drop(url);
 }
