@@ -97,13 +97,18 @@ impl Watch {
         // Outside the transaction above: a slot is made on its own. A slot
         // made again (dropped, lost) missed what came before it: readers
         // and snapshots behind its start rebuild, as behind a pruning.
-        let made: Option<String> = sqlx::query_scalar(
+        let made: Result<Option<String>, sqlx::Error> = sqlx::query_scalar(
             "select s.lsn::text from pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput') s
               where not exists (select from pg_catalog.pg_replication_slots where slot_name = $1)",
         )
         .bind(slot_name(pool).await?)
         .fetch_optional(pool)
-        .await?;
+        .await;
+        let made = match made {
+            // Another instance made it meanwhile (duplicate object).
+            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("42710") => None,
+            made => made?,
+        };
         if let Some(start) = made {
             sqlx::query(
                 "update bloom_guard.log_horizon set below = greatest(below, $1::pg_catalog.pg_lsn)",

@@ -106,7 +106,7 @@ impl KeyColumns {
     }
 
     /// The canonical key of `tuple`: `None` if a part is null (the
-    /// triggers record no key then). An unchanged TOASTed part is taken
+    /// triggers record no key then) or not UTF-8. An unchanged TOASTed part is taken
     /// from `before`.
     fn key(&self, tuple: &Tuple<'_>, before: Option<&Tuple<'_>>) -> Option<String> {
         let mut parts = Vec::with_capacity(self.positions.len());
@@ -120,7 +120,9 @@ impl KeyColumns {
             let Value::Text(bytes) = value else {
                 return None;
             };
-            let mut text = String::from_utf8_lossy(bytes).into_owned();
+            // Bytes that are not UTF-8 (a SQL_ASCII database): no request
+            // names the key, and the scan leaves it out too.
+            let mut text = String::from_utf8(bytes.to_vec()).ok()?;
             if padded {
                 text.truncate(text.trim_end_matches(' ').len());
             }
@@ -248,5 +250,10 @@ mod tests {
         };
         assert_eq!(rows(&keys, &insert), [('i', "2:é1:x".to_owned())]);
         assert_eq!(key_of(vec!["only".into()]), "only");
+        let not_utf8 = Message::Insert {
+            relation: 1,
+            new: Tuple(vec![Value::Text(b"\xff"), text("x")]),
+        };
+        assert!(rows(&keys, &not_utf8).is_empty());
     }
 }
