@@ -2,7 +2,9 @@
 //! service and read through another at once, the way a client of a fleet
 //! behind one address creates and then reads. Two processes on one
 //! Postgres database, then on one SQLite file, then (with a MySQL URL) on
-//! one MySQL or MariaDB database; each with the read barrier
+//! one MySQL or MariaDB database, and (on a server with `wal_level=logical`)
+//! on one Postgres database on the log feed (`BLOOM_FEED=log`); each with
+//! the read barrier
 //! (the default) and without it (`BLOOM_READ_BARRIER=off`). Reports the
 //! refusals (404) and the read's latency.
 
@@ -33,6 +35,17 @@ pub(crate) async fn cross(
     requests: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let db = Database::create(server_url, "bloom_guard_cross").await?;
+    // The log feed's (`BLOOM_FEED=log`): a database of its own, since a
+    // table has one feed; the server must decode its log.
+    let level: String = sqlx::query_scalar("show wal_level")
+        .fetch_one(db.pool())
+        .await?;
+    let log_db = if level == "logical" {
+        Some(Database::create(server_url, "bloom_guard_cross_log").await?)
+    } else {
+        println!("the server's wal_level is not logical: the log feed is not measured");
+        None
+    };
     let mysql = match mysql_url {
         Some(url) => Some(mysql_database(url, "bloom_guard_cross").await?),
         None => None,
@@ -46,6 +59,9 @@ pub(crate) async fn cross(
         ("sqlite", true),
         ("sqlite", false),
     ];
+    if log_db.is_some() {
+        backends.extend([("postgres-log", true), ("postgres-log", false)]);
+    }
     if mysql.is_some() {
         backends.extend([("mysql", true), ("mysql", false)]);
     }
@@ -58,6 +74,9 @@ pub(crate) async fn cross(
         )];
         if backend == "postgres" {
             env.push(("DATABASE_URL", db.url.clone()));
+        } else if let (Some(log_db), "postgres-log") = (&log_db, backend) {
+            env.push(("DATABASE_URL", log_db.url.clone()));
+            env.push(("BLOOM_FEED", "log".to_owned()));
         } else if let (Some(url), "mysql") = (&mysql, backend) {
             env.push(("DATABASE_URL", url.clone()));
         } else {
@@ -108,6 +127,9 @@ pub(crate) async fn cross(
     std::fs::write(out.join("cross.json"), serde_json::to_vec_pretty(&runs)?)?;
     let _ = std::fs::remove_dir_all(&dir);
     db.drop_database().await?;
+    if let Some(log_db) = log_db {
+        log_db.drop_database().await?;
+    }
     Ok(())
 }
 

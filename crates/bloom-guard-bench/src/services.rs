@@ -26,20 +26,7 @@ impl Database {
         let server: PgConnectOptions = server_url.parse()?;
         let mut admin = server.connect().await?;
         // A log feed's slot left by a run that stopped keeps the database.
-        sqlx::query(
-            "select pg_terminate_backend(active_pid) from pg_replication_slots
-              where database = $1 and active_pid is not null",
-        )
-        .bind(name)
-        .execute(&mut admin)
-        .await?;
-        sqlx::query(
-            "select pg_drop_replication_slot(slot_name) from pg_replication_slots
-              where database = $1 and not active",
-        )
-        .bind(name)
-        .execute(&mut admin)
-        .await?;
+        drop_slots(&mut admin, name).await?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "drop database if exists {name} with (force)"
         )))
@@ -109,6 +96,7 @@ impl Database {
     pub(crate) async fn drop_database(self) -> Result<(), sqlx::Error> {
         self.pool.close().await;
         let mut admin = self.server.connect().await?;
+        drop_slots(&mut admin, &self.name).await?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "drop database if exists {} with (force)",
             self.name
@@ -117,6 +105,38 @@ impl Database {
         .await?;
         Ok(())
     }
+}
+
+/// Drops the replication slots of database `name` (a log feed's), their
+/// readers stopped first: a slot keeps its database from being dropped.
+async fn drop_slots(admin: &mut sqlx::PgConnection, name: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "select pg_terminate_backend(active_pid) from pg_replication_slots
+          where database = $1 and active_pid is not null",
+    )
+    .bind(name)
+    .execute(&mut *admin)
+    .await?;
+    for _ in 0..50 {
+        sqlx::query(
+            "select pg_drop_replication_slot(slot_name) from pg_replication_slots
+              where database = $1 and not active",
+        )
+        .bind(name)
+        .execute(&mut *admin)
+        .await?;
+        let left: bool = sqlx::query_scalar(
+            "select exists (select from pg_replication_slots where database = $1)",
+        )
+        .bind(name)
+        .fetch_one(&mut *admin)
+        .await?;
+        if !left {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Ok(())
 }
 
 /// A running items-service, stopped when dropped.
