@@ -42,3 +42,17 @@ insert into bloom_guard.log_horizon default values on conflict do nothing;
 create index if not exists log_changes_guard_lsn on bloom_guard.log_changes (guard, lsn);
 
 revoke all on bloom_guard.log_horizon, bloom_guard.log_changes, bloom_guard.logged, bloom_guard.log_progress from public;
+
+-- The slot the feed's state belongs to, once made ('made'), or while it is
+-- made again ('making'): a slot missing (dropped, a failover, a restore into
+-- another cluster) or lost (past max_slot_wal_keep_size) is made again, and
+-- the feed's rows, progress and horizon start over at its start. Part of
+-- each log-fed guard's fingerprint: a filter of an older slot rebuilds.
+create table if not exists bloom_guard.log_slot (
+    singleton boolean primary key default true check (singleton),
+    slot text not null,
+    state text not null check (state in ('making', 'made')),
+    made pg_lsn
+);
+
+revoke all on bloom_guard.log_slot from public;

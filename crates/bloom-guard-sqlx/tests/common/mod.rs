@@ -2,6 +2,8 @@
 
 #![allow(dead_code, reason = "each test file uses its own part")]
 
+#[cfg(feature = "log-feed")]
+pub(crate) mod log;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 pub(crate) mod spellings;

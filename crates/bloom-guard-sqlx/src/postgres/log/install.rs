@@ -94,28 +94,14 @@ impl Watch {
         }
         self.check_identity(pool).await?;
         retrying_locks("install the log feed", || self.log_once(pool)).await?;
-        // Outside the transaction above: a slot is made on its own. A slot
-        // made again (dropped, lost) missed what came before it: readers
-        // and snapshots behind its start rebuild, as behind a pruning.
-        let made: Result<Option<String>, sqlx::Error> = sqlx::query_scalar(
-            "select s.lsn::text from pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput') s
-              where not exists (select from pg_catalog.pg_replication_slots where slot_name = $1)",
-        )
-        .bind(slot_name(pool).await?)
-        .fetch_optional(pool)
-        .await;
-        let made = match made {
-            // Another instance made it meanwhile (duplicate object).
-            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("42710") => None,
-            made => made?,
-        };
-        if let Some(start) = made {
-            sqlx::query(
-                "update bloom_guard.log_horizon set below = greatest(below, $1::pg_catalog.pg_lsn)",
-            )
-            .bind(start)
-            .execute(pool)
-            .await?;
+        // Outside the transaction above: a slot is made on its own.
+        super::slot::ensure(pool, &slot_name(pool).await?).await?;
+        let keep: String =
+            sqlx::query_scalar("select pg_catalog.current_setting('max_slot_wal_keep_size')")
+                .fetch_one(pool)
+                .await?;
+        if keep == "-1" {
+            tracing::warn!("max_slot_wal_keep_size is unlimited: while no instance streams the log feed's slot (the fleet down), the server keeps its write-ahead log until the disk fills; set a limit (a slot past it is made again, and the guards rebuild)");
         }
         Ok(())
     }
@@ -231,21 +217,18 @@ pub(crate) async fn gaps(
     watch: &Watch,
     slot: &str,
 ) -> Result<Vec<String>, sqlx::Error> {
-    let (logged, published, slot_state, triggers): (bool, bool, Option<String>, bool) = sqlx::query_as(
+    let (logged, published, triggers): (bool, bool, bool) = sqlx::query_as(
         "select exists (select from bloom_guard.logged l
                          where l.guard = $1 and l.rel = pg_catalog.to_regclass($2) and l.key_columns = $3),
                 exists (select from pg_catalog.pg_publication_rel r
                           join pg_catalog.pg_publication p on p.oid = r.prpubid
                          where p.pubname = $4 and r.prrelid = pg_catalog.to_regclass($2)),
-                (select coalesce(s.wal_status, 'reserved') from pg_catalog.pg_replication_slots s
-                  where s.slot_name = $5),
                 exists (select from bloom_guard.watched w where w.rel = pg_catalog.to_regclass($2))",
     )
     .bind(watch.feed_name())
     .bind(&watch.table)
     .bind(&watch.key_columns)
     .bind(PUBLICATION)
-    .bind(slot)
     .fetch_one(pool)
     .await?;
     let mut gaps = Vec::new();
@@ -261,13 +244,7 @@ pub(crate) async fn gaps(
             watch.table
         ));
     }
-    match slot_state.as_deref() {
-        None => gaps.push(format!("the log feed's slot {slot} is missing")),
-        Some("lost") => gaps.push(format!(
-            "the log feed's slot {slot} was invalidated (max_slot_wal_keep_size)"
-        )),
-        Some(_) => {}
-    }
+    gaps.extend(super::slot::state(pool, slot).await?.gap(slot));
     if triggers {
         gaps.push(format!("{} is fed by triggers too", watch.table));
     }
@@ -282,15 +259,18 @@ pub(crate) async fn gaps(
     Ok(gaps)
 }
 
-/// The table's identity and its place on the log feed: it changes when the
-/// table is recreated or put on the feed again, when a filter of before
-/// may lack keys.
+/// The table's identity, its place on the log feed and the slot the feed
+/// belongs to: it changes when the table is recreated or put on the feed
+/// again, or the slot made again, when a filter of before may lack keys.
 pub(crate) async fn versions(pool: &PgPool, watch: &Watch) -> Result<String, sqlx::Error> {
     sqlx::query_scalar(
         "select 'log:' operator(pg_catalog.||) coalesce(
                     (select l.rel::oid::text operator(pg_catalog.||) '@' operator(pg_catalog.||) l.xmin::text
                        from bloom_guard.logged l
-                      where l.guard = $1 and l.rel = pg_catalog.to_regclass($2)), '')",
+                      where l.guard = $1 and l.rel = pg_catalog.to_regclass($2)), '')
+                operator(pg_catalog.||) ':' operator(pg_catalog.||) coalesce(
+                    (select s.slot operator(pg_catalog.||) '@' operator(pg_catalog.||) s.made::text
+                       from bloom_guard.log_slot s where s.state = 'made'), '')",
     )
     .bind(watch.feed_name())
     .bind(&watch.table)

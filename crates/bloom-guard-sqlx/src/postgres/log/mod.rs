@@ -6,7 +6,8 @@
 //! put on the log feed (`install`), the producer that writes the stream
 //! to the feed (`producer`), a scan's exact place in the log
 //! (`stream::ScanPoint`), and reads with the barrier by log position
-//! (`read`).
+//! (`read`), and the slot, made again when it is missing or lost
+//! (`slot`).
 
 mod backend;
 mod follower;
@@ -15,6 +16,7 @@ mod pgoutput;
 mod producer;
 mod read;
 mod rows;
+mod slot;
 pub(super) mod stream;
 
 pub use follower::PgLogFollower;

@@ -119,6 +119,9 @@ impl Producer {
         stop: &CancellationToken,
         passed_over: &[(String, String)],
     ) -> Result<(), ProducerError> {
+        // A slot missing or lost is made again, and the feed starts over
+        // at its start: the guards on it rebuild.
+        super::slot::ensure(&self.pool, &self.slot).await?;
         let after = self.progress().await?;
         let tables = self.tables(passed_over).await?;
         let mut stream =

@@ -1,0 +1,184 @@
+//! The log feed's slot: made once per database, and made again when it is
+//! missing (dropped, a failover before Postgres 17's failover slots, a
+//! restore into another cluster) or lost (invalidated past
+//! `max_slot_wal_keep_size`). A slot made again missed what came before
+//! it, so the feed starts over with it: its rows are deleted, and its
+//! progress and horizon move to the new slot's start. Readers behind the
+//! horizon rebuild; the slot's start is part of every log-fed guard's
+//! fingerprint, so a filter or snapshot of the slot before rebuilds too,
+//! even when the positions went back (another cluster's log).
+//!
+//! Making a slot takes steps that cannot share one transaction (a slot is
+//! made outside any). `bloom_guard.log_slot` says how far they got: while
+//! it reads `making`, or names another slot, the slot is made again and
+//! no producer streams it.
+
+use sqlx::{ConnectOptions as _, Connection as _, PgConnection, PgPool};
+
+/// The log feed's slot as the database has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotState {
+    /// Made, and the feed's state is its.
+    Ready,
+    /// No such slot, or the feed's state is another slot's.
+    Missing,
+    /// Invalidated: the log it needed was removed.
+    Lost,
+    /// Being made, or its making stopped half way.
+    Unfinished,
+}
+
+impl SlotState {
+    /// The gap a follower reports for this state, if any.
+    pub(crate) fn gap(self, slot: &str) -> Option<String> {
+        match self {
+            Self::Ready => None,
+            Self::Missing => Some(format!("the log feed's slot {slot} is missing")),
+            Self::Lost => Some(format!(
+                "the log feed's slot {slot} was invalidated (max_slot_wal_keep_size)"
+            )),
+            Self::Unfinished => Some(format!("the log feed's slot {slot} is being made")),
+        }
+    }
+}
+
+/// The slot's state.
+pub(crate) async fn state(
+    executor: impl sqlx::PgExecutor<'_>,
+    slot: &str,
+) -> Result<SlotState, sqlx::Error> {
+    let (wal_status, made): (Option<String>, Option<String>) = sqlx::query_as(
+        "select (select coalesce(s.wal_status, 'reserved') from pg_catalog.pg_replication_slots s
+                  where s.slot_name = $1),
+                (select l.state from bloom_guard.log_slot l where l.slot = $1)",
+    )
+    .bind(slot)
+    .fetch_one(executor)
+    .await?;
+    Ok(match (wal_status.as_deref(), made.as_deref()) {
+        (Some("lost"), _) => SlotState::Lost,
+        (Some(_), Some("made")) => SlotState::Ready,
+        (_, Some("making")) => SlotState::Unfinished,
+        _ => SlotState::Missing,
+    })
+}
+
+/// Makes the slot (again) unless it is ready: the feed starts over at its
+/// start. Several instances may call this at once: one makes it, under a
+/// lock held by a connection of its own, and the others find it ready.
+/// Whether it made the slot.
+pub(crate) async fn ensure(pool: &PgPool, slot: &str) -> Result<bool, sqlx::Error> {
+    if state(pool, slot).await? == SlotState::Ready {
+        return Ok(false);
+    }
+    // A connection of its own: the session's lock goes with it, whatever
+    // stops this future.
+    let mut connection = pool.connect_options().connect().await?;
+    let made = make(&mut connection, slot).await;
+    // Closing releases the lock; a failed close drops the connection.
+    let _ = connection.close().await;
+    made
+}
+
+async fn make(connection: &mut PgConnection, slot: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query("select pg_catalog.pg_advisory_lock(pg_catalog.hashtext('bloom_guard.log_slot'))")
+        .execute(&mut *connection)
+        .await?;
+    let state = state(&mut *connection, slot).await?;
+    if state == SlotState::Ready {
+        return Ok(false);
+    }
+    tracing::warn!(%slot, ?state, "making the log feed's slot; the log feed starts over at its start, and the guards on it rebuild");
+    // What the feed held belongs to the slot before: gone, and no
+    // producer streams the slot until the last step.
+    start_over(
+        connection,
+        slot,
+        "making",
+        "pg_catalog.pg_current_wal_lsn()",
+        None,
+    )
+    .await?;
+    drop_slot(connection, slot).await?;
+    let start: String = sqlx::query_scalar(
+        "select lsn::text from pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')",
+    )
+    .bind(slot)
+    .fetch_one(&mut *connection)
+    .await?;
+    start_over(
+        connection,
+        slot,
+        "made",
+        "$2::pg_catalog.pg_lsn",
+        Some(&start),
+    )
+    .await?;
+    Ok(true)
+}
+
+/// Drops the slot if it is there, stopping its reader first (a stream of
+/// a lost slot, or of a slot whose making stopped half way).
+async fn drop_slot(connection: &mut PgConnection, slot: &str) -> Result<(), sqlx::Error> {
+    for _ in 0..50 {
+        let dropped = sqlx::query(
+            "select pg_catalog.pg_terminate_backend(active_pid) from pg_catalog.pg_replication_slots
+              where slot_name = $1 and active_pid is not null",
+        )
+        .bind(slot)
+        .execute(&mut *connection)
+        .await?;
+        if dropped.rows_affected() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        }
+        let dropped = sqlx::query(
+            "select pg_catalog.pg_drop_replication_slot(slot_name)
+               from pg_catalog.pg_replication_slots where slot_name = $1",
+        )
+        .bind(slot)
+        .execute(&mut *connection)
+        .await;
+        match dropped {
+            // Taken again between the look and the drop: look again.
+            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55006") => {}
+            other => return other.map(drop),
+        }
+    }
+    Err(sqlx::Error::Protocol(format!(
+        "the log feed's slot {slot} stays in use; it cannot be made again"
+    )))
+}
+
+/// In one transaction: the feed's rows deleted, its progress and horizon
+/// at `at` (SQL: the current position, or `$2`), the slot's state.
+async fn start_over(
+    connection: &mut PgConnection,
+    slot: &str,
+    state: &str,
+    at: &str,
+    start: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    let mut tx = connection.begin().await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "with at as (select {at} as lsn),
+              progress as (
+                  insert into bloom_guard.log_progress (slot, applied) select $1, lsn from at
+                  on conflict (slot) do update set applied = excluded.applied),
+              horizon as (update bloom_guard.log_horizon set below = (select lsn from at))
+         insert into bloom_guard.log_slot (slot, state, made) select $1, $3, lsn from at
+         on conflict (singleton) do update
+            set slot = excluded.slot, state = excluded.state, made = excluded.made"
+    )))
+    .bind(slot)
+    .bind(start)
+    .bind(state)
+    .execute(&mut *tx)
+    .await?;
+    if state == "making" {
+        sqlx::query("delete from bloom_guard.log_changes")
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}
