@@ -56,3 +56,46 @@ create table if not exists bloom_guard.log_slot (
 );
 
 revoke all on bloom_guard.log_slot from public;
+
+-- An ALTER TABLE of a log-fed table or of a table in its family (a
+-- partition attached with its rows, a key column's type or collation
+-- changed) brings keys, or changes how keys compare, with no change in the
+-- log for them. A message in the command's own transaction tells the
+-- producer, which records a resync ('r') of each guard of the table at that
+-- commit: its followers rebuild from there. An event trigger needs a
+-- superuser: installed by another role, the check's interval is the bound
+-- (the family is in each guard's fingerprint).
+create or replace function bloom_guard.on_alter_logged_table()
+returns event_trigger
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    g text;
+begin
+    for g in select distinct l.guard
+               from bloom_guard.logged l
+              cross join lateral bloom_guard.family(l.rel) f(rel)
+               join pg_catalog.pg_event_trigger_ddl_commands() c on c.objid = f.rel::oid
+              where c.command_tag = 'ALTER TABLE' loop
+        perform pg_catalog.pg_logical_emit_message(true, 'bloom_guard.resync', g);
+    end loop;
+exception when others then
+    -- Never fail the user's command for our sake: the check rebuilds at its
+    -- next run.
+    raise warning 'bloom_guard: cannot record a resync in the log feed: %', sqlerrm;
+end
+$$;
+
+do $event$
+begin
+    if exists (select from pg_catalog.pg_roles where rolname = current_user and rolsuper) then
+        drop event trigger if exists bloom_guard_alter_logged_table;
+        create event trigger bloom_guard_alter_logged_table on ddl_command_end
+            when tag in ('ALTER TABLE')
+            execute function bloom_guard.on_alter_logged_table();
+        alter event trigger bloom_guard_alter_logged_table enable always;
+    end if;
+end
+$event$;

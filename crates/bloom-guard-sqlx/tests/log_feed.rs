@@ -79,3 +79,69 @@ async fn raw_sql_of_every_kind_is_forgotten_or_held_exactly_across_restarts(pool
     }
     assert!(a.stats().deletes_applied > 0, "{:?}", a.stats());
 }
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_partitioned_table_is_followed_through_its_root(pool: PgPool) {
+    let (url, _slot) = log_fed(&pool).await;
+    exec(
+        &pool,
+        "create table parts (key text primary key, note text) partition by range (key);
+         create table parts_a partition of parts for values from ('a') to ('b');
+         create table parts_b partition of parts for values from ('b') to ('c');
+         insert into parts (key) values ('a1'), ('a2'), ('b1')",
+    )
+    .await;
+    let parts = bloom_guard_sqlx::Watch::table("parts").key("key");
+    parts
+        .install_log(&pool)
+        .await
+        .expect("put parts on the log feed");
+    let (guard, _task) = log_followed_table(&pool, &url, parts).await;
+    // A key moved across partitions, a partition attached with rows, a
+    // delete through a partition, and rows written to a partition itself.
+    exec(
+        &pool,
+        "update parts set key = 'b2' where key = 'a1';
+         create table parts_c (key text primary key, note text);
+         insert into parts_c (key) values ('c1'), ('c2');
+         alter table parts attach partition parts_c for values from ('c') to ('d');
+         insert into parts (key) values ('c3');
+         delete from parts_a where key = 'a2';
+         insert into parts_b (key) values ('b3');",
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut wrong = Vec::new();
+        for (key, stored) in [
+            ("a1", false),
+            ("a2", false),
+            ("b1", true),
+            ("b2", true),
+            ("b3", true),
+            ("c1", true),
+            ("c2", true),
+            ("c3", true),
+        ] {
+            let refused = status(&guard, key).await == StatusCode::NOT_FOUND;
+            if stored == refused {
+                wrong.push((key, stored));
+            }
+            assert!(
+                !(stored && refused),
+                "a false negative for {key}: {:?}",
+                guard.stats()
+            );
+        }
+        if wrong.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "deleted keys still held: {wrong:?}; {:?}",
+            guard.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

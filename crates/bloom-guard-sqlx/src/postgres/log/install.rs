@@ -12,6 +12,10 @@ use crate::watch::Watch;
 /// feed's tables change.
 pub(crate) const LOGGED_MESSAGE: &str = "bloom_guard.logged";
 
+/// The prefix of the message the event trigger writes to the log when a
+/// log-fed table's family is altered; its content is the guard's name.
+pub(crate) const RESYNC_MESSAGE: &str = "bloom_guard.resync";
+
 /// The log feed's publication, one per database.
 pub(crate) const PUBLICATION: &str = "bloom_guard";
 
@@ -38,6 +42,8 @@ pub(crate) enum LogInstallError {
     WalLevel(String),
     #[error("{0} is fed by the feed's triggers: unwatch it first (switching feeds is a rebuild)")]
     Triggers(String),
+    #[error("{0} has inheritance children (not partitions), whose changes the log feed's publication does not follow: use the feed's triggers for it")]
+    Inherited(String),
     #[error("{table}: a delete would not carry key column {column}, which is not in the replica identity; make the key the primary key, `alter table {table} replica identity using index` a unique index on it, or `replica identity full` (every update and delete then logs the whole old row)")]
     Identity { table: String, column: String },
 }
@@ -91,6 +97,9 @@ impl Watch {
         .await?;
         if triggers {
             return Err(LogInstallError::Triggers(self.table.clone()));
+        }
+        if inherited(pool, &self.table).await? {
+            return Err(LogInstallError::Inherited(self.table.clone()));
         }
         self.check_identity(pool).await?;
         retrying_locks("install the log feed", || self.log_once(pool)).await?;
@@ -248,6 +257,9 @@ pub(crate) async fn gaps(
     if triggers {
         gaps.push(format!("{} is fed by triggers too", watch.table));
     }
+    if inherited(pool, &watch.table).await? {
+        gaps.push(LogInstallError::Inherited(watch.table.clone()).to_string());
+    }
     if logged {
         match watch.check_identity(pool).await {
             Ok(()) => {}
@@ -259,13 +271,32 @@ pub(crate) async fn gaps(
     Ok(gaps)
 }
 
-/// The table's identity, its place on the log feed and the slot the feed
-/// belongs to: it changes when the table is recreated or put on the feed
-/// again, or the slot made again, when a filter of before may lack keys.
+/// Whether a table of `table`'s family inherits from a table that is not
+/// partitioned: an inheritance child's changes come as its own, and one
+/// made after the table went into the publication is not in it.
+async fn inherited(pool: &PgPool, table: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "select exists (select from bloom_guard.family(pg_catalog.to_regclass($1)) f(rel)
+                          join pg_catalog.pg_inherits i on i.inhrelid = f.rel
+                          join pg_catalog.pg_class p on p.oid = i.inhparent
+                         where p.relkind <> 'p')",
+    )
+    .bind(table)
+    .fetch_one(pool)
+    .await
+}
+
+/// The table's identity and family (its partitions), its place on the log
+/// feed and the slot the feed belongs to: it changes when the table is
+/// recreated or put on the feed again, a partition attached, or the slot
+/// made again, when a filter of before may lack keys.
 pub(crate) async fn versions(pool: &PgPool, watch: &Watch) -> Result<String, sqlx::Error> {
     sqlx::query_scalar(
         "select 'log:' operator(pg_catalog.||) coalesce(
                     (select l.rel::oid::text operator(pg_catalog.||) '@' operator(pg_catalog.||) l.xmin::text
+                            operator(pg_catalog.||) '/' operator(pg_catalog.||)
+                            (select pg_catalog.string_agg(f.rel::oid::text, ',' order by f.rel::oid)
+                               from bloom_guard.family(l.rel) f(rel))
                        from bloom_guard.logged l
                       where l.guard = $1 and l.rel = pg_catalog.to_regclass($2)), '')
                 operator(pg_catalog.||) ':' operator(pg_catalog.||) coalesce(

@@ -139,6 +139,22 @@ impl LogStream {
                     prefix,
                     ..
                 } if prefix == super::install::LOGGED_MESSAGE => return Ok(Event::Relogged),
+                // A guard's table altered (a partition attached with its
+                // rows): its followers rebuild from this commit.
+                ReplicationEvent::Message {
+                    transactional: true,
+                    prefix,
+                    content,
+                    ..
+                } if prefix == super::install::RESYNC_MESSAGE => {
+                    if let Ok(guard) = std::str::from_utf8(&content) {
+                        self.open.get_or_insert_with(Vec::new).push(FeedRow {
+                            guard: guard.to_owned(),
+                            kind: b'r',
+                            key: String::new(),
+                        });
+                    }
+                }
                 ReplicationEvent::KeepAlive { wal_end, .. } if self.open.is_none() => {
                     return Ok(Event::CaughtUp {
                         wal_end: wal_end.as_u64(),

@@ -56,7 +56,9 @@ async fn a_table_has_one_feed_and_a_key_the_log_cannot_carry_is_refused(pool: Pg
         "create table watched (key text primary key);
          create table by_id (id bigint primary key, key text not null unique);
          create table full_rows (id bigint primary key, key text not null);
-         alter table full_rows replica identity full;",
+         alter table full_rows replica identity full;
+         create table parent (key text primary key);
+         create table child () inherits (parent);",
     )
     .await;
     crate::Watch::table("watched")
@@ -82,6 +84,16 @@ async fn a_table_has_one_feed_and_a_key_the_log_cannot_carry_is_refused(pool: Pg
         .install_log(&pool)
         .await
         .expect("a full replica identity carries the key");
+    // An inheritance child's changes come as its own, and one made later
+    // is not in the publication.
+    let parent = crate::Watch::table("parent")
+        .key("key")
+        .install_log(&pool)
+        .await;
+    assert!(
+        matches!(&parent, Err(crate::FeedError::LogFeed(why)) if why.contains("inheritance")),
+        "{parent:?}"
+    );
     // Uninstalled, nothing of the log feed is left on the server.
     crate::uninstall(&pool).await.expect("uninstall");
     let left: i64 = sqlx::query_scalar(
@@ -213,4 +225,48 @@ async fn a_slot_made_again_sends_readers_behind_it_to_a_rebuild(pool: PgPool) {
         "a reader from before the slot was made again would miss 'lost': {after:?}"
     );
     drop(url);
+}
+
+#[sqlx::test(migrations = false)]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn quiet_watched_tables_on_a_busy_database_pin_no_log(pool: PgPool) {
+    let (url, slot) = log_fed_items(&pool).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let producer = Producer::new(pool.clone(), &url).await.expect("producer");
+    tokio::spawn(producer.run(stop.clone()));
+    exec(&pool, "insert into items (id, key) values (1, 'a')").await;
+    until_fed(&pool, "a").await;
+    // Busy elsewhere: megabytes of log from a table not on the feed.
+    exec(
+        &pool,
+        "create table busy (n int, pad text);
+         insert into busy select g, repeat('x', 200) from generate_series(1, 30000) g",
+    )
+    .await;
+    let written: String = sqlx::query_scalar("select pg_current_wal_lsn()::text")
+        .fetch_one(&pool)
+        .await
+        .expect("the log's position");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (confirmed, restart): (bool, bool) = sqlx::query_as(
+            "select confirmed_flush_lsn >= $2::pg_lsn, restart_lsn >= $2::pg_lsn - 1048576
+               from pg_replication_slots where slot_name = $1",
+        )
+        .bind(&slot.name)
+        .bind(&written)
+        .fetch_one(&pool)
+        .await
+        .expect("the slot");
+        if confirmed && restart {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot still keeps the log before {written}: confirmed past it {confirmed}, restart within a megabyte {restart}"
+        );
+        exec(&pool, "insert into busy values (0, 'tick')").await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.cancel();
 }

@@ -21,6 +21,16 @@ async fn raw_sql_of_every_kind_streams_the_rows_the_table_holds(pool: PgPool) {
         "update items set note = repeat('x', 100000) where id = 3",
         "insert into other values (1)",
         "begin; insert into items (id, key) values (7, 'rolled back'); rollback",
+        // What no trigger sees: a replica-role session (a logical
+        // replica's apply, pg_restore --disable-triggers), and a bulk
+        // load with the table's triggers disabled.
+        "begin; set local session_replication_role = replica;
+         insert into items (id, key) values (30, 'replica'); delete from items where key = 'f';
+         commit",
+        "begin; alter table items disable trigger all;
+         copy items (id, key) from program 'printf \"31\\tbulk1\\n32\\tbulk2\\n\"';
+         update items set key = 'bulk3' where key = 'bulk2';
+         alter table items enable trigger all; commit",
     ]);
     for sql in statements {
         exec(&pool, sql).await;
@@ -36,7 +46,8 @@ async fn raw_sql_of_every_kind_streams_the_rows_the_table_holds(pool: PgPool) {
         .collect();
     assert_eq!(counts(&transactions), table, "{transactions:?}");
     // The id change and the unwatched table record nothing; the rolled
-    // back insert never comes.
+    // back insert never comes; the replica session and the bulk load
+    // with triggers disabled are in the counts above.
     assert!(transactions
         .iter()
         .flatten()
