@@ -7,6 +7,8 @@ use crate::follow::Rebuild;
 use crate::mysql::MySqlBackend;
 #[cfg(feature = "postgres")]
 use crate::postgres::PgBackend;
+#[cfg(feature = "log-feed")]
+use crate::postgres::PgLogBackend;
 #[cfg(feature = "sqlite")]
 use crate::sqlite::SqliteBackend;
 use crate::watch::Watch;
@@ -51,6 +53,8 @@ pub struct FleetRebuild {
 enum Engine {
     #[cfg(feature = "postgres")]
     Postgres(Rebuild<PgBackend>),
+    #[cfg(feature = "log-feed")]
+    PostgresLog(Rebuild<PgLogBackend>),
     #[cfg(feature = "sqlite")]
     Sqlite(Rebuild<SqliteBackend>),
     #[cfg(feature = "mysql")]
@@ -65,6 +69,36 @@ impl FleetRebuild {
         let backend = PgBackend::new(&guard, pool, watch);
         Self {
             engine: Engine::Postgres(Rebuild::new(guard, backend)),
+        }
+    }
+
+    /// Rebuilds of `guard`, holding the keys of `watch`'s table on the
+    /// Postgres **log feed** (feature `log-feed`), as its
+    /// [`PgLogFollower`](crate::PgLogFollower) rebuilds: the scan meets the
+    /// log at one point. `url` is the database's URL with its password,
+    /// for the replication connection that point is taken on. A table on
+    /// the log feed cannot be rebuilt with [`new`](Self::new), which fails.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use bloom_guard_sqlx::{FleetRebuild, Watch};
+    ///
+    /// # async fn run(guard: bloom_guard::BloomGuard, pool: sqlx::PgPool, url: String) {
+    /// let rebuild = FleetRebuild::log(guard, pool, Watch::table("items").key("key"), url);
+    /// let stats = rebuild.rebuild().await;
+    /// # }
+    /// ```
+    #[cfg(feature = "log-feed")]
+    pub fn log(
+        guard: BloomGuard,
+        pool: sqlx::PgPool,
+        watch: Watch,
+        url: impl Into<String>,
+    ) -> Self {
+        let backend = PgLogBackend::new(PgBackend::new(&guard, pool, watch), url.into());
+        Self {
+            engine: Engine::PostgresLog(Rebuild::new(guard, backend)),
         }
     }
 
@@ -95,6 +129,8 @@ impl FleetRebuild {
         match &mut self.engine {
             #[cfg(feature = "postgres")]
             Engine::Postgres(engine) => engine.snapshots = enabled,
+            #[cfg(feature = "log-feed")]
+            Engine::PostgresLog(engine) => engine.snapshots = enabled,
             #[cfg(feature = "sqlite")]
             Engine::Sqlite(engine) => engine.snapshots = enabled,
             #[cfg(feature = "mysql")]
@@ -113,6 +149,8 @@ impl FleetRebuild {
         match &self.engine {
             #[cfg(feature = "postgres")]
             Engine::Postgres(engine) => engine.rebuild().await,
+            #[cfg(feature = "log-feed")]
+            Engine::PostgresLog(engine) => engine.rebuild().await,
             #[cfg(feature = "sqlite")]
             Engine::Sqlite(engine) => engine.rebuild().await,
             #[cfg(feature = "mysql")]

@@ -298,6 +298,17 @@ macro_rules! conformance {
                 }
             )*
         }
+        #[cfg(feature = "log-feed")]
+        mod postgres_log {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+                async fn $scenario() {
+                    super::$scenario(PostgresLog::fresh().await).await;
+                }
+            )*
+        }
         mod sqlite {
             use super::*;
             $(
@@ -345,26 +356,106 @@ fn database_name() -> String {
 
 struct Postgres(PgPool);
 
+/// A database of its own on `DATABASE_URL`'s server, holding `items` and
+/// the feed.
+async fn fresh_postgres() -> PgPool {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let options = sqlx::postgres::PgConnectOptions::from_str(&url).expect("DATABASE_URL");
+    let name = database_name();
+    let mut admin = options.connect().await.expect("connect to Postgres");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("create database {name}")))
+        .execute(&mut admin)
+        .await
+        .expect("create the test database");
+    let _ = admin.close().await;
+    let pool = PgPool::connect_with(options.database(&name))
+        .await
+        .expect("connect to the test database");
+    let db = Postgres(pool);
+    db.exec("create table items (id bigserial primary key, code text not null)")
+        .await;
+    bloom_guard_sqlx::install(&db.0).await.expect("install");
+    db.0
+}
+
 impl Postgres {
     async fn fresh() -> Self {
-        let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-        let options = sqlx::postgres::PgConnectOptions::from_str(&url).expect("DATABASE_URL");
-        let name = database_name();
-        let mut admin = options.connect().await.expect("connect to Postgres");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("create database {name}")))
-            .execute(&mut admin)
+        let pool = fresh_postgres().await;
+        items().install(&pool).await.expect("watch items");
+        Self(pool)
+    }
+}
+
+/// Postgres with `items` on the log feed (its replica identity `FULL`: the
+/// code is not unique). Its gap is the table out of the publication.
+#[cfg(feature = "log-feed")]
+struct PostgresLog {
+    db: Postgres,
+    url: String,
+    _slot: std::sync::Arc<common::log::SlotGuard>,
+}
+
+#[cfg(feature = "log-feed")]
+impl PostgresLog {
+    async fn fresh() -> Self {
+        let db = Postgres(fresh_postgres().await);
+        db.exec("alter table items replica identity full").await;
+        let url = common::log::url_of(&db.0).await;
+        let slot = std::sync::Arc::new(common::log::SlotGuard { url: url.clone() });
+        items()
+            .install_log(&db.0)
             .await
-            .expect("create the test database");
-        let _ = admin.close().await;
-        let pool = PgPool::connect_with(options.database(&name))
-            .await
-            .expect("connect to the test database");
-        let db = Self(pool);
-        db.exec("create table items (id bigserial primary key, code text not null)")
+            .expect("items on the log feed");
+        Self {
+            db,
+            url,
+            _slot: slot,
+        }
+    }
+}
+
+#[cfg(feature = "log-feed")]
+impl Db for PostgresLog {
+    async fn another(&self) -> Self {
+        Self {
+            db: self.db.another().await,
+            url: self.url.clone(),
+            _slot: self._slot.clone(),
+        }
+    }
+
+    fn follower(&self, guard: &BloomGuard) -> impl Follow {
+        fast(bloom_guard_sqlx::PgLogFollower::new(
+            guard.clone(),
+            self.db.0.clone(),
+            items(),
+            &self.url,
+        ))
+    }
+
+    async fn exec(&self, sql: &str) {
+        self.db.exec(sql).await;
+    }
+
+    async fn snapshots(&self) -> i64 {
+        self.db.snapshots().await
+    }
+
+    async fn drop_insert_trigger(&self) {
+        self.exec("alter publication bloom_guard drop table items")
             .await;
-        bloom_guard_sqlx::install(&db.0).await.expect("install");
-        items().install(&db.0).await.expect("watch items");
-        db
+    }
+
+    async fn watch_again(&self) {
+        items()
+            .install_log(&self.db.0)
+            .await
+            .expect("items on the log feed");
+    }
+
+    async fn kill_other_sessions(&self) -> u64 {
+        // The producer's replication connection too.
+        self.db.kill_other_sessions().await
     }
 }
 

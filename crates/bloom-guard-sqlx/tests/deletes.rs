@@ -281,15 +281,34 @@ async fn rebuilt_since(guard: &BloomGuard, truncated: Option<std::time::Instant>
     .await;
 }
 
-async fn pg_followed(pool: &PgPool, instance: &str) -> (BloomGuard, Running) {
+/// A guard following `things` by its triggers, or on the log feed given
+/// the database's URL.
+async fn pg_followed(pool: &PgPool, instance: &str, log: Option<&str>) -> (BloomGuard, Running) {
+    macro_rules! fast {
+        ($follower:expr) => {
+            $follower
+                .check_interval(Duration::from_millis(200))
+                .poll_interval(Duration::from_millis(200))
+                .min_read_gap(Duration::from_millis(5))
+                .snapshot_interval(Duration::from_secs(1))
+                .instance_id(instance)
+        };
+    }
     let guard = guard();
-    let follower = PgFollower::new(guard.clone(), pool.clone(), things())
-        .check_interval(Duration::from_millis(200))
-        .poll_interval(Duration::from_millis(200))
-        .min_read_gap(Duration::from_millis(5))
-        .snapshot_interval(Duration::from_secs(1))
-        .instance_id(instance);
-    let task = spawn(follower);
+    let task = match log {
+        #[cfg(feature = "log-feed")]
+        Some(url) => spawn(fast!(bloom_guard_sqlx::PgLogFollower::new(
+            guard.clone(),
+            pool.clone(),
+            things(),
+            url
+        ))),
+        _ => spawn(fast!(PgFollower::new(
+            guard.clone(),
+            pool.clone(),
+            things()
+        ))),
+    };
     wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
     (guard, task)
 }
@@ -301,6 +320,23 @@ fn things() -> Watch {
 #[sqlx::test]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn postgres_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one(pool: PgPool) {
+    postgres_forgets_deleted_keys(pool, None).await;
+}
+
+/// The same workload with `things` on the log feed (its replica identity
+/// `FULL`, as its key is not unique).
+#[cfg(feature = "log-feed")]
+#[sqlx::test]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_on_the_log_feed_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one(
+    pool: PgPool,
+) {
+    let url = common::log::url_of(&pool).await;
+    let _slot = common::log::SlotGuard { url: url.clone() };
+    postgres_forgets_deleted_keys(pool, Some(url)).await;
+}
+
+async fn postgres_forgets_deleted_keys(pool: PgPool, log: Option<String>) {
     exec(
         &pool,
         "create table things (id bigint generated always as identity primary key, key text not null);
@@ -308,7 +344,19 @@ async fn postgres_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one(
     )
     .await;
     bloom_guard_sqlx::install(&pool).await.expect("install");
-    things().install(&pool).await.expect("watch");
+    match &log {
+        #[cfg(feature = "log-feed")]
+        Some(_) => {
+            exec(&pool, "alter table things replica identity full").await;
+            things().install_log(&pool).await.expect("on the log feed");
+        }
+        _ => things().install(&pool).await.expect("watch"),
+    }
+    let rebuild = |guard: &BloomGuard| match &log {
+        #[cfg(feature = "log-feed")]
+        Some(url) => FleetRebuild::log(guard.clone(), pool.clone(), things(), url),
+        _ => FleetRebuild::new(guard.clone(), pool.clone(), things()),
+    };
     exec(
         &pool,
         "insert into things (key) select 'k' || g from generate_series(0, 199) g",
@@ -316,8 +364,8 @@ async fn postgres_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one(
     .await;
     let mut rng = rng();
     let mut seen: BTreeSet<String> = (0..200).map(|i| format!("k{i}")).collect();
-    let (a, _a) = pg_followed(&pool, "a").await;
-    let (mut b, mut b_task) = pg_followed(&pool, "b").await;
+    let (a, _a) = pg_followed(&pool, "a", log.as_deref()).await;
+    let (mut b, mut b_task) = pg_followed(&pool, "b", log.as_deref()).await;
     let (mut adopted, mut rebuilt, mut absent, mut applied) = (false, 0, 0, 0);
     let mut truncated = None;
     for step in 0..ops() {
@@ -339,15 +387,12 @@ async fn postgres_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one(
                 // B restarts: it adopts the newest snapshot, or scans.
                 0 => {
                     drop(b_task);
-                    (b, b_task) = pg_followed(&pool, "b").await;
+                    (b, b_task) = pg_followed(&pool, "b", log.as_deref()).await;
                     adopted |= b.stats().origin == Some(FilterOrigin::Snapshot);
                 }
                 // A rebuild for the fleet, as the admin endpoint runs it.
                 1 => {
-                    FleetRebuild::new(a.clone(), pool.clone(), things())
-                        .rebuild()
-                        .await
-                        .expect("rebuild");
+                    rebuild(&a).rebuild().await.expect("rebuild");
                     rebuilt += 1;
                 }
                 _ => {}

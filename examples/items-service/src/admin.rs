@@ -22,10 +22,11 @@ pub fn admin_app(state: &AppState, token: &str, prometheus: Option<PrometheusHan
     let Some(guards) = &state.guards else {
         return Router::new();
     };
-    let rebuild = |guard: &BloomGuard, watch| match state.db.pool().clone() {
-        Pool::Postgres(pool) => FleetRebuild::new(guard.clone(), pool, watch),
-        Pool::Sqlite(pool) => FleetRebuild::sqlite(guard.clone(), pool, watch),
-        Pool::MySql(pool) => FleetRebuild::mysql(guard.clone(), pool, watch),
+    let rebuild = |guard: &BloomGuard, watch| match (state.db.pool().clone(), &guards.log_feed) {
+        (Pool::Postgres(pool), Some(url)) => FleetRebuild::log(guard.clone(), pool, watch, url),
+        (Pool::Postgres(pool), None) => FleetRebuild::new(guard.clone(), pool, watch),
+        (Pool::Sqlite(pool), _) => FleetRebuild::sqlite(guard.clone(), pool, watch),
+        (Pool::MySql(pool), _) => FleetRebuild::mysql(guard.clone(), pool, watch),
     };
     let mut admin = Admin::new(token);
     for (guard, watch) in [(&guards.items, items_feed()), (&guards.users, users_feed())] {

@@ -27,6 +27,8 @@ pub use feed::FEED_APPLICATION_NAME;
 pub use install::{install, uninstall, POSTGRES_SQL, SCHEMA_VERSION};
 pub use listen::LISTENER_APPLICATION_NAME;
 #[cfg(feature = "log-feed")]
+pub(crate) use log::PgLogBackend;
+#[cfg(feature = "log-feed")]
 pub use log::PgLogFollower;
 pub use notifier::NOTIFIER_APPLICATION_NAME;
 pub use privileges::grant_runtime;
@@ -160,6 +162,22 @@ impl Database for PgBackend {
     }
 
     async fn key_source(&self) -> Result<KeySet<PgCopySource>, sqlx::Error> {
+        // A scan placed by the triggers' positions would not meet the log
+        // feed's rows at its point.
+        let log_fed: bool = sqlx::query_scalar(
+            "select exists (select from pg_catalog.pg_publication_rel r
+                              join pg_catalog.pg_publication p on p.oid = r.prpubid
+                             where p.pubname = 'bloom_guard' and r.prrelid = pg_catalog.to_regclass($1))",
+        )
+        .bind(&self.watch.table)
+        .fetch_one(&self.pool)
+        .await?;
+        if log_fed {
+            return Err(sqlx::Error::Protocol(format!(
+                "{} is on the log feed: follow it with PgLogFollower, rebuild it with FleetRebuild::log",
+                self.watch.table
+            )));
+        }
         let query = self.watch.key_query(&self.pool, self.lowered).await?;
         // A snapshot names the tables and triggers it was built under: one
         // from before a table was recreated or a trigger altered is not

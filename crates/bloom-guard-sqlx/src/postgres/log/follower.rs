@@ -54,4 +54,13 @@ impl PgLogFollower {
             engine: Follower::new(guard, PgLogBackend::new(inner, url.into())),
         }
     }
+
+    /// The pause after a read that found no changes (default 50 ms):
+    /// wake-ups that arrive meanwhile are served by one read. A read that
+    /// found changes is followed at once.
+    #[must_use]
+    pub fn min_read_gap(mut self, gap: std::time::Duration) -> Self {
+        self.engine.min_read_gap = gap;
+        self
+    }
 }

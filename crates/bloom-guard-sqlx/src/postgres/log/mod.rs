@@ -19,6 +19,7 @@ mod rows;
 mod slot;
 pub(super) mod stream;
 
+pub(crate) use backend::PgLogBackend;
 pub use follower::PgLogFollower;
 
 #[cfg(test)]
