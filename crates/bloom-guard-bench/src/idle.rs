@@ -1,7 +1,8 @@
 //! `bloom-load idle`: what idle instances of the example service (two
 //! guards each, one process each) cost the database: transactions a
-//! second on Postgres for one, two and eight instances, and statements a
-//! second on MySQL or MariaDB for one.
+//! second and the server's CPU on Postgres for one, two and eight
+//! instances, on the trigger feed and (where the server decodes its log)
+//! on the log feed, and statements a second on MySQL or MariaDB for one.
 
 use std::path::Path;
 use std::time::Duration;
@@ -24,27 +25,50 @@ pub(crate) async fn idle(
     mysql_url: Option<&str>,
     out: &Path,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let db = Database::create(server_url, "bloom_guard_idle").await?;
     let mut report = Vec::new();
-    for instances in [1_u16, 2, 8] {
-        let mut services = Vec::new();
-        for i in 0..instances {
-            let env = [("DATABASE_URL", db.url.clone())];
-            services.push(Service::start_with(binary, 4100 + 10 * i, &env).await?);
+    for feed in ["triggers", "log"] {
+        // A database of its own per feed: a table has one feed.
+        let db = Database::create(server_url, &format!("bloom_guard_idle_{feed}")).await?;
+        let level: String = sqlx::query_scalar("show wal_level")
+            .fetch_one(db.pool())
+            .await?;
+        if feed == "log" && level != "logical" {
+            println!("the server's wal_level is not logical: the log feed is not measured");
+            db.drop_database().await?;
+            continue;
         }
-        tokio::time::sleep(SETTLE).await;
-        let rate = transactions_per_sec(db.pool(), WINDOW).await?;
-        println!("postgres: {instances} idle instances (2 guards each): {rate:.2} transactions/s");
-        report.push(serde_json::json!({
-            "database": "postgres",
-            "instances": instances,
-            "guards_per_instance": 2,
-            "transactions_per_sec": rate,
-        }));
-        drop(services);
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        for instances in [1_u16, 2, 8] {
+            let mut services = Vec::new();
+            for i in 0..instances {
+                let env = [
+                    ("DATABASE_URL", db.url.clone()),
+                    ("BLOOM_FEED", feed.to_owned()),
+                ];
+                services.push(Service::start_with(binary, 4100 + 10 * i, &env).await?);
+            }
+            tokio::time::sleep(SETTLE).await;
+            let cpu = server_cpu_seconds();
+            let rate = transactions_per_sec(db.pool(), WINDOW).await?;
+            // The server's CPU, all of its processes (the walsender's
+            // decoding included), as a share of one core.
+            let cpu = (server_cpu_seconds() - cpu) / WINDOW.as_secs_f64();
+            println!(
+                "postgres, {feed} feed: {instances} idle instances (2 guards each): {rate:.2} transactions/s, server CPU {:.2}% of a core",
+                cpu * 100.0
+            );
+            report.push(serde_json::json!({
+                "database": "postgres",
+                "feed": feed,
+                "instances": instances,
+                "guards_per_instance": 2,
+                "transactions_per_sec": rate,
+                "server_cpu_share_of_a_core": cpu,
+            }));
+            drop(services);
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        db.drop_database().await?;
     }
-    db.drop_database().await?;
     if let Some(url) = mysql_url {
         let options = crate::mysql::create_database(url, "bloom_guard_idle").await?;
         // The same server and credentials, the new database.
@@ -71,6 +95,31 @@ pub(crate) async fn idle(
     }
     std::fs::write(out.join("idle.json"), serde_json::to_vec_pretty(&report)?)?;
     Ok(())
+}
+
+/// The CPU time every `postgres` process on this machine has used so far,
+/// in seconds (Linux's `/proc`; 0 elsewhere). Processes that ended
+/// meanwhile are not counted: compare windows in which none did.
+fn server_cpu_seconds() -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    let ticks: u64 = entries
+        .flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
+        .filter_map(|stat| {
+            // `pid (comm) state ...`: the fields after the name.
+            let (name, rest) = stat.rsplit_once(") ")?;
+            if !name.ends_with("(postgres") {
+                return None;
+            }
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            // utime and stime: fields 14 and 15, the 12th and 13th after.
+            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+        })
+        .sum();
+    // Linux reports 100 ticks a second to user space.
+    ticks as f64 / 100.0
 }
 
 /// The statements the MySQL server has run so far (`Questions`).

@@ -98,7 +98,7 @@ async fn catch_up(pool: &PgPool) -> Result<Duration, sqlx::Error> {
 
 /// `items_log`, another twin of `items`, put on the log feed with `rows`
 /// rows, if the server decodes its log; whether it did.
-async fn log_twin(pool: &PgPool, rows: i64) -> Result<bool, Box<dyn std::error::Error>> {
+pub(crate) async fn log_twin(pool: &PgPool, rows: i64) -> Result<bool, Box<dyn std::error::Error>> {
     let level: String = sqlx::query_scalar("show wal_level").fetch_one(pool).await?;
     if level != "logical" {
         return Ok(false);

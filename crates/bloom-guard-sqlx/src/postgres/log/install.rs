@@ -174,7 +174,12 @@ impl Watch {
         if changed || !published {
             // In the log, in commit order: the producer streaming now
             // takes up the tables as they are from this commit on.
-            sqlx::query("select pg_catalog.pg_logical_emit_message(true, $1, 'logged')")
+            // Its content, the transaction's id: the producer reads the
+            // tables once this transaction is visible (the log can be
+            // decoded a moment before).
+            sqlx::query(
+                "select pg_catalog.pg_logical_emit_message(true, $1, pg_catalog.pg_current_xact_id()::text)",
+            )
                 .bind(LOGGED_MESSAGE)
                 .execute(&mut *tx)
                 .await?;

@@ -82,6 +82,15 @@ impl Producer {
         // The last failure logged as a warning: each other one once.
         let mut warned: Option<String> = None;
         while !stop.is_cancelled() {
+            // Another instance streams the slot: a look through the pool,
+            // not a replication connection (a server process each) a try.
+            if self.streamed_elsewhere().await {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(RETRY) => {}
+                }
+                continue;
+            }
             match self.produce(&stop, &passed_over).await {
                 Ok(()) => return,
                 // A table put on the feed since the stream started comes
@@ -163,14 +172,53 @@ impl Producer {
                     self.flush(&mut batch, &mut stream).await?;
                     stream.applied(wal_end);
                 }
-                Event::Relogged => {
+                Event::Relogged { xid } => {
                     // Committed already (the message comes with its
                     // commit): the tables as that transaction left them.
                     self.flush(&mut batch, &mut stream).await?;
+                    if let Some(xid) = xid {
+                        self.until_visible(xid).await?;
+                    }
                     stream.set_tables(&self.tables(passed_over).await?)?;
                 }
             }
         }
+    }
+
+    /// Waits until transaction `xid` is visible to new snapshots: a commit
+    /// is in the log, and can be decoded, a moment before it is.
+    async fn until_visible(&self, xid: u64) -> Result<(), sqlx::Error> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let visible: bool = sqlx::query_scalar(
+                "select pg_catalog.pg_visible_in_snapshot($1::text::pg_catalog.xid8, pg_catalog.pg_current_snapshot())",
+            )
+            .bind(xid.to_string())
+            .fetch_one(&self.pool)
+            .await?;
+            if visible {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(sqlx::Error::Protocol(format!(
+                    "transaction {xid}, decoded from the log, is not visible"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Whether a reader streams the slot now (a failed look says no: the
+    /// stream's start tells).
+    async fn streamed_elsewhere(&self) -> bool {
+        sqlx::query_scalar::<_, bool>(
+            "select coalesce(bool_or(active), false) from pg_catalog.pg_replication_slots
+              where slot_name = $1",
+        )
+        .bind(&self.slot)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap_or(false)
     }
 
     /// Writes the batch's rows, if any, and tells the server it has them.

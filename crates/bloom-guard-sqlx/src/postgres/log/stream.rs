@@ -41,8 +41,9 @@ pub(crate) enum Event {
     CaughtUp { wal_end: u64 },
     /// The log feed's tables changed in the transaction being received:
     /// the stream takes up the tables as they are now
-    /// ([`set_tables`](LogStream::set_tables)) before anything after.
-    Relogged,
+    /// ([`set_tables`](LogStream::set_tables)) before anything after,
+    /// once that transaction (`xid`) is visible.
+    Relogged { xid: Option<u64> },
 }
 
 /// Why the stream stopped.
@@ -137,8 +138,15 @@ impl LogStream {
                 ReplicationEvent::Message {
                     transactional: true,
                     prefix,
+                    content,
                     ..
-                } if prefix == super::install::LOGGED_MESSAGE => return Ok(Event::Relogged),
+                } if prefix == super::install::LOGGED_MESSAGE => {
+                    return Ok(Event::Relogged {
+                        xid: std::str::from_utf8(&content)
+                            .ok()
+                            .and_then(|xid| xid.parse().ok()),
+                    })
+                }
                 // A guard's table altered (a partition attached with its
                 // rows): its followers rebuild from this commit.
                 ReplicationEvent::Message {
