@@ -239,3 +239,36 @@ async fn a_fleet_down_past_the_slot_limit_keeps_no_more_log_and_rebuilds(pool: P
     holds_what_the_table_holds_once_closed("after the slot was lost", &guard, &pool, &seen).await;
     assert_ne!(made(&pool).await, slot, "the lost slot was not made again");
 }
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_slot_no_producer_moves_fails_the_guards_open_until_it_moves(pool: PgPool) {
+    let _server = SERVER.read().await;
+    let (url, _slot) = log_fed(&pool).await;
+    let guard = log_guard();
+    let follower = bloom_guard_sqlx::PgLogFollower::new(guard.clone(), pool.clone(), items(), &url)
+        .check_interval(Duration::from_millis(200))
+        .stalled_after(Duration::from_secs(1));
+    let _task = spawn(follower);
+    wait_until("the first filter", Duration::from_secs(20), || {
+        guard.is_ready()
+    })
+    .await;
+    // The producer cannot write: its progress row is locked.
+    let mut blocker = pool.begin().await.expect("a transaction");
+    sqlx::query("select * from bloom_guard.log_progress for update")
+        .execute(&mut *blocker)
+        .await
+        .expect("lock the progress");
+    exec(&pool, "insert into items (key) values ('during')").await;
+    wait_until("the guard open", Duration::from_secs(10), || {
+        guard.stats().state != bloom_guard::GuardState::Ready
+    })
+    .await;
+    assert_ne!(status(&guard, "during").await, http::StatusCode::NOT_FOUND);
+    let reason = guard.stats().reason.unwrap_or_default();
+    assert!(reason.contains("behind the log"), "{reason}");
+    blocker.rollback().await.expect("unlock");
+    let seen: BTreeSet<String> = ["during".to_owned()].into();
+    holds_what_the_table_holds_once_closed("after the stall", &guard, &pool, &seen).await;
+}

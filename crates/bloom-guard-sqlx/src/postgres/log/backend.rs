@@ -26,6 +26,11 @@ use sqlx::Postgres;
 /// before it fails (and the guard lets requests through meanwhile).
 const PRODUCER_BOUND: Duration = Duration::from_secs(5);
 
+/// How long the slot may stay behind the log with no reader moving it
+/// before the guards fail open (default of
+/// [`PgLogFollower::stalled_after`](super::PgLogFollower::stalled_after)).
+pub(super) const STALLED_AFTER: Duration = Duration::from_secs(30);
+
 /// One producer per database in this process, whatever the number of
 /// guards on the log feed.
 static PRODUCERS: PerDatabase<()> = PerDatabase::new();
@@ -38,6 +43,10 @@ pub(crate) struct PgLogBackend {
     pub(super) url: String,
     /// The database's slot, once known.
     slot: std::sync::Arc<tokio::sync::OnceCell<String>>,
+    /// Since when the checks have seen the slot behind the log and not
+    /// moving, and its confirmed position then.
+    stalled: std::sync::Arc<std::sync::Mutex<Option<(std::time::Instant, u64)>>>,
+    pub(super) stalled_after: Duration,
 }
 
 impl PgLogBackend {
@@ -46,7 +55,53 @@ impl PgLogBackend {
             inner,
             url,
             slot: std::sync::Arc::default(),
+            stalled: std::sync::Arc::default(),
+            stalled_after: STALLED_AFTER,
         }
+    }
+
+    /// A gap if the slot has stayed behind the log, its confirmed position
+    /// not moving, for longer than `stalled_after`: no instance streams it
+    /// (every producer failing, a dead connection holding it), and every
+    /// refusal would wait the barrier's bound before failing open.
+    async fn stall(&self, slot: &str) -> Result<Option<String>, sqlx::Error> {
+        let look: Option<(i64, bool, bool)> = sqlx::query_as(
+            "select (confirmed_flush_lsn operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
+                    confirmed_flush_lsn < pg_catalog.pg_current_wal_lsn(), active
+               from pg_catalog.pg_replication_slots where slot_name = $1",
+        )
+        .bind(slot)
+        .fetch_optional(self.pool())
+        .await?;
+        // A missing slot is a gap of its own.
+        let Some((confirmed, behind, active)) = look else {
+            return Ok(None);
+        };
+        let confirmed = confirmed.unsigned_abs();
+        let now = std::time::Instant::now();
+        let mut stalled = self
+            .stalled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let since = match *stalled {
+            Some((since, at)) if behind && at == confirmed => since,
+            _ if behind => {
+                *stalled = Some((now, confirmed));
+                now
+            }
+            _ => {
+                *stalled = None;
+                return Ok(None);
+            }
+        };
+        let idle = now.duration_since(since);
+        Ok((idle > self.stalled_after).then(|| {
+            format!(
+                "the log feed's slot {slot} has stayed behind the log for {}s ({}): no instance's producer writes the feed (see its warnings)",
+                idle.as_secs(),
+                if active { "streamed, not moving" } else { "no instance streams it" }
+            )
+        }))
     }
 
     fn pool(&self) -> &PgPool {
@@ -169,7 +224,9 @@ impl Database for PgLogBackend {
 
     async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
         let slot = self.slot().await?.to_owned();
-        super::install::gaps(self.pool(), &self.inner.watch, &slot).await
+        let mut gaps = super::install::gaps(self.pool(), &self.inner.watch, &slot).await?;
+        gaps.extend(self.stall(&slot).await?);
+        Ok(gaps)
     }
 
     async fn repair(&self) -> Result<bool, sqlx::Error> {

@@ -55,6 +55,18 @@ impl PgLogFollower {
         }
     }
 
+    /// How long the database's slot may stay behind the log, its confirmed
+    /// position not moving, before the guard fails open, naming the cause
+    /// (default 30 s): no instance streams the slot (every producer
+    /// failing, a dead connection holding it until `wal_sender_timeout`),
+    /// and each refusal would otherwise wait the barrier's bound. Once a
+    /// producer writes again, the guard rebuilds and refuses again.
+    #[must_use]
+    pub fn stalled_after(mut self, after: std::time::Duration) -> Self {
+        self.engine.backend.stalled_after = after;
+        self
+    }
+
     /// The pause after a read that found no changes (default 50 ms):
     /// wake-ups that arrive meanwhile are served by one read. A read that
     /// found changes is followed at once.
