@@ -24,6 +24,8 @@ pub(crate) struct BarrierSettings {
     pub(crate) rate: f64,
     pub(crate) instances: usize,
     pub(crate) rounds: usize,
+    /// The services' `BLOOM_FEED`: `triggers` or `log`.
+    pub(crate) feed: String,
 }
 
 /// One measured flood.
@@ -128,6 +130,7 @@ async fn floods(
     let env = |barrier: &str| {
         vec![
             ("DATABASE_URL", db.url.clone()),
+            ("BLOOM_FEED", settings.feed.clone()),
             ("BLOOM_EXPECTED_ITEMS", settings.keys.to_string()),
             ("BLOOM_READ_BARRIER", barrier.to_owned()),
             // The barrier's reads alone: no audit lookups among them.

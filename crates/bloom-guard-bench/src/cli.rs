@@ -67,6 +67,10 @@ pub(crate) enum Command {
         /// Rounds of the floods; each row reports its median round.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// The services' change feed: `triggers` or `log` (the server
+        /// with `wal_level=logical`).
+        #[arg(long, default_value = "triggers")]
+        feed: String,
     },
     /// A deploy of the whole service after a bulk load: process start to
     /// every guard ready, first and second start, with peak memory,
@@ -84,6 +88,10 @@ pub(crate) enum Command {
         /// Appended to the service's database URL, e.g. `sslmode=disable`.
         #[arg(long)]
         url_options: Option<String>,
+        /// The services' change feed: `triggers` or `log` (the server
+        /// with `wal_level=logical`).
+        #[arg(long, default_value = "triggers")]
+        feed: String,
     },
     /// One workload against a service that is already running.
     Drive {

@@ -55,6 +55,7 @@ mod deploy;
 mod fleet;
 mod idle;
 mod load;
+mod log_twin;
 mod mysql;
 mod propagation;
 mod run;
@@ -99,6 +100,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             rate,
             instances,
             rounds,
+            feed,
         } => {
             let settings = barrier::BarrierSettings {
                 keys,
@@ -107,6 +109,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 rate,
                 instances: instances.max(1),
                 rounds: rounds.max(1),
+                feed,
             };
             barrier::barrier(&cli.database_url, &binary, &cli.out, &settings).await
         }
@@ -115,11 +118,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             keys,
             rounds,
             url_options,
+            feed,
         } => {
             let settings = start::StartSettings {
                 keys,
                 rounds: rounds.max(1),
                 url_options,
+                feed,
             };
             start::start(&cli.database_url, &binary, &cli.out, &settings).await
         }

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use bloom_guard::BloomGuard;
 use bloom_guard_sqlx::{PgFollower, PgLogFollower, Watch};
 
-use crate::writers::{feed_database, log_twin};
+use crate::log_twin::log_twin;
+use crate::writers::feed_database;
 
 /// Percentiles of `samples`, in milliseconds.
 fn percentiles(samples: &mut [f64]) -> (f64, f64, f64) {

@@ -26,6 +26,8 @@ pub(crate) struct StartSettings {
     pub(crate) rounds: usize,
     /// Appended to the services' database URL (`sslmode=disable`).
     pub(crate) url_options: Option<String>,
+    /// The services' `BLOOM_FEED`: `triggers` or `log`.
+    pub(crate) feed: String,
 }
 
 /// One key count's deploy.
@@ -85,7 +87,7 @@ async fn deploy(
     let log = out.join("start.log");
     // The first instance: the feed installed, both tables watched, and
     // snapshots of both empty tables published.
-    let setup = Process::start(binary, &url, &log).await?;
+    let setup = Process::start(binary, &url, &settings.feed, &log).await?;
     wait_for_snapshots(db, 0).await?;
     setup.stop().await?;
     println!("bulk load of {keys} rows");
@@ -94,7 +96,7 @@ async fn deploy(
         .execute(db.pool())
         .await?;
 
-    let first = Process::start(binary, &url, &log).await?;
+    let first = Process::start(binary, &url, &settings.feed, &log).await?;
     let first_start_s = first.ready.as_secs_f64();
     let filter_bytes = wait_for_snapshots(db, keys).await?;
     let first_peak_rss_bytes = first.peak_rss();
@@ -102,7 +104,7 @@ async fn deploy(
 
     let mut seconds = Vec::new();
     for _ in 0..settings.rounds {
-        let second = Process::start(binary, &url, &log).await?;
+        let second = Process::start(binary, &url, &settings.feed, &log).await?;
         let (ready, peak) = (second.ready.as_secs_f64(), second.peak_rss());
         second.stop().await?;
         seconds.push((ready, peak, std::fs::read_to_string(&log)?));
@@ -137,12 +139,14 @@ impl Process {
     async fn start(
         binary: &Path,
         url: &str,
+        feed: &str,
         log: &Path,
     ) -> Result<Self, Box<dyn std::error::Error>> {
         let addr = "127.0.0.1:3950";
         let started = Instant::now();
         let child = Command::new(binary)
             .env("DATABASE_URL", url)
+            .env("BLOOM_FEED", feed)
             .env("BIND_ADDR", addr)
             .env("ADMIN_ADDR", "127.0.0.1:3951")
             .env("RUST_LOG", "info")

@@ -24,6 +24,7 @@ use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
+use crate::log_twin::{catch_up, log_twin, until_unread};
 use crate::services::Database;
 
 /// One cell of the writers' table: the trigger feed's table, the log
@@ -40,6 +41,11 @@ pub(crate) struct WriterCell {
     log_writers_per_sec: Option<f64>,
     log_per_sec: Option<f64>,
     log_ratio: Option<f64>,
+    /// The log feed's table with no instance streaming the slot while the
+    /// writers run (the decoding elsewhere, as on a server with cores to
+    /// spare): the writers' rate, and the rate counting the catch-up.
+    log_paused_writers_per_sec: Option<f64>,
+    log_paused_per_sec: Option<f64>,
 }
 
 const STATEMENTS: [&str; 4] = ["insert", "insert_100", "update_key", "delete"];
@@ -71,58 +77,6 @@ pub(crate) async fn feed_database(
     }
     sqlx::raw_sql("vacuum analyze").execute(&pool).await?;
     Ok((db, pool))
-}
-
-/// How long the log feed's slot takes to confirm the log flushed now
-/// (within a page: a flush can end inside a record that goes on).
-async fn catch_up(pool: &PgPool) -> Result<Duration, sqlx::Error> {
-    let started = Instant::now();
-    let target: String = sqlx::query_scalar("select pg_current_wal_flush_lsn()::text")
-        .fetch_one(pool)
-        .await?;
-    while started.elapsed() < Duration::from_secs(60) {
-        let behind: bool = sqlx::query_scalar(
-            "select coalesce(bool_or(confirmed_flush_lsn < $1::pg_lsn - 8192), true)
-               from pg_replication_slots where slot_name like 'bloom\\_guard\\_%' and not temporary",
-        )
-        .bind(&target)
-        .fetch_one(pool)
-        .await?;
-        if !behind {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(started.elapsed())
-}
-
-/// `items_log`, another twin of `items`, put on the log feed with `rows`
-/// rows, if the server decodes its log; whether it did.
-pub(crate) async fn log_twin(pool: &PgPool, rows: i64) -> Result<bool, Box<dyn std::error::Error>> {
-    let level: String = sqlx::query_scalar("show wal_level").fetch_one(pool).await?;
-    if level != "logical" {
-        return Ok(false);
-    }
-    sqlx::raw_sql(
-        "create table items_log (like items including all);
-         alter table items_log replica identity using index items_log_key_key;",
-    )
-    .execute(pool)
-    .await?;
-    sqlx::query(
-        "insert into items_log (key) select 'row-' || g from generate_series(1::bigint, $1) g",
-    )
-    .bind(rows)
-    .execute(pool)
-    .await?;
-    Watch::table("items_log")
-        .key("key")
-        .install_log(pool)
-        .await?;
-    sqlx::raw_sql("vacuum analyze items_log")
-        .execute(pool)
-        .await?;
-    Ok(true)
 }
 
 /// Statements per second of `writers` connections running `statement` on
@@ -205,20 +159,26 @@ pub(crate) async fn compare(
     // does the trigger feed's follower.
     let logged = log_twin(&pool, rows).await?;
     let mut tables = vec!["items", "items_plain"];
+    let log_guard = BloomGuard::builder().build();
+    let log_follower = || {
+        tokio::spawn(
+            PgLogFollower::new(
+                log_guard.clone(),
+                pool.clone(),
+                Watch::table("items_log").key("key"),
+                db.url.clone(),
+            )
+            .run(),
+        )
+    };
+    let mut log_task = None;
     let _followers = if logged {
         tables.insert(1, "items_log");
-        let (items, log) = (BloomGuard::builder().build(), BloomGuard::builder().build());
-        let log_follower = PgLogFollower::new(
-            log,
-            pool.clone(),
-            Watch::table("items_log").key("key"),
-            db.url.clone(),
-        );
-        Some((
-            tokio::spawn(
-                PgFollower::new(items, pool.clone(), Watch::table("items").key("key")).run(),
-            ),
-            tokio::spawn(log_follower.run()),
+        tables.insert(2, "items_log paused");
+        log_task = Some(log_follower());
+        let items = BloomGuard::builder().build();
+        Some(tokio::spawn(
+            PgFollower::new(items, pool.clone(), Watch::table("items").key("key")).run(),
         ))
     } else {
         println!("the server's wal_level is not logical: the log feed is not measured");
@@ -245,25 +205,40 @@ pub(crate) async fn compare(
             for _ in 0..2 {
                 for &table in &tables {
                     run += 1;
+                    let paused = table == "items_log paused";
+                    if paused {
+                        // No instance streams the slot while the writers run.
+                        if let Some(task) = log_task.take() {
+                            task.abort();
+                        }
+                        until_unread(&pool).await?;
+                    }
                     let rate = drive(
                         &pool,
-                        table,
+                        table.trim_end_matches(" paused"),
                         statement,
                         writers,
                         duration,
-                        &rows_taken[table],
+                        &rows_taken[table.trim_end_matches(" paused")],
                         run,
                     )
                     .await;
                     rates.entry(table).or_default().push(rate);
+                    if paused {
+                        log_task = Some(log_follower());
+                    }
                     // The log feed's work goes on after the writers stop:
                     // the rate with the producer's catch-up counts it.
-                    if table == "items_log" {
+                    if table.starts_with("items_log") {
                         let drain = catch_up(&pool).await?;
                         let caught_up =
                             rate * duration.as_secs_f64() / (duration + drain).as_secs_f64();
                         rates
-                            .entry("items_log caught up")
+                            .entry(if paused {
+                                "items_log paused caught up"
+                            } else {
+                                "items_log caught up"
+                            })
                             .or_default()
                             .push(caught_up);
                     }
@@ -273,6 +248,8 @@ pub(crate) async fn compare(
             let (watched, unwatched) = (mean("items"), mean("items_plain"));
             let log_writers = logged.then(|| mean("items_log"));
             let log = logged.then(|| mean("items_log caught up"));
+            let paused_writers = logged.then(|| mean("items_log paused"));
+            let paused = logged.then(|| mean("items_log paused caught up"));
             let cell = WriterCell {
                 writers,
                 statement,
@@ -282,6 +259,8 @@ pub(crate) async fn compare(
                 log_writers_per_sec: log_writers,
                 log_per_sec: log,
                 log_ratio: log.map(|log| log / unwatched),
+                log_paused_writers_per_sec: paused_writers,
+                log_paused_per_sec: paused,
             };
             println!(
                 "{writers:>2} writers {statement:<10} triggers {watched:>8.0}/s unwatched {unwatched:>8.0}/s ratio {:.2}{}",
@@ -290,8 +269,15 @@ pub(crate) async fn compare(
                     " | log: writers {writers:>8.0}/s ratio {:.2}, with the catch-up {log:>8.0}/s ratio {:.2}",
                     writers / unwatched,
                     log / unwatched
-                ))
+                )),
             );
+            if let (Some(writers), Some(caught_up)) = (paused_writers, paused) {
+                println!(
+                    "           the log's reader paused: writers {writers:>8.0}/s ratio {:.2}, with the catch-up {caught_up:>8.0}/s ratio {:.2}",
+                    writers / unwatched,
+                    caught_up / unwatched
+                );
+            }
             cells.push(cell);
         }
     }

@@ -154,17 +154,21 @@ async fn a_restore_into_another_cluster_starts_the_feed_over(pool: PgPool) {
     let _server = SERVER.read().await;
     let (url, _slot) = log_fed(&pool).await;
     let mut seen = seeded_items(&pool).await;
+    exec(&pool, "insert into items (key) values ('restored')").await;
+    seen.insert("restored".to_owned());
     let (_, task) = log_followed(&pool, &url).await;
     drop(task);
     // What a restore into another cluster brings: the feed's tables with
     // that cluster's positions, far ahead of this one's log, and a
-    // delete of a key this database holds; no slot.
+    // delete of a key this database holds, at a position this log is
+    // about to reach; no slot.
     drop_slot(&pool).await;
     exec(
         &pool,
         "update bloom_guard.log_progress set applied = 'FFFF/0';
          update bloom_guard.log_horizon set below = 'FFFF/0';
-         insert into bloom_guard.log_changes (lsn, guard, kind, key) values ('FFFF/10', 'items', 'd', 'k1')",
+         insert into bloom_guard.log_changes (lsn, guard, kind, key)
+         values (pg_current_wal_lsn() + 300000, 'items', 'd', 'restored')",
     )
     .await;
     random_writes(&pool, 100, &mut seen).await;
@@ -174,6 +178,12 @@ async fn a_restore_into_another_cluster_starts_the_feed_over(pool: PgPool) {
         exec(&pool, &format!("insert into items (key) values ('{key}')")).await;
         seen.insert(key);
     }
+    // The log moves past the other cluster's delete.
+    exec(
+        &pool,
+        "insert into items (key) select 'bulk-' || g from generate_series(1, 5000) g",
+    )
+    .await;
     holds_what_the_table_holds_once_closed("after the restore", &guard, &pool, &seen).await;
 }
 
@@ -271,4 +281,44 @@ async fn a_slot_no_producer_moves_fails_the_guards_open_until_it_moves(pool: PgP
     blocker.rollback().await.expect("unlock");
     let seen: BTreeSet<String> = ["during".to_owned()].into();
     holds_what_the_table_holds_once_closed("after the stall", &guard, &pool, &seen).await;
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_slot_made_again_below_a_followers_position_rebuilds_it_at_its_next_read(pool: PgPool) {
+    let _server = SERVER.read().await;
+    let (url, _slot) = log_fed(&pool).await;
+    let guard = log_guard();
+    // No check within the test: the reads alone must see the new slot.
+    let follower = bloom_guard_sqlx::PgLogFollower::new(guard.clone(), pool.clone(), items(), &url)
+        .check_interval(Duration::from_secs(3600));
+    let _task = spawn(follower);
+    wait_until("the first filter", Duration::from_secs(20), || {
+        guard.is_ready()
+    })
+    .await;
+    // The follower's position far ahead of the log, as after a failover
+    // that lost the old primary's last log, or a restore in place.
+    exec(
+        &pool,
+        "update bloom_guard.log_progress set applied = 'FFFF/0'",
+    )
+    .await;
+    assert_eq!(
+        status(&guard, "never-written").await,
+        http::StatusCode::NOT_FOUND
+    );
+    let slot = made(&pool).await;
+    drop_slot(&pool).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while made(&pool).await == slot || made(&pool).await == "none" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was not made again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    exec(&pool, "insert into items (key) values ('after-the-slot')").await;
+    let seen: BTreeSet<String> = ["after-the-slot".to_owned()].into();
+    holds_what_the_table_holds_once_closed("after the slot", &guard, &pool, &seen).await;
 }

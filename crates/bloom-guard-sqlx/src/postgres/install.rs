@@ -90,6 +90,12 @@ pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
 /// # Ok(()) }
 /// ```
 pub async fn uninstall(pool: &PgPool) -> Result<(), FeedError> {
+    // Under the log feed's slot lock, on a connection of its own (the lock
+    // goes with it): a slot made meanwhile would outlive the feed.
+    let mut slot_lock = sqlx::ConnectOptions::connect(&*pool.connect_options()).await?;
+    sqlx::query("select pg_catalog.pg_advisory_lock(pg_catalog.hashtext('bloom_guard.log_slot'))")
+        .execute(&mut slot_lock)
+        .await?;
     schema_script(
         pool,
         "uninstall",
@@ -98,6 +104,7 @@ pub async fn uninstall(pool: &PgPool) -> Result<(), FeedError> {
     )
     .await?;
     drop_log_slot(pool).await?;
+    let _ = sqlx::Connection::close(slot_lock).await;
     tracing::info!("removed the bloom-guard change feed");
     Ok(())
 }

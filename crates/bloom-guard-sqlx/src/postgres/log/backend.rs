@@ -47,6 +47,10 @@ pub(crate) struct PgLogBackend {
     /// moving, and its confirmed position then.
     stalled: std::sync::Arc<std::sync::Mutex<Option<(std::time::Instant, u64)>>>,
     pub(super) stalled_after: Duration,
+    /// The feed's epoch the filter's positions belong to: the first key
+    /// source's, then each read's. A read of another epoch (the slot made
+    /// again, its positions maybe below this filter's) rebuilds.
+    epoch: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl PgLogBackend {
@@ -57,6 +61,41 @@ impl PgLogBackend {
             slot: std::sync::Arc::default(),
             stalled: std::sync::Arc::default(),
             stalled_after: STALLED_AFTER,
+            epoch: std::sync::Arc::default(),
+        }
+    }
+
+    /// The check's look, in one round trip, and its gaps (the slot's stall
+    /// among them).
+    async fn check(&self) -> Result<crate::follow::Catalog, sqlx::Error> {
+        let slot = self.slot().await?.to_owned();
+        let look = super::check::look(self.pool(), &self.inner.watch, &slot).await?;
+        let mut gaps = look.gaps(&self.inner.watch, &slot);
+        gaps.extend(self.stall(&slot, &look));
+        Ok(crate::follow::Catalog {
+            gaps,
+            versions: Some(look.versions),
+            counts_rows: Some(true),
+        })
+    }
+
+    /// Whether `epoch` is another than the filter's positions belong to;
+    /// from then on it is theirs (the caller rebuilds).
+    fn epoch_changed(&self, epoch: &str) -> bool {
+        let mut known = self
+            .epoch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match known.as_deref() {
+            Some(known) if known == epoch => false,
+            Some(_) => {
+                *known = Some(epoch.to_owned());
+                true
+            }
+            None => {
+                *known = Some(epoch.to_owned());
+                false
+            }
         }
     }
 
@@ -64,18 +103,13 @@ impl PgLogBackend {
     /// not moving, for longer than `stalled_after`: no instance streams it
     /// (every producer failing, a dead connection holding it), and every
     /// refusal would wait the barrier's bound before failing open.
-    async fn stall(&self, slot: &str) -> Result<Option<String>, sqlx::Error> {
-        let look: Option<(i64, bool, bool)> = sqlx::query_as(
-            "select (confirmed_flush_lsn operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
-                    confirmed_flush_lsn < pg_catalog.pg_current_wal_lsn(), active
-               from pg_catalog.pg_replication_slots where slot_name = $1",
-        )
-        .bind(slot)
-        .fetch_optional(self.pool())
-        .await?;
-        // A missing slot is a gap of its own.
-        let Some((confirmed, behind, active)) = look else {
-            return Ok(None);
+    fn stall(&self, slot: &str, look: &super::check::Look) -> Option<String> {
+        // A missing slot is a gap of its own; one being made has no
+        // confirmed position yet.
+        let (Some(confirmed), Some(behind), Some(active)) =
+            (look.confirmed, look.behind, look.active)
+        else {
+            return None;
         };
         let confirmed = confirmed.unsigned_abs();
         let now = std::time::Instant::now();
@@ -91,17 +125,17 @@ impl PgLogBackend {
             }
             _ => {
                 *stalled = None;
-                return Ok(None);
+                return None;
             }
         };
         let idle = now.duration_since(since);
-        Ok((idle > self.stalled_after).then(|| {
+        (idle > self.stalled_after).then(|| {
             format!(
                 "the log feed's slot {slot} has stayed behind the log for {}s ({}): no instance's producer writes the feed (see its warnings)",
                 idle.as_secs(),
                 if active { "streamed, not moving" } else { "no instance streams it" }
             )
-        }))
+        })
     }
 
     fn pool(&self) -> &PgPool {
@@ -139,8 +173,10 @@ impl PgLogBackend {
         .await?;
         lease.keep();
         // The horizon as the read's own snapshot saw it: a pruning that
-        // committed before the read took rows it would have had.
-        if since < read.horizon {
+        // committed before the read took rows it would have had. A slot
+        // made since the filter's position: that position is not this
+        // feed's (its start may be below it).
+        if self.epoch_changed(&read.epoch) || since < read.horizon {
             return Ok(Read::Pruned);
         }
         let mut changes = Changes::default();
@@ -179,6 +215,13 @@ impl Database for PgLogBackend {
         let watch = &self.inner.watch;
         let query = watch.key_query(self.pool(), self.inner.lowered).await?;
         let versions = self.trigger_versions().await?;
+        // The first key source's epoch: a snapshot adopted under it, then
+        // read under another, rebuilds.
+        let epoch = super::slot::epoch(self.pool()).await?;
+        self.epoch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_or_insert(epoch);
         let fingerprint = snapshot::fingerprint(self.pool(), &query, &versions).await?;
         Ok(KeySet {
             source: PgCopySource::new(self.pool().clone(), query).at_log_point(self.url.clone()),
@@ -223,10 +266,11 @@ impl Database for PgLogBackend {
     }
 
     async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
-        let slot = self.slot().await?.to_owned();
-        let mut gaps = super::install::gaps(self.pool(), &self.inner.watch, &slot).await?;
-        gaps.extend(self.stall(&slot).await?);
-        Ok(gaps)
+        Ok(self.check().await?.gaps)
+    }
+
+    async fn catalog(&self) -> Result<crate::follow::Catalog, sqlx::Error> {
+        self.check().await
     }
 
     async fn repair(&self) -> Result<bool, sqlx::Error> {
@@ -234,7 +278,7 @@ impl Database for PgLogBackend {
     }
 
     async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
-        super::install::versions(self.pool(), &self.inner.watch).await
+        super::check::versions(self.pool(), &self.inner.watch).await
     }
 
     fn wake_ups(

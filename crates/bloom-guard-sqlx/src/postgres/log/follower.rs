@@ -8,6 +8,14 @@ use crate::follow::{follower_api, Follower};
 use crate::postgres::PgBackend;
 use crate::watch::Watch;
 
+/// The log follower's pause after a read that found nothing. The
+/// producer wakes the followers once per write of a batch; a wake-up whose
+/// rows an earlier read already took finds nothing, and a longer pause
+/// would hold the next batch back by as much (the trigger feed's 50 ms
+/// showed as a 60 ms p99 from commit to another instance under 2 000
+/// writes/s).
+const MIN_READ_GAP: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Keeps `guard` complete for a Postgres table on the **log feed**: the
 /// changes come from the write-ahead log (`wal_level=logical`), decoded
 /// from a logical replication slot, so writers run no trigger of ours.
@@ -50,9 +58,9 @@ impl PgLogFollower {
     /// through `pool`; replication connections go to `url`.
     pub fn new(guard: BloomGuard, pool: PgPool, watch: Watch, url: impl Into<String>) -> Self {
         let inner = PgBackend::new(&guard, pool, watch);
-        Self {
-            engine: Follower::new(guard, PgLogBackend::new(inner, url.into())),
-        }
+        let mut engine = Follower::new(guard, PgLogBackend::new(inner, url.into()));
+        engine.min_read_gap = MIN_READ_GAP;
+        Self { engine }
     }
 
     /// How long the database's slot may stay behind the log, its confirmed
@@ -67,7 +75,7 @@ impl PgLogFollower {
         self
     }
 
-    /// The pause after a read that found no changes (default 50 ms):
+    /// The pause after a read that found no changes (default 5 ms):
     /// wake-ups that arrive meanwhile are served by one read. A read that
     /// found changes is followed at once.
     #[must_use]

@@ -205,75 +205,27 @@ impl Watch {
         .bind(&self.table)
         .fetch_one(pool)
         .await?;
+        self.identity_gap(&identity, &columns).map_or(Ok(()), Err)
+    }
+
+    /// The error for a key column outside the replica identity
+    /// `identity` (`relreplident`) of `columns`, if any.
+    pub(crate) fn identity_gap(
+        &self,
+        identity: &str,
+        columns: &[String],
+    ) -> Option<LogInstallError> {
         if identity == "f" {
-            return Ok(());
+            return None;
         }
-        match self
-            .key_columns
+        self.key_columns
             .iter()
             .find(|column| !columns.contains(column))
-        {
-            Some(column) => Err(LogInstallError::Identity {
+            .map(|column| LogInstallError::Identity {
                 table: self.table.clone(),
                 column: column.clone(),
-            }),
-            None => Ok(()),
-        }
+            })
     }
-}
-
-/// Why writes to the watched table could miss the log feed: the table not
-/// on it (or with other key columns), not in the publication, a key column
-/// out of its replica identity, the slot missing or lost, or the feed's
-/// triggers on it too. Empty when none.
-pub(crate) async fn gaps(
-    pool: &PgPool,
-    watch: &Watch,
-    slot: &str,
-) -> Result<Vec<String>, sqlx::Error> {
-    let (logged, published, triggers): (bool, bool, bool) = sqlx::query_as(
-        "select exists (select from bloom_guard.logged l
-                         where l.guard = $1 and l.rel = pg_catalog.to_regclass($2) and l.key_columns = $3),
-                exists (select from pg_catalog.pg_publication_rel r
-                          join pg_catalog.pg_publication p on p.oid = r.prpubid
-                         where p.pubname = $4 and r.prrelid = pg_catalog.to_regclass($2)),
-                exists (select from bloom_guard.watched w where w.rel = pg_catalog.to_regclass($2))",
-    )
-    .bind(watch.feed_name())
-    .bind(&watch.table)
-    .bind(&watch.key_columns)
-    .bind(PUBLICATION)
-    .fetch_one(pool)
-    .await?;
-    let mut gaps = Vec::new();
-    if !logged {
-        gaps.push(format!(
-            "{} is not on the log feed with these key columns",
-            watch.table
-        ));
-    }
-    if !published {
-        gaps.push(format!(
-            "{} is not in publication {PUBLICATION}",
-            watch.table
-        ));
-    }
-    gaps.extend(super::slot::state(pool, slot).await?.gap(slot));
-    if triggers {
-        gaps.push(format!("{} is fed by triggers too", watch.table));
-    }
-    if inherited(pool, &watch.table).await? {
-        gaps.push(LogInstallError::Inherited(watch.table.clone()).to_string());
-    }
-    if logged {
-        match watch.check_identity(pool).await {
-            Ok(()) => {}
-            // A failed look is no gap: the check tries again.
-            Err(LogInstallError::Database(error)) => return Err(error),
-            Err(error) => gaps.push(error.to_string()),
-        }
-    }
-    Ok(gaps)
 }
 
 /// Whether a table of `table`'s family inherits from a table that is not
@@ -287,29 +239,6 @@ async fn inherited(pool: &PgPool, table: &str) -> Result<bool, sqlx::Error> {
                          where p.relkind <> 'p')",
     )
     .bind(table)
-    .fetch_one(pool)
-    .await
-}
-
-/// The table's identity and family (its partitions), its place on the log
-/// feed and the slot the feed belongs to: it changes when the table is
-/// recreated or put on the feed again, a partition attached, or the slot
-/// made again, when a filter of before may lack keys.
-pub(crate) async fn versions(pool: &PgPool, watch: &Watch) -> Result<String, sqlx::Error> {
-    sqlx::query_scalar(
-        "select 'log:' operator(pg_catalog.||) coalesce(
-                    (select l.rel::oid::text operator(pg_catalog.||) '@' operator(pg_catalog.||) l.xmin::text
-                            operator(pg_catalog.||) '/' operator(pg_catalog.||)
-                            (select pg_catalog.string_agg(f.rel::oid::text, ',' order by f.rel::oid)
-                               from bloom_guard.family(l.rel) f(rel))
-                       from bloom_guard.logged l
-                      where l.guard = $1 and l.rel = pg_catalog.to_regclass($2)), '')
-                operator(pg_catalog.||) ':' operator(pg_catalog.||) coalesce(
-                    (select s.slot operator(pg_catalog.||) '@' operator(pg_catalog.||) s.made::text
-                       from bloom_guard.log_slot s where s.state = 'made'), '')",
-    )
-    .bind(watch.feed_name())
-    .bind(&watch.table)
     .fetch_one(pool)
     .await
 }

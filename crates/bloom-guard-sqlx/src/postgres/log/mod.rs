@@ -10,6 +10,7 @@
 //! (`slot`).
 
 mod backend;
+mod check;
 mod follower;
 mod install;
 mod pgoutput;

@@ -12,8 +12,8 @@
 //! change up to it and none after.
 //!
 //! The slot takes one reader at a time, so the producers of a fleet elect
-//! themselves: the one that holds the stream writes, the others try again
-//! every [`RETRY`] and take over when it stops.
+//! themselves: the one that holds the stream writes, the others look every
+//! [`STANDBY_LOOK`] and take over when it stops.
 //!
 //! A transaction's rows and the slot's progress (its commit's end) go in
 //! one transaction; the server hears of the progress only after that
@@ -31,8 +31,12 @@ use super::install::{logged_tables, slot_name};
 use super::rows::FeedRow;
 use super::stream::{Event, LogStream, LoggedTable, StreamError};
 
-/// The pause before a producer tries the slot again.
+/// The pause before a producer tries the slot again after a failure.
 pub(crate) const RETRY: Duration = Duration::from_secs(1);
+
+/// How often a producer looks whether the instance that streams the slot
+/// still does: the takeover's bound, and an idle standby's one query.
+const STANDBY_LOOK: Duration = Duration::from_secs(5);
 
 /// Why a producer's stream stopped.
 #[derive(Debug, thiserror::Error)]
@@ -87,7 +91,7 @@ impl Producer {
             if self.streamed_elsewhere().await {
                 tokio::select! {
                     () = stop.cancelled() => return,
-                    () = tokio::time::sleep(RETRY) => {}
+                    () = tokio::time::sleep(STANDBY_LOOK) => {}
                 }
                 continue;
             }
@@ -131,6 +135,7 @@ impl Producer {
         // A slot missing or lost is made again, and the feed starts over
         // at its start: the guards on it rebuild.
         super::slot::ensure(&self.pool, &self.slot).await?;
+        let epoch = super::slot::epoch(&self.pool).await?;
         let after = self.progress().await?;
         let tables = self.tables(passed_over).await?;
         let mut stream =
@@ -154,7 +159,7 @@ impl Producer {
                 match stream.next().now_or_never() {
                     Some(event) => event?,
                     None => {
-                        self.flush(&mut batch, &mut stream).await?;
+                        self.flush(&mut batch, &mut stream, &epoch).await?;
                         continue;
                     }
                 }
@@ -165,17 +170,17 @@ impl Producer {
                     batch.transactions += 1;
                     batch.end = end;
                     if batch.full() {
-                        self.flush(&mut batch, &mut stream).await?;
+                        self.flush(&mut batch, &mut stream, &epoch).await?;
                     }
                 }
                 Event::CaughtUp { wal_end } => {
-                    self.flush(&mut batch, &mut stream).await?;
+                    self.flush(&mut batch, &mut stream, &epoch).await?;
                     stream.applied(wal_end);
                 }
                 Event::Relogged { xid } => {
                     // Committed already (the message comes with its
                     // commit): the tables as that transaction left them.
-                    self.flush(&mut batch, &mut stream).await?;
+                    self.flush(&mut batch, &mut stream, &epoch).await?;
                     if let Some(xid) = xid {
                         self.until_visible(xid).await?;
                     }
@@ -211,9 +216,12 @@ impl Producer {
     /// Whether a reader streams the slot now (a failed look says no: the
     /// stream's start tells).
     async fn streamed_elsewhere(&self) -> bool {
+        // Streamed, and made: a stream left from a making that stopped
+        // half way is ended by the next making.
         sqlx::query_scalar::<_, bool>(
-            "select coalesce(bool_or(active), false) from pg_catalog.pg_replication_slots
-              where slot_name = $1",
+            "select coalesce(bool_or(s.active), false)
+                    and exists (select from bloom_guard.log_slot l where l.slot = $1 and l.state = 'made')
+               from pg_catalog.pg_replication_slots s where s.slot_name = $1",
         )
         .bind(&self.slot)
         .fetch_one(&self.pool)
@@ -222,12 +230,17 @@ impl Producer {
     }
 
     /// Writes the batch's rows, if any, and tells the server it has them.
-    async fn flush(&self, batch: &mut Batch, stream: &mut LogStream) -> Result<(), sqlx::Error> {
+    async fn flush(
+        &self,
+        batch: &mut Batch,
+        stream: &mut LogStream,
+        epoch: &str,
+    ) -> Result<(), sqlx::Error> {
         if batch.transactions == 0 {
             return Ok(());
         }
         if !batch.rows.is_empty() {
-            self.write(&batch.rows, batch.end).await?;
+            self.write(&batch.rows, batch.end, epoch).await?;
         }
         stream.applied(batch.end);
         *batch = Batch::default();
@@ -274,11 +287,28 @@ impl Producer {
     /// or before the progress another producer wrote are left out, and
     /// the progress only moves on: two producers (one stalled while the
     /// other took the slot) never write a change twice.
-    pub(super) async fn write(&self, rows: &[(u64, FeedRow)], end: u64) -> Result<(), sqlx::Error> {
+    pub(super) async fn write(
+        &self,
+        rows: &[(u64, FeedRow)],
+        end: u64,
+        epoch: &str,
+    ) -> Result<(), sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("set local synchronous_commit = on")
             .execute(&mut *tx)
             .await?;
+        // The slot this stream began on, still: a slot made again since
+        // (its feed started over) takes no row of this stream's. The lock
+        // waits for a making under way.
+        sqlx::query("select from bloom_guard.log_slot for share")
+            .execute(&mut *tx)
+            .await?;
+        if super::slot::epoch(&mut *tx).await? != epoch {
+            return Err(sqlx::Error::Protocol(
+                "the log feed's slot was made again since this stream began; streaming it anew"
+                    .to_owned(),
+            ));
+        }
         sqlx::query(
             "insert into bloom_guard.log_progress (slot, applied) values ($1, '0/0')
              on conflict (slot) do nothing",

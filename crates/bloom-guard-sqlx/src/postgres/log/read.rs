@@ -34,6 +34,9 @@ pub(crate) struct LogRead {
     /// Rows at or before this were pruned, as the read's snapshot saw:
     /// a read from before it missed some.
     pub(crate) horizon: u64,
+    /// The feed's epoch as the read's snapshot saw ([`EPOCH`](super::slot::EPOCH)):
+    /// a position of another epoch is not this feed's.
+    pub(crate) epoch: String,
 }
 
 /// Why a read of the log feed failed.
@@ -80,6 +83,7 @@ pub(crate) async fn read(
     while let Some(row) = rows.try_next().await? {
         read.position = row.try_get::<i64, _>(0)?.unsigned_abs();
         read.horizon = row.try_get::<i64, _>(4)?.unsigned_abs();
+        read.epoch = row.try_get(5)?;
         let Some(guard) = row.try_get::<Option<String>, _>(1)? else {
             continue;
         };
@@ -97,23 +101,27 @@ pub(crate) async fn read(
 /// the statement's snapshot sees (its progress, or the confirmed position
 /// seen before), with that position on every row.
 static READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    READ_STATEMENT.replace(
-        "LOWERED",
-        &format!(
-            "case when $5 then {} else c.key end",
-            crate::postgres::feed::lowered("c.key")
-        ),
-    )
+    READ_STATEMENT
+        .replace(
+            "LOWERED",
+            &format!(
+                "case when $5 then {} else c.key end",
+                crate::postgres::feed::lowered("c.key")
+            ),
+        )
+        .replace("EPOCH", super::slot::EPOCH)
 });
 
 const READ_STATEMENT: &str = "with upto as (
              select greatest(
                         (select p.applied from bloom_guard.log_progress p where p.slot = $1),
                         $3::pg_catalog.pg_lsn, $4::pg_catalog.pg_lsn) as lsn,
-                    (select h.below from bloom_guard.log_horizon h) as below)
+                    (select h.below from bloom_guard.log_horizon h) as below,
+                    EPOCH as epoch)
          select (u.lsn operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
                 c.guard, c.kind::pg_catalog.text, LOWERED,
-                (coalesce(u.below, '0/0') operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8
+                (coalesce(u.below, '0/0') operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
+                u.epoch
            from upto u
            left join bloom_guard.log_changes c
              on c.guard operator(pg_catalog.=) any ($2::text[])

@@ -15,6 +15,22 @@
 
 use sqlx::{ConnectOptions as _, Connection as _, PgConnection, PgPool};
 
+/// The feed's epoch in SQL: the slot it belongs to, how far its making
+/// got, and the slot's start. It changes each time the slot is made. A
+/// follower's reads compare it with the one its filter was built under
+/// (positions of an older slot, even above the new one's start, are not
+/// this feed's); a producer's writes, with the one it streams under.
+pub(crate) const EPOCH: &str = "coalesce((select s.slot operator(pg_catalog.||) '@' operator(pg_catalog.||) s.state
+                         operator(pg_catalog.||) '@' operator(pg_catalog.||) coalesce(s.made::pg_catalog.text, '')
+                    from bloom_guard.log_slot s), '')";
+
+/// The feed's epoch now ([`EPOCH`]).
+pub(crate) async fn epoch(executor: impl sqlx::PgExecutor<'_>) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("select {EPOCH}")))
+        .fetch_one(executor)
+        .await
+}
+
 /// The log feed's slot as the database has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SlotState {
@@ -29,6 +45,17 @@ pub(crate) enum SlotState {
 }
 
 impl SlotState {
+    /// The state from the slot's `wal_status` (none: no slot) and the
+    /// feed's record of it (`log_slot.state` for this slot's name).
+    pub(crate) fn of(wal_status: Option<&str>, made: Option<&str>) -> Self {
+        match (wal_status, made) {
+            (Some("lost"), _) => Self::Lost,
+            (Some(_), Some("made")) => Self::Ready,
+            (_, Some("making")) => Self::Unfinished,
+            _ => Self::Missing,
+        }
+    }
+
     /// The gap a follower reports for this state, if any.
     pub(crate) fn gap(self, slot: &str) -> Option<String> {
         match self {
@@ -55,12 +82,7 @@ pub(crate) async fn state(
     .bind(slot)
     .fetch_one(executor)
     .await?;
-    Ok(match (wal_status.as_deref(), made.as_deref()) {
-        (Some("lost"), _) => SlotState::Lost,
-        (Some(_), Some("made")) => SlotState::Ready,
-        (_, Some("making")) => SlotState::Unfinished,
-        _ => SlotState::Missing,
-    })
+    Ok(SlotState::of(wal_status.as_deref(), made.as_deref()))
 }
 
 /// Makes the slot (again) unless it is ready: the feed starts over at its
@@ -106,15 +128,20 @@ async fn make(connection: &mut PgConnection, slot: &str) -> Result<bool, sqlx::E
     .bind(slot)
     .fetch_one(&mut *connection)
     .await?;
-    start_over(
+    let made = start_over(
         connection,
         slot,
         "made",
         "$2::pg_catalog.pg_lsn",
         Some(&start),
     )
-    .await?;
-    Ok(true)
+    .await;
+    if made.is_err() {
+        // A slot no feed belongs to (the schema dropped meanwhile) would
+        // keep the log; the next making starts from scratch anyway.
+        let _ = drop_slot(connection, slot).await;
+    }
+    made.map(|()| true)
 }
 
 /// Drops the slot if it is there, stopping its reader first (a stream of

@@ -130,12 +130,12 @@ async fn a_guard_put_on_a_streamed_table_gets_its_rows_from_its_commit_on(pool: 
     assert_eq!(second_rows, ["after"]);
     // Installed again unchanged, the table's place on the feed keeps its
     // version: no start makes the fleet rebuild.
-    let versions = super::super::install::versions(&pool, &second)
+    let versions = super::super::check::versions(&pool, &second)
         .await
         .expect("versions");
     second.install_log(&pool).await.expect("again");
     assert_eq!(
-        super::super::install::versions(&pool, &second)
+        super::super::check::versions(&pool, &second)
             .await
             .expect("versions"),
         versions
@@ -161,6 +161,9 @@ async fn producers_that_overlap_write_each_change_once_and_never_go_back(pool: P
             .await
             .expect("progress");
     let at = |n: u64| start.unsigned_abs() + n;
+    let epoch = crate::postgres::log::slot::epoch(&pool)
+        .await
+        .expect("epoch");
     // One wrote up to 300 while the other, stalled, still holds 100 to 300.
     one.write(
         &[
@@ -169,13 +172,14 @@ async fn producers_that_overlap_write_each_change_once_and_never_go_back(pool: P
             (at(300), row("c")),
         ],
         at(300),
+        &epoch,
     )
     .await
     .expect("write");
-    two.write(&[(at(200), row("b")), (at(300), row("c"))], at(300))
+    two.write(&[(at(200), row("b")), (at(300), row("c"))], at(300), &epoch)
         .await
         .expect("write again");
-    two.write(&[(at(100), row("a"))], at(100))
+    two.write(&[(at(100), row("a"))], at(100), &epoch)
         .await
         .expect("write behind");
     assert_eq!(
@@ -194,6 +198,10 @@ async fn producers_that_overlap_write_each_change_once_and_never_go_back(pool: P
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_slot_made_again_sends_readers_behind_it_to_a_rebuild(pool: PgPool) {
     let (url, slot) = log_fed_items(&pool).await;
+    let producer = Producer::new(pool.clone(), &url).await.expect("producer");
+    let epoch = crate::postgres::log::slot::epoch(&pool)
+        .await
+        .expect("epoch");
     let mut connection = pool.acquire().await.expect("a connection");
     let before =
         crate::postgres::log::read::read(&mut connection, &slot.name, &["items"], 0, None, false)
@@ -224,6 +232,18 @@ async fn a_slot_made_again_sends_readers_behind_it_to_a_rebuild(pool: PgPool) {
         after.horizon > before.position,
         "a reader from before the slot was made again would miss 'lost': {after:?}"
     );
+    assert_ne!(after.epoch, before.epoch, "the epoch did not change");
+    // A producer still streaming the slot from before writes nothing.
+    let row = crate::postgres::log::rows::FeedRow {
+        guard: "items".into(),
+        kind: b'd',
+        key: "lost".into(),
+    };
+    let stale = producer
+        .write(&[(after.horizon + 1000, row)], after.horizon + 1000, &epoch)
+        .await;
+    assert!(stale.is_err(), "a stale producer wrote: {stale:?}");
+    assert_eq!(feed_counts(&pool).await, BTreeMap::new());
     drop(url);
 }
 
