@@ -309,7 +309,12 @@ async fn wrk(
         .lines()
         .find_map(|line| line.strip_prefix("Requests/sec:"))
         .and_then(|value| value.trim().parse().ok())
-        .ok_or_else(|| format!("no Requests/sec in wrk's output:\n{text}"))?;
+        .ok_or_else(|| {
+            format!(
+                "no Requests/sec in wrk's output:\n{text}{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        })?;
     let percentile = |name: &str| {
         text.lines()
             .find_map(|line| line.trim().strip_prefix(name))

@@ -104,7 +104,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if guards.is_none() {
         tracing::warn!("BLOOM_GUARD=off: every request reaches the cache and the database");
     }
-    let state = AppState::new(db, guards);
+    let state = AppState::new(db, guards).with_feed(config.feed);
     let (stop, stopped) = watch::channel(());
     // Both ports first: a port that is taken stops the service before any
     // background work starts.

@@ -8,7 +8,7 @@ use bloom_guard_sqlx::{
     FeedError, Follow, MySqlFollower, PgFollower, PgLogFollower, SqliteFollower,
 };
 
-use crate::config::{Config, Feed};
+use crate::config::Config;
 use crate::db::{Database, MigrateError, Pool};
 use crate::feeds::{items_feed, users_feed};
 use crate::guards::{guards, guards_for, Guards};
@@ -59,14 +59,7 @@ pub async fn prepare(state: AppState) {
         .with_jitter()
         .without_max_times()
         .build();
-    let feed = match state
-        .guards
-        .as_ref()
-        .and_then(|guards| guards.log_feed.as_ref())
-    {
-        Some(_) => Feed::Log,
-        None => Feed::Triggers,
-    };
+    let feed = state.feed;
     while let Err(error) = state.db.migrate_for(feed).await {
         let delay = pauses.next().unwrap_or(Duration::from_secs(10));
         // The whole chain: "migration failed" alone says nothing.

@@ -6,6 +6,7 @@ use bloom_guard::{BloomGuard, ReadThroughCache};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::config::Feed;
 use crate::db::{Database, Item};
 use crate::guards::Guards;
 
@@ -18,6 +19,9 @@ pub struct AppState {
     pub cache: ReadThroughCache<String, Item>,
     /// The guards, or `None` when run with `BLOOM_GUARD=off`.
     pub guards: Option<Guards>,
+    /// Where the database's changes come from (`BLOOM_FEED`): the feed
+    /// installed at start, guarded or not (another instance may guard).
+    pub feed: Feed,
     /// Set on shutdown, for the background tasks.
     stop: Arc<watch::Sender<bool>>,
     /// The tasks keeping the filters complete, awaited on shutdown.
@@ -25,15 +29,29 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// State for `db`, guarded by `guards`, with the service's cache settings.
+    /// State for `db`, guarded by `guards`, with the service's cache
+    /// settings; the feed is the guards' (the triggers without guards,
+    /// unless [`with_feed`](Self::with_feed) says otherwise).
     pub fn new(db: Database, guards: Option<Guards>) -> Self {
+        let feed = match guards.as_ref().and_then(|guards| guards.log_feed.as_ref()) {
+            Some(_) => Feed::Log,
+            None => Feed::Triggers,
+        };
         Self {
             db,
             cache: ReadThroughCache::builder().max_capacity(100_000).build(),
             guards,
+            feed,
             stop: Arc::new(watch::channel(false).0),
             keepers: Arc::default(),
         }
+    }
+
+    /// The feed to install at start (`BLOOM_FEED`), also with no guards.
+    #[must_use]
+    pub fn with_feed(mut self, feed: Feed) -> Self {
+        self.feed = feed;
+        self
     }
 
     /// Completes once [`shut_down`](Self::shut_down) is called.

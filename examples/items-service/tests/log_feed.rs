@@ -117,3 +117,32 @@ async fn keys_written_by_sql_reach_the_guard_through_the_log(pool: PgPool) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[sqlx::test(migrations = "../../migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn an_unguarded_instance_on_the_log_feed_starts_beside_a_guarded_one(pool: PgPool) {
+    let url = url_of(&pool).await;
+    let _slots = Slots { url: url.clone() };
+    let mut config = Config::from_env().expect("config");
+    config.database_url = Some(url);
+    config.feed = Feed::Log;
+    let guarded = AppState::new(
+        Database::from_pool(Pool::Postgres(pool.clone())),
+        Some(items_service::guards(&config)),
+    );
+    prepare(guarded).await;
+    // BLOOM_GUARD=off with BLOOM_FEED=log: it installs the log feed too,
+    // not the triggers the log-fed tables refuse (which stopped it).
+    let unguarded =
+        AppState::new(Database::from_pool(Pool::Postgres(pool.clone())), None).with_feed(Feed::Log);
+    tokio::time::timeout(Duration::from_secs(30), prepare(unguarded))
+        .await
+        .expect("the unguarded instance starts");
+    let triggers: i64 = sqlx::query_scalar(
+        "select count(*) from pg_trigger where tgrelid = 'items'::regclass and not tgisinternal",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("triggers");
+    assert_eq!(triggers, 0);
+}

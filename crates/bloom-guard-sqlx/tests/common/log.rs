@@ -80,17 +80,8 @@ pub(crate) fn log_guard() -> BloomGuard {
 
 /// A guard kept complete by a log feed follower of `items`, once warm.
 pub(crate) async fn log_followed(pool: &PgPool, url: &str) -> (BloomGuard, Running) {
-    log_followed_table(pool, url, items()).await
-}
-
-/// A guard kept complete by a log feed follower of `watch`, once warm.
-pub(crate) async fn log_followed_table(
-    pool: &PgPool,
-    url: &str,
-    watch: bloom_guard_sqlx::Watch,
-) -> (BloomGuard, Running) {
     let guard = log_guard();
-    let follower = PgLogFollower::new(guard.clone(), pool.clone(), watch, url)
+    let follower = PgLogFollower::new(guard.clone(), pool.clone(), items(), url)
         .check_interval(Duration::from_millis(200))
         .poll_interval(Duration::from_millis(500));
     let task = spawn(follower);

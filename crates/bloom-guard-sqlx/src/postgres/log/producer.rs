@@ -297,18 +297,6 @@ impl Producer {
         sqlx::query("set local synchronous_commit = on")
             .execute(&mut *tx)
             .await?;
-        // The slot this stream began on, still: a slot made again since
-        // (its feed started over) takes no row of this stream's. The lock
-        // waits for a making under way.
-        sqlx::query("select from bloom_guard.log_slot for share")
-            .execute(&mut *tx)
-            .await?;
-        if super::slot::epoch(&mut *tx).await? != epoch {
-            return Err(sqlx::Error::Protocol(
-                "the log feed's slot was made again since this stream began; streaming it anew"
-                    .to_owned(),
-            ));
-        }
         sqlx::query(
             "insert into bloom_guard.log_progress (slot, applied) values ($1, '0/0')
              on conflict (slot) do nothing",
@@ -323,6 +311,17 @@ impl Producer {
         .bind(&self.slot)
         .fetch_one(&mut *tx)
         .await?;
+        // The slot this stream began on, still: a slot made again since
+        // (its feed started over) takes no row of this stream's. A making
+        // updates the progress row too: under its lock, this statement
+        // sees one that committed, and one to come waits for this commit
+        // (and deletes these rows, if it starts the feed over).
+        if super::slot::epoch(&mut *tx).await? != epoch {
+            return Err(sqlx::Error::Protocol(
+                "the log feed's slot was made again since this stream began; streaming it anew"
+                    .to_owned(),
+            ));
+        }
         let written = written.unsigned_abs();
         let (mut ends, mut guards, mut kinds, mut keys) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
