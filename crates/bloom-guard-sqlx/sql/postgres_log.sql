@@ -90,8 +90,11 @@ $$;
 
 do $event$
 begin
-    if exists (select from pg_catalog.pg_roles where rolname = current_user and rolsuper) then
-        drop event trigger if exists bloom_guard_alter_logged_table;
+    -- Made once: each start runs this script, and the function above is
+    -- replaced in place.
+    if exists (select from pg_catalog.pg_roles where rolname = current_user and rolsuper)
+       and not exists (select from pg_catalog.pg_event_trigger
+                        where evtname = 'bloom_guard_alter_logged_table') then
         create event trigger bloom_guard_alter_logged_table on ddl_command_end
             when tag in ('ALTER TABLE')
             execute function bloom_guard.on_alter_logged_table();

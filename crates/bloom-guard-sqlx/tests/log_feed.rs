@@ -99,12 +99,9 @@ async fn a_partitioned_table_is_followed_through_its_root(pool: PgPool) {
         .expect("put parts on the log feed");
     // No check within the test: the attach must reach the guard through
     // the log, not through the check's fingerprint.
-    let guard = log_guard();
-    let follower = bloom_guard_sqlx::PgLogFollower::new(guard.clone(), pool.clone(), parts, &url)
-        .check_interval(Duration::from_secs(3600));
-    let _task = spawn(follower);
-    wait_until("the first filter", Duration::from_secs(20), || {
-        guard.is_ready()
+    let (guard, _task) = log_followed_as(|guard| {
+        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), parts, &url)
+            .check_interval(Duration::from_secs(3600))
     })
     .await;
     // A key moved across partitions, a partition attached with rows, a

@@ -255,13 +255,10 @@ async fn a_fleet_down_past_the_slot_limit_keeps_no_more_log_and_rebuilds(pool: P
 async fn a_slot_no_producer_moves_fails_the_guards_open_until_it_moves(pool: PgPool) {
     let _server = SERVER.read().await;
     let (url, _slot) = log_fed(&pool).await;
-    let guard = log_guard();
-    let follower = bloom_guard_sqlx::PgLogFollower::new(guard.clone(), pool.clone(), items(), &url)
-        .check_interval(Duration::from_millis(200))
-        .stalled_after(Duration::from_secs(1));
-    let _task = spawn(follower);
-    wait_until("the first filter", Duration::from_secs(20), || {
-        guard.is_ready()
+    let (guard, _task) = log_followed_as(|guard| {
+        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), items(), &url)
+            .check_interval(Duration::from_millis(200))
+            .stalled_after(Duration::from_secs(1))
     })
     .await;
     // The producer cannot write: its progress row is locked.
@@ -288,13 +285,10 @@ async fn a_slot_no_producer_moves_fails_the_guards_open_until_it_moves(pool: PgP
 async fn a_slot_made_again_below_a_followers_position_rebuilds_it_at_its_next_read(pool: PgPool) {
     let _server = SERVER.read().await;
     let (url, _slot) = log_fed(&pool).await;
-    let guard = log_guard();
     // No check within the test: the reads alone must see the new slot.
-    let follower = bloom_guard_sqlx::PgLogFollower::new(guard.clone(), pool.clone(), items(), &url)
-        .check_interval(Duration::from_secs(3600));
-    let _task = spawn(follower);
-    wait_until("the first filter", Duration::from_secs(20), || {
-        guard.is_ready()
+    let (guard, _task) = log_followed_as(|guard| {
+        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), items(), &url)
+            .check_interval(Duration::from_secs(3600))
     })
     .await;
     // The follower's position far ahead of the log, as after a failover

@@ -113,43 +113,48 @@ pub async fn uninstall(pool: &PgPool) -> Result<(), FeedError> {
 /// reads keeps the server's write-ahead log. Its reader, if any, is
 /// stopped first.
 async fn drop_log_slot(pool: &PgPool) -> Result<(), sqlx::Error> {
-    const SLOT: &str = "(select 'bloom_guard_' operator(pg_catalog.||) d.oid::text
-                           from pg_catalog.pg_database d
-                          where d.datname = pg_catalog.current_database())";
+    let mut connection = pool.acquire().await?;
+    let slot: String = sqlx::query_scalar(
+        "select 'bloom_guard_' operator(pg_catalog.||) d.oid::text from pg_catalog.pg_database d
+          where d.datname = pg_catalog.current_database()",
+    )
+    .fetch_one(&mut *connection)
+    .await?;
+    drop_slot(&mut connection, &slot).await.map(drop)
+}
+
+/// Drops replication slot `slot` if it is there, stopping its reader
+/// first; whether it is gone (false: taken again on every try).
+pub(crate) async fn drop_slot(
+    connection: &mut PgConnection,
+    slot: &str,
+) -> Result<bool, sqlx::Error> {
     for _ in 0..50 {
-        let (present, active): (bool, bool) = sqlx::query_as(AssertSqlSafe(format!(
-            "select count(*) > 0, coalesce(bool_or(s.active), false)
-               from pg_catalog.pg_replication_slots s where s.slot_name = {SLOT}"
-        )))
-        .fetch_one(pool)
+        let stopped = sqlx::query(
+            "select pg_catalog.pg_terminate_backend(active_pid) from pg_catalog.pg_replication_slots
+              where slot_name = $1 and active_pid is not null",
+        )
+        .bind(slot)
+        .execute(&mut *connection)
         .await?;
-        if !present {
-            return Ok(());
-        }
-        if active {
-            sqlx::query(AssertSqlSafe(format!(
-                "select pg_catalog.pg_terminate_backend(s.active_pid)
-                   from pg_catalog.pg_replication_slots s
-                  where s.slot_name = {SLOT} and s.active_pid is not null"
-            )))
-            .execute(pool)
-            .await?;
+        if stopped.rows_affected() > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             continue;
         }
-        let dropped = sqlx::query(AssertSqlSafe(format!(
-            "select pg_catalog.pg_drop_replication_slot(s.slot_name)
-               from pg_catalog.pg_replication_slots s where s.slot_name = {SLOT}"
-        )))
-        .execute(pool)
+        let dropped = sqlx::query(
+            "select pg_catalog.pg_drop_replication_slot(slot_name)
+               from pg_catalog.pg_replication_slots where slot_name = $1",
+        )
+        .bind(slot)
+        .execute(&mut *connection)
         .await;
         match dropped {
             // Taken again between the look and the drop: look again.
             Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55006") => {}
-            other => return other.map(drop),
+            other => return other.map(|_| true),
         }
     }
-    Ok(())
+    Ok(false)
 }
 
 /// Runs `sql` on the feed's schema as one simple-query message: Postgres

@@ -80,11 +80,21 @@ pub(crate) fn log_guard() -> BloomGuard {
 
 /// A guard kept complete by a log feed follower of `items`, once warm.
 pub(crate) async fn log_followed(pool: &PgPool, url: &str) -> (BloomGuard, Running) {
+    log_followed_as(|guard| {
+        PgLogFollower::new(guard, pool.clone(), items(), url)
+            .check_interval(Duration::from_millis(200))
+            .poll_interval(Duration::from_millis(500))
+    })
+    .await
+}
+
+/// A guard kept complete by the log feed follower `follower` makes of
+/// it, once warm.
+pub(crate) async fn log_followed_as(
+    follower: impl FnOnce(BloomGuard) -> PgLogFollower,
+) -> (BloomGuard, Running) {
     let guard = log_guard();
-    let follower = PgLogFollower::new(guard.clone(), pool.clone(), items(), url)
-        .check_interval(Duration::from_millis(200))
-        .poll_interval(Duration::from_millis(500));
-    let task = spawn(follower);
+    let task = spawn(follower(guard.clone()));
     wait_until("the first filter", Duration::from_secs(20), || {
         guard.is_ready()
     })

@@ -147,30 +147,8 @@ async fn make(connection: &mut PgConnection, slot: &str) -> Result<bool, sqlx::E
 /// Drops the slot if it is there, stopping its reader first (a stream of
 /// a lost slot, or of a slot whose making stopped half way).
 async fn drop_slot(connection: &mut PgConnection, slot: &str) -> Result<(), sqlx::Error> {
-    for _ in 0..50 {
-        let dropped = sqlx::query(
-            "select pg_catalog.pg_terminate_backend(active_pid) from pg_catalog.pg_replication_slots
-              where slot_name = $1 and active_pid is not null",
-        )
-        .bind(slot)
-        .execute(&mut *connection)
-        .await?;
-        if dropped.rows_affected() > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            continue;
-        }
-        let dropped = sqlx::query(
-            "select pg_catalog.pg_drop_replication_slot(slot_name)
-               from pg_catalog.pg_replication_slots where slot_name = $1",
-        )
-        .bind(slot)
-        .execute(&mut *connection)
-        .await;
-        match dropped {
-            // Taken again between the look and the drop: look again.
-            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55006") => {}
-            other => return other.map(drop),
-        }
+    if crate::postgres::install::drop_slot(connection, slot).await? {
+        return Ok(());
     }
     Err(sqlx::Error::Protocol(format!(
         "the log feed's slot {slot} stays in use; it cannot be made again"
