@@ -6,13 +6,14 @@
 //! put on the log feed (`install`), the producer that writes the stream
 //! to the feed (`producer`), a scan's exact place in the log
 //! (`stream::ScanPoint`), and reads with the barrier by log position
-//! (`read`), and the slot, made again when it is missing or lost
-//! (`slot`).
+//! (`read`), the slot, made again when it is missing or lost
+//! (`slot`), and the election of the instance that streams it (`lease`).
 
 mod backend;
 mod check;
 mod follower;
 mod install;
+mod lease;
 mod pgoutput;
 mod producer;
 mod read;

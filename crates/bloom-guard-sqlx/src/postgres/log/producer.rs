@@ -12,8 +12,8 @@
 //! change up to it and none after.
 //!
 //! The slot takes one reader at a time, so the producers of a fleet elect
-//! themselves: the one that holds the stream writes, the others look every
-//! [`STANDBY_LOOK`] and take over when it stops.
+//! one ([`Lease`]): it streams and writes, the others wait in the
+//! election's queue, and the next one takes over when it stops.
 //!
 //! A transaction's rows and the slot's progress (its commit's end) go in
 //! one transaction; the server hears of the progress only after that
@@ -28,15 +28,17 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::install::{logged_tables, slot_name};
+use super::lease::Lease;
 use super::rows::FeedRow;
 use super::stream::{Event, LogStream, LoggedTable, StreamError};
 
 /// The pause before a producer tries the slot again after a failure.
 pub(crate) const RETRY: Duration = Duration::from_secs(1);
 
-/// How often a producer looks whether the instance that streams the slot
-/// still does: the takeover's bound, and an idle standby's one query.
-const STANDBY_LOOK: Duration = Duration::from_secs(5);
+/// The longest pause between an elected producer's tries of a slot
+/// another reader still streams (one whose election ended, its stream
+/// not yet: a killed instance's, until the server notices).
+const BUSY: Duration = Duration::from_secs(5);
 
 /// Why a producer's stream stopped.
 #[derive(Debug, thiserror::Error)]
@@ -80,46 +82,68 @@ pub(crate) struct Producer {
 }
 
 impl Producer {
-    /// Produces until `stop`, taking the slot whenever it is free.
+    /// Produces until `stop`, whenever this instance is elected.
     pub(crate) async fn run(self, stop: CancellationToken) {
         let mut passed_over = Vec::new();
         // The last failure logged as a warning: each other one once.
         let mut warned: Option<String> = None;
         while !stop.is_cancelled() {
-            // Another instance streams the slot: a look through the pool,
-            // not a replication connection (a server process each) a try.
-            if self.streamed_elsewhere().await {
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep(STANDBY_LOOK) => {}
+            let lease = tokio::select! {
+                () = stop.cancelled() => return,
+                lease = Lease::take(&self.url) => lease,
+            };
+            match lease {
+                Ok(lease) => {
+                    let stopped = self.term(&stop, &mut passed_over, &mut warned).await;
+                    lease.release().await;
+                    if stopped {
+                        return;
+                    }
                 }
-                continue;
+                Err(error) => warn_once(&mut warned, &error),
             }
-            match self.produce(&stop, &passed_over).await {
-                Ok(()) => return,
+            // A failure: the next standby, if any, tries meanwhile.
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(RETRY) => {}
+            }
+        }
+    }
+
+    /// An elected producer's term: streams until `stop` (true) or a
+    /// failure another instance may not share (false).
+    async fn term(
+        &self,
+        stop: &CancellationToken,
+        passed_over: &mut Vec<(String, String)>,
+        warned: &mut Option<String>,
+    ) -> bool {
+        let mut busy = RETRY;
+        loop {
+            match self.produce(stop, passed_over).await {
+                Ok(()) => return true,
                 // A table put on the feed since the stream started comes
                 // in the next one at once; one published for another
                 // reason is passed over from then on.
                 Err(ProducerError::Stream(StreamError::Unwatched(schema, table))) => {
                     tracing::debug!(%schema, %table, "a published table the stream was not told of; starting again");
                     passed_over.push((schema, table));
-                    continue;
+                }
+                // Another reader still streams the slot (object in use,
+                // whatever the server's language): tried again, the
+                // pauses growing to `BUSY`, the election kept.
+                Err(error) if crate::error::error_chain(&error).contains("SQLSTATE 55006") => {
+                    tracing::debug!(error = %crate::error::error_chain(&error), "another reader still streams the log feed's slot");
+                    tokio::select! {
+                        () = stop.cancelled() => return true,
+                        () = tokio::time::sleep(busy) => {}
+                    }
+                    busy = (busy * 2).min(BUSY);
                 }
                 Err(error) => {
-                    let message = crate::error::error_chain(&error);
-                    // Another instance streams the slot (object in use,
-                    // whatever the server's language): the election.
-                    if message.contains("SQLSTATE 55006") {
-                        tracing::debug!(error = %message, "another instance streams the log feed's slot");
-                    } else if warned.as_deref() != Some(message.as_str()) {
-                        tracing::warn!(error = %message, retry_in = ?RETRY, "the log feed's producer stopped; the guards on the log feed let requests through until it streams again");
-                        warned = Some(message);
-                    }
+                    warn_once(warned, &error);
+                    return stop.is_cancelled();
                 }
-            }
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(RETRY) => {}
             }
         }
     }
@@ -211,22 +235,6 @@ impl Producer {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-    }
-
-    /// Whether a reader streams the slot now (a failed look says no: the
-    /// stream's start tells).
-    async fn streamed_elsewhere(&self) -> bool {
-        // Streamed, and made: a stream left from a making that stopped
-        // half way is ended by the next making.
-        sqlx::query_scalar::<_, bool>(
-            "select coalesce(bool_or(s.active), false)
-                    and exists (select from bloom_guard.log_slot l where l.slot = $1 and l.state = 'made')
-               from pg_catalog.pg_replication_slots s where s.slot_name = $1",
-        )
-        .bind(&self.slot)
-        .fetch_one(&self.pool)
-        .await
-        .unwrap_or(false)
     }
 
     /// Writes the batch's rows, if any, and tells the server it has them.
@@ -367,6 +375,18 @@ impl Producer {
             .execute(&mut *tx)
             .await?;
         tx.commit().await
+    }
+}
+
+/// Logs a producer's failure as a warning, or at debug level when it is
+/// the one last warned of.
+fn warn_once(warned: &mut Option<String>, error: &dyn std::error::Error) {
+    let message = crate::error::error_chain(error);
+    if warned.as_deref() == Some(message.as_str()) {
+        tracing::debug!(error = %message, "the log feed's producer failed again");
+    } else {
+        tracing::warn!(error = %message, retry_in = ?RETRY, "the log feed's producer stopped; the guards on the log feed let requests through until it streams again");
+        *warned = Some(message);
     }
 }
 

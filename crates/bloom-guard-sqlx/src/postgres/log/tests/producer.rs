@@ -44,6 +44,98 @@ async fn two_producers_write_each_change_once_through_killed_connections(pool: P
 
 #[sqlx::test(migrations = false)]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn standby_producers_wait_in_the_election_without_a_statement_and_take_over_in_turn(
+    pool: PgPool,
+) {
+    use crate::postgres::log::lease::{PRODUCER_APPLICATION_NAME, STANDBY_APPLICATION_NAME};
+    let (url, slot) = log_fed_items(&pool).await;
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let producer = Producer::new(pool.clone(), &url).await.expect("producer");
+        tokio::spawn(producer.run(stop.clone()));
+        instances.push(stop);
+    }
+    exec(&pool, "insert into items (id, key) values (1, 'a')").await;
+    until_fed(&pool, "a").await;
+    // The elected one's lease and the two standbys waiting for it, each
+    // as (pid, the start of its last statement).
+    let sessions = || async {
+        sqlx::query_as::<_, (String, i32, String, bool)>(
+            "select application_name, pid, query_start::text,
+                    coalesce(wait_event_type = 'Lock' and wait_event = 'advisory', false)
+               from pg_stat_activity
+              where datname = current_database() and application_name in ($1, $2)
+              order by pid",
+        )
+        .bind(PRODUCER_APPLICATION_NAME)
+        .bind(STANDBY_APPLICATION_NAME)
+        .fetch_all(&pool)
+        .await
+        .expect("sessions")
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let waiting = loop {
+        let now = sessions().await;
+        let standbys = now
+            .iter()
+            .filter(|(name, _, _, waits)| name == STANDBY_APPLICATION_NAME && *waits)
+            .count();
+        let elected = now
+            .iter()
+            .filter(|(name, ..)| name == PRODUCER_APPLICATION_NAME)
+            .count();
+        if standbys == 2 && elected == 1 {
+            break now;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not one elected and two waiting: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Longer than a standby that looked every 5 s would wait: not one
+    // statement.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(sessions().await, waiting, "a standby ran a statement");
+
+    // The elected instance dies (its lease and its reader killed), twice:
+    // a standby is elected and streams each time.
+    let mut elected = waiting
+        .iter()
+        .find(|(name, ..)| name == PRODUCER_APPLICATION_NAME)
+        .map(|(_, pid, ..)| *pid)
+        .expect("an elected producer");
+    for (id, key) in [(2, "b"), (3, "c")] {
+        sqlx::query("select pg_terminate_backend($1)")
+            .bind(elected)
+            .execute(&pool)
+            .await
+            .expect("kill the lease");
+        kill_reader(&pool, &slot.name).await;
+        exec(
+            &pool,
+            &format!("insert into items (id, key) values ({id}, '{key}')"),
+        )
+        .await;
+        until_fed(&pool, key).await;
+        let next = sessions()
+            .await
+            .iter()
+            .find(|(name, ..)| name == PRODUCER_APPLICATION_NAME)
+            .map(|(_, pid, ..)| *pid)
+            .expect("a producer elected");
+        assert_ne!(next, elected, "the killed lease still holds");
+        elected = next;
+    }
+    assert_eq!(feed_counts(&pool).await, table_counts(&pool).await);
+    for stop in instances {
+        stop.cancel();
+    }
+}
+
+#[sqlx::test(migrations = false)]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_table_has_one_feed_and_a_key_the_log_cannot_carry_is_refused(pool: PgPool) {
     let (_url, _slot) = log_fed_items(&pool).await;
     let triggers = crate::Watch::table("items").key("key").install(&pool).await;
