@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::install::{logged_tables, slot_name};
 use super::lease::Lease;
-use super::rows::FeedRow;
+use super::rows::{Batch, FeedRow};
 use super::stream::{Event, LogStream, LoggedTable, StreamError};
 
 /// The pause before a producer tries the slot again after a failure.
@@ -47,29 +47,6 @@ pub(crate) enum ProducerError {
     Database(#[from] sqlx::Error),
     #[error(transparent)]
     Stream(#[from] StreamError),
-}
-
-/// Transactions received and not written yet.
-#[derive(Default)]
-struct Batch {
-    /// Their rows, each with its transaction's end.
-    rows: Vec<(u64, FeedRow)>,
-    transactions: usize,
-    /// The last one's end.
-    end: u64,
-}
-
-impl Batch {
-    /// At most this many rows, or transactions, go in one write.
-    const ROWS: usize = 10_000;
-
-    fn is_empty(&self) -> bool {
-        self.transactions == 0
-    }
-
-    fn full(&self) -> bool {
-        self.rows.len() >= Self::ROWS || self.transactions >= Self::ROWS
-    }
 }
 
 /// A database's log feed producer.

@@ -147,6 +147,29 @@ pub(crate) fn key_of(mut parts: Vec<String>) -> String {
     })
 }
 
+/// Transactions received and not written yet.
+#[derive(Default)]
+pub(crate) struct Batch {
+    /// Their rows, each with its transaction's end.
+    pub(crate) rows: Vec<(u64, FeedRow)>,
+    pub(crate) transactions: usize,
+    /// The last one's end.
+    pub(crate) end: u64,
+}
+
+impl Batch {
+    /// At most this many rows, or transactions, go in one write.
+    const ROWS: usize = 10_000;
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.transactions == 0
+    }
+
+    pub(crate) fn full(&self) -> bool {
+        self.rows.len() >= Self::ROWS || self.transactions >= Self::ROWS
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::pgoutput::{Column, Old};
