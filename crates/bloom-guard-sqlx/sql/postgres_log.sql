@@ -13,11 +13,28 @@ create table if not exists bloom_guard.logged (
 
 -- The end of the last transaction a slot's producer wrote to the feed, in
 -- the same transaction as its rows: a transaction the slot sends again ends
--- at or before it, and is skipped.
+-- at or before it, and is skipped. A transaction too large to hold whole
+-- is written in parts at `part_at` (just past its commit's start), and
+-- `part_rows` says how many of its rows are: sent again, those are skipped.
 create table if not exists bloom_guard.log_progress (
     slot text primary key,
-    applied pg_lsn not null
+    applied pg_lsn not null,
+    part_at pg_lsn,
+    part_rows bigint not null default 0
 );
+
+do $parts$
+begin
+    -- A feed from before the parts: the columns added once (no lock taken
+    -- at later starts).
+    if not exists (select from pg_catalog.pg_attribute
+                    where attrelid = 'bloom_guard.log_progress'::regclass and attname = 'part_at') then
+        alter table bloom_guard.log_progress
+            add column part_at pg_lsn,
+            add column part_rows bigint not null default 0;
+    end if;
+end
+$parts$;
 
 -- The log feed's rows: a guard's key added ('i'), removed ('d') or its
 -- table truncated ('t'), at the end of the commit that made the change.
@@ -102,3 +119,7 @@ begin
     end if;
 end
 $event$;
+
+-- The schema's version: `install_log` runs nothing more once it is this
+-- and the table is on the feed (a runtime role's start needs no DDL right).
+comment on table bloom_guard.log_progress is 'bloom_guard log feed, schema 2';

@@ -20,6 +20,7 @@ mod read;
 mod rows;
 mod slot;
 pub(super) mod stream;
+mod write;
 
 pub(crate) use backend::PgLogBackend;
 pub use follower::PgLogFollower;

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::install::{logged_tables, slot_name};
 use super::lease::Lease;
-use super::rows::{Batch, FeedRow};
+use super::rows::Batch;
 use super::stream::{Event, LogStream, LoggedTable, StreamError};
 
 /// The pause before a producer tries the slot again after a failure.
@@ -174,6 +174,16 @@ impl Producer {
                         self.flush(&mut batch, &mut stream, &epoch).await?;
                     }
                 }
+                // A transaction too large to hold whole: the ones before it
+                // first, in commit order.
+                Event::Part {
+                    begin,
+                    offset,
+                    rows,
+                } => {
+                    self.flush(&mut batch, &mut stream, &epoch).await?;
+                    self.write_part(begin, offset, &rows, &epoch).await?;
+                }
                 Event::CaughtUp { wal_end } => {
                     self.flush(&mut batch, &mut stream, &epoch).await?;
                     stream.applied(wal_end);
@@ -264,94 +274,6 @@ impl Producer {
         .fetch_optional(&self.pool)
         .await?;
         Ok(applied.map_or(0, |applied| applied.unsigned_abs()))
-    }
-
-    /// Writes `rows`, each at its transaction's end, and the progress
-    /// `end` in one transaction, durably (the server forgets the log
-    /// before `end` once told). Under the progress row's lock, the rows at
-    /// or before the progress another producer wrote are left out, and
-    /// the progress only moves on: two producers (one stalled while the
-    /// other took the slot) never write a change twice.
-    pub(super) async fn write(
-        &self,
-        rows: &[(u64, FeedRow)],
-        end: u64,
-        epoch: &str,
-    ) -> Result<(), sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("set local synchronous_commit = on")
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "insert into bloom_guard.log_progress (slot, applied) values ($1, '0/0')
-             on conflict (slot) do nothing",
-        )
-        .bind(&self.slot)
-        .execute(&mut *tx)
-        .await?;
-        let written: i64 = sqlx::query_scalar(
-            "select (applied operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8
-               from bloom_guard.log_progress where slot = $1 for update",
-        )
-        .bind(&self.slot)
-        .fetch_one(&mut *tx)
-        .await?;
-        // The slot this stream began on, still: a slot made again since
-        // (its feed started over) takes no row of this stream's. A making
-        // updates the progress row too: under its lock, this statement
-        // sees one that committed, and one to come waits for this commit
-        // (and deletes these rows, if it starts the feed over).
-        if super::slot::epoch(&mut *tx).await? != epoch {
-            return Err(sqlx::Error::Protocol(
-                "the log feed's slot was made again since this stream began; streaming it anew"
-                    .to_owned(),
-            ));
-        }
-        let written = written.unsigned_abs();
-        let (mut ends, mut guards, mut kinds, mut keys) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (row_end, row) in rows.iter().filter(|(row_end, _)| *row_end > written) {
-            ends.push(i64::try_from(*row_end).unwrap_or(i64::MAX));
-            guards.push(row.guard.as_str());
-            kinds.push(char::from(row.kind).to_string());
-            keys.push(row.key.as_str());
-        }
-        if ends.len() < rows.len() {
-            tracing::debug!(
-                skipped = rows.len() - ends.len(),
-                "another producer wrote some of these changes"
-            );
-        }
-        let end = i64::try_from(end).unwrap_or(i64::MAX);
-        sqlx::query(
-            "insert into bloom_guard.log_changes (lsn, guard, kind, key)
-             select '0/0'::pg_catalog.pg_lsn operator(pg_catalog.+) e::pg_catalog.numeric,
-                    g, k::\"char\", key
-               from rows from (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]),
-                               pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::int8[]))
-                    as r(g, k, key, e)",
-        )
-        .bind(&guards)
-        .bind(&kinds)
-        .bind(&keys)
-        .bind(&ends)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "update bloom_guard.log_progress
-                set applied = greatest(applied, '0/0'::pg_catalog.pg_lsn operator(pg_catalog.+) $2::pg_catalog.numeric)
-              where slot = $1",
-        )
-        .bind(&self.slot)
-        .bind(end)
-        .execute(&mut *tx)
-        .await?;
-        // Followers read at once; the producer is no writer of the user's,
-        // so its commit may take the notification lock.
-        sqlx::query("select pg_catalog.pg_notify('bloom_guard', '*')")
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await
     }
 }
 

@@ -20,6 +20,10 @@ use super::rows::{FeedRow, KeyColumns, RelationError};
 /// server round trip of the stream, and only when it moved.
 const ACK_EVERY: Duration = Duration::from_millis(5);
 
+/// A transaction's rows held at most: more go to the feed in parts of
+/// this many, before its commit is received.
+pub(crate) const PART_ROWS: usize = 10_000;
+
 /// A table the log feeds, and the guards that watch it (none: a table
 /// published for another reason, whose changes are passed over).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,8 +38,17 @@ pub(crate) struct LoggedTable {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Event {
     /// A committed transaction's feed rows (none if it changed no watched
-    /// key), at its commit's end position.
+    /// key), at its commit's end position; of a transaction sent in
+    /// parts, the rows after them.
     Committed { end: u64, rows: Vec<FeedRow> },
+    /// [`PART_ROWS`] rows of a committed transaction being received, from
+    /// its `offset`th row on: the transaction whose commit starts at
+    /// `begin`.
+    Part {
+        begin: u64,
+        offset: u64,
+        rows: Vec<FeedRow>,
+    },
     /// Every transaction before `wal_end` was sent: the server said so
     /// with no transaction open.
     CaughtUp { wal_end: u64 },
@@ -84,6 +97,10 @@ pub(crate) struct LogStream {
     descriptions: HashMap<u32, Relation>,
     /// The rows of the transaction being received, if one is open.
     open: Option<Vec<FeedRow>>,
+    /// Where that transaction's commit starts, and how many of its rows
+    /// went in parts.
+    begin: u64,
+    parted: u64,
     /// The end of the last transaction applied.
     after: u64,
 }
@@ -112,6 +129,8 @@ impl LogStream {
             relations: HashMap::new(),
             descriptions: HashMap::new(),
             open: None,
+            begin: 0,
+            parted: 0,
             after,
         })
     }
@@ -126,8 +145,17 @@ impl LogStream {
                 .map_err(StreamError::Replication)?
                 .ok_or(StreamError::Ended)?;
             match event {
-                ReplicationEvent::Begin { .. } => self.open = Some(Vec::new()),
-                ReplicationEvent::XLogData { data, .. } => self.change(&data)?,
+                ReplicationEvent::Begin { final_lsn, .. } => {
+                    self.open = Some(Vec::new());
+                    self.begin = final_lsn.as_u64();
+                    self.parted = 0;
+                }
+                ReplicationEvent::XLogData { data, .. } => {
+                    self.change(&data)?;
+                    if let Some(part) = self.part() {
+                        return Ok(part);
+                    }
+                }
                 ReplicationEvent::Commit { end_lsn, .. } => {
                     let rows = self.open.take().unwrap_or_default();
                     let end = end_lsn.as_u64();
@@ -171,6 +199,24 @@ impl LogStream {
                 _ => {}
             }
         }
+    }
+
+    /// The open transaction's rows as a part, once there are
+    /// [`PART_ROWS`] (none of a transaction applied already).
+    fn part(&mut self) -> Option<Event> {
+        let open = self.open.as_mut()?;
+        if open.len() < PART_ROWS {
+            return None;
+        }
+        let rows = std::mem::take(open);
+        let offset = self.parted;
+        self.parted += rows.len() as u64;
+        // Its end is past its commit's start: applied already if that is.
+        (self.begin >= self.after).then_some(Event::Part {
+            begin: self.begin,
+            offset,
+            rows,
+        })
     }
 
     /// Tells the server every transaction up to `end` is applied: the slot

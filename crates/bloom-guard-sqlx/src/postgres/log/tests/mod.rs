@@ -1,6 +1,7 @@
 //! The log feed against a real Postgres (`DATABASE_URL`, with
 //! `wal_level=logical`): the slot's stream (`stream`), the producer and
-//! a table put on the log feed (`producer`), and reads with the barrier
+//! a table put on the log feed (`producer`), a transaction too large to
+//! hold whole (`parts`), and reads with the barrier
 //! and from a scan's point (`read`); the helpers they share.
 
 use std::collections::BTreeMap;
@@ -8,6 +9,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
+mod parts;
 mod producer;
 mod read;
 mod stream;

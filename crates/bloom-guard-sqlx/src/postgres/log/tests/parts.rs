@@ -1,0 +1,146 @@
+//! A transaction too large to hold whole: written in parts as it arrives,
+//! seen by no reader before its last rows, each row once through replays.
+
+use super::*;
+use crate::postgres::log::read::read;
+use crate::postgres::log::stream::PART_ROWS;
+
+#[sqlx::test(migrations = false)]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn parts_sent_again_are_written_once_and_read_with_their_transaction(pool: PgPool) {
+    let (url, _slot) = log_fed_items(&pool).await;
+    let producer = Producer::new(pool.clone(), &url).await.expect("producer");
+    let epoch = crate::postgres::log::slot::epoch(&pool)
+        .await
+        .expect("epoch");
+    let start: i64 =
+        sqlx::query_scalar("select (applied - '0/0'::pg_lsn)::int8 from bloom_guard.log_progress")
+            .fetch_one(&pool)
+            .await
+            .expect("progress");
+    let start = start.unsigned_abs();
+    // The commit starts where the last one ended: its parts must still be
+    // past every bound until its end.
+    let (begin, end) = (start, start + 100);
+    let rows = |from: usize, to: usize| -> Vec<FeedRow> {
+        (from..to)
+            .map(|n| FeedRow {
+                guard: "items".into(),
+                kind: b'i',
+                key: format!("k{n}"),
+            })
+            .collect()
+    };
+    producer
+        .write_part(begin, 0, &rows(0, 10), &epoch)
+        .await
+        .expect("part");
+    producer
+        .write_part(begin, 10, &rows(10, 20), &epoch)
+        .await
+        .expect("part");
+    // Sent again from its first row (a crash, a killed connection).
+    producer
+        .write_part(begin, 0, &rows(0, 10), &epoch)
+        .await
+        .expect("again");
+    producer
+        .write_part(begin, 10, &rows(10, 20), &epoch)
+        .await
+        .expect("again");
+    producer
+        .write_part(begin, 20, &rows(20, 25), &epoch)
+        .await
+        .expect("part");
+    assert_eq!(
+        readable(&pool, start).await,
+        0,
+        "a reader saw a part before its transaction's end"
+    );
+    // The transaction's last rows, at its end, with the progress.
+    producer
+        .write(&[(end, rows(25, 30).remove(0))], end, &epoch)
+        .await
+        .expect("the end");
+    assert_eq!(readable(&pool, start).await, 26);
+    // All of it sent again: nothing more.
+    producer
+        .write_part(begin, 0, &rows(0, 10), &epoch)
+        .await
+        .expect("again");
+    producer
+        .write(&[(end, rows(25, 30).remove(0))], end, &epoch)
+        .await
+        .expect("again");
+    assert_eq!(readable(&pool, start).await, 26);
+    let counts = feed_counts(&pool).await;
+    assert_eq!(counts.len(), 26);
+    assert!(counts.values().all(|count| *count == 1), "{counts:?}");
+}
+
+/// How many rows a follower at `after` reads now.
+async fn readable(pool: &PgPool, after: u64) -> usize {
+    let slot: String = sqlx::query_scalar("select slot from bloom_guard.log_progress")
+        .fetch_one(pool)
+        .await
+        .expect("slot");
+    let mut connection = pool.acquire().await.expect("connection");
+    read(&mut connection, &slot, &["items"], after, None, false)
+        .await
+        .expect("read")
+        .rows
+        .len()
+}
+
+#[sqlx::test(migrations = false)]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_transaction_of_many_parts_streams_each_change_once_through_a_killed_reader(
+    pool: PgPool,
+) {
+    let (url, slot) = log_fed_items(&pool).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(
+        Producer::new(pool.clone(), &url)
+            .await
+            .expect("producer")
+            .run(stop.clone()),
+    );
+    exec(&pool, "insert into items (id, key) values (0, 'before')").await;
+    until_fed(&pool, "before").await;
+    // One transaction of six parts and more; a key deleted at the end of
+    // the sixth part and inserted again after it.
+    let rows = 6 * PART_ROWS - 1;
+    exec(
+        &pool,
+        &format!(
+            "begin;
+             insert into items (id, key) select g, 'bulk-' || g from generate_series(1, {rows}) g;
+             delete from items where id = 0;
+             insert into items (id, key) values ({rows} + 1, 'before');
+             commit"
+        ),
+    )
+    .await;
+    // The reader dies once the first parts are written: the slot sends the
+    // transaction again from its first row.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let parts: i64 = sqlx::query_scalar("select count(*) from bloom_guard.log_changes")
+            .fetch_one(&pool)
+            .await
+            .expect("count");
+        if parts > 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no part was written"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    kill_reader(&pool, &slot.name).await;
+    exec(&pool, "insert into items (id, key) values (-1, 'after')").await;
+    until_fed(&pool, "after").await;
+    assert_eq!(feed_counts(&pool).await, table_counts(&pool).await);
+    stop.cancel();
+}
