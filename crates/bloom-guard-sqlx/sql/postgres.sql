@@ -942,6 +942,21 @@ begin
              bloom_guard.key_of(text[], text[]), bloom_guard.key_expression(text[], text),
              bloom_guard.key_columns_gone(text[]), bloom_guard.counts_rows(text), bloom_guard.gaps(text),
              bloom_guard.triggers_complete(regclass, text[], text) to %s', runtime);
+    -- The log feed's tables, once installed (`install_log`): every instance
+    -- may be elected to stream the slot and write its rows, prune them,
+    -- and make the slot again. The REPLICATION attribute, which streaming
+    -- and making a slot need, is not a grant: `alter role ... replication`.
+    if pg_catalog.to_regclass('bloom_guard.log_changes') is not null then
+        execute pg_catalog.format(
+            'grant select, insert, delete on bloom_guard.log_changes to %s', runtime);
+        execute pg_catalog.format(
+            'grant select, insert, update on bloom_guard.log_progress, bloom_guard.log_horizon,
+                                             bloom_guard.log_slot to %s', runtime);
+        execute pg_catalog.format('grant select on bloom_guard.logged to %s', runtime);
+        if not (select r.rolreplication or r.rolsuper from pg_catalog.pg_roles r where r.oid = runtime) then
+            raise warning 'bloom_guard: role % has no REPLICATION attribute: it cannot stream the log feed''s slot (alter role % replication)', runtime, runtime;
+        end if;
+    end if;
 end
 $$;
 

@@ -151,3 +151,89 @@ async fn a_partitioned_table_is_followed_through_its_root(pool: PgPool) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_table_switched_between_the_feeds_is_rebuilt_and_never_fed_twice(pool: PgPool) {
+    let (url, _slot) = log_fed(&pool).await;
+    let mut rng = fastrand::Rng::with_seed(11);
+    let mut seen = BTreeSet::new();
+    // Its follower runs on: the slot stays streamed all along.
+    let (on_log, _log_task) = log_followed(&pool, &url).await;
+    for _ in 0..30 {
+        random_write(&pool, &mut rng, &mut seen).await;
+    }
+    holds_what_the_table_holds("on the log feed", &on_log, &pool, &seen).await;
+
+    // Off the log feed: its follower lets everything through, and the
+    // table leaves the publication.
+    items()
+        .uninstall_log(&pool)
+        .await
+        .expect("off the log feed");
+    items().uninstall_log(&pool).await.expect("idempotent");
+    wait_until("the log follower open", Duration::from_secs(10), || {
+        on_log.stats().state != bloom_guard::GuardState::Ready
+    })
+    .await;
+    let off: String = sqlx::query_scalar("select pg_current_wal_lsn()::text")
+        .fetch_one(&pool)
+        .await
+        .expect("position");
+    let published: i64 = sqlx::query_scalar(
+        "select count(*) from pg_publication_tables where pubname = 'bloom_guard'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("published");
+    assert_eq!(published, 0);
+
+    // On the triggers: a rebuild, and each change once (a producer still
+    // streaming the slot writes none of this table's).
+    items().install(&pool).await.expect("on the triggers");
+    let (on_triggers, triggers_task) = followed(&pool).await;
+    for _ in 0..60 {
+        random_write(&pool, &mut rng, &mut seen).await;
+    }
+    holds_what_the_table_holds("on the triggers", &on_triggers, &pool, &seen).await;
+    let now: String = sqlx::query_scalar("select pg_current_wal_lsn()::text")
+        .fetch_one(&pool)
+        .await
+        .expect("position");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !sqlx::query_scalar::<_, bool>(
+        "select coalesce(bool_and(confirmed_flush_lsn >= $1::pg_lsn), false)
+           from pg_replication_slots where database = current_database() and not temporary",
+    )
+    .bind(&now)
+    .fetch_one(&pool)
+    .await
+    .expect("slot")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot never passed the writes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let logged_since: i64 =
+        sqlx::query_scalar("select count(*) from bloom_guard.log_changes where lsn > $1::pg_lsn")
+            .bind(&off)
+            .fetch_one(&pool)
+            .await
+            .expect("log rows");
+    assert_eq!(logged_since, 0, "the log feed wrote rows of a table off it");
+
+    // And back to the log feed: a rebuild again.
+    drop(triggers_task);
+    items().uninstall(&pool).await.expect("off the triggers");
+    items()
+        .install_log(&pool)
+        .await
+        .expect("back on the log feed");
+    let (back, _back) = log_followed(&pool, &url).await;
+    for _ in 0..60 {
+        random_write(&pool, &mut rng, &mut seen).await;
+    }
+    holds_what_the_table_holds("back on the log feed", &back, &pool, &seen).await;
+}

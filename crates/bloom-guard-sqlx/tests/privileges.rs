@@ -187,3 +187,117 @@ async fn a_superusers_install_adds_the_event_trigger_to_a_current_feed(pool: PgP
     .expect("owner");
     assert_eq!(owner, OWNER);
 }
+
+#[cfg(feature = "log-feed")]
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn the_runtime_role_streams_follows_and_remakes_the_log_feed_but_cannot_change_it(
+    pool: PgPool,
+) {
+    use bloom_guard_sqlx::PgLogFollower;
+    use common::log::{
+        holds_what_the_table_holds, log_followed_as, random_write, url_of, SlotGuard,
+    };
+    const LOG_OWNER: &str = "bloom_guard_test_log_owner";
+    const LOG_RUNTIME: &str = "bloom_guard_test_log_runtime";
+    // The owner puts `items` on the log feed, as a migration job would:
+    // making the slot needs REPLICATION, the publication CREATE.
+    let owner = as_role(&pool, LOG_OWNER).await;
+    let runtime = as_role(&pool, LOG_RUNTIME).await;
+    exec(
+        &pool,
+        &format!(
+            "do $$ begin execute format('grant create on database %I to {LOG_OWNER}', current_database()); end $$;
+             alter role {LOG_OWNER} replication;
+             alter role {LOG_RUNTIME} replication;
+             alter table items owner to {LOG_OWNER}"
+        ),
+    )
+    .await;
+    let url = url_of(&pool).await;
+    let _slot = SlotGuard { url: url.clone() };
+    install(&owner).await.expect("the owner installs");
+    exec(
+        &owner,
+        "alter table items replica identity using index items_key_key",
+    )
+    .await;
+    items()
+        .install_log(&owner)
+        .await
+        .expect("the owner puts items on the log feed");
+    exec(
+        &owner,
+        "revoke execute on all functions in schema bloom_guard from public",
+    )
+    .await;
+    grant_runtime(&owner, LOG_RUNTIME).await.expect("grant");
+    exec(
+        &owner,
+        &format!("grant select, insert, update, delete on items to {LOG_RUNTIME}"),
+    )
+    .await;
+
+    // The runtime role streams the slot (it is the only instance), writes
+    // the feed, follows it, and makes the slot again when it is dropped.
+    let mut runtime_url = url::Url::parse(&url).expect("the database's URL");
+    runtime_url.set_username(LOG_RUNTIME).expect("a user name");
+    let runtime_url = runtime_url.to_string();
+    install(&runtime).await.expect("install is a no-op");
+    items()
+        .install_log(&runtime)
+        .await
+        .expect("install_log is a no-op");
+    let (guard, _task) = log_followed_as(|guard| {
+        PgLogFollower::new(guard, runtime.clone(), items(), runtime_url.clone())
+            .check_interval(Duration::from_millis(200))
+    })
+    .await;
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        random_write(&runtime, &mut rng, &mut seen).await;
+    }
+    holds_what_the_table_holds("runtime role", &guard, &pool, &seen).await;
+    let streamer: String = sqlx::query_scalar(
+        "select a.usename::text from pg_replication_slots s join pg_stat_activity a on a.pid = s.active_pid
+          where s.database = current_database() and not s.temporary",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("the slot's reader");
+    assert_eq!(streamer, LOG_RUNTIME);
+    exec(
+        &pool,
+        "select pg_terminate_backend(active_pid) from pg_replication_slots where database = current_database() and active_pid is not null;
+         select pg_sleep(0.2);
+         select pg_drop_replication_slot(slot_name) from pg_replication_slots where database = current_database() and not temporary",
+    )
+    .await;
+    for _ in 0..40 {
+        random_write(&runtime, &mut rng, &mut seen).await;
+    }
+    common::log::holds_what_the_table_holds_once_closed(
+        "after the slot's remaking",
+        &guard,
+        &pool,
+        &seen,
+    )
+    .await;
+
+    // Nothing that changes the log feed's tables beyond what it writes.
+    for ddl in [
+        "drop table bloom_guard.log_changes",
+        "truncate bloom_guard.log_changes",
+        "update bloom_guard.logged set key_columns = array['id']",
+        "delete from bloom_guard.logged",
+        "alter publication bloom_guard drop table items",
+        "alter table items replica identity default",
+    ] {
+        assert_eq!(
+            refused(&runtime, ddl).await.as_deref(),
+            Some("42501"),
+            "the runtime role ran: {ddl}"
+        );
+    }
+}

@@ -33,6 +33,10 @@ pub(crate) async fn slot_name(pool: &PgPool) -> Result<String, sqlx::Error> {
 /// The log feed's tables, over the change feed's schema.
 const LOG_SQL: &str = include_str!("../../../sql/postgres_log.sql");
 
+/// The comment on `bloom_guard.log_progress` that `LOG_SQL` leaves: the
+/// schema is current.
+const LOG_SCHEMA: &str = "bloom_guard log feed, schema 2";
+
 /// Why a table cannot be put on the log feed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum LogInstallError {
@@ -102,7 +106,9 @@ impl Watch {
             return Err(LogInstallError::Inherited(self.table.clone()));
         }
         self.check_identity(pool).await?;
-        retrying_locks("install the log feed", || self.log_once(pool)).await?;
+        if !self.on_log_already(pool).await? {
+            retrying_locks("install the log feed", || self.log_once(pool)).await?;
+        }
         // Outside the transaction above: a slot is made on its own.
         super::slot::ensure(pool, &slot_name(pool).await?).await?;
         let keep: String =
@@ -113,6 +119,108 @@ impl Watch {
             tracing::warn!("max_slot_wal_keep_size is unlimited: while no instance streams the log feed's slot (the fleet down), the server keeps its write-ahead log until the disk fills; set a limit (a slot past it is made again, and the guards rebuild)");
         }
         Ok(())
+    }
+
+    /// Takes the table off the log feed for this guard (feature
+    /// `log-feed`): its row is deleted, and the table leaves the
+    /// publication `bloom_guard` once no guard is left on it. Followers of
+    /// the guard on the log feed report a gap and let every request
+    /// through. To switch the table to the feed's triggers, stop the log
+    /// feed's followers of it, take it off, then
+    /// [`install`](Watch::install) it: its followers rebuild from a scan.
+    /// Idempotent.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Database`](crate::FeedError::Database) if the table
+    /// does not exist, the feed is not installed, or the role does not own
+    /// the table.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+    /// let items = bloom_guard_sqlx::Watch::table("items").key("key");
+    /// items.uninstall_log(&pool).await?;
+    /// items.install(&pool).await?; // on the triggers from here on
+    /// # Ok(()) }
+    /// ```
+    pub async fn uninstall_log(&self, pool: &PgPool) -> Result<(), crate::FeedError> {
+        retrying_locks("take a table off the log feed", || async {
+            let mut tx = pool.begin().await?;
+            sqlx::query(
+                "select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'))",
+            )
+            .execute(&mut *tx)
+            .await?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "set local lock_timeout = '{DDL_LOCK_TIMEOUT}'"
+            )))
+            .execute(&mut *tx)
+            .await?;
+            let (name, last, published): (String, bool, bool) = sqlx::query_as(
+                "with gone as (delete from bloom_guard.logged where guard = $1 and rel = $2::regclass)
+                 select $2::regclass::text,
+                        not exists (select from bloom_guard.logged
+                                     where rel = $2::regclass and guard <> $1),
+                        exists (select from pg_catalog.pg_publication_rel r
+                                  join pg_catalog.pg_publication p on p.oid = r.prpubid
+                                 where p.pubname = $3 and r.prrelid = $2::regclass)",
+            )
+            .bind(self.feed_name())
+            .bind(&self.table)
+            .bind(PUBLICATION)
+            .fetch_one(&mut *tx)
+            .await?;
+            if last && published {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "alter publication {PUBLICATION} drop table {name}"
+                )))
+                .execute(&mut *tx)
+                .await?;
+            }
+            // The producer streaming now takes up the tables as they are
+            // from this commit on.
+            sqlx::query(
+                "select pg_catalog.pg_logical_emit_message(true, $1, pg_catalog.pg_current_xact_id()::text)",
+            )
+            .bind(LOGGED_MESSAGE)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Whether the log feed's schema is current (with its event trigger,
+    /// for a superuser) and the table on it with these key columns, in the
+    /// publication: nothing to write, no DDL right needed.
+    async fn on_log_already(&self, pool: &PgPool) -> Result<bool, sqlx::Error> {
+        let current: bool = sqlx::query_scalar(
+            "select coalesce(pg_catalog.obj_description(pg_catalog.to_regclass('bloom_guard.log_progress'), 'pg_class') = $1, false)
+                and (exists (select from pg_catalog.pg_event_trigger where evtname = 'bloom_guard_alter_logged_table')
+                     or not (select r.rolsuper from pg_catalog.pg_roles r where r.rolname = current_user))",
+        )
+        .bind(LOG_SCHEMA)
+        .fetch_one(pool)
+        .await?;
+        if !current {
+            return Ok(false);
+        }
+        sqlx::query_scalar(
+            "select exists (select from bloom_guard.logged
+                             where guard = $1 and rel = $2::regclass and key_columns = $3)
+                and exists (select from pg_catalog.pg_publication_rel r
+                              join pg_catalog.pg_publication p on p.oid = r.prpubid
+                             where p.pubname = $4 and r.prrelid = $2::regclass)",
+        )
+        .bind(self.feed_name())
+        .bind(&self.table)
+        .bind(&self.key_columns)
+        .bind(PUBLICATION)
+        .fetch_one(pool)
+        .await
     }
 
     /// The tables, the table's row and its place in the publication, in
@@ -268,4 +376,15 @@ pub(crate) async fn logged_tables(pool: &PgPool) -> Result<Vec<LoggedTable>, sql
         }
     }
     Ok(tables)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_schema_script_leaves_the_version_install_log_looks_for() {
+        assert!(super::LOG_SQL.contains(&format!(
+            "comment on table bloom_guard.log_progress is '{}';",
+            super::LOG_SCHEMA
+        )));
+    }
 }
