@@ -96,7 +96,8 @@ async fn deploy(
         .execute(db.pool())
         .await?;
 
-    let first = Process::start(binary, &url, &settings.feed, &log).await?;
+    // Its own log, kept: the second starts write theirs over `log`.
+    let first = Process::start(binary, &url, &settings.feed, &out.join("start-first.log")).await?;
     let first_start_s = first.ready.as_secs_f64();
     let filter_bytes = wait_for_snapshots(db, keys).await?;
     let first_peak_rss_bytes = first.peak_rss();

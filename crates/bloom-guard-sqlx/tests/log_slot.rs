@@ -316,3 +316,28 @@ async fn a_slot_made_again_below_a_followers_position_rebuilds_it_at_its_next_re
     let seen: BTreeSet<String> = ["after-the-slot".to_owned()].into();
     holds_what_the_table_holds_once_closed("after the slot", &guard, &pool, &seen).await;
 }
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_guard_warms_up_while_no_producer_streams_and_refuses_nothing_unread(pool: PgPool) {
+    use sqlx::Connection as _;
+    let _server = SERVER.read().await;
+    let (url, _slot) = log_fed(&pool).await;
+    // The test holds the producers' election: none streams, as while the
+    // first producer of a deploy decodes a bulk load of millions of rows.
+    let mut election = sqlx::PgConnection::connect(&url).await.expect("connect");
+    sqlx::query("select pg_advisory_lock(hashtext('bloom_guard.log_producer'))")
+        .execute(&mut election)
+        .await
+        .expect("hold the election");
+    exec(&pool, "insert into items (key) values ('before')").await;
+    // Warm from a scan without waiting for the producer.
+    let (guard, _task) = log_followed(&pool, &url).await;
+    assert_ne!(status(&guard, "before").await, http::StatusCode::NOT_FOUND);
+    // A key written since: no read reaches it, so no refusal is exact.
+    exec(&pool, "insert into items (key) values ('after')").await;
+    assert_ne!(status(&guard, "after").await, http::StatusCode::NOT_FOUND);
+    election.close().await.expect("let a producer stream");
+    let seen: BTreeSet<String> = ["before".to_owned(), "after".to_owned()].into();
+    holds_what_the_table_holds_once_closed("once the producer streams", &guard, &pool, &seen).await;
+}

@@ -166,6 +166,21 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
         self.read(since)
     }
 
+    /// Whether a read no refusal waits for skips what makes a read exact
+    /// ([`read_unwaited`](Self::read_unwaited)): such reads go on no
+    /// refusal. False: every read is exact, and may go on refusals.
+    const UNWAITED_READS_ARE_CHEAPER: bool = false;
+
+    /// The changes committed after `since` as far as they are written,
+    /// for a read no refusal waits for (the log feed: without waiting for
+    /// its producer to reach the log's position).
+    fn read_unwaited(
+        &self,
+        since: &Self::Position,
+    ) -> impl Future<Output = Result<Read<Self::Position>, sqlx::Error>> + Send {
+        self.read(since)
+    }
+
     /// Names the database (and role) this backend reads its feed from,
     /// where one statement can read the feeds of several guards
     /// ([`read_together`](Self::read_together)): the followers of one
@@ -191,7 +206,8 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
         }
     }
 
-    /// The changes committed after `since`.
+    /// The changes committed after `since`, exactly: a read refusals
+    /// that arrived before it began may go on by.
     fn read(
         &self,
         since: &Self::Position,

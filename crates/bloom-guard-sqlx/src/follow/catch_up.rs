@@ -74,9 +74,11 @@ impl<B: Database> Follower<B> {
         let feed_name = self.backend.feed();
         let mut feed = self.feed.lock().await;
         if let Some(position) = feed.clone() {
+            // No refusal goes on by this read: as far as the feed is
+            // written (the log feed's producer not waited for).
             let read = self
                 .backend
-                .read(&position)
+                .read_unwaited(&position)
                 .await
                 .map_err(CatchUpError::from)?;
             if let Read::Changes {

@@ -142,7 +142,13 @@ impl<B: Database> Companion<B> {
             }) => {
                 let follower = &self.follower;
                 follower.apply_keys(&self.position, &reached, &changes, false);
-                follower.apply_position(&mut *self.feed, reached, &changes, self.started, true);
+                follower.apply_position(
+                    &mut *self.feed,
+                    reached,
+                    &changes,
+                    Some(self.started),
+                    true,
+                );
                 self.applied = true;
                 // The hooks last, after the position moved: a hook that
                 // panics cannot make this guard read the changes again,

@@ -32,7 +32,10 @@ impl<B: Database> Follower<B> {
         // request arrived; this loop is that read.
         let reads = &self.reads;
         loop {
-            let started = reads.begin();
+            // Exact, and numbered for the barrier, when a refusal waits or
+            // exact reads cost no more; otherwise read what is written.
+            let exact = !B::UNWAITED_READS_ARE_CHEAPER || reads.waited_for();
+            let started = exact.then(|| reads.begin());
             let mut gap = Duration::ZERO;
             let mut next_poll = self.poll_interval;
             let mut feed = self.feed.lock().await;
@@ -40,8 +43,13 @@ impl<B: Database> Follower<B> {
                 // Set before the loop starts.
                 return;
             };
-            let company = group.map(Membership::company).unwrap_or_default();
-            match self.read_with(&position, company).await {
+            let read = if exact {
+                let company = group.map(Membership::company).unwrap_or_default();
+                self.read_with(&position, company).await
+            } else {
+                self.backend.read_unwaited(&position).await
+            };
+            match read {
                 Ok(Read::Changes {
                     position: reached,
                     changes,
@@ -184,12 +192,14 @@ impl<B: Database> Follower<B> {
         feed: &mut Option<B::Position>,
         reached: B::Position,
         changes: &Changes,
-        started: ReadStart,
+        started: Option<ReadStart>,
         shared: bool,
     ) {
         use std::sync::atomic::Ordering::Relaxed;
         *feed = Some(reached.clone());
-        self.reads.done(started);
+        if let Some(started) = started {
+            self.reads.done(started);
+        }
         let reads = self.reads_made.fetch_add(1, Relaxed) + 1;
         let shared_reads =
             self.shared_reads.fetch_add(u64::from(shared), Relaxed) + u64::from(shared);

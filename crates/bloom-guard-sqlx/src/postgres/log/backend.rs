@@ -253,6 +253,12 @@ impl Database for PgLogBackend {
         self.read_log(*since, false).await
     }
 
+    const UNWAITED_READS_ARE_CHEAPER: bool = true;
+
+    async fn read_unwaited(&self, since: &u64) -> Result<Read<u64>, sqlx::Error> {
+        self.read_log(*since, false).await
+    }
+
     async fn pending(&self, since: &u64, limit: u64) -> Result<u64, sqlx::Error> {
         super::read::pending(self.pool(), self.inner.watch.feed_name(), *since, limit).await
     }

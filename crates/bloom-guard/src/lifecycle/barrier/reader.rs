@@ -212,6 +212,18 @@ impl FeedReader {
         self.slot.asks_since(asks_then)
     }
 
+    /// Whether a refusal waits for a read now. A reader whose exact reads
+    /// cost more than others (the log feed's wait for its producer) may
+    /// read without that cost while none does, and without numbering the
+    /// read ([`begin`](Self::begin)): a read not numbered goes on no
+    /// refusal. A refusal that arrives after this said no makes
+    /// [`asked`](Self::asked) complete, and waits for the next numbered
+    /// read.
+    #[must_use]
+    pub fn waited_for(&self) -> bool {
+        self.slot.asked() || self.pace.lock().next_asked
+    }
+
     /// Numbers a new read. Call it before the read takes its snapshot or
     /// position: the read then sees every row committed before, and every
     /// refusal that arrived before it waits for a later one.
