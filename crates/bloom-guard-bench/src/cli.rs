@@ -133,9 +133,13 @@ pub(crate) enum Command {
     /// What the change feed costs writers: 1, 8, 32 writers × four kinds
     /// of statement, watched table against its unwatched twin.
     Writers {
-        /// Seconds per measured run (each cell runs four).
+        /// Seconds per measured run.
         #[arg(long, default_value_t = 4)]
         seconds: u64,
+        /// Runs per table and cell, the tables in turn; the cell reports
+        /// their mean.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
         /// Only these numbers of writers (default 1, 8 and 32).
         #[arg(long, value_delimiter = ',')]
         writers: Vec<usize>,

@@ -160,9 +160,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Command::Deploy { keys } => deploy::compare(&cli.database_url, &cli.out, &keys).await,
         Command::Writers {
             seconds,
+            rounds,
             writers,
             statements,
-        } => writers::compare(&cli.database_url, &cli.out, seconds, &writers, &statements).await,
+        } => {
+            writers::compare(
+                &cli.database_url,
+                &cli.out,
+                seconds,
+                rounds,
+                &writers,
+                &statements,
+            )
+            .await
+        }
         Command::Propagation { samples } => {
             propagation::propagation(&cli.database_url, &cli.out, samples).await
         }

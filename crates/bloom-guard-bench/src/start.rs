@@ -38,6 +38,10 @@ struct StartRow {
     filter_bytes: u64,
     first_start_s: f64,
     first_peak_rss_bytes: u64,
+    /// On the log feed: from the first start until its producer had
+    /// written the bulk load's feed rows (the slot confirmed the log);
+    /// refusals meanwhile wait for it, or go to the handler.
+    first_producer_s: Option<f64>,
     /// The median second start.
     second_start_s: f64,
     second_peak_rss_bytes: u64,
@@ -99,6 +103,11 @@ async fn deploy(
     // Its own log, kept: the second starts write theirs over `log`.
     let first = Process::start(binary, &url, &settings.feed, &out.join("start-first.log")).await?;
     let first_start_s = first.ready.as_secs_f64();
+    let first_producer_s = if settings.feed == "log" {
+        Some(first_start_s + crate::log_twin::catch_up(db.pool()).await?.as_secs_f64())
+    } else {
+        None
+    };
     let filter_bytes = wait_for_snapshots(db, keys).await?;
     let first_peak_rss_bytes = first.peak_rss();
     first.stop().await?;
@@ -118,6 +127,7 @@ async fn deploy(
         filter_bytes,
         first_start_s,
         first_peak_rss_bytes,
+        first_producer_s,
         second_start_s,
         second_peak_rss_bytes,
         second_items_load_ms: adopted(&text, "items", "load_ms"),
@@ -270,6 +280,9 @@ fn report(rows: &[StartRow]) {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
     for row in rows {
+        if let Some(producer) = row.first_producer_s {
+            println!("{} keys: the first start's producer wrote the load's feed rows after {producer:.2} s", row.keys);
+        }
         println!(
             "| {} | {:.2} s | {:.3} s | {:.2} | {:.3} s | {:.2} | {:.2} s | {:.2} | {:.2} s | {:.1} / {:.1} MiB | {:.1} MiB |",
             row.keys,

@@ -148,6 +148,7 @@ pub(crate) async fn compare(
     server_url: &str,
     out: &Path,
     seconds: u64,
+    rounds: usize,
     only_writers: &[usize],
     only_statements: &[String],
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -201,8 +202,9 @@ pub(crate) async fn compare(
                 continue;
             }
             let mut rates: HashMap<&str, Vec<f64>> = HashMap::new();
-            // The tables in turn, twice: drifts of the machine hit all.
-            for _ in 0..2 {
+            // The tables in turn, `rounds` times: drifts of the machine hit
+            // all.
+            for _ in 0..rounds.max(1) {
                 for &table in &tables {
                     run += 1;
                     let paused = table == "items_log paused";
