@@ -169,7 +169,51 @@ async fn postgres_guards_on_one_database_share_reads_and_refuse_no_committed_key
     for guard in &guards {
         wait_until("ready", Duration::from_secs(10), || guard.is_ready()).await;
     }
-    // A flood of absent keys on both guards.
+    flooded_guards_share_reads_and_refuse_no_committed_key(&pool, &guards).await;
+}
+
+/// The same over the log feed: the producer waited for once per shared
+/// read.
+#[cfg(feature = "log-feed")]
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_guards_on_the_log_feed_share_reads_and_refuse_no_committed_key(pool: PgPool) {
+    let (url, _slot) = common::log::log_fed(&pool).await;
+    exec(&pool, "create table users (key text primary key)").await;
+    let users = Watch::table("users").key("key");
+    users
+        .install_log(&pool)
+        .await
+        .expect("users on the log feed");
+    let guards = [common::log::log_guard(), common::log::log_guard()];
+    let _running = [
+        spawn(bloom_guard_sqlx::PgLogFollower::new(
+            guards[0].clone(),
+            pool.clone(),
+            items(),
+            url.clone(),
+        )),
+        spawn(bloom_guard_sqlx::PgLogFollower::new(
+            guards[1].clone(),
+            pool.clone(),
+            users,
+            url,
+        )),
+    ];
+    for guard in &guards {
+        wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
+    }
+    flooded_guards_share_reads_and_refuse_no_committed_key(&pool, &guards).await;
+}
+
+/// Both guards flooded with absent keys: a read one guard's refusals
+/// asked for also reads for the other's (one statement), a key committed
+/// before a request is never refused whichever statement read for it,
+/// and keys deleted meanwhile are forgotten while the keys left are kept.
+async fn flooded_guards_share_reads_and_refuse_no_committed_key(
+    pool: &PgPool,
+    guards: &[BloomGuard; 2],
+) {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flood: Vec<_> = (0..64)
         .map(|i| {
@@ -245,7 +289,7 @@ async fn postgres_guards_on_one_database_share_reads_and_refuse_no_committed_key
         .collect();
     let shared: u64 = feeds.iter().map(|feed| feed.shared_reads).sum();
     assert!(shared > 0, "no read was shared: {feeds:?}");
-    for guard in &guards {
+    for guard in guards {
         let stats = guard.stats();
         assert_eq!(stats.barrier_timeouts, 0, "{stats:?}");
     }

@@ -237,3 +237,39 @@ async fn a_table_switched_between_the_feeds_is_rebuilt_and_never_fed_twice(pool:
     }
     holds_what_the_table_holds("back on the log feed", &back, &pool, &seen).await;
 }
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn the_trigger_feeds_follower_and_rebuild_refuse_a_table_on_the_log_feed(pool: PgPool) {
+    let (url, _slot) = log_fed(&pool).await;
+    exec(&pool, "insert into items (key) values ('stored')").await;
+    // A scan placed by the triggers' positions would not meet the log's
+    // rows: the follower names the follower to use and never refuses.
+    let wrong = guard();
+    let _wrong = spawn(bloom_guard_sqlx::PgFollower::new(
+        wrong.clone(),
+        pool.clone(),
+        items(),
+    ));
+    wait_until("the refusal named", Duration::from_secs(20), || {
+        wrong
+            .stats()
+            .last_error
+            .is_some_and(|error| error.contains("PgLogFollower"))
+    })
+    .await;
+    assert_ne!(wrong.stats().state, bloom_guard::GuardState::Ready);
+    assert_ne!(status(&wrong, "never-written").await, StatusCode::NOT_FOUND);
+    let rebuilt = bloom_guard_sqlx::FleetRebuild::new(guard(), pool.clone(), items())
+        .rebuild()
+        .await;
+    assert!(rebuilt.is_err(), "{rebuilt:?}");
+    // The log feed's own rebuild does it.
+    let (right, _right) = log_followed(&pool, &url).await;
+    bloom_guard_sqlx::FleetRebuild::log(right.clone(), pool.clone(), items(), url)
+        .rebuild()
+        .await
+        .expect("the log feed's rebuild");
+    assert_ne!(status(&right, "stored").await, StatusCode::NOT_FOUND);
+    assert_eq!(status(&right, "never-written").await, StatusCode::NOT_FOUND);
+}

@@ -152,17 +152,35 @@ impl PgLogBackend {
     /// The guard's rows after `since`, waiting for the producer when
     /// `barrier`.
     async fn read_log(&self, since: u64, barrier: bool) -> Result<Read<u64>, sqlx::Error> {
-        let slot = self.slot().await?.to_owned();
-        let mut lease = self.inner.feed.lease().await?;
-        let name = self.inner.watch.feed_name();
+        let mut reads = Self::read_logs(&[(self, &since)], barrier).await?;
+        reads.pop().ok_or(sqlx::Error::RowNotFound)
+    }
+
+    /// Each guard's rows after its position, in one statement on the
+    /// first's connection, waiting for the producer once when `barrier`.
+    async fn read_logs(
+        reads: &[(&Self, &u64)],
+        barrier: bool,
+    ) -> Result<Vec<Read<u64>>, sqlx::Error> {
+        let Some((first, _)) = reads.first() else {
+            return Ok(Vec::new());
+        };
+        let slot = first.slot().await?.to_owned();
+        let feeds: Vec<_> = reads
+            .iter()
+            .map(|(backend, since)| super::read::FeedAt {
+                guard: backend.inner.watch.feed_name(),
+                after: **since,
+                lowered: backend.inner.lowered,
+            })
+            .collect();
+        let mut lease = first.inner.feed.lease().await?;
         let read = crate::kept::within_timeout(async {
-            super::read::read(
+            super::read::read_feeds(
                 lease.connection(),
                 &slot,
-                &[name],
-                since,
+                &feeds,
                 barrier.then_some(PRODUCER_BOUND),
-                self.inner.lowered,
             )
             .await
             .map_err(|error| match error {
@@ -172,12 +190,22 @@ impl PgLogBackend {
         })
         .await?;
         lease.keep();
+        Ok(reads
+            .iter()
+            .zip(read)
+            .map(|((backend, since), read)| backend.changes(**since, &read))
+            .collect())
+    }
+
+    /// A read's rows as changes, or a rebuild where the read cannot hold
+    /// the changes after `since`.
+    fn changes(&self, since: u64, read: &super::read::LogRead) -> Read<u64> {
         // The horizon as the read's own snapshot saw it: a pruning that
         // committed before the read took rows it would have had. A slot
         // made since the filter's position: that position is not this
         // feed's (its start may be below it).
         if self.epoch_changed(&read.epoch) || since < read.horizon {
-            return Ok(Read::Pruned);
+            return Read::Pruned;
         }
         let mut changes = Changes::default();
         for row in &read.rows {
@@ -185,10 +213,10 @@ impl PgLogBackend {
             let kind = std::str::from_utf8(&kind).unwrap_or("r");
             changes.record(kind, Some(row.key.as_bytes()));
         }
-        Ok(Read::Changes {
+        Read::Changes {
             position: read.position,
             changes,
-        })
+        }
     }
 }
 
@@ -254,6 +282,15 @@ impl Database for PgLogBackend {
     }
 
     const UNWAITED_READS_ARE_CHEAPER: bool = true;
+
+    fn shared_reads(&self) -> Option<String> {
+        self.inner.shared_reads()
+    }
+
+    /// Always for refusals: the producer waited for once for all.
+    async fn read_together(reads: &[(&Self, &u64)]) -> Result<Vec<Read<u64>>, sqlx::Error> {
+        Self::read_logs(reads, true).await
+    }
 
     async fn read_unwaited(&self, since: &u64) -> Result<Read<u64>, sqlx::Error> {
         self.read_log(*since, false).await

@@ -52,6 +52,7 @@ pub(crate) enum LogReadError {
 
 /// The guards' rows after `after`; with `barrier`, only once the producer
 /// has written every commit before the call, waiting at most that long.
+#[cfg(test)]
 pub(crate) async fn read(
     connection: &mut PgConnection,
     slot: &str,
@@ -60,6 +61,42 @@ pub(crate) async fn read(
     barrier: Option<Duration>,
     lowered: bool,
 ) -> Result<LogRead, LogReadError> {
+    let feeds: Vec<_> = guards
+        .iter()
+        .map(|&guard| FeedAt {
+            guard,
+            after,
+            lowered,
+        })
+        .collect();
+    let mut reads = read_feeds(connection, slot, &feeds, barrier)
+        .await?
+        .into_iter();
+    let mut read = reads.next().unwrap_or_default();
+    for other in reads {
+        read.rows.extend(other.rows);
+    }
+    Ok(read)
+}
+
+/// One guard's feed to read: its rows after `after`, keys [`lowered`](crate::postgres::feed::lowered) or not.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FeedAt<'a> {
+    pub(crate) guard: &'a str,
+    pub(crate) after: u64,
+    pub(crate) lowered: bool,
+}
+
+/// Each feed's rows after its position, in one statement (the refusals of
+/// several guards served by one read); with `barrier`, once the producer
+/// has written every commit before the call, waiting at most that long.
+/// The reads in the order of `feeds`.
+pub(crate) async fn read_feeds(
+    connection: &mut PgConnection,
+    slot: &str,
+    feeds: &[FeedAt<'_>],
+    barrier: Option<Duration>,
+) -> Result<Vec<LogRead>, LogReadError> {
     let (mut confirmed, now, block) = look(connection, slot).await?;
     if let Some(bound) = barrier {
         let target = record_end_at_or_before(now, block);
@@ -72,15 +109,22 @@ pub(crate) async fn read(
             confirmed = look(connection, slot).await?.0;
         }
     }
+    let guards: Vec<&str> = feeds.iter().map(|feed| feed.guard).collect();
+    let afters: Vec<String> = feeds.iter().map(|feed| lsn_text(feed.after)).collect();
+    let lowered: Vec<bool> = feeds.iter().map(|feed| feed.lowered).collect();
     let mut rows = sqlx::query(sqlx::AssertSqlSafe(READ.as_str()))
         .bind(slot)
-        .bind(guards)
+        .bind(&guards)
         .bind(lsn_text(confirmed))
-        .bind(lsn_text(after))
-        .bind(lowered)
+        .bind(&afters)
+        .bind(&lowered)
         .fetch(connection);
-    let mut read = LogRead::default();
+    let mut reads: Vec<LogRead> = feeds.iter().map(|_| LogRead::default()).collect();
     while let Some(row) = rows.try_next().await? {
+        let n = usize::try_from(row.try_get::<i64, _>(6)?).unwrap_or(usize::MAX);
+        let Some(read) = n.checked_sub(1).and_then(|n| reads.get_mut(n)) else {
+            continue;
+        };
         read.position = row.try_get::<i64, _>(0)?.unsigned_abs();
         read.horizon = row.try_get::<i64, _>(4)?.unsigned_abs();
         read.epoch = row.try_get(5)?;
@@ -94,18 +138,19 @@ pub(crate) async fn read(
             key: row.try_get(3)?,
         });
     }
-    Ok(read)
+    Ok(reads)
 }
 
-/// The rows after a position, up to the furthest the producer wrote that
-/// the statement's snapshot sees (its progress, or the confirmed position
-/// seen before), with that position on every row.
+/// Each feed's rows after its position, up to the furthest the producer
+/// wrote that the statement's snapshot sees (its progress, or the
+/// confirmed position seen before; a feed's own position if further),
+/// with that position on every row, and the feed's number.
 static READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     READ_STATEMENT
         .replace(
             "LOWERED",
             &format!(
-                "case when $5 then {} else c.key end",
+                "case when f.lowered then {} else c.key end",
                 crate::postgres::feed::lowered("c.key")
             ),
         )
@@ -115,19 +160,26 @@ static READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 const READ_STATEMENT: &str = "with upto as (
              select greatest(
                         (select p.applied from bloom_guard.log_progress p where p.slot = $1),
-                        $3::pg_catalog.pg_lsn, $4::pg_catalog.pg_lsn) as lsn,
+                        $3::pg_catalog.pg_lsn) as lsn,
                     (select h.below from bloom_guard.log_horizon h) as below,
-                    EPOCH as epoch)
-         select (u.lsn operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
+                    EPOCH as epoch),
+              feeds as (
+             select f.guard, f.after::pg_catalog.pg_lsn as after, f.lowered, f.n
+               from rows from (pg_catalog.unnest($2::text[]), pg_catalog.unnest($4::text[]),
+                               pg_catalog.unnest($5::bool[]))
+                    with ordinality as f(guard, after, lowered, n))
+         select (greatest(u.lsn, f.after) operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
                 c.guard, c.kind::pg_catalog.text, LOWERED,
                 (coalesce(u.below, '0/0') operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
-                u.epoch
+                u.epoch, f.n
            from upto u
-           left join bloom_guard.log_changes c
-             on c.guard operator(pg_catalog.=) any ($2::text[])
-            and c.lsn operator(pg_catalog.>) $4::pg_catalog.pg_lsn
-            and c.lsn operator(pg_catalog.<=) u.lsn
-          order by c.lsn";
+          cross join feeds f
+           left join lateral (
+                 select c.guard, c.kind, c.key, c.lsn from bloom_guard.log_changes c
+                  where c.guard operator(pg_catalog.=) f.guard
+                    and c.lsn operator(pg_catalog.>) f.after
+                    and c.lsn operator(pg_catalog.<=) u.lsn) c on true
+          order by f.n, c.lsn";
 
 /// The slot's confirmed position, the server's insert position, and the
 /// log's page size, in one statement.
