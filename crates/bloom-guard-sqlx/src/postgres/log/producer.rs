@@ -183,6 +183,7 @@ impl Producer {
                 } => {
                     self.flush(&mut batch, &mut stream, &epoch).await?;
                     self.write_part(begin, offset, &rows, &epoch).await?;
+                    batch.parted = true;
                 }
                 Event::CaughtUp { wal_end } => {
                     self.flush(&mut batch, &mut stream, &epoch).await?;
@@ -234,7 +235,7 @@ impl Producer {
         if batch.transactions == 0 {
             return Ok(());
         }
-        if !batch.rows.is_empty() {
+        if !batch.rows.is_empty() || batch.parted {
             self.write(&batch.rows, batch.end, epoch).await?;
         }
         stream.applied(batch.end);

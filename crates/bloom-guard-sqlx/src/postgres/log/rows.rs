@@ -155,6 +155,9 @@ pub(crate) struct Batch {
     pub(crate) transactions: usize,
     /// The last one's end.
     pub(crate) end: u64,
+    /// Whether one of them was written in parts: its progress is written
+    /// even with no rows left.
+    pub(crate) parted: bool,
 }
 
 impl Batch {

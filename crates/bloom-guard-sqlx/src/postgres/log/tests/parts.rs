@@ -142,5 +142,36 @@ async fn a_transaction_of_many_parts_streams_each_change_once_through_a_killed_r
     exec(&pool, "insert into items (id, key) values (-1, 'after')").await;
     until_fed(&pool, "after").await;
     assert_eq!(feed_counts(&pool).await, table_counts(&pool).await);
+
+    // A transaction of whole parts: nothing left for its end but the
+    // progress, which moves past its parts all the same.
+    exec(
+        &pool,
+        &format!(
+            "insert into items (id, key)
+             select 1000000 + g, 'whole-' || g from generate_series(1, {}) g",
+            2 * PART_ROWS
+        ),
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let past: bool = sqlx::query_scalar(
+            "select applied >= part_at and part_rows = $1 from bloom_guard.log_progress",
+        )
+        .bind(i64::try_from(2 * PART_ROWS).expect("rows"))
+        .fetch_one(&pool)
+        .await
+        .expect("progress");
+        if past {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the progress stays behind a transaction written in whole parts"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(feed_counts(&pool).await, table_counts(&pool).await);
     stop.cancel();
 }
