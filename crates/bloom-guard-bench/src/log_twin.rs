@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use bloom_guard_sqlx::Watch;
 use sqlx::PgPool;
 
-/// How long the log feed's slot takes to confirm the log flushed now
-/// (within a page: a flush can end inside a record that goes on).
+/// How long the log feed's slot of the pool's database takes to confirm
+/// the log flushed now (within a page: a flush can end inside a record
+/// that goes on).
 pub(crate) async fn catch_up(pool: &PgPool) -> Result<Duration, sqlx::Error> {
     let started = Instant::now();
     let target: String = sqlx::query_scalar("select pg_current_wal_flush_lsn()::text")
@@ -17,7 +18,9 @@ pub(crate) async fn catch_up(pool: &PgPool) -> Result<Duration, sqlx::Error> {
     while started.elapsed() < Duration::from_secs(60) {
         let behind: bool = sqlx::query_scalar(
             "select coalesce(bool_or(confirmed_flush_lsn < $1::pg_lsn - 8192), true)
-               from pg_replication_slots where slot_name like 'bloom\\_guard\\_%' and not temporary",
+               from pg_replication_slots
+              where slot_name like 'bloom\\_guard\\_%' and not temporary
+                and database = current_database()",
         )
         .bind(&target)
         .fetch_one(pool)
@@ -35,7 +38,8 @@ pub(crate) async fn until_unread(pool: &PgPool) -> Result<(), sqlx::Error> {
     for _ in 0..1000 {
         let active: bool = sqlx::query_scalar(
             "select coalesce(bool_or(active), false) from pg_replication_slots
-              where slot_name like 'bloom\\_guard\\_%' and not temporary",
+              where slot_name like 'bloom\\_guard\\_%' and not temporary
+                and database = current_database()",
         )
         .fetch_one(pool)
         .await?;
