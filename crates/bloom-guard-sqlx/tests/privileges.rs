@@ -45,6 +45,23 @@ async fn refused(pool: &PgPool, sql: &str) -> Option<String> {
     }
 }
 
+/// As a DBA who revokes EXECUTE from PUBLIC would have it (the grant
+/// names every function the runtime role calls): `grant_runtime` to
+/// `role`, and the application's rights on `items`.
+async fn grant_as_a_dba_would(owner: &PgPool, role: &str) {
+    exec(
+        owner,
+        "revoke execute on all functions in schema bloom_guard from public",
+    )
+    .await;
+    grant_runtime(owner, role).await.expect("grant");
+    exec(
+        owner,
+        &format!("grant select, insert, update, delete on items to {role}"),
+    )
+    .await;
+}
+
 /// The owner installs and watches, as a migration job would.
 async fn owner_installs(pool: &PgPool) -> PgPool {
     let owner = as_role(pool, OWNER).await;
@@ -66,19 +83,7 @@ async fn owner_installs(pool: &PgPool) -> PgPool {
 async fn the_runtime_role_follows_writes_and_publishes_but_cannot_change_the_feed(pool: PgPool) {
     let owner = owner_installs(&pool).await;
     let runtime = as_role(&pool, RUNTIME).await;
-    // As a DBA who revokes EXECUTE from PUBLIC would have it: the grant
-    // names every function the runtime role calls.
-    exec(
-        &owner,
-        "revoke execute on all functions in schema bloom_guard from public",
-    )
-    .await;
-    grant_runtime(&owner, RUNTIME).await.expect("grant");
-    exec(
-        &owner,
-        &format!("grant select, insert, update, delete on items to {RUNTIME}"),
-    )
-    .await;
+    grant_as_a_dba_would(&owner, RUNTIME).await;
     exec(&runtime, "insert into items (key) values ('before')").await;
 
     // At start the application installs and watches as every instance
@@ -226,17 +231,7 @@ async fn the_runtime_role_streams_follows_and_remakes_the_log_feed_but_cannot_ch
         .install_log(&owner)
         .await
         .expect("the owner puts items on the log feed");
-    exec(
-        &owner,
-        "revoke execute on all functions in schema bloom_guard from public",
-    )
-    .await;
-    grant_runtime(&owner, LOG_RUNTIME).await.expect("grant");
-    exec(
-        &owner,
-        &format!("grant select, insert, update, delete on items to {LOG_RUNTIME}"),
-    )
-    .await;
+    grant_as_a_dba_would(&owner, LOG_RUNTIME).await;
 
     // The runtime role streams the slot (it is the only instance), writes
     // the feed, follows it, and makes the slot again when it is dropped.

@@ -123,6 +123,26 @@ async fn drop_log_slot(pool: &PgPool) -> Result<(), sqlx::Error> {
     drop_slot(&mut connection, &slot).await.map(drop)
 }
 
+/// The log feed's publication, one per database.
+pub(crate) const PUBLICATION: &str = "bloom_guard";
+
+/// Whether `table` is in the log feed's publication (false for a table
+/// that does not exist).
+pub(crate) async fn published(
+    executor: impl sqlx::PgExecutor<'_>,
+    table: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "select exists (select from pg_catalog.pg_publication_rel r
+                          join pg_catalog.pg_publication p on p.oid = r.prpubid
+                         where p.pubname = $2 and r.prrelid = pg_catalog.to_regclass($1))",
+    )
+    .bind(table)
+    .bind(PUBLICATION)
+    .fetch_one(executor)
+    .await
+}
+
 /// Drops replication slot `slot` if it is there, stopping its reader
 /// first; whether it is gone (false: taken again on every try).
 pub(crate) async fn drop_slot(

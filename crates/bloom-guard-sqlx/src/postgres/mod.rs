@@ -164,15 +164,7 @@ impl Database for PgBackend {
     async fn key_source(&self) -> Result<KeySet<PgCopySource>, sqlx::Error> {
         // A scan placed by the triggers' positions would not meet the log
         // feed's rows at its point.
-        let log_fed: bool = sqlx::query_scalar(
-            "select exists (select from pg_catalog.pg_publication_rel r
-                              join pg_catalog.pg_publication p on p.oid = r.prpubid
-                             where p.pubname = 'bloom_guard' and r.prrelid = pg_catalog.to_regclass($1))",
-        )
-        .bind(&self.watch.table)
-        .fetch_one(&self.pool)
-        .await?;
-        if log_fed {
+        if install::published(&self.pool, &self.watch.table).await? {
             return Err(sqlx::Error::Protocol(format!(
                 "{} is on the log feed: follow it with PgLogFollower, rebuild it with FleetRebuild::log",
                 self.watch.table

@@ -16,8 +16,8 @@ pub(crate) const LOGGED_MESSAGE: &str = "bloom_guard.logged";
 /// log-fed table's family is altered; its content is the guard's name.
 pub(crate) const RESYNC_MESSAGE: &str = "bloom_guard.resync";
 
-/// The log feed's publication, one per database.
-pub(crate) const PUBLICATION: &str = "bloom_guard";
+use crate::postgres::install::published;
+pub(crate) use crate::postgres::install::PUBLICATION;
 
 /// The log feed's slot of the database `pool` reaches. Slots are the
 /// server's, not a database's: the name carries the database's OID.
@@ -147,46 +147,25 @@ impl Watch {
     /// ```
     pub async fn uninstall_log(&self, pool: &PgPool) -> Result<(), crate::FeedError> {
         retrying_locks("take a table off the log feed", || async {
-            let mut tx = pool.begin().await?;
-            sqlx::query(
-                "select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'))",
-            )
-            .execute(&mut *tx)
-            .await?;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                "set local lock_timeout = '{DDL_LOCK_TIMEOUT}'"
-            )))
-            .execute(&mut *tx)
-            .await?;
-            let (name, last, published): (String, bool, bool) = sqlx::query_as(
+            let mut tx = install_transaction(pool, "").await?;
+            let (name, last): (String, bool) = sqlx::query_as(
                 "with gone as (delete from bloom_guard.logged where guard = $1 and rel = $2::regclass)
                  select $2::regclass::text,
                         not exists (select from bloom_guard.logged
-                                     where rel = $2::regclass and guard <> $1),
-                        exists (select from pg_catalog.pg_publication_rel r
-                                  join pg_catalog.pg_publication p on p.oid = r.prpubid
-                                 where p.pubname = $3 and r.prrelid = $2::regclass)",
+                                     where rel = $2::regclass and guard <> $1)",
             )
             .bind(self.feed_name())
             .bind(&self.table)
-            .bind(PUBLICATION)
             .fetch_one(&mut *tx)
             .await?;
-            if last && published {
+            if last && published(&mut *tx, &self.table).await? {
                 sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                     "alter publication {PUBLICATION} drop table {name}"
                 )))
                 .execute(&mut *tx)
                 .await?;
             }
-            // The producer streaming now takes up the tables as they are
-            // from this commit on.
-            sqlx::query(
-                "select pg_catalog.pg_logical_emit_message(true, $1, pg_catalog.pg_current_xact_id()::text)",
-            )
-            .bind(LOGGED_MESSAGE)
-            .execute(&mut *tx)
-            .await?;
+            relogged(&mut tx).await?;
             tx.commit().await
         })
         .await?;
@@ -208,34 +187,25 @@ impl Watch {
         if !current {
             return Ok(false);
         }
-        sqlx::query_scalar(
+        let logged: bool = sqlx::query_scalar(
             "select exists (select from bloom_guard.logged
-                             where guard = $1 and rel = $2::regclass and key_columns = $3)
-                and exists (select from pg_catalog.pg_publication_rel r
-                              join pg_catalog.pg_publication p on p.oid = r.prpubid
-                             where p.pubname = $4 and r.prrelid = $2::regclass)",
+                             where guard = $1 and rel = $2::regclass and key_columns = $3)",
         )
         .bind(self.feed_name())
         .bind(&self.table)
         .bind(&self.key_columns)
-        .bind(PUBLICATION)
         .fetch_one(pool)
-        .await
+        .await?;
+        Ok(logged && published(pool, &self.table).await?)
     }
 
     /// The tables, the table's row and its place in the publication, in
     /// one transaction under the feed's install lock.
     async fn log_once(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
-        let mut tx = pool.begin().await?;
-        sqlx::query(
-            "select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'))",
+        let mut tx = install_transaction(
+            pool,
+            &format!("set local client_min_messages = warning; {LOG_SQL}"),
         )
-        .execute(&mut *tx)
-        .await?;
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "set local lock_timeout = '{DDL_LOCK_TIMEOUT}'; set local client_min_messages = warning; {LOG_SQL}"
-        )))
-        .execute(&mut *tx)
         .await?;
         // Unchanged, the row is left as it is: its version is part of the
         // guard's fingerprint, and a start must not make the fleet rebuild.
@@ -251,18 +221,11 @@ impl Watch {
         .await?
         .rows_affected()
             > 0;
-        let (name, published): (String, bool) = sqlx::query_as(
-            "select $1::regclass::text,
-                    exists (select from pg_catalog.pg_publication_tables
-                             where pubname = $2 and (schemaname, tablename) =
-                                   (select n.nspname, c.relname from pg_catalog.pg_class c
-                                      join pg_catalog.pg_namespace n on n.oid = c.relnamespace
-                                     where c.oid = $1::regclass))",
-        )
-        .bind(&self.table)
-        .bind(PUBLICATION)
-        .fetch_one(&mut *tx)
-        .await?;
+        let name: String = sqlx::query_scalar("select $1::regclass::text")
+            .bind(&self.table)
+            .fetch_one(&mut *tx)
+            .await?;
+        let published = published(&mut *tx, &self.table).await?;
         // The name as Postgres prints a regclass: quoted where it must be.
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "do $publication$ begin
@@ -280,17 +243,7 @@ impl Watch {
         .execute(&mut *tx)
         .await?;
         if changed || !published {
-            // In the log, in commit order: the producer streaming now
-            // takes up the tables as they are from this commit on.
-            // Its content, the transaction's id: the producer reads the
-            // tables once this transaction is visible (the log can be
-            // decoded a moment before).
-            sqlx::query(
-                "select pg_catalog.pg_logical_emit_message(true, $1, pg_catalog.pg_current_xact_id()::text)",
-            )
-                .bind(LOGGED_MESSAGE)
-                .execute(&mut *tx)
-                .await?;
+            relogged(&mut tx).await?;
         }
         tx.commit().await
     }
@@ -334,6 +287,41 @@ impl Watch {
                 column: column.clone(),
             })
     }
+}
+
+/// A transaction under the feed's install lock whose DDL waits for a lock
+/// at most [`DDL_LOCK_TIMEOUT`], after `sql` (more statements) ran in it.
+async fn install_transaction<'a>(
+    pool: &'a PgPool,
+    sql: &str,
+) -> Result<sqlx::Transaction<'a, sqlx::Postgres>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'))",
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "set local lock_timeout = '{DDL_LOCK_TIMEOUT}'; {sql}"
+    )))
+    .execute(&mut *tx)
+    .await?;
+    Ok(tx)
+}
+
+/// Writes to the log, in the transaction's commit order, that the log
+/// feed's tables changed: the producer streaming now takes up the tables
+/// as they are from this commit on. Its content, the transaction's id:
+/// the producer reads the tables once this transaction is visible (the
+/// log can be decoded a moment before).
+async fn relogged(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "select pg_catalog.pg_logical_emit_message(true, $1, pg_catalog.pg_current_xact_id()::text)",
+    )
+    .bind(LOGGED_MESSAGE)
+    .execute(tx)
+    .await?;
+    Ok(())
 }
 
 /// Whether a table of `table`'s family inherits from a table that is not
