@@ -1,5 +1,6 @@
-//! The example's database over TLS, against a throwaway Postgres that takes
-//! TLS connections only: a cluster of its own in a temporary directory,
+//! The example's database over TLS, the log feed's replication connections
+//! too, against a throwaway Postgres that takes TLS connections only
+//! (`wal_level=logical`): a cluster of its own in a temporary directory,
 //! started from the Postgres server binaries in `PG_BIN` (by default
 //! `/usr/lib/postgresql/15/bin`), with a certificate from a CA made for the
 //! test.
@@ -12,7 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use items_service::{Database, Pool};
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use bloom_guard::BloomGuard;
+use bloom_guard_sqlx::PgLogFollower;
+use items_service::config::Feed;
+use items_service::{app, prepare, AppState, Config, Database, Pool};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
@@ -20,6 +26,7 @@ use rcgen::{
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tempfile::TempDir;
+use tower::ServiceExt;
 
 const DEFAULT_PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
@@ -149,7 +156,8 @@ impl TlsPostgres {
         );
         fs::write(
             data.join("pg_hba.conf"),
-            "hostssl all all 127.0.0.1/32 trust\nhostnossl all all 0.0.0.0/0 reject\n",
+            "hostssl all all 127.0.0.1/32 trust\nhostssl replication all 127.0.0.1/32 trust\n\
+             hostnossl all all 0.0.0.0/0 reject\nhostnossl replication all 0.0.0.0/0 reject\n",
         )
         .expect("write pg_hba.conf");
 
@@ -181,7 +189,7 @@ impl TlsPostgres {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .arg("-c")
             .arg(format!("unix_socket_directories={}", dir.path().display()))
-            .args(["-c", "ssl=on", "-c", "fsync=off"])
+            .args(["-c", "ssl=on", "-c", "fsync=off", "-c", "wal_level=logical"])
             .arg("-c")
             .arg(format!("ssl_cert_file={}", cert_file.display()))
             .arg("-c")
@@ -229,6 +237,16 @@ impl TlsPostgres {
     fn url(&self, query: &str) -> String {
         format!(
             "postgres://postgres@127.0.0.1:{}/postgres?{query}",
+            self.port
+        )
+    }
+
+    /// As [`url`](Self::url), by the host's name: the log feed's reader
+    /// takes `verify-full` with a name only (its certificate check does not
+    /// match IP addresses; `verify-ca` takes one).
+    fn named_url(&self, query: &str) -> String {
+        format!(
+            "postgres://postgres@localhost:{}/postgres?{query}",
             self.port
         )
     }
@@ -324,4 +342,121 @@ async fn verify_full_refuses_a_server_from_another_ca() {
             && error.to_string().contains("UnknownIssuer"),
         "{error:?}"
     );
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(all(database, pg_server)),
+    ignore = "needs Postgres (DATABASE_URL) and its server binaries (PG_BIN, default /usr/lib/postgresql/15/bin)"
+)]
+async fn the_log_feed_streams_over_verified_tls() {
+    let server = TlsPostgres::start().await;
+    let url = server.named_url(&format!(
+        "sslmode=verify-full&sslrootcert={}",
+        server.ca.display()
+    ));
+    let mut config = Config::from_env().expect("config");
+    config.audit_rate = 0.0;
+    config.database_url = Some(url.clone());
+    config.feed = Feed::Log;
+    let db = Database::postgres(&url).expect("valid URL");
+    let state = AppState::new(db.clone(), Some(items_service::guards(&config)));
+    prepare(state.clone()).await;
+    let app = app(state.clone());
+    let Pool::Postgres(pool) = db.pool() else {
+        panic!("a Postgres pool");
+    };
+    for i in 0..20 {
+        let key = format!("over-tls-{i}");
+        sqlx::query("insert into items (key) values ($1)")
+            .bind(&key)
+            .execute(pool)
+            .await
+            .expect("insert");
+        assert_eq!(status(&app, &format!("/items/{key}")).await, StatusCode::OK);
+    }
+    // A refusal waits for the producer's stream to pass the server's
+    // position: it is refused only once the stream is up.
+    let guards = state.guards.clone().expect("guarded");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while guards.items.stats().rejected == 0 {
+        assert_eq!(
+            status(&app, "/items/never-written").await,
+            StatusCode::NOT_FOUND
+        );
+        assert!(Instant::now() < deadline, "nothing refused over TLS");
+    }
+    let (senders, encrypted): (i64, bool) = sqlx::query_as(
+        "select count(*), coalesce(bool_and(s.ssl), false)
+           from pg_stat_replication r join pg_stat_ssl s on s.pid = r.pid",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("pg_stat_replication");
+    assert!(senders >= 1, "no replication connection");
+    assert!(encrypted, "a replication connection is not encrypted");
+    db.close().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(all(database, pg_server)),
+    ignore = "needs Postgres (DATABASE_URL) and its server binaries (PG_BIN, default /usr/lib/postgresql/15/bin)"
+)]
+async fn the_log_reader_refuses_a_server_from_another_ca() {
+    let server = TlsPostgres::start().await;
+    let good = server.named_url(&format!(
+        "sslmode=verify-full&sslrootcert={}",
+        server.ca.display()
+    ));
+    let other = server.dir.path().join("other-ca.pem");
+    fs::write(&other, Ca::new("another CA").pem).expect("write the other CA");
+    let db = Database::postgres(&good).expect("valid URL");
+    db.migrate_for(Feed::Log).await.expect("migrate over TLS");
+    let Pool::Postgres(pool) = db.pool() else {
+        panic!("a Postgres pool");
+    };
+    let guard = BloomGuard::builder().expected_items(1_000).build();
+    let follower = PgLogFollower::new(
+        guard.clone(),
+        pool.clone(),
+        items_service::items_feed(),
+        server.named_url(&format!(
+            "sslmode=verify-full&sslrootcert={}",
+            other.display()
+        )),
+    );
+    let task = tokio::spawn(follower.run());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let error = loop {
+        if let Some(error) = guard.stats().last_error {
+            break error;
+        }
+        assert!(Instant::now() < deadline, "no error reported");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    task.abort();
+    assert!(error.contains("UnknownIssuer"), "{error}");
+    assert!(
+        !guard.is_ready(),
+        "a guard whose scan could not be placed is ready"
+    );
+    let senders: i64 = sqlx::query_scalar("select count(*) from pg_stat_replication")
+        .fetch_one(pool)
+        .await
+        .expect("pg_stat_replication");
+    assert_eq!(
+        senders, 0,
+        "a replication connection past a wrong certificate"
+    );
+    db.close().await;
+}
+
+async fn status(app: &axum::Router, path: &str) -> StatusCode {
+    let request = Request::get(path).body(Body::empty()).expect("request");
+    app.clone()
+        .oneshot(request)
+        .await
+        .expect("infallible")
+        .status()
 }

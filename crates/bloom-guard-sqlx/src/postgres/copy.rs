@@ -120,7 +120,11 @@ impl KeySource for PgCopySource {
             #[cfg(feature = "log-feed")]
             let point = match log_point {
                 Some(url) => Some(super::log::stream::ScanPoint::take(&url).await.map_err(
-                    |error| SourceError::Database(sqlx::Error::Protocol(error.to_string())),
+                    |error| {
+                        SourceError::Database(sqlx::Error::Protocol(crate::error::error_chain(
+                            &error,
+                        )))
+                    },
                 )?),
                 None => None,
             };

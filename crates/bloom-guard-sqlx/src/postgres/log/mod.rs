@@ -20,6 +20,7 @@ mod read;
 mod rows;
 mod slot;
 pub(super) mod stream;
+mod url;
 mod write;
 
 pub(crate) use backend::PgLogBackend;

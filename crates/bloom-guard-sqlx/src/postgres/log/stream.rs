@@ -11,10 +11,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
 
 use super::pgoutput::{self, Message, Relation};
 use super::rows::{FeedRow, KeyColumns, RelationError};
+use super::url::config;
 
 /// The longest an acknowledgement waits before it is sent: at most one a
 /// server round trip of the stream, and only when it moved.
@@ -308,52 +309,6 @@ fn watched(tables: &[LoggedTable]) -> Watched {
         .collect()
 }
 
-/// A replication connection's settings from a `postgres://` URL: host,
-/// port, user, password and database; a Unix socket as `host=/dir`.
-fn config(url: &str, slot: &str, publication: &str) -> Result<ReplicationConfig, StreamError> {
-    let bad = |why: &str| StreamError::Url(why.to_owned());
-    let url = url::Url::parse(url).map_err(|error| bad(&error.to_string()))?;
-    if !matches!(url.scheme(), "postgres" | "postgresql") {
-        return Err(bad("not a postgres:// URL"));
-    }
-    let decode = |text: &str| {
-        percent_encoding::percent_decode_str(text)
-            .decode_utf8()
-            .map(|text| text.into_owned())
-            .map_err(|_| bad("not UTF-8"))
-    };
-    let mut host = url.host_str().unwrap_or("localhost").to_owned();
-    let mut port = url.port().unwrap_or(5432);
-    let mut user = decode(url.username())?;
-    let mut database = decode(url.path().trim_start_matches('/'))?;
-    for (name, value) in url.query_pairs() {
-        match &*name {
-            "host" => host = value.into_owned(),
-            "port" => {
-                port = value
-                    .parse()
-                    .map_err(|_| bad("a port that is not a number"))?;
-            }
-            "user" => user = value.into_owned(),
-            "dbname" => database = value.into_owned(),
-            "sslmode" if !matches!(&*value, "disable" | "allow" | "prefer") => {
-                return Err(bad(
-                    "the log reader connects without TLS (sslmode=disable or prefer)",
-                ));
-            }
-            _ => {}
-        }
-    }
-    if user.is_empty() {
-        user = "postgres".to_owned();
-    }
-    if database.is_empty() {
-        database.clone_from(&user);
-    }
-    let password = url.password().map(decode).transpose()?.unwrap_or_default();
-    Ok(ReplicationConfig::new(host, user, password, database, slot, publication).with_port(port))
-}
-
 /// A scan's place in the log: a snapshot of the database that holds every
 /// change committed up to `lsn` and none after, exported by a temporary
 /// slot made for it. The snapshot can be taken (`SET TRANSACTION
@@ -392,29 +347,5 @@ impl ScanPoint {
             lsn: lsn.as_u64(),
             _session: session,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_url_gives_its_host_port_user_password_and_database() {
-        let tcp = config("postgres://app:p%40ss@db.example:6432/shop", "s", "p").unwrap();
-        assert_eq!(
-            (
-                &*tcp.host,
-                tcp.port,
-                &*tcp.user,
-                &*tcp.password,
-                &*tcp.database
-            ),
-            ("db.example", 6432, "app", "p@ss", "shop")
-        );
-        let socket = config("postgres:///shop?host=/run/postgresql", "s", "p").unwrap();
-        assert!(socket.is_unix_socket());
-        assert!(config("mysql://x/y", "s", "p").is_err());
-        assert!(config("postgres://h/d?sslmode=require", "s", "p").is_err());
     }
 }
