@@ -64,6 +64,13 @@ pub enum FeedError {
     /// retried.
     #[error("cannot put the table on the log feed: {0}")]
     LogFeed(String),
+    /// The log feed's replication connections cannot work with the URL
+    /// given: it is not one the log feed reads (its TLS settings among
+    /// them), the server refuses the connection (TLS, the password, a role
+    /// without REPLICATION), or it reaches another database than the pool.
+    /// The message says which. Not retried.
+    #[error("the log feed's replication URL cannot be used: {0}")]
+    ReplicationUrl(String),
 }
 
 /// `error: cause: cause`, for a log line.

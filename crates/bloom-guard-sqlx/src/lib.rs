@@ -37,7 +37,7 @@ pub use follow::Follow;
 #[cfg(feature = "mysql")]
 pub use mysql::{uninstall_mysql, MySqlFollower};
 #[cfg(feature = "log-feed")]
-pub use postgres::PgLogFollower;
+pub use postgres::{check_replication, PgLogFollower};
 #[cfg(feature = "postgres")]
 pub use postgres::{
     check_session, grant_runtime, install, uninstall, PgCopySource, PgFollower,

@@ -341,3 +341,66 @@ async fn a_guard_warms_up_while_no_producer_streams_and_refuses_nothing_unread(p
     let seen: BTreeSet<String> = ["before".to_owned(), "after".to_owned()].into();
     holds_what_the_table_holds_once_closed("once the producer streams", &guard, &pool, &seen).await;
 }
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_replication_url_that_cannot_feed_the_pools_database_is_named_and_not_retried(
+    pool: PgPool,
+) {
+    use bloom_guard_sqlx::{check_replication, FeedError, PgLogFollower};
+    let (url, _slot) = log_fed(&pool).await;
+    check_replication(&pool, &url)
+        .await
+        .expect("the pool's own database");
+    let (base, query) = url.split_once('?').unwrap_or((&url, ""));
+    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
+    let other = format!("{server}/postgres?{query}");
+    let setting = |result: Result<(), FeedError>| match result {
+        Err(FeedError::ReplicationUrl(message)) => message,
+        other => panic!("not a setting's error: {other:?}"),
+    };
+    // Another database of the cluster: its changes are not the pool's.
+    let message = setting(check_replication(&pool, &other).await);
+    assert!(message.contains("reaches database postgres"), "{message}");
+    // A role without REPLICATION.
+    let role = format!("bloom_guard_no_replication_{}", fastrand::u32(..));
+    exec(&pool, &format!("create role {role} login")).await;
+    let without = url.replacen("://postgres@", &format!("://{role}@"), 1);
+    assert_ne!(without, url, "the test's URL names the user postgres");
+    let message = setting(check_replication(&pool, &without).await);
+    exec(&pool, &format!("drop role {role}")).await;
+    assert!(message.contains("42501"), "{message}");
+    // A URL the log reader cannot read.
+    let message = setting(check_replication(&pool, &format!("{base}?sslmode=sometimes")).await);
+    assert!(message.contains("sslmode=sometimes"), "{message}");
+    // A server that does not answer may answer later: not a setting's.
+    let silent = check_replication(&pool, "postgres://postgres@127.0.0.1:1/db").await;
+    assert!(matches!(silent, Err(FeedError::Database(_))), "{silent:?}");
+
+    // A follower given another database's URL names it and stops: it
+    // never scans, streams or refuses.
+    let guard = log_guard();
+    let _task = spawn(PgLogFollower::new(
+        guard.clone(),
+        pool.clone(),
+        items(),
+        &*other,
+    ));
+    wait_until("the error named", Duration::from_secs(20), || {
+        guard
+            .stats()
+            .last_error
+            .is_some_and(|error| error.contains("reaches database postgres"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!guard.is_ready());
+    let streams: i64 = sqlx::query_scalar(
+        "select count(*) from pg_stat_activity where backend_type = 'walsender'
+            and datname in (current_database(), 'postgres')",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("walsenders");
+    assert_eq!(streams, 0, "a replication connection after the check");
+}

@@ -449,6 +449,21 @@ async fn the_log_reader_refuses_a_server_from_another_ca() {
         senders, 0,
         "a replication connection past a wrong certificate"
     );
+    // The right certificate, and a pool on another cluster (the one at
+    // DATABASE_URL): named, not followed.
+    let elsewhere = sqlx::PgPool::connect(&std::env::var("DATABASE_URL").expect("DATABASE_URL"))
+        .await
+        .expect("connect to DATABASE_URL");
+    let checked = bloom_guard_sqlx::check_replication(&elsewhere, &good).await;
+    assert!(
+        matches!(&checked, Err(bloom_guard_sqlx::FeedError::ReplicationUrl(message))
+            if message.contains("of cluster")),
+        "{checked:?}"
+    );
+    bloom_guard_sqlx::check_replication(pool, &good)
+        .await
+        .expect("the server's own database over TLS");
+    elsewhere.close().await;
     db.close().await;
 }
 

@@ -119,13 +119,15 @@ impl KeySource for PgCopySource {
             // Held until the COPY's transaction has taken its snapshot.
             #[cfg(feature = "log-feed")]
             let point = match log_point {
-                Some(url) => Some(super::log::stream::ScanPoint::take(&url).await.map_err(
-                    |error| {
+                Some(url) => {
+                    let server = super::log::url::Server::of(&mut *conn).await?;
+                    let point = super::log::stream::ScanPoint::take(&url, server.as_ref()).await;
+                    Some(point.map_err(|error| {
                         SourceError::Database(sqlx::Error::Protocol(crate::error::error_chain(
                             &error,
                         )))
-                    },
-                )?),
+                    })?)
+                }
                 None => None,
             };
             #[cfg(feature = "log-feed")]

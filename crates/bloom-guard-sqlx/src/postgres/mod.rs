@@ -29,7 +29,7 @@ pub use listen::LISTENER_APPLICATION_NAME;
 #[cfg(feature = "log-feed")]
 pub(crate) use log::PgLogBackend;
 #[cfg(feature = "log-feed")]
-pub use log::PgLogFollower;
+pub use log::{check_replication, PgLogFollower};
 pub use notifier::NOTIFIER_APPLICATION_NAME;
 pub use privileges::grant_runtime;
 pub use session::check_session;

@@ -304,8 +304,14 @@ impl Database for PgLogBackend {
         super::read::prune(self.pool(), retention).await
     }
 
+    /// The pool's sessions, and that the replication URL reaches its
+    /// database.
     async fn check_session(&self) -> Result<(), crate::FeedError> {
-        self.inner.check_session().await
+        let (session, replication) = tokio::join!(
+            self.inner.check_session(),
+            super::url::check_replication(self.pool(), &self.url)
+        );
+        session.and(replication)
     }
 
     async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {

@@ -20,11 +20,12 @@ mod read;
 mod rows;
 mod slot;
 pub(super) mod stream;
-mod url;
+pub(super) mod url;
 mod write;
 
 pub(crate) use backend::PgLogBackend;
 pub use follower::PgLogFollower;
+pub use url::check_replication;
 
 #[cfg(test)]
 mod tests;

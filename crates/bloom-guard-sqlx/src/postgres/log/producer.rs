@@ -31,6 +31,7 @@ use super::install::{logged_tables, slot_name};
 use super::lease::Lease;
 use super::rows::Batch;
 use super::stream::{Event, LogStream, LoggedTable, StreamError};
+use super::url::Server;
 
 /// The pause before a producer tries the slot again after a failure.
 pub(crate) const RETRY: Duration = Duration::from_secs(1);
@@ -54,6 +55,9 @@ pub(crate) struct Producer {
     pub(crate) pool: PgPool,
     /// The database's URL, for the replication connection.
     pub(crate) url: String,
+    /// The pool's database, which the replication connection must reach
+    /// (if known).
+    pub(crate) server: Option<Server>,
     pub(crate) slot: String,
     pub(crate) publication: String,
 }
@@ -139,8 +143,15 @@ impl Producer {
         let epoch = super::slot::epoch(&self.pool).await?;
         let after = self.progress().await?;
         let tables = self.tables(passed_over).await?;
-        let mut stream =
-            LogStream::start(&self.url, &self.slot, &self.publication, &tables, after).await?;
+        let mut stream = LogStream::start(
+            &self.url,
+            self.server.as_ref(),
+            &self.slot,
+            &self.publication,
+            &tables,
+            after,
+        )
+        .await?;
         tracing::info!(slot = %self.slot, "streaming the log feed's slot");
         // The transactions received and not written yet: written together
         // once no more is at hand, or the batch is full.
@@ -296,6 +307,7 @@ impl Producer {
     pub(crate) async fn new(pool: PgPool, url: &str) -> Result<Self, sqlx::Error> {
         Ok(Self {
             slot: slot_name(&pool).await?,
+            server: Server::of(&pool).await?,
             pool,
             url: url.to_owned(),
             publication: super::install::PUBLICATION.to_owned(),

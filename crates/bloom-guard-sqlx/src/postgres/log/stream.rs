@@ -15,7 +15,7 @@ use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
 
 use super::pgoutput::{self, Message, Relation};
 use super::rows::{FeedRow, KeyColumns, RelationError};
-use super::url::config;
+use super::url::{config, Server};
 
 /// The longest an acknowledgement waits before it is sent: at most one a
 /// server round trip of the stream, and only when it moved.
@@ -79,6 +79,8 @@ pub(crate) enum StreamError {
     Relation(#[from] RelationError),
     #[error("the database URL cannot open a replication connection: {0}")]
     Url(String),
+    #[error("the replication URL reaches {url}, the pool {pool}: give both the same database")]
+    OtherDatabase { url: String, pool: String },
     #[error("the server's answer to {0} is not as documented")]
     Answer(&'static str),
 }
@@ -108,9 +110,11 @@ pub(crate) struct LogStream {
 
 impl LogStream {
     /// Streams `slot` for `publication`, skipping transactions that end at
-    /// or before `after` (applied already).
+    /// or before `after` (applied already), once the connection is found
+    /// to reach the database `server` (if known).
     pub(crate) async fn start(
         url: &str,
+        server: Option<&Server>,
         slot: &str,
         publication: &str,
         tables: &[LoggedTable],
@@ -121,9 +125,13 @@ impl LogStream {
         let config = config(url, slot, publication)?
             .with_ack_lsn(Lsn::from_u64(after))
             .with_status_interval(ACK_EVERY);
-        let client = ReplicationClient::connect(config)
+        let mut client = ReplicationClient::connect_gated(config)
             .await
             .map_err(StreamError::Replication)?;
+        if let Some(server) = server {
+            server.check(&mut client).await?;
+        }
+        client.start().await.map_err(StreamError::Replication)?;
         Ok(Self {
             client,
             watched: watched(tables),
@@ -322,11 +330,16 @@ pub(crate) struct ScanPoint {
 impl ScanPoint {
     /// Makes the temporary slot on a replication connection to `url`. Its
     /// making waits for the transactions running then to end.
-    pub(crate) async fn take(url: &str) -> Result<Self, StreamError> {
+    /// The connection is first found to reach the database `server` (if
+    /// known): another's snapshot cannot be taken.
+    pub(crate) async fn take(url: &str, server: Option<&Server>) -> Result<Self, StreamError> {
         let name = format!("bloom_guard_scan_{:016x}", fastrand::u64(..));
         let mut session = ReplicationClient::connect_gated(config(url, &name, "")?)
             .await
             .map_err(StreamError::Replication)?;
+        if let Some(server) = server {
+            server.check(&mut session).await?;
+        }
         let rows = session
             .simple_query(&format!(
                 "CREATE_REPLICATION_SLOT {name} TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')"

@@ -1,12 +1,136 @@
 //! A replication connection's settings, from the database's URL as libpq
-//! reads it.
+//! reads it, and the check that it reaches the pool's database.
 
 use std::path::PathBuf;
 
 use pgwire_replication::config::{SslMode, TlsConfig};
-use pgwire_replication::ReplicationConfig;
+use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig};
+use sqlx::PgPool;
 
 use super::stream::StreamError;
+use crate::FeedError;
+
+/// A database as both kinds of connection name it: its cluster's system
+/// identifier and its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Server {
+    system: String,
+    database: String,
+}
+
+impl std::fmt::Display for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "database {} of cluster {}", self.database, self.system)
+    }
+}
+
+impl Server {
+    /// The database `executor` reaches; none where the role may not read
+    /// the cluster's identifier (`pg_control_system`, revoked by some
+    /// services), and nothing is compared.
+    pub(crate) async fn of(
+        executor: impl sqlx::PgExecutor<'_>,
+    ) -> Result<Option<Self>, sqlx::Error> {
+        let found = sqlx::query_as(
+            "select system_identifier::pg_catalog.text, pg_catalog.current_database()::pg_catalog.text
+               from pg_catalog.pg_control_system()",
+        )
+        .fetch_one(executor)
+        .await;
+        match found {
+            Ok((system, database)) => Ok(Some(Self { system, database })),
+            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("42501") => {
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Checks that the replication session `client`, not started yet,
+    /// reaches this database: a URL of another cluster (a cut-over half
+    /// done, a replica's address) or another database would feed the
+    /// guards another database's changes, or none.
+    pub(crate) async fn check(&self, client: &mut ReplicationClient) -> Result<(), StreamError> {
+        let found = client
+            .identify_system()
+            .await
+            .map_err(StreamError::Replication)?;
+        let there = Self {
+            system: found.system_id,
+            database: found.dbname.unwrap_or_default(),
+        };
+        if there != *self {
+            return Err(StreamError::OtherDatabase {
+                url: there.to_string(),
+                pool: self.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Checks that replication connections to `url` can feed the guards of
+/// `pool`'s database: the URL is one the log feed reads (its TLS settings
+/// among them, see the feature `log-feed-tls`), the role may open a
+/// replication connection, and it reaches the pool's database on the same
+/// cluster. [`PgLogFollower`](crate::PgLogFollower) runs it at start and
+/// stops with the error (the guard failing open), rather than retrying
+/// what only a setting can fix; call it to fail a start sooner.
+///
+/// # Errors
+///
+/// [`FeedError::ReplicationUrl`] for what a setting must fix (the URL, its
+/// TLS settings, the password, the REPLICATION attribute, another
+/// database); [`FeedError::Database`] if the database cannot be reached.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+/// let url = "postgres://app:secret@db.internal/shop?sslmode=verify-full";
+/// bloom_guard_sqlx::check_replication(&pool, url).await?;
+/// # Ok(()) }
+/// ```
+pub async fn check_replication(pool: &PgPool, url: &str) -> Result<(), FeedError> {
+    let setting = |error: &StreamError| FeedError::ReplicationUrl(crate::error::error_chain(error));
+    let config = config(url, "", "").map_err(|error| setting(&error))?;
+    let Some(server) = Server::of(pool).await? else {
+        return Ok(());
+    };
+    let mut client = ReplicationClient::connect_gated(config)
+        .await
+        .map_err(|error| setting(&StreamError::Replication(error)))?;
+    let checked = server.check(&mut client).await;
+    client.abort();
+    match checked {
+        Ok(()) => Ok(()),
+        Err(StreamError::Replication(error)) if transient(&error) => {
+            let kind = match &error {
+                PgWireError::Io(io) => io.kind(),
+                _ => std::io::ErrorKind::Other,
+            };
+            Err(FeedError::Database(sqlx::Error::Io(std::io::Error::new(
+                kind,
+                crate::error::error_chain(&error),
+            ))))
+        }
+        Err(error) => Err(setting(&error)),
+    }
+}
+
+/// Whether a replication connection's failure may pass by itself: not a
+/// refusal by TLS, authentication or privileges, or of the database's name.
+fn transient(error: &PgWireError) -> bool {
+    match error {
+        PgWireError::Tls(_) | PgWireError::Auth(_) => false,
+        // Invalid authorization (28...), insufficient privilege, no such
+        // database.
+        PgWireError::Server(message) => !["SQLSTATE 28", "SQLSTATE 42501", "SQLSTATE 3D000"]
+            .iter()
+            .any(|code| message.contains(code)),
+        _ => true,
+    }
+}
 
 /// A replication connection's settings from a `postgres://` URL: host,
 /// port, user, password and database; a Unix socket as `host=/dir`.

@@ -81,9 +81,16 @@ impl Slot {
                 guards: Vec::new(),
             },
         ];
-        LogStream::start(&self.url, &self.name, "bloom_guard_test", &tables, after)
-            .await
-            .expect("stream the slot")
+        LogStream::start(
+            &self.url,
+            None,
+            &self.name,
+            "bloom_guard_test",
+            &tables,
+            after,
+        )
+        .await
+        .expect("stream the slot")
     }
 }
 

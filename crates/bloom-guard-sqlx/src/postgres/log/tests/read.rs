@@ -70,7 +70,7 @@ async fn a_scan_at_its_point_and_the_rows_after_hold_each_change_once(pool: PgPo
     let mut scans = Vec::new();
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let point = crate::postgres::log::stream::ScanPoint::take(&url)
+        let point = crate::postgres::log::stream::ScanPoint::take(&url, None)
             .await
             .expect("a scan point");
         let mut tx = pool.begin().await.expect("begin");
