@@ -146,6 +146,11 @@ pub(crate) enum Command {
         /// Only these statements: insert, insert_100, update_key, delete.
         #[arg(long, value_delimiter = ',')]
         statements: Vec<String>,
+        /// Each feed's table and the twin at the same time, each with the
+        /// cell's writers: what a feed costs its own writers, with the
+        /// machine's drifts (and the server's log decoding) on both.
+        #[arg(long)]
+        together: bool,
     },
     /// Commit → another instance's filter, idle and under 2 000 writes/s.
     Propagation {

@@ -163,12 +163,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             rounds,
             writers,
             statements,
+            together,
         } => {
             writers::compare(
                 &cli.database_url,
                 &cli.out,
-                seconds,
-                rounds,
+                writers::Runs {
+                    seconds,
+                    rounds,
+                    together,
+                },
                 &writers,
                 &statements,
             )

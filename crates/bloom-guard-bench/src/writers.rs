@@ -39,6 +39,10 @@ pub(crate) struct WriterCell {
     /// The log feed's table: its writers' rate, and the rate counting
     /// the producer's catch-up after them.
     log_writers_per_sec: Option<f64>,
+    /// The twin's rate the log feed's is compared with: the same as
+    /// `unwatched_per_sec`, or with `--together` the twin's beside the log
+    /// feed's table.
+    log_unwatched_per_sec: Option<f64>,
     log_per_sec: Option<f64>,
     log_ratio: Option<f64>,
     /// The log feed's table with no instance streaming the slot while the
@@ -59,7 +63,7 @@ pub(crate) async fn feed_database(
 ) -> Result<(Database, PgPool), Box<dyn std::error::Error>> {
     let db = Database::create(server_url, name).await?;
     let pool = PgPoolOptions::new()
-        .max_connections(48)
+        .max_connections(80)
         .connect(&db.url)
         .await?;
     bloom_guard_sqlx::install(&pool).await?;
@@ -143,12 +147,21 @@ pub(crate) async fn completed_per_sec(
     count as f64 / elapsed.as_secs_f64()
 }
 
+/// How a cell is measured.
+pub(crate) struct Runs {
+    /// Seconds per run.
+    pub(crate) seconds: u64,
+    /// Runs per table and cell.
+    pub(crate) rounds: usize,
+    /// Each feed's table at the same time as the twin, not in turn.
+    pub(crate) together: bool,
+}
+
 /// `bloom-load writers`.
 pub(crate) async fn compare(
     server_url: &str,
     out: &Path,
-    seconds: u64,
-    rounds: usize,
+    runs: Runs,
     only_writers: &[usize],
     only_statements: &[String],
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -185,7 +198,7 @@ pub(crate) async fn compare(
         println!("the server's wal_level is not logical: the log feed is not measured");
         None
     };
-    let duration = Duration::from_secs(seconds);
+    let duration = Duration::from_secs(runs.seconds);
     let mut cells = Vec::new();
     let mut run = 0;
     // Updates and deletes take each row once: a counter per table.
@@ -202,9 +215,44 @@ pub(crate) async fn compare(
                 continue;
             }
             let mut rates: HashMap<&str, Vec<f64>> = HashMap::new();
-            // The tables in turn, `rounds` times: drifts of the machine hit
-            // all.
-            for _ in 0..rounds.max(1) {
+            for round in 0..runs.rounds.max(1) {
+                if runs.together {
+                    // Each feed's table beside the twin, the pairs in
+                    // turn, the first one alternating.
+                    let mut pairs = vec![("items", "items_plain beside items")];
+                    if logged {
+                        pairs.push(("items_log", "items_plain beside items_log"));
+                    }
+                    if round % 2 == 1 {
+                        pairs.reverse();
+                    }
+                    for (table, twin) in pairs {
+                        run += 1;
+                        let measured = |table| {
+                            drive(
+                                &pool,
+                                table,
+                                statement,
+                                writers,
+                                duration,
+                                &rows_taken[table],
+                                run,
+                            )
+                        };
+                        let (rate, twin_rate) =
+                            tokio::join!(measured(table), measured("items_plain"));
+                        rates.entry(table).or_default().push(rate);
+                        rates.entry(twin).or_default().push(twin_rate);
+                        if table == "items_log" {
+                            let drain = catch_up(&pool).await?;
+                            rates.entry("items_log caught up").or_default().push(
+                                rate * duration.as_secs_f64() / (duration + drain).as_secs_f64(),
+                            );
+                        }
+                    }
+                    continue;
+                }
+                // The tables in turn: drifts of the machine hit all.
                 for &table in &tables {
                     run += 1;
                     let paused = table == "items_log paused";
@@ -246,12 +294,23 @@ pub(crate) async fn compare(
                     }
                 }
             }
-            let mean = |table| rates[table].iter().sum::<f64>() / rates[table].len() as f64;
-            let (watched, unwatched) = (mean("items"), mean("items_plain"));
-            let log_writers = logged.then(|| mean("items_log"));
-            let log = logged.then(|| mean("items_log caught up"));
-            let paused_writers = logged.then(|| mean("items_log paused"));
-            let paused = logged.then(|| mean("items_log paused caught up"));
+            let mean = |table| {
+                rates
+                    .get(table)
+                    .map(|rates: &Vec<f64>| rates.iter().sum::<f64>() / rates.len() as f64)
+            };
+            let twin = |beside| {
+                mean("items_plain")
+                    .or_else(|| mean(beside))
+                    .unwrap_or(f64::NAN)
+            };
+            let watched = mean("items").unwrap_or(f64::NAN);
+            let unwatched = twin("items_plain beside items");
+            let log_unwatched = twin("items_plain beside items_log");
+            let log_writers = mean("items_log");
+            let log = mean("items_log caught up");
+            let paused_writers = mean("items_log paused");
+            let paused = mean("items_log paused caught up");
             let cell = WriterCell {
                 writers,
                 statement,
@@ -259,8 +318,9 @@ pub(crate) async fn compare(
                 unwatched_per_sec: unwatched,
                 ratio: watched / unwatched,
                 log_writers_per_sec: log_writers,
+                log_unwatched_per_sec: logged.then_some(log_unwatched),
                 log_per_sec: log,
-                log_ratio: log.map(|log| log / unwatched),
+                log_ratio: log.map(|log| log / log_unwatched),
                 log_paused_writers_per_sec: paused_writers,
                 log_paused_per_sec: paused,
             };
@@ -269,8 +329,8 @@ pub(crate) async fn compare(
                 cell.ratio,
                 log.zip(log_writers).map_or(String::new(), |(log, writers)| format!(
                     " | log: writers {writers:>8.0}/s ratio {:.2}, with the catch-up {log:>8.0}/s ratio {:.2}",
-                    writers / unwatched,
-                    log / unwatched
+                    writers / log_unwatched,
+                    log / log_unwatched
                 )),
             );
             if let (Some(writers), Some(caught_up)) = (paused_writers, paused) {

@@ -3,7 +3,8 @@
 //! log serve a key committed a moment before through another instance,
 //! forget deleted keys exactly once through raw SQL of every kind, and a
 //! follower started again (adopting a snapshot or scanning at a point of
-//! the log) holds what the table holds.
+//! the log) holds what the table holds, as do a running follower and a new
+//! one after `pg_restore --clean` of another log-fed database.
 
 mod common;
 
@@ -272,4 +273,55 @@ async fn the_trigger_feeds_follower_and_rebuild_refuse_a_table_on_the_log_feed(p
         .expect("the log feed's rebuild");
     assert_ne!(status(&right, "stored").await, StatusCode::NOT_FOUND);
     assert_eq!(status(&right, "never-written").await, StatusCode::NOT_FOUND);
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_pg_restore_clean_of_another_log_fed_database_is_followed_here(pool: PgPool) {
+    let (url, _slot) = log_fed(&pool).await;
+    exec(
+        &pool,
+        "insert into items (key) select 'here-' || g from generate_series(1, 10) g",
+    )
+    .await;
+    let (running, _running) = log_followed(&pool, &url).await;
+    // Another database with `items` on the log feed, and its own keys;
+    // its slot dropped once dumped (a slot keeps its database).
+    let source = format!("bloom_guard_log_dump_{}", fastrand::u32(..));
+    exec(&pool, &format!("create database {source}")).await;
+    let other = PgPool::connect_with((*pool.connect_options()).clone().database(&source))
+        .await
+        .expect("connect to the source");
+    exec(
+        &other,
+        "create table items (id bigint generated always as identity primary key,
+                             key text not null unique, value text not null default '');
+         insert into items (key) select 'restored-' || g from generate_series(1, 2000) g",
+    )
+    .await;
+    log_fed(&other).await;
+    other.close().await;
+    restore_clean(&pool, &source).await;
+    exec(
+        &pool,
+        &format!(
+            "select pg_drop_replication_slot(slot_name) from pg_replication_slots
+              where database = '{source}'"
+        ),
+    )
+    .await;
+    exec(&pool, &format!("drop database {source}")).await;
+    let mut seen: BTreeSet<String> = (1..=10)
+        .map(|i| format!("here-{i}"))
+        .chain((1..=2000).map(|i| format!("restored-{i}")))
+        .collect();
+    for i in 0..20 {
+        let key = format!("after-{i}");
+        exec(&pool, &format!("insert into items (key) values ('{key}')")).await;
+        seen.insert(key);
+    }
+    exec(&pool, "delete from items where key = 'restored-7'").await;
+    holds_what_the_table_holds_once_closed("the running instance", &running, &pool, &seen).await;
+    let (later, _later) = log_followed(&pool, &url).await;
+    holds_what_the_table_holds_once_closed("an instance started since", &later, &pool, &seen).await;
 }

@@ -135,41 +135,7 @@ async fn a_pg_restore_clean_of_another_database_is_rebuilt_here_and_on_a_new_ins
     .await;
     install(&other).await;
     other.close().await;
-    let dump = std::env::temp_dir().join(format!("{source}.dump"));
-    let options = pool.connect_options();
-    let (host, port, user) = (
-        options.get_host().to_owned(),
-        options.get_port().to_string(),
-        options.get_username().to_owned(),
-    );
-    let mut pg_dump = std::process::Command::new("pg_dump");
-    pg_dump
-        .args(["-Fc", "-h", &host, "-p", &port, "-U", &user, "-f"])
-        .arg(&dump)
-        .arg(&source);
-    assert!(run(pg_dump).await.success(), "pg_dump");
-    let database: String = sqlx::query_scalar("select current_database()")
-        .fetch_one(&pool)
-        .await
-        .expect("database");
-    let mut pg_restore = std::process::Command::new("pg_restore");
-    pg_restore
-        .args([
-            "--clean",
-            "--if-exists",
-            "--no-owner",
-            "-h",
-            &host,
-            "-p",
-            &port,
-            "-U",
-            &user,
-            "-d",
-        ])
-        .arg(&database)
-        .arg(&dump);
-    assert!(run(pg_restore).await.success(), "pg_restore");
-    let _ = std::fs::remove_file(&dump);
+    restore_clean(&pool, &source).await;
     exec(&pool, &format!("drop database {source}")).await;
 
     let restored = keys("restored", 2000);

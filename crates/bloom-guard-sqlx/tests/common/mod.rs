@@ -160,6 +160,45 @@ pub(crate) async fn run(mut command: std::process::Command) -> std::process::Exi
         .expect("the command on PATH")
 }
 
+/// `pg_dump -Fc` of the database `source` on `pool`'s server, restored
+/// into `pool`'s database with `pg_restore --clean --if-exists
+/// --no-owner`, as a DBA restores a dump in place.
+pub(crate) async fn restore_clean(pool: &PgPool, source: &str) {
+    let dump = std::env::temp_dir().join(format!("{source}.dump"));
+    let options = pool.connect_options();
+    let (host, port, user) = (
+        options.get_host().to_owned(),
+        options.get_port().to_string(),
+        options.get_username().to_owned(),
+    );
+    let mut pg_dump = std::process::Command::new("pg_dump");
+    pg_dump
+        .args(["-Fc", "-h", &host, "-p", &port, "-U", &user, "-f"])
+        .arg(&dump)
+        .arg(source);
+    assert!(run(pg_dump).await.success(), "pg_dump");
+    let database: String = sqlx::query_scalar("select current_database()")
+        .fetch_one(pool)
+        .await
+        .expect("database");
+    let mut pg_restore = std::process::Command::new("pg_restore");
+    pg_restore
+        .args([
+            "--clean",
+            "--if-exists",
+            "--no-owner",
+            "-h",
+            &host,
+            "-p",
+            &port,
+        ])
+        .args(["-U", &user, "-d"])
+        .arg(&database)
+        .arg(&dump);
+    assert!(run(pg_restore).await.success(), "pg_restore");
+    let _ = std::fs::remove_file(&dump);
+}
+
 /// The status of `GET /items/{key}` through `guard`, in front of a handler
 /// that finds every key: 404 is the guard's refusal.
 pub(crate) async fn status(guard: &BloomGuard, key: &str) -> http::StatusCode {
