@@ -50,6 +50,10 @@ pub(crate) struct WriterCell {
     /// spare): the writers' rate, and the rate counting the catch-up.
     log_paused_writers_per_sec: Option<f64>,
     log_paused_per_sec: Option<f64>,
+    /// With `--together`: the twin beside itself, both runs' rates added,
+    /// what a feed's pair (its table's rate and the twin's beside it) is
+    /// compared with: the feed's cost to every writer of the server.
+    twins_per_sec: Option<f64>,
 }
 
 const STATEMENTS: [&str; 4] = ["insert", "insert_100", "update_key", "delete"];
@@ -219,16 +223,20 @@ pub(crate) async fn compare(
                 if runs.together {
                     // Each feed's table beside the twin, the pairs in
                     // turn, the first one alternating.
-                    let mut pairs = vec![("items", "items_plain beside items")];
+                    // The twin beside itself too: the pair's total with no
+                    // feed, what each feed's pair total is compared with.
+                    let mut pairs = vec![
+                        ("items", "items", "items_plain beside items"),
+                        ("twins", "items_plain", "twins beside"),
+                    ];
                     if logged {
-                        pairs.push(("items_log", "items_plain beside items_log"));
+                        pairs.push(("items_log", "items_log", "items_plain beside items_log"));
                     }
-                    if round % 2 == 1 {
-                        pairs.reverse();
-                    }
-                    for (table, twin) in pairs {
-                        run += 1;
-                        let measured = |table| {
+                    let first = round % pairs.len();
+                    pairs.rotate_left(first);
+                    for (label, table, twin) in pairs {
+                        run += 2;
+                        let measured = |table, run| {
                             drive(
                                 &pool,
                                 table,
@@ -240,8 +248,8 @@ pub(crate) async fn compare(
                             )
                         };
                         let (rate, twin_rate) =
-                            tokio::join!(measured(table), measured("items_plain"));
-                        rates.entry(table).or_default().push(rate);
+                            tokio::join!(measured(table, run), measured("items_plain", run + 1));
+                        rates.entry(label).or_default().push(rate);
                         rates.entry(twin).or_default().push(twin_rate);
                         if table == "items_log" {
                             let drain = catch_up(&pool).await?;
@@ -311,6 +319,9 @@ pub(crate) async fn compare(
             let log = mean("items_log caught up");
             let paused_writers = mean("items_log paused");
             let paused = mean("items_log paused caught up");
+            let twins = mean("twins")
+                .zip(mean("twins beside"))
+                .map(|(one, other)| one + other);
             let cell = WriterCell {
                 writers,
                 statement,
@@ -323,6 +334,7 @@ pub(crate) async fn compare(
                 log_ratio: log.map(|log| log / log_unwatched),
                 log_paused_writers_per_sec: paused_writers,
                 log_paused_per_sec: paused,
+                twins_per_sec: twins,
             };
             println!(
                 "{writers:>2} writers {statement:<10} triggers {watched:>8.0}/s unwatched {unwatched:>8.0}/s ratio {:.2}{}",
@@ -338,6 +350,16 @@ pub(crate) async fn compare(
                     "           the log's reader paused: writers {writers:>8.0}/s ratio {:.2}, with the catch-up {caught_up:>8.0}/s ratio {:.2}",
                     writers / unwatched,
                     caught_up / unwatched
+                );
+            }
+            if let Some(twins) = twins {
+                println!(
+                    "           pairs ÷ the twins' pair ({twins:>8.0}/s): triggers {:.2}{}",
+                    (watched + unwatched) / twins,
+                    log_writers.map_or(String::new(), |log| format!(
+                        ", log {:.2}",
+                        (log + log_unwatched) / twins
+                    )),
                 );
             }
             cells.push(cell);

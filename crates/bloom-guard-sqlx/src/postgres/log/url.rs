@@ -26,8 +26,8 @@ impl std::fmt::Display for Server {
 
 impl Server {
     /// The database `executor` reaches; none where the role may not read
-    /// the cluster's identifier (`pg_control_system`, revoked by some
-    /// services), and nothing is compared.
+    /// the cluster's identifier (`pg_control_system` revoked from it), and
+    /// nothing is compared.
     pub(crate) async fn of(
         executor: impl sqlx::PgExecutor<'_>,
     ) -> Result<Option<Self>, sqlx::Error> {
@@ -94,13 +94,19 @@ impl Server {
 pub async fn check_replication(pool: &PgPool, url: &str) -> Result<(), FeedError> {
     let setting = |error: &StreamError| FeedError::ReplicationUrl(crate::error::error_chain(error));
     let config = config(url, "", "").map_err(|error| setting(&error))?;
-    let Some(server) = Server::of(pool).await? else {
-        return Ok(());
-    };
+    let server = Server::of(pool).await?;
     let mut client = ReplicationClient::connect_gated(config)
         .await
         .map_err(|error| setting(&StreamError::Replication(error)))?;
-    let checked = server.check(&mut client).await;
+    let checked = match &server {
+        Some(server) => server.check(&mut client).await,
+        // The connection is still tried.
+        None => client
+            .identify_system()
+            .await
+            .map(drop)
+            .map_err(StreamError::Replication),
+    };
     client.abort();
     match checked {
         Ok(()) => Ok(()),
