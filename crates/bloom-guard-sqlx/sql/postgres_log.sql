@@ -81,11 +81,16 @@ revoke all on bloom_guard.log_slot from public;
 -- An ALTER TABLE of a log-fed table or of a table in its family (a
 -- partition attached with its rows, a key column's type or collation
 -- changed) brings keys, or changes how keys compare, with no change in the
--- log for them. A message in the command's own transaction tells the
--- producer, which records a resync ('r') of each guard of the table at that
--- commit: its followers rebuild from there. An event trigger needs a
--- superuser: installed by another role, the check's interval is the bound
--- (the family is in each guard's fingerprint).
+-- log for them. So does an inheritance child made under one (CREATE TABLE
+-- ... INHERITS, ALTER TABLE ... INHERIT): the parent's rows include the
+-- child's, which the publication does not carry. A message in the
+-- command's own transaction tells the producer, which records a resync
+-- ('r') of each guard of the table at that commit: its followers hold the
+-- guard open from there, and rebuild once their check finds no gap (a
+-- child is one: it stays open while the child is there). A new partition
+-- is none of these: it comes through the partitioned table. An event
+-- trigger needs a superuser: installed by another role, the check's
+-- interval is the bound (the family is in each guard's fingerprint).
 create or replace function bloom_guard.on_alter_logged_table()
 returns event_trigger
 language plpgsql
@@ -98,8 +103,13 @@ begin
     for g in select distinct l.guard
                from bloom_guard.logged l
               cross join lateral bloom_guard.family(l.rel) f(rel)
-               join pg_catalog.pg_event_trigger_ddl_commands() c on c.objid = f.rel::oid
-              where c.command_tag = 'ALTER TABLE' loop
+               join pg_catalog.pg_event_trigger_ddl_commands() c
+                 on (c.command_tag = 'ALTER TABLE' and c.objid = f.rel::oid)
+                 or (c.command_tag in ('CREATE TABLE', 'ALTER TABLE')
+                     and exists (select from pg_catalog.pg_inherits i
+                                   join pg_catalog.pg_class k on k.oid = i.inhrelid
+                                  where i.inhrelid = c.objid and i.inhparent = f.rel::oid
+                                    and not k.relispartition)) loop
         perform pg_catalog.pg_logical_emit_message(true, 'bloom_guard.resync', g);
     end loop;
 exception when others then
@@ -112,18 +122,25 @@ $$;
 do $event$
 begin
     -- Made once: each start runs this script, and the function above is
-    -- replaced in place.
-    if exists (select from pg_catalog.pg_roles where rolname = current_user and rolsuper)
-       and not exists (select from pg_catalog.pg_event_trigger
+    -- replaced in place. One made by schema 3 or before fires for ALTER
+    -- TABLE only: made again.
+    if exists (select from pg_catalog.pg_roles where rolname = current_user and rolsuper) then
+        if exists (select from pg_catalog.pg_event_trigger
+                    where evtname = 'bloom_guard_alter_logged_table'
+                      and not 'CREATE TABLE' = any (evttags)) then
+            drop event trigger bloom_guard_alter_logged_table;
+        end if;
+        if not exists (select from pg_catalog.pg_event_trigger
                         where evtname = 'bloom_guard_alter_logged_table') then
-        create event trigger bloom_guard_alter_logged_table on ddl_command_end
-            when tag in ('ALTER TABLE')
-            execute function bloom_guard.on_alter_logged_table();
-        alter event trigger bloom_guard_alter_logged_table enable always;
+            create event trigger bloom_guard_alter_logged_table on ddl_command_end
+                when tag in ('ALTER TABLE', 'CREATE TABLE')
+                execute function bloom_guard.on_alter_logged_table();
+            alter event trigger bloom_guard_alter_logged_table enable always;
+        end if;
     end if;
 end
 $event$;
 
 -- The schema's version: `install_log` runs nothing more once it is this
 -- and the table is on the feed (a runtime role's start needs no DDL right).
-comment on table bloom_guard.log_progress is 'bloom_guard log feed, schema 3';
+comment on table bloom_guard.log_progress is 'bloom_guard log feed, schema 4';

@@ -4,7 +4,8 @@
 //! forget deleted keys exactly once through raw SQL of every kind, and a
 //! follower started again (adopting a snapshot or scanning at a point of
 //! the log) holds what the table holds, as do a running follower and a new
-//! one after `pg_restore --clean` of another log-fed database.
+//! one after `pg_restore --clean` of another log-fed database. A key
+//! written to an inheritance child made under the table passes at once.
 
 mod common;
 
@@ -151,6 +152,25 @@ async fn a_partitioned_table_is_followed_through_its_root(pool: PgPool) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // A new partition brings no rows: no resync, and the guard refuses on.
+    let resyncs = || async {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from bloom_guard.log_changes where guard = 'parts' and kind::text = 'r'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("resyncs")
+    };
+    let before = resyncs().await;
+    exec(
+        &pool,
+        "create table parts_d partition of parts for values from ('d') to ('e');
+         insert into parts (key) values ('d1')",
+    )
+    .await;
+    assert_ne!(status(&guard, "d1").await, StatusCode::NOT_FOUND);
+    assert_eq!(status(&guard, "never-written").await, StatusCode::NOT_FOUND);
+    assert_eq!(resyncs().await, before, "a new partition recorded a resync");
 }
 
 #[sqlx::test(migrations = "tests/migrations")]
@@ -324,4 +344,53 @@ async fn a_pg_restore_clean_of_another_log_fed_database_is_followed_here(pool: P
     holds_what_the_table_holds_once_closed("the running instance", &running, &pool, &seen).await;
     let (later, _later) = log_followed(&pool, &url).await;
     holds_what_the_table_holds_once_closed("an instance started since", &later, &pool, &seen).await;
+}
+
+/// A key written to an inheritance child made under `items` by `ddl`,
+/// asked at once of a guard whose check would not run for ten minutes:
+/// only the DDL's own record in the log can open the guard in time.
+async fn a_childs_key_passes_at_once(pool: &PgPool, ddl: &str) {
+    let (url, _slot) = log_fed(pool).await;
+    exec(pool, "insert into items (key) values ('parent-1')").await;
+    let (guard, _task) = log_followed_as(|guard| {
+        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), items(), &*url)
+            .check_interval(Duration::from_secs(600))
+    })
+    .await;
+    assert_eq!(status(&guard, "never-written").await, StatusCode::NOT_FOUND);
+    exec(pool, ddl).await;
+    exec(
+        pool,
+        "insert into items_child (id, key) values (1000000, 'child-1')",
+    )
+    .await;
+    let through_the_parent: i64 =
+        sqlx::query_scalar("select count(*) from items where key = 'child-1'")
+            .fetch_one(pool)
+            .await
+            .expect("the parent's rows");
+    assert_eq!(through_the_parent, 1);
+    assert_ne!(
+        status(&guard, "child-1").await,
+        StatusCode::NOT_FOUND,
+        "a key of the child refused; {:?}",
+        guard.stats()
+    );
+    assert_ne!(status(&guard, "parent-1").await, StatusCode::NOT_FOUND);
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_child_made_with_inherits_opens_the_guard_at_its_commit(pool: PgPool) {
+    a_childs_key_passes_at_once(&pool, "create table items_child () inherits (items)").await;
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_table_altered_to_inherit_opens_the_guard_at_its_commit(pool: PgPool) {
+    a_childs_key_passes_at_once(
+        &pool,
+        "create table items_child (like items including defaults); alter table items_child inherit items",
+    )
+    .await;
 }
