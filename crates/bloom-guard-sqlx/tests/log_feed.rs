@@ -307,18 +307,7 @@ async fn a_pg_restore_clean_of_another_log_fed_database_is_followed_here(pool: P
     let (running, _running) = log_followed(&pool, &url).await;
     // Another database with `items` on the log feed, and its own keys;
     // its slot dropped once dumped (a slot keeps its database).
-    let source = format!("bloom_guard_log_dump_{}", fastrand::u32(..));
-    exec(&pool, &format!("create database {source}")).await;
-    let other = PgPool::connect_with((*pool.connect_options()).clone().database(&source))
-        .await
-        .expect("connect to the source");
-    exec(
-        &other,
-        "create table items (id bigint generated always as identity primary key,
-                             key text not null unique, value text not null default '');
-         insert into items (key) select 'restored-' || g from generate_series(1, 2000) g",
-    )
-    .await;
+    let (source, other) = restore_source(&pool).await;
     log_fed(&other).await;
     other.close().await;
     restore_clean(&pool, &source).await;

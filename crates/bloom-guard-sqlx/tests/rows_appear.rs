@@ -121,18 +121,7 @@ async fn a_pg_restore_clean_of_another_database_is_rebuilt_here_and_on_a_new_ins
     .await;
     let (guard, _task) = followed(&pool).await;
     // Another database, watched the same way, with its own keys.
-    let source = format!("bloom_guard_dump_{}", fastrand::u32(..));
-    exec(&pool, &format!("create database {source}")).await;
-    let other = PgPool::connect_with((*pool.connect_options()).clone().database(&source))
-        .await
-        .expect("connect to the source");
-    exec(
-        &other,
-        "create table items (id bigint generated always as identity primary key,
-                             key text not null unique, value text not null default '');
-         insert into items (key) select 'restored-' || i from generate_series(1, 2000) i",
-    )
-    .await;
+    let (source, other) = restore_source(&pool).await;
     install(&other).await;
     other.close().await;
     restore_clean(&pool, &source).await;

@@ -160,6 +160,24 @@ pub(crate) async fn run(mut command: std::process::Command) -> std::process::Exi
         .expect("the command on PATH")
 }
 
+/// Another database on `pool`'s server, for a dump to restore: its name,
+/// and a pool of it whose `items` holds `restored-1` to `restored-2000`.
+pub(crate) async fn restore_source(pool: &PgPool) -> (String, PgPool) {
+    let source = format!("bloom_guard_dump_{}", fastrand::u32(..));
+    exec(pool, &format!("create database {source}")).await;
+    let other = PgPool::connect_with((*pool.connect_options()).clone().database(&source))
+        .await
+        .expect("connect to the source");
+    exec(
+        &other,
+        "create table items (id bigint generated always as identity primary key,
+                             key text not null unique, value text not null default '');
+         insert into items (key) select 'restored-' || g from generate_series(1, 2000) g",
+    )
+    .await;
+    (source, other)
+}
+
 /// `pg_dump -Fc` of the database `source` on `pool`'s server, restored
 /// into `pool`'s database with `pg_restore --clean --if-exists
 /// --no-owner`, as a DBA restores a dump in place.
