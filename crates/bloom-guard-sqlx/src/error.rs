@@ -71,6 +71,13 @@ pub enum FeedError {
     /// The message says which. Not retried.
     #[error("the log feed's replication URL cannot be used: {0}")]
     ReplicationUrl(String),
+    /// The database is a standby (in recovery): it cannot take the feed's
+    /// wake-ups, heartbeats or snapshots, and its transaction ids are the
+    /// primary's. Give the follower a pool on the primary's URL (a
+    /// multi-host URL lists every server and lets the client find it). Not
+    /// retried.
+    #[error("the database is a standby (in recovery), which cannot run a follower: give the primary's URL")]
+    Standby,
 }
 
 /// `error: cause: cause`, for a log line.

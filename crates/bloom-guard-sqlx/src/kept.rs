@@ -26,15 +26,56 @@ pub(crate) async fn within_timeout<T>(
         })?
 }
 
+/// Runs `attempt`, and once more if it failed on a connection the server
+/// had closed (a terminated backend, a restart, a failover, a dropped
+/// socket): a kept connection is only found dead when used, and a read
+/// that fails on one would let the refusals waiting for it through. The
+/// second attempt connects afresh (the failed lease closed the dead
+/// connection); a read that times out is not tried again.
+pub(crate) async fn again_if_lost<T, F>(mut attempt: impl FnMut() -> F) -> Result<T, sqlx::Error>
+where
+    F: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    match attempt().await {
+        Err(error) if lost_connection(&error) => {
+            tracing::debug!(%error, "the change feed's connection was lost; reading again on a new one");
+            attempt().await
+        }
+        done => done,
+    }
+}
+
+/// Whether `error` says the connection is gone, not that the statement
+/// failed: an I/O error other than a timeout, or a server shutting the
+/// session down (SQLSTATE class 57P: terminated, crashed, restarting).
+fn lost_connection(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(error) => error.kind() != std::io::ErrorKind::TimedOut,
+        sqlx::Error::Database(error) => error.code().is_some_and(|code| code.starts_with("57P")),
+        _ => false,
+    }
+}
+
+/// The options of a kept connection's next connect: taken from its pool
+/// each time, so a pool moved to another server (a failover) moves it too.
+type OptionsNow<C> = Box<dyn Fn() -> <C as Connection>::Options + Send + Sync>;
+
 /// One connection, connected on first use and again after a use that
 /// failed or was cancelled.
-#[derive(Debug)]
 pub(crate) struct KeptConnection<C: Connection> {
-    options: C::Options,
+    options: OptionsNow<C>,
     /// Run once on every new connection (session settings a startup
     /// parameter cannot carry).
     setup: Option<&'static str>,
     connection: Mutex<Option<C>>,
+}
+
+impl<C: Connection> std::fmt::Debug for KeptConnection<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeptConnection")
+            .field("setup", &self.setup)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The kept connection, lent for one use: [`keep`](Self::keep) it after a
@@ -50,9 +91,12 @@ where
     C: Connection,
     for<'c> &'c mut C: Executor<'c, Database = C::Database>,
 {
-    pub(crate) fn new(options: C::Options, setup: Option<&'static str>) -> Self {
+    pub(crate) fn new(
+        options: impl Fn() -> C::Options + Send + Sync + 'static,
+        setup: Option<&'static str>,
+    ) -> Self {
         Self {
-            options,
+            options: Box::new(options),
             setup,
             connection: Mutex::new(None),
         }
@@ -64,7 +108,7 @@ where
         let connection = match slot.take() {
             Some(connection) => connection,
             None => {
-                let mut connection = C::connect_with(&self.options).await?;
+                let mut connection = C::connect_with(&(self.options)()).await?;
                 if let Some(setup) = self.setup {
                     connection.execute(AssertSqlSafe(setup)).await?;
                 }
@@ -90,5 +134,59 @@ impl<C> Lease<'_, C> {
     /// Keeps the connection for the next use.
     pub(crate) fn keep(mut self) {
         *self.slot = Some(self.connection);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(kind: std::io::ErrorKind) -> sqlx::Error {
+        sqlx::Error::Io(std::io::Error::new(kind, "test"))
+    }
+
+    #[tokio::test]
+    async fn a_lost_connection_is_tried_once_more() {
+        let mut attempts = 0;
+        let read = again_if_lost(|| {
+            attempts += 1;
+            let first = attempts == 1;
+            async move {
+                if first {
+                    Err(io(std::io::ErrorKind::BrokenPipe))
+                } else {
+                    Ok(7)
+                }
+            }
+        })
+        .await;
+        assert_eq!(read.ok(), Some(7));
+        assert_eq!(attempts, 2);
+    }
+
+    #[tokio::test]
+    async fn a_timeout_or_a_failed_statement_is_not_tried_again() {
+        for error in [
+            || io(std::io::ErrorKind::TimedOut),
+            || sqlx::Error::RowNotFound,
+        ] {
+            let mut attempts = 0;
+            let read: Result<(), _> = again_if_lost(|| {
+                attempts += 1;
+                async move { Err(error()) }
+            })
+            .await;
+            assert!(read.is_err());
+            assert_eq!(attempts, 1);
+        }
+        // Lost twice: the second failure is the answer.
+        let mut attempts = 0;
+        let read: Result<(), _> = again_if_lost(|| {
+            attempts += 1;
+            async { Err(io(std::io::ErrorKind::ConnectionReset)) }
+        })
+        .await;
+        assert!(read.is_err());
+        assert_eq!(attempts, 2);
     }
 }

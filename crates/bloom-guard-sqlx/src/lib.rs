@@ -40,9 +40,9 @@ pub use mysql::{uninstall_mysql, MySqlFollower};
 pub use postgres::{check_replication, PgLogFollower};
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    check_session, grant_runtime, install, uninstall, PgCopySource, PgFollower,
-    FEED_APPLICATION_NAME, LISTENER_APPLICATION_NAME, NOTIFIER_APPLICATION_NAME, POSTGRES_SQL,
-    SCHEMA_VERSION,
+    check_session, grant_runtime, install, uninstall, PgCopySource, PgFollower, PgServers,
+    ServersError, TargetSession, FEED_APPLICATION_NAME, LISTENER_APPLICATION_NAME,
+    NOTIFIER_APPLICATION_NAME, POSTGRES_SQL, SCHEMA_VERSION,
 };
 pub use source::copy_text::{CopyTextDecoder, CopyTextError};
 pub use source::query::QuerySource;

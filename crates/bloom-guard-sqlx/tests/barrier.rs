@@ -294,3 +294,34 @@ async fn flooded_guards_share_reads_and_refuse_no_committed_key(
         assert_eq!(stats.barrier_timeouts, 0, "{stats:?}");
     }
 }
+
+/// Every backend of the database terminated three times during a run of
+/// absent keys (a restart, a failover, a DBA's `pg_terminate_backend`):
+/// a barrier read whose connection died is read again on a new one, so
+/// the refusals waiting for it are not let through.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_refusals_hold_through_killed_connections(pool: PgPool) {
+    install(&pool).await;
+    let (guard, _running) = followed(&pool).await;
+    let mut passed = 0;
+    for i in 0..1_000 {
+        if i % 333 == 100 {
+            exec(
+                &pool,
+                "select pg_terminate_backend(pid) from pg_stat_activity
+                  where datname = current_database() and pid <> pg_backend_pid()",
+            )
+            .await;
+        }
+        if status(&guard, &format!("absent-{i}")).await != StatusCode::NOT_FOUND {
+            passed += 1;
+        }
+    }
+    let stats = guard.stats();
+    assert!(
+        passed <= 5,
+        "{passed} of 1000 absent keys let through: {stats:?}"
+    );
+    assert!(stats.barrier_waits >= 990, "{stats:?}");
+}

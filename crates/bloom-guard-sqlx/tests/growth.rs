@@ -88,7 +88,7 @@ async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(
     for _ in 0..200 {
         format = sqlx::query_scalar(
             "select coalesce(max(format), 0) from bloom_guard.snapshots
-              where pg_visible_in_snapshot($1::xid8, position::pg_snapshot)",
+              where pg_visible_in_snapshot($1::xid8, split_part(position, '/', 2)::pg_snapshot)",
         )
         .bind(&last_round)
         .fetch_one(&pool)
@@ -101,7 +101,7 @@ async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(
     }
     if format != 4 {
         let all: Vec<(i64, i32, String, bool)> = sqlx::query_as(
-            "select id, format, position, pg_visible_in_snapshot($1::xid8, position::pg_snapshot) from bloom_guard.snapshots order by id",
+            "select id, format, position, pg_visible_in_snapshot($1::xid8, split_part(position, '/', 2)::pg_snapshot) from bloom_guard.snapshots order by id",
         )
         .bind(&last_round)
         .fetch_all(&pool)

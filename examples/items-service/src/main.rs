@@ -68,18 +68,20 @@ async fn main() -> ExitCode {
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let config = Config::from_env()?;
     let db = match &config.database_url {
-        Some(url) => Database::connect(url)?,
+        Some(url) => Database::connect(url).await?,
         None => {
             tracing::info!(path = %config.sqlite_path, "DATABASE_URL is unset: using an embedded SQLite database");
             Database::sqlite(&config.sqlite_path).await?
         }
     };
     // Behind a pooler in transaction mode the followers cannot keep their
-    // sessions: a clear error now, not a service that never protects. A
+    // sessions, and a standby takes no writes: a clear error now, not a
+    // service that never protects. A
     // database that is down is waited for below, as ever.
     if let items_service::db::Pool::Postgres(pool) = db.pool() {
-        if let Err(error @ bloom_guard_sqlx::FeedError::Pooler(_)) =
-            bloom_guard_sqlx::check_session(pool).await
+        if let Err(
+            error @ (bloom_guard_sqlx::FeedError::Pooler(_) | bloom_guard_sqlx::FeedError::Standby),
+        ) = bloom_guard_sqlx::check_session(pool).await
         {
             return Err(error.into());
         }

@@ -291,7 +291,7 @@ async fn the_database_works_over_verified_tls() {
         "sslmode=verify-full&sslrootcert={}",
         server.ca.display()
     ));
-    let db = Database::postgres(&url).expect("valid URL");
+    let db = Database::postgres(&url).await.expect("valid URL");
     db.migrate().await.expect("migrate over TLS");
     db.seed_if_empty().await.expect("seed over TLS");
     assert!(db.get("apple").await.expect("get over TLS").is_some());
@@ -359,7 +359,7 @@ async fn the_log_feed_streams_over_verified_tls() {
     config.audit_rate = 0.0;
     config.database_url = Some(url.clone());
     config.feed = Feed::Log;
-    let db = Database::postgres(&url).expect("valid URL");
+    let db = Database::postgres(&url).await.expect("valid URL");
     let state = AppState::new(db.clone(), Some(items_service::guards(&config)));
     prepare(state.clone()).await;
     let app = app(state.clone());
@@ -411,7 +411,7 @@ async fn the_log_reader_refuses_a_server_from_another_ca() {
     ));
     let other = server.dir.path().join("other-ca.pem");
     fs::write(&other, Ca::new("another CA").pem).expect("write the other CA");
-    let db = Database::postgres(&good).expect("valid URL");
+    let db = Database::postgres(&good).await.expect("valid URL");
     db.migrate_for(Feed::Log).await.expect("migrate over TLS");
     let Pool::Postgres(pool) = db.pool() else {
         panic!("a Postgres pool");

@@ -51,7 +51,9 @@ pub(crate) struct Catalog {
 pub(crate) enum Read<P> {
     /// What committed after the position, and the position it reached.
     Changes { position: P, changes: Changes },
-    /// Rows after the position were pruned: only a rebuild catches up.
+    /// The feed cannot continue from the position: rows after it were
+    /// pruned, or it belongs to another history of the server (a failover
+    /// that lost commits, a restore). Only a rebuild catches up.
     Pruned,
 }
 

@@ -246,7 +246,7 @@ impl<B: Database> Follower<B> {
     /// resumes there (a build brought up to date from its own scan's
     /// position moved the feed already).
     async fn catch_up_after_pruning(&self, source: &B::Source) {
-        tracing::warn!(feed = self.backend.feed(), "the change feed was pruned past this reader's position; rebuilding, the guard lets every request through meanwhile");
+        tracing::warn!(feed = self.backend.feed(), "the change feed cannot continue from this reader's position (pruned past it, or the server's history changed under it); rebuilding, the guard lets every request through meanwhile");
         let _hold = self.guard.hold_open();
         self.hooks.catch_up();
         let mut pauses = retry_pauses();

@@ -131,7 +131,11 @@ pub(super) const READ_SESSION: &str = "set session transaction isolation level r
 
 /// The connection a follower keeps for its feed reads.
 pub(super) fn feed_connection(pool: &MySqlPool) -> KeptConnection<MySqlConnection> {
-    KeptConnection::new(pool.connect_options().as_ref().clone(), Some(READ_SESSION))
+    let pool = pool.clone();
+    KeptConnection::new(
+        move || pool.connect_options().as_ref().clone(),
+        Some(READ_SESSION),
+    )
 }
 
 /// Reads the changes of feed `name` after `since`, in one statement on
@@ -173,18 +177,22 @@ pub(super) async fn read_since(
          left join bloom_guard_changes c on {condition}
          order by c.id"
     );
-    let mut query = sqlx::query(AssertSqlSafe(statement));
-    if collation.is_some() {
-        query = query.bind(name);
-    }
-    query = query.bind(since.high);
-    for value in values {
-        query = query.bind(value);
-    }
-    let mut lease = kept.lease().await?;
-    let read =
-        crate::kept::within_timeout(read_rows(query, lease.connection(), since, name)).await?;
-    lease.keep();
+    let read = crate::kept::again_if_lost(|| async {
+        let mut query = sqlx::query(AssertSqlSafe(statement.as_str()));
+        if collation.is_some() {
+            query = query.bind(name);
+        }
+        query = query.bind(since.high);
+        for value in &values {
+            query = query.bind(*value);
+        }
+        let mut lease = kept.lease().await?;
+        let read =
+            crate::kept::within_timeout(read_rows(query, lease.connection(), since, name)).await?;
+        lease.keep();
+        Ok(read)
+    })
+    .await?;
     let (first, changes, seen, last) = read;
     let (below, at_high) = first.ok_or(sqlx::Error::RowNotFound)?;
     // Pruning moves the horizon before it deletes: rows this reader still

@@ -154,10 +154,12 @@ impl KeySource for PgCopySource {
                 sqlx::query("begin isolation level repeatable read, read only")
                     .execute(&mut *conn)
                     .await?;
-                let snapshot: String =
-                    sqlx::query_scalar("select pg_catalog.pg_current_snapshot()::text")
-                        .fetch_one(&mut *conn)
-                        .await?;
+                let snapshot: String = sqlx::query_scalar(AssertSqlSafe(format!(
+                    "select {}",
+                    super::position::POSITION_NOW
+                )))
+                .fetch_one(&mut *conn)
+                .await?;
                 batch.set_position(snapshot);
             }
             // A SQL_ASCII database stores any bytes, and Postgres refuses

@@ -11,6 +11,7 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use sqlx::{PgConnection, PgPool, Row, ValueRef};
 
+use super::position::PgPosition;
 use crate::follow::changes::Changes;
 use crate::follow::Read;
 use crate::kept::KeptConnection;
@@ -26,8 +27,11 @@ use crate::kept::KeptConnection;
 /// Each feed's rows are one index scan of its own (the lateral subquery,
 /// which `offset 0` keeps from being planned as a join over the whole
 /// feed).
-static READ: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| READ_STATEMENT.replace("LOWERED", &lowered("c.key")));
+static READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    READ_STATEMENT
+        .replace("LOWERED", &lowered("c.key"))
+        .replace("TIMELINE", super::position::TIMELINE_NOW)
+});
 
 /// [`READ`] for one feed from a position that may be far behind (a
 /// snapshot's or a scan's, at a catch-up), sent as a one-off statement:
@@ -48,23 +52,28 @@ static READ_BEHIND: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 const READ_STATEMENT: &str = "
 with now as (
     select pg_catalog.pg_current_snapshot() as snapshot,
+           TIMELINE as timeline,
            (select below from bloom_guard.horizon) as below,
            case pg_catalog.current_setting('server_encoding') when 'SQL_ASCII' then 'SQL_ASCII' else 'UTF8' end as encoding,
            pg_catalog.current_setting('transaction_isolation') as isolation
 ), m as (
     select m.i, m.guard, m.lowered, m.seen::pg_snapshot as seen,
-           pg_catalog.pg_snapshot_xmin(m.seen::pg_snapshot) < now.below as pruned
-      from now, rows from (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::bool[]))
-           with ordinality as m(guard, seen, lowered, i)
+           pg_catalog.pg_snapshot_xmin(m.seen::pg_snapshot) < now.below as pruned,
+           m.timeline is distinct from now.timeline
+             or pg_catalog.pg_snapshot_xmax(m.seen::pg_snapshot) > pg_catalog.pg_snapshot_xmax(now.snapshot) as elsewhere
+      from now, rows from (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::bool[]), pg_catalog.unnest($4::text[]))
+           with ordinality as m(guard, seen, lowered, timeline, i)
 )
-select m.i, now.snapshot::text, m.pruned, c.kind::text,
-       pg_catalog.convert_to(case when m.lowered then LOWERED else c.key end, now.encoding), now.isolation
+select m.i, now.timeline || '/' || now.snapshot::text, m.pruned, c.kind::text,
+       pg_catalog.convert_to(case when m.lowered then LOWERED else c.key end, now.encoding), now.isolation,
+       m.elsewhere, now.timeline
   from now cross join m
   left join lateral (
       select c.kind, c.key
         from bloom_guard.changes c
        where c.guard = m.guard
          and not m.pruned
+         and not m.elsewhere
          and c.xid >= pg_catalog.pg_snapshot_xmin(m.seen)
          and not pg_catalog.pg_visible_in_snapshot(c.xid, m.seen)
       offset 0) c on true";
@@ -102,20 +111,24 @@ pub const FEED_APPLICATION_NAME: &str = "bloom_guard_feed";
 /// the read barrier) milliseconds. All are startup parameters, so
 /// connecting costs no extra round trip.
 pub(super) fn feed_connection(pool: &PgPool) -> KeptConnection<PgConnection> {
-    let options = pool
-        .connect_options()
-        .as_ref()
-        .clone()
-        .application_name(FEED_APPLICATION_NAME)
-        .options([
-            ("default_transaction_isolation", "read committed"),
-            ("max_parallel_workers_per_gather", "0"),
-            ("jit", "off"),
-            ("tcp_keepalives_idle", "30"),
-            ("tcp_keepalives_interval", "10"),
-            ("tcp_keepalives_count", "3"),
-        ]);
-    KeptConnection::new(options, None)
+    let pool = pool.clone();
+    KeptConnection::new(
+        move || {
+            pool.connect_options()
+                .as_ref()
+                .clone()
+                .application_name(FEED_APPLICATION_NAME)
+                .options([
+                    ("default_transaction_isolation", "read committed"),
+                    ("max_parallel_workers_per_gather", "0"),
+                    ("jit", "off"),
+                    ("tcp_keepalives_idle", "30"),
+                    ("tcp_keepalives_interval", "10"),
+                    ("tcp_keepalives_count", "3"),
+                ])
+        },
+        None,
+    )
 }
 
 /// One feed of a read: its name, whether its keys are [`lowered`], and
@@ -124,7 +137,7 @@ pub(super) fn feed_connection(pool: &PgPool) -> KeptConnection<PgConnection> {
 pub(super) struct FeedRead<'a> {
     pub(super) name: &'a str,
     pub(super) lowered: bool,
-    pub(super) seen: &'a str,
+    pub(super) seen: &'a PgPosition,
 }
 
 /// Reads the changes of `feeds` committed after their positions on the
@@ -132,13 +145,19 @@ pub(super) struct FeedRead<'a> {
 pub(super) async fn read_kept(
     kept: &KeptConnection<PgConnection>,
     feeds: &[FeedRead<'_>],
-) -> Result<Vec<Read<String>>, sqlx::Error> {
-    let mut lease = kept.lease().await?;
-    let read =
-        crate::kept::within_timeout(read_since(lease.connection(), (READ.as_str(), true), feeds))
-            .await?;
-    lease.keep();
-    Ok(read)
+) -> Result<Vec<Read<PgPosition>>, sqlx::Error> {
+    crate::kept::again_if_lost(|| async {
+        let mut lease = kept.lease().await?;
+        let read = crate::kept::within_timeout(read_since(
+            lease.connection(),
+            (READ.as_str(), true),
+            feeds,
+        ))
+        .await?;
+        lease.keep();
+        Ok(read)
+    })
+    .await
 }
 
 /// Reads the changes of `feed` committed after a position that may be far
@@ -146,11 +165,15 @@ pub(super) async fn read_kept(
 pub(super) async fn read_kept_behind(
     kept: &KeptConnection<PgConnection>,
     feed: FeedRead<'_>,
-) -> Result<Read<String>, sqlx::Error> {
-    let mut lease = kept.lease().await?;
-    let mut read =
-        crate::kept::within_timeout(read_since(lease.connection(), behind(), &[feed])).await?;
-    lease.keep();
+) -> Result<Read<PgPosition>, sqlx::Error> {
+    let mut read = crate::kept::again_if_lost(|| async {
+        let mut lease = kept.lease().await?;
+        let read =
+            crate::kept::within_timeout(read_since(lease.connection(), behind(), &[feed])).await?;
+        lease.keep();
+        Ok(read)
+    })
+    .await?;
     read.pop().ok_or(sqlx::Error::RowNotFound)
 }
 
@@ -167,14 +190,16 @@ async fn read_since(
     connection: &mut PgConnection,
     (statement, prepared): (&'static str, bool),
     feeds: &[FeedRead<'_>],
-) -> Result<Vec<Read<String>>, sqlx::Error> {
+) -> Result<Vec<Read<PgPosition>>, sqlx::Error> {
     let names: Vec<&str> = feeds.iter().map(|feed| feed.name).collect();
-    let seen: Vec<&str> = feeds.iter().map(|feed| feed.seen).collect();
+    let seen: Vec<&str> = feeds.iter().map(|feed| feed.seen.snapshot()).collect();
     let lowered: Vec<bool> = feeds.iter().map(|feed| feed.lowered).collect();
+    let timelines: Vec<&str> = feeds.iter().map(|feed| feed.seen.timeline()).collect();
     let mut rows = sqlx::query(statement)
         .bind(names)
         .bind(seen)
         .bind(lowered)
+        .bind(timelines)
         .persistent(prepared)
         .fetch(connection);
     let mut position = None;
@@ -191,7 +216,10 @@ async fn read_since(
                     format!("the change feed connection runs at {isolation}, not read committed: connect without a pooler that drops startup parameters").into(),
                 ));
             }
-            position = Some(row.try_get::<String, _>(1)?);
+            let text = row.try_get::<String, _>(1)?;
+            position = Some(PgPosition::parse(&text).ok_or_else(|| {
+                sqlx::Error::Protocol(format!("the server's feed position {text:?} is not one"))
+            })?);
         }
         let feed = usize::try_from(row.try_get::<i64, _>(0)?)
             .ok()
@@ -199,6 +227,20 @@ async fn read_since(
             .filter(|&i| i < feeds.len())
             .ok_or(sqlx::Error::RowNotFound)?;
         answered[feed] = true;
+        if row.try_get::<bool, _>(6)? {
+            if read[feed].is_some() {
+                let timeline: String = row.try_get(7)?;
+                let seen = feeds[feed].seen;
+                tracing::warn!(
+                    feed = feeds[feed].name,
+                    position = %seen,
+                    timeline,
+                    "the change feed's position belongs to another timeline of the server, or lies ahead of it (a failover that lost commits, or a restore): rebuilding"
+                );
+            }
+            read[feed] = None;
+            continue;
+        }
         if row.try_get::<bool, _>(2)? {
             read[feed] = None;
             continue;
@@ -236,7 +278,7 @@ async fn read_since(
 pub(super) async fn pending(
     pool: &PgPool,
     name: &str,
-    seen: &str,
+    seen: &PgPosition,
     limit: u64,
 ) -> Result<u64, sqlx::Error> {
     let mut tx = pool.begin_with(READ_COMMITTED).await?;
@@ -249,7 +291,7 @@ pub(super) async fn pending(
             limit $3) as pending",
     )
     .bind(name)
-    .bind(seen)
+    .bind(seen.snapshot())
     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
     // Planned for its own guard and position, as READ_BEHIND.
     .persistent(false)
@@ -337,10 +379,10 @@ mod tests {
                 .await
                 .expect("watch");
         }
-        let before: String = sqlx::query_scalar("select pg_catalog.pg_current_snapshot()::text")
-            .fetch_one(&pool)
+        let before = crate::postgres::snapshot::position_now(&pool)
             .await
-            .expect("a position");
+            .expect("a position")
+            .position;
         sqlx::raw_sql(
             "insert into items select 'item-' || g from generate_series(1, 20000) g;
              insert into users values ('ann'), ('bob'), ('cy');
@@ -370,5 +412,69 @@ mod tests {
             fetched < 1_000,
             "the read fetched {fetched} feed rows: other guards' rows by transaction id"
         );
+    }
+    /// A position the server cannot have handed out (another timeline's, or
+    /// one whose transactions lie ahead of the server's) is never read
+    /// from: the read says the guard must rebuild, and reads no rows.
+    #[sqlx::test(migrations = false)]
+    #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+    async fn a_position_from_another_history_is_not_read_from(pool: PgPool) {
+        crate::install(&pool).await.expect("install the feed");
+        sqlx::query("create table items (key text primary key)")
+            .execute(&pool)
+            .await
+            .expect("a table");
+        Watch::table("items")
+            .key("key")
+            .install(&pool)
+            .await
+            .expect("watch");
+        let now = crate::postgres::snapshot::position_now(&pool)
+            .await
+            .expect("a position")
+            .position;
+        sqlx::query("insert into items values ('a'), ('b')")
+            .execute(&pool)
+            .await
+            .expect("writes");
+        let read = |seen: PgPosition| {
+            let pool = pool.clone();
+            async move {
+                let mut connection = pool.acquire().await.expect("a connection");
+                let feed = FeedRead {
+                    name: "items",
+                    lowered: false,
+                    seen: &seen,
+                };
+                let mut read = read_since(&mut connection, (READ.as_str(), false), &[feed])
+                    .await
+                    .expect("a read");
+                read.pop().expect("one feed's read")
+            }
+        };
+        // On this server's history: the two keys.
+        let Read::Changes { changes, .. } = read(now.clone()).await else {
+            panic!("a position of this timeline was not read from");
+        };
+        assert_eq!(changes.added.len(), 2);
+        // The same snapshot on another timeline: a promoted standby's ids.
+        let other = format!(
+            "{:08X}/{}",
+            u32::from_str_radix(now.timeline(), 16).expect("hex") + 1,
+            now.snapshot()
+        );
+        let other = PgPosition::parse(&other).expect("a position");
+        assert!(matches!(read(other).await, Read::Pruned));
+        // Ids the server has not handed out yet: a position from a lost
+        // history that ran ahead of this one.
+        let xmax: i64 = sqlx::query_scalar(
+            "select pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::int8",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("xmax");
+        let ahead = format!("{}/{}:{}:", now.timeline(), xmax + 450, xmax + 450);
+        let ahead = PgPosition::parse(&ahead).expect("a position");
+        assert!(matches!(read(ahead).await, Read::Pruned));
     }
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
@@ -38,21 +38,23 @@ pub(super) fn options(pool_options: &PgConnectOptions) -> PgConnectOptions {
 }
 
 /// LISTENs for wake-ups until `stop`.
-pub(super) async fn listen(options: PgConnectOptions, wake_ups: WakeUps, stop: CancellationToken) {
+/// Each connection takes the pool's server of the moment (a pool of
+/// several servers moves across a failover).
+pub(super) async fn listen(pool: PgPool, wake_ups: WakeUps, stop: CancellationToken) {
     let wake = &wake_ups.feed;
     let mut pauses = retry_pauses();
     let mut lost = false;
     loop {
         // A pool of one connection, fresh each time: a half-open connection
         // is dropped with its pool, never handed out again.
-        let pool = PgPoolOptions::new()
+        let own = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(Duration::from_secs(5))
             .idle_timeout(None)
             .max_lifetime(None)
-            .connect_lazy_with(options.clone());
+            .connect_lazy_with(options(&pool.connect_options()));
         let session = async {
-            let mut listener = PgListener::connect_with(&pool).await?;
+            let mut listener = PgListener::connect_with(&own).await?;
             listener.ignore_pool_close_event(true);
             listener.eager_reconnect(false);
             listener.listen(CHANNEL).await?;
@@ -91,7 +93,7 @@ pub(super) async fn listen(options: PgConnectOptions, wake_ups: WakeUps, stop: C
             () = stop.cancelled() => None,
             outcome = session => Some(outcome),
         };
-        pool.close().await;
+        own.close().await;
         let Some(outcome) = outcome else {
             return;
         };

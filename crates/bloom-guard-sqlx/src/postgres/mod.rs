@@ -11,7 +11,9 @@ mod listen;
 #[cfg(feature = "log-feed")]
 mod log;
 mod notifier;
+mod position;
 mod privileges;
+mod servers;
 mod session;
 mod snapshot;
 mod watched;
@@ -32,6 +34,7 @@ pub(crate) use log::PgLogBackend;
 pub use log::{check_replication, PgLogFollower};
 pub use notifier::NOTIFIER_APPLICATION_NAME;
 pub use privileges::grant_runtime;
+pub use servers::{PgServers, ServersError, TargetSession};
 pub use session::check_session;
 
 use crate::follow::column::KeyColumn;
@@ -40,6 +43,7 @@ use crate::source::query::any_key_where;
 use crate::store::fleet::FleetTables;
 use crate::store::snapshots::Tables;
 use crate::watch::Watch;
+use position::PgPosition;
 
 #[doc = include_str!("../follow/protocol.md")]
 ///
@@ -133,7 +137,7 @@ impl PgBackend {
 
 impl PgBackend {
     /// This follower's feed in a read from `since`.
-    fn feed_read<'a>(&'a self, since: &'a str) -> feed::FeedRead<'a> {
+    fn feed_read<'a>(&'a self, since: &'a PgPosition) -> feed::FeedRead<'a> {
         feed::FeedRead {
             name: self.watch.feed_name(),
             lowered: self.lowered,
@@ -143,7 +147,7 @@ impl PgBackend {
 }
 
 impl Database for PgBackend {
-    type Position = String;
+    type Position = PgPosition;
     type Source = PgCopySource;
     type Snapshots = Tables<Postgres>;
     type Fleet = FleetTables<Postgres>;
@@ -157,8 +161,8 @@ impl Database for PgBackend {
         true
     }
 
-    fn parse_position(text: &str) -> Option<String> {
-        Some(text.to_owned())
+    fn parse_position(text: &str) -> Option<PgPosition> {
+        PgPosition::parse(text)
     }
 
     async fn key_source(&self) -> Result<KeySet<PgCopySource>, sqlx::Error> {
@@ -196,16 +200,16 @@ impl Database for PgBackend {
         .await
     }
 
-    async fn position(&self) -> Result<Clock<String>, sqlx::Error> {
+    async fn position(&self) -> Result<Clock<PgPosition>, sqlx::Error> {
         snapshot::position_now(&self.pool).await
     }
 
-    async fn read(&self, since: &String) -> Result<Read<String>, sqlx::Error> {
+    async fn read(&self, since: &PgPosition) -> Result<Read<PgPosition>, sqlx::Error> {
         let mut read = feed::read_kept(&self.feed, &[self.feed_read(since)]).await?;
         read.pop().ok_or(sqlx::Error::RowNotFound)
     }
 
-    async fn read_behind(&self, since: &String) -> Result<Read<String>, sqlx::Error> {
+    async fn read_behind(&self, since: &PgPosition) -> Result<Read<PgPosition>, sqlx::Error> {
         feed::read_kept_behind(&self.feed, self.feed_read(since)).await
     }
 
@@ -221,7 +225,9 @@ impl Database for PgBackend {
         ))
     }
 
-    async fn read_together(reads: &[(&Self, &String)]) -> Result<Vec<Read<String>>, sqlx::Error> {
+    async fn read_together(
+        reads: &[(&Self, &PgPosition)],
+    ) -> Result<Vec<Read<PgPosition>>, sqlx::Error> {
         let Some((first, _)) = reads.first() else {
             return Ok(Vec::new());
         };
@@ -232,7 +238,7 @@ impl Database for PgBackend {
         feed::read_kept(&first.feed, &feeds).await
     }
 
-    async fn pending(&self, since: &String, limit: u64) -> Result<u64, sqlx::Error> {
+    async fn pending(&self, since: &PgPosition, limit: u64) -> Result<u64, sqlx::Error> {
         feed::pending(&self.pool, self.watch.feed_name(), since, limit).await
     }
 
@@ -309,9 +315,8 @@ impl Database for PgBackend {
         wake: WakeUps,
         stop: CancellationToken,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let options = listen::options(&self.pool.connect_options());
-        let notify = notifier::shared(options.clone(), self.notify_interval, stop.clone());
-        let listen = listen::listen(options, wake, stop);
+        let notify = notifier::shared(self.pool.clone(), self.notify_interval, stop.clone());
+        let listen = listen::listen(self.pool.clone(), wake, stop);
         async move {
             tokio::join!(listen, notify);
         }

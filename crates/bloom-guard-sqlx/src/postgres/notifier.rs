@@ -16,8 +16,9 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::PgConnection;
 use sqlx::Connection;
+use sqlx::PgPool;
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
@@ -64,31 +65,35 @@ static CANDIDATES: PerDatabase<()> = PerDatabase::new();
 /// Stands for election for the database of `options` until `stop`,
 /// sharing one candidate with every other follower of that database in
 /// this process (the first one starts it, with its `every`).
-pub(super) async fn shared(options: PgConnectOptions, every: Duration, stop: CancellationToken) {
+pub(super) async fn shared(pool: PgPool, every: Duration, stop: CancellationToken) {
+    let options = pool.connect_options();
     let database = database_key(
         options.get_host(),
         options.get_port(),
         options.get_database().unwrap_or_default(),
         options.get_username(),
     );
-    let _member = CANDIDATES.join(database, (), |stop| tokio::spawn(run(options, every, stop)));
+    let _member = CANDIDATES.join(database, (), |stop| tokio::spawn(run(pool, every, stop)));
     stop.cancelled().await;
 }
 
 /// Stands for election until `stop`; once elected, looks for changes every
 /// `every` and wakes the readers.
-async fn run(options: PgConnectOptions, every: Duration, stop: CancellationToken) {
+/// Each connection takes the pool's server of the moment.
+async fn run(pool: PgPool, every: Duration, stop: CancellationToken) {
     // READ COMMITTED whatever the database's default, and a look (it finds
     // a handful of rows) never worth parallel workers or JIT compilation,
     // whatever the feed's statistics say after a bulk load: startup
     // parameters, no round trip of their own.
-    let options = options
-        .application_name(CANDIDATE_APPLICATION_NAME)
-        .options([
-            ("default_transaction_isolation", "read committed"),
-            ("max_parallel_workers_per_gather", "0"),
-            ("jit", "off"),
-        ]);
+    let options = || {
+        super::listen::options(&pool.connect_options())
+            .application_name(CANDIDATE_APPLICATION_NAME)
+            .options([
+                ("default_transaction_isolation", "read committed"),
+                ("max_parallel_workers_per_gather", "0"),
+                ("jit", "off"),
+            ])
+    };
     let mut candidate: Option<PgConnection> = None;
     loop {
         let term = async {
@@ -96,7 +101,7 @@ async fn run(options: PgConnectOptions, every: Duration, stop: CancellationToken
             // one query a second, not a new connection.
             let connection = match candidate.as_mut() {
                 Some(connection) => connection,
-                None => candidate.insert(PgConnection::connect_with(&options).await?),
+                None => candidate.insert(PgConnection::connect_with(&options()).await?),
             };
             let elected: bool = sqlx::query_scalar(ELECT)
                 .fetch_one(&mut *connection)

@@ -24,7 +24,8 @@ const PROBES: u32 = 3;
 /// slow to tell, which is an error to retry, not a pooler.
 const CHECK_WAIT: Duration = Duration::from_secs(30);
 
-/// Checks that connections made from `pool`'s options keep their session:
+/// Checks that `pool` reaches a primary, and that connections made from
+/// its options keep their session:
 /// a listener's connection `LISTEN`s, a connection of the pool sends it a
 /// notification, and it must arrive. Through a pooler in transaction mode
 /// (PgBouncer's `pool_mode = transaction`) the listener's session is
@@ -36,6 +37,7 @@ const CHECK_WAIT: Duration = Duration::from_secs(30);
 ///
 /// # Errors
 ///
+/// [`FeedError::Standby`] for a standby's URL;
 /// [`FeedError::Pooler`] for a pooler that breaks sessions;
 /// [`FeedError::Database`] if the database cannot be reached.
 ///
@@ -49,6 +51,12 @@ const CHECK_WAIT: Duration = Duration::from_secs(30);
 /// # Ok(()) }
 /// ```
 pub async fn check_session(pool: &PgPool) -> Result<(), FeedError> {
+    let standby: bool = sqlx::query_scalar("select pg_catalog.pg_is_in_recovery()")
+        .fetch_one(pool)
+        .await?;
+    if standby {
+        return Err(FeedError::Standby);
+    }
     let options = super::listen::options(pool.connect_options().as_ref());
     let listening = PgPoolOptions::new()
         .max_connections(1)

@@ -4,8 +4,9 @@
 
 use sha2::{Digest, Sha256};
 use sqlx::postgres::PgConnection;
-use sqlx::{Connection, PgPool};
+use sqlx::{AssertSqlSafe, Connection, PgPool};
 
+use super::position::{PgPosition, POSITION_NOW};
 use crate::follow::Clock;
 use crate::store::session_lock::SessionLock;
 use crate::store::snapshots::Statements;
@@ -59,13 +60,15 @@ pub(super) const STATEMENTS: Statements = Statements {
 
 /// The feed's position and the database's clock (µs since the epoch), in
 /// one statement.
-pub(super) async fn position_now(pool: &PgPool) -> Result<Clock<String>, sqlx::Error> {
-    let (position, at) = sqlx::query_as(
-        "select pg_catalog.pg_current_snapshot()::text,
-                (extract(epoch from pg_catalog.clock_timestamp()) * 1000000)::int8",
-    )
+pub(super) async fn position_now(pool: &PgPool) -> Result<Clock<PgPosition>, sqlx::Error> {
+    let (text, at): (String, i64) = sqlx::query_as(AssertSqlSafe(format!(
+        "select {POSITION_NOW}, (extract(epoch from pg_catalog.clock_timestamp()) * 1000000)::int8"
+    )))
     .fetch_one(pool)
     .await?;
+    let position = PgPosition::parse(&text).ok_or_else(|| {
+        sqlx::Error::Protocol(format!("the server's feed position {text:?} is not one"))
+    })?;
     Ok(Clock { position, at })
 }
 

@@ -2,6 +2,7 @@
 
 #![allow(dead_code, reason = "each test file uses its own part")]
 
+pub(crate) mod cluster;
 #[cfg(feature = "log-feed")]
 pub(crate) mod log;
 #[cfg(feature = "mysql")]

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use sqlx::postgres::{PgPoolOptions, PgSslMode};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
@@ -84,9 +84,11 @@ pub enum UrlError {
     #[error("invalid MySQL URL: {0}")]
     InvalidMySql(sqlx::Error),
     /// The URL does not parse; fix it, in the form
-    /// `postgres://user:password@host:port/database?sslmode=require`.
-    #[error("invalid Postgres URL: {0}")]
-    Invalid(sqlx::Error),
+    /// `postgres://user:password@host:port/database?sslmode=require`, or
+    /// with several servers
+    /// `postgres://user@host1:port1,host2:port2/database?target_session_attrs=read-write`.
+    #[error(transparent)]
+    Invalid(bloom_guard_sqlx::ServersError),
     /// The URL asks for TLS and this build has no TLS: build with the `tls`
     /// feature (on by default), or connect without TLS.
     #[error(
@@ -116,18 +118,27 @@ impl Database {
     ///
     /// With `sslmode=require`, `verify-ca` or `verify-full` in the URL the
     /// connections use TLS; `sslrootcert=` names a private CA's certificate.
+    /// A URL may list several servers, as libpq's does
+    /// (`postgres://app@db1,db2/shop?target_session_attrs=read-write`): the
+    /// pool connects to the first of the kind asked for and follows it
+    /// across failovers ([`PgServers`](bloom_guard_sqlx::PgServers)).
     ///
     /// # Errors
     ///
     /// If `url` is not a valid Postgres URL, or it asks for TLS and the build
     /// has none.
-    pub fn postgres(url: &str) -> Result<Self, UrlError> {
-        let options = PgConnectOptions::from_str(url).map_err(UrlError::Invalid)?;
-        check_tls(options.get_ssl_mode(), cfg!(feature = "tls"))?;
-        let pool = PgPoolOptions::new()
-            .max_connections(16)
-            .acquire_timeout(Duration::from_secs(3))
-            .connect_lazy_with(options);
+    pub async fn postgres(url: &str) -> Result<Self, UrlError> {
+        let servers = bloom_guard_sqlx::PgServers::parse(url).map_err(UrlError::Invalid)?;
+        for server in servers.servers() {
+            check_tls(server.get_ssl_mode(), cfg!(feature = "tls"))?;
+        }
+        let pool = servers
+            .pool(
+                PgPoolOptions::new()
+                    .max_connections(16)
+                    .acquire_timeout(Duration::from_secs(3)),
+            )
+            .await;
         Ok(Self::from_pool(Pool::Postgres(pool)))
     }
 
@@ -138,12 +149,12 @@ impl Database {
     ///
     /// If the URL names another kind of database or does not parse: a
     /// clear error at start, never an endless retry.
-    pub fn connect(url: &str) -> Result<Self, UrlError> {
+    pub async fn connect(url: &str) -> Result<Self, UrlError> {
         let Some((scheme, _)) = url.split_once("://") else {
             return Err(UrlError::NoScheme);
         };
         match scheme.to_ascii_lowercase().as_str() {
-            "postgres" | "postgresql" => Self::postgres(url),
+            "postgres" | "postgresql" => Self::postgres(url).await,
             "mysql" => Self::mysql(url),
             "mariadb" => Self::mysql(&format!("mysql{}", &url[scheme.len()..])),
             _ => Err(UrlError::UnknownKind {
@@ -297,6 +308,7 @@ fn check_tls(mode: PgSslMode, tls_available: bool) -> Result<(), UrlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sqlx::postgres::PgConnectOptions;
 
     fn ssl_mode(url: &str) -> PgSslMode {
         PgConnectOptions::from_str(url)
@@ -330,7 +342,7 @@ mod tests {
     #[tokio::test]
     async fn a_url_of_another_kind_is_refused_at_start() {
         for url in ["mongodb://db/app", "redis://127.0.0.1"] {
-            let error = Database::connect(url).expect_err(url);
+            let error = Database::connect(url).await.expect_err(url);
             assert!(
                 matches!(error, UrlError::UnknownKind { .. }),
                 "{url}: {error:?}"
@@ -339,7 +351,7 @@ mod tests {
         }
         // Without `://` the value is not repeated: it may hold a password.
         for url in ["items.db", "", "admin:s3cret@db/app"] {
-            let error = Database::connect(url).expect_err(url);
+            let error = Database::connect(url).await.expect_err(url);
             assert!(matches!(error, UrlError::NoScheme), "{url}: {error:?}");
             let message = error.to_string();
             assert!(message.contains("mysql://"), "{message}");
@@ -350,13 +362,15 @@ mod tests {
             "mariadb://root@127.0.0.1:3306/app",
             "MySQL://root@db/app",
         ] {
-            let db = Database::connect(url).expect(url);
+            let db = Database::connect(url).await.expect(url);
             assert!(matches!(db.pool(), Pool::MySql(_)), "{url}");
         }
-        let db = Database::connect("postgresql://db/app").expect("postgres");
+        let db = Database::connect("postgresql://db/app")
+            .await
+            .expect("postgres");
         assert!(matches!(db.pool(), Pool::Postgres(_)));
         assert!(matches!(
-            Database::connect("mysql://db:notaport/app"),
+            Database::connect("mysql://db:notaport/app").await,
             Err(UrlError::InvalidMySql(_))
         ));
     }
@@ -376,7 +390,7 @@ mod tests {
 
     #[tokio::test]
     async fn postgres_checks_the_url_before_connecting() {
-        let result = Database::postgres("postgres://db/app?sslmode=verify-full");
+        let result = Database::postgres("postgres://db/app?sslmode=verify-full").await;
         if cfg!(feature = "tls") {
             assert!(result.is_ok(), "{result:?}");
         } else {
@@ -391,7 +405,7 @@ mod tests {
             );
         }
         assert!(matches!(
-            Database::postgres("postgres://db/app?sslmode=sometimes"),
+            Database::postgres("postgres://db/app?sslmode=sometimes").await,
             Err(UrlError::Invalid(_))
         ));
     }

@@ -174,22 +174,26 @@ impl PgLogBackend {
                 lowered: backend.inner.lowered,
             })
             .collect();
-        let mut lease = first.inner.feed.lease().await?;
-        let read = crate::kept::within_timeout(async {
-            super::read::read_feeds(
-                lease.connection(),
-                &slot,
-                &feeds,
-                barrier.then_some(PRODUCER_BOUND),
-            )
-            .await
-            .map_err(|error| match error {
-                super::read::LogReadError::Database(error) => error,
-                other => sqlx::Error::Protocol(other.to_string()),
+        let read = crate::kept::again_if_lost(|| async {
+            let mut lease = first.inner.feed.lease().await?;
+            let read = crate::kept::within_timeout(async {
+                super::read::read_feeds(
+                    lease.connection(),
+                    &slot,
+                    &feeds,
+                    barrier.then_some(PRODUCER_BOUND),
+                )
+                .await
+                .map_err(|error| match error {
+                    super::read::LogReadError::Database(error) => error,
+                    other => sqlx::Error::Protocol(other.to_string()),
+                })
             })
+            .await?;
+            lease.keep();
+            Ok(read)
         })
         .await?;
-        lease.keep();
         Ok(reads
             .iter()
             .zip(read)
@@ -342,7 +346,7 @@ impl Database for PgLogBackend {
             options.get_database().unwrap_or_default(),
             options.get_username(),
         );
-        let listen = listen::listen(listen::options(&options), wake, stop.clone());
+        let listen = listen::listen(self.pool().clone(), wake, stop.clone());
         let (pool, url) = (self.pool().clone(), self.url.clone());
         async move {
             // The process's producer for this database, for as long as a
