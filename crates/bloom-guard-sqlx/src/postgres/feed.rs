@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use sqlx::{PgConnection, PgPool, Row, ValueRef};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row, ValueRef};
 
 use super::position::PgPosition;
 use crate::follow::changes::Changes;
@@ -31,6 +31,21 @@ static READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     READ_STATEMENT
         .replace("LOWERED", &lowered("c.key"))
         .replace("TIMELINE", super::position::TIMELINE_NOW)
+        .replace("REPLAYED", "true")
+});
+
+/// [`READ`] on a replica (a hot standby), which cannot name its timeline:
+/// the primary's (`$5`), taken with its log position (`$6`) just before;
+/// the read counts only if the replica has replayed past that position,
+/// and reads no rows otherwise.
+static READ_ON_REPLICA: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    READ_STATEMENT
+        .replace("LOWERED", &lowered("c.key"))
+        .replace("TIMELINE", "$5::text")
+        .replace(
+            "REPLAYED",
+            "pg_catalog.pg_last_wal_replay_lsn() >= $6::pg_lsn",
+        )
 });
 
 /// [`READ`] for one feed from a position that may be far behind (a
@@ -53,6 +68,7 @@ const READ_STATEMENT: &str = "
 with now as (
     select pg_catalog.pg_current_snapshot() as snapshot,
            TIMELINE as timeline,
+           REPLAYED as replayed,
            (select below from bloom_guard.horizon) as below,
            case pg_catalog.current_setting('server_encoding') when 'SQL_ASCII' then 'SQL_ASCII' else 'UTF8' end as encoding,
            pg_catalog.current_setting('transaction_isolation') as isolation
@@ -66,12 +82,13 @@ with now as (
 )
 select m.i, now.timeline || '/' || now.snapshot::text, m.pruned, c.kind::text,
        pg_catalog.convert_to(case when m.lowered then LOWERED else c.key end, now.encoding), now.isolation,
-       m.elsewhere, now.timeline
+       m.elsewhere, now.timeline, now.replayed
   from now cross join m
   left join lateral (
       select c.kind, c.key
         from bloom_guard.changes c
        where c.guard = m.guard
+         and now.replayed
          and not m.pruned
          and not m.elsewhere
          and c.xid >= pg_catalog.pg_snapshot_xmin(m.seen)
@@ -191,17 +208,85 @@ async fn read_since(
     (statement, prepared): (&'static str, bool),
     feeds: &[FeedRead<'_>],
 ) -> Result<Vec<Read<PgPosition>>, sqlx::Error> {
+    read_marked(connection, (statement, prepared), feeds, None)
+        .await?
+        .ok_or(sqlx::Error::RowNotFound)
+}
+
+/// The primary's timeline and log position, taken just before a read on a
+/// replica.
+#[derive(Debug, Clone)]
+pub(super) struct PrimaryMark {
+    pub(super) timeline: String,
+    pub(super) lsn: String,
+}
+
+/// The primary's [`PrimaryMark`] now, on its kept connection.
+pub(super) async fn primary_mark(
+    kept: &KeptConnection<PgConnection>,
+) -> Result<PrimaryMark, sqlx::Error> {
+    static MARK: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "select {}, pg_catalog.pg_current_wal_insert_lsn()::text",
+            super::position::TIMELINE_NOW
+        )
+    });
+    crate::kept::again_if_lost(|| async {
+        let mut lease = kept.lease().await?;
+        let (timeline, lsn) = crate::kept::within_timeout(
+            sqlx::query_as(AssertSqlSafe(MARK.as_str())).fetch_one(lease.connection()),
+        )
+        .await?;
+        lease.keep();
+        Ok(PrimaryMark { timeline, lsn })
+    })
+    .await
+}
+
+/// Reads the changes of `feeds` on a replica's kept connection, once it has
+/// replayed past `mark`; `None` if it has not yet.
+pub(super) async fn read_replica(
+    kept: &KeptConnection<PgConnection>,
+    feeds: &[FeedRead<'_>],
+    mark: &PrimaryMark,
+) -> Result<Option<Vec<Read<PgPosition>>>, sqlx::Error> {
+    crate::kept::again_if_lost(|| async {
+        let mut lease = kept.lease().await?;
+        let read = crate::kept::within_timeout(read_marked(
+            lease.connection(),
+            (READ_ON_REPLICA.as_str(), true),
+            feeds,
+            Some(mark),
+        ))
+        .await?;
+        lease.keep();
+        Ok(read)
+    })
+    .await
+}
+
+/// [`read_since`], on a replica with `mark`: `None` if the replica has not
+/// replayed past it.
+async fn read_marked(
+    connection: &mut PgConnection,
+    (statement, prepared): (&'static str, bool),
+    feeds: &[FeedRead<'_>],
+    mark: Option<&PrimaryMark>,
+) -> Result<Option<Vec<Read<PgPosition>>>, sqlx::Error> {
     let names: Vec<&str> = feeds.iter().map(|feed| feed.name).collect();
     let seen: Vec<&str> = feeds.iter().map(|feed| feed.seen.snapshot()).collect();
     let lowered: Vec<bool> = feeds.iter().map(|feed| feed.lowered).collect();
     let timelines: Vec<&str> = feeds.iter().map(|feed| feed.seen.timeline()).collect();
-    let mut rows = sqlx::query(statement)
+    let query = sqlx::query(AssertSqlSafe(statement))
         .bind(names)
         .bind(seen)
         .bind(lowered)
-        .bind(timelines)
-        .persistent(prepared)
-        .fetch(connection);
+        .bind(timelines);
+    let query = match mark {
+        Some(mark) => query.bind(&mark.timeline).bind(&mark.lsn),
+        None => query,
+    };
+    let mut rows = query.persistent(prepared).fetch(connection);
     let mut position = None;
     // Each feed's changes, `None` once its rows were pruned.
     let mut read: Vec<Option<Changes>> = feeds.iter().map(|_| Some(Changes::default())).collect();
@@ -220,6 +305,10 @@ async fn read_since(
             position = Some(PgPosition::parse(&text).ok_or_else(|| {
                 sqlx::Error::Protocol(format!("the server's feed position {text:?} is not one"))
             })?);
+            if !row.try_get::<bool, _>(8)? {
+                // The replica has not replayed what the primary had.
+                return Ok(None);
+            }
         }
         let feed = usize::try_from(row.try_get::<i64, _>(0)?)
             .ok()
@@ -261,16 +350,17 @@ async fn read_since(
     if answered.contains(&false) {
         return Err(sqlx::Error::RowNotFound);
     }
-    Ok(read
-        .into_iter()
-        .map(|changes| match changes {
-            Some(changes) => Read::Changes {
-                position: position.clone(),
-                changes,
-            },
-            None => Read::Pruned,
-        })
-        .collect())
+    Ok(Some(
+        read.into_iter()
+            .map(|changes| match changes {
+                Some(changes) => Read::Changes {
+                    position: position.clone(),
+                    changes,
+                },
+                None => Read::Pruned,
+            })
+            .collect(),
+    ))
 }
 
 /// Counts the rows of feed `name` committed after position `seen`, up to

@@ -13,6 +13,7 @@ mod log;
 mod notifier;
 mod position;
 mod privileges;
+mod replica;
 mod servers;
 mod session;
 mod snapshot;
@@ -80,6 +81,46 @@ impl PgFollower {
         }
     }
 
+    /// Reads the feed on `replica`, a hot standby of the pool's primary:
+    /// feed reads, the read barrier's among them, go to the replica, and
+    /// count only once it has replayed past the primary's log position
+    /// taken after they were asked for (one trivial statement on the
+    /// primary per read, shared as reads are); a replica that has not within
+    /// [`replica_lag`](Self::replica_lag) leaves the read to the primary,
+    /// so a lagging replica never makes the guard refuse a committed key.
+    /// Scans, snapshots, heartbeats, wake-ups and the trigger check stay on
+    /// the primary.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use bloom_guard::BloomGuard;
+    /// use bloom_guard_sqlx::{PgFollower, Watch};
+    ///
+    /// # async fn run(primary: sqlx::PgPool, replica: sqlx::PgPool) {
+    /// let guard = BloomGuard::builder().expected_items(1_000_000).build();
+    /// let follower = PgFollower::new(guard, primary, Watch::table("items").key("key"))
+    ///     .replica(replica);
+    /// tokio::spawn(follower.run());
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn replica(mut self, replica: PgPool) -> Self {
+        self.engine.backend.replica = Some(replica::Replica::new(replica));
+        self
+    }
+
+    /// How long a feed read waits for the [`replica`](Self::replica) to
+    /// replay past the primary's position before it reads on the primary
+    /// (default 100 ms, within the read barrier's bound).
+    #[must_use]
+    pub fn replica_lag(mut self, bound: Duration) -> Self {
+        if let Some(replica) = &mut self.engine.backend.replica {
+            replica.max_lag = bound;
+        }
+        self
+    }
+
     /// How often the one instance elected to wake the others looks for
     /// newly committed changes (default 10 ms): a change reaches every
     /// instance about this long after its commit. One look is one cheap
@@ -117,6 +158,8 @@ pub(crate) struct PgBackend {
     /// database lowers them (a case-insensitive guard: over `citext`, the
     /// form the database compares).
     lowered: bool,
+    /// A replica feed reads go to, if any.
+    replica: Option<replica::Replica>,
 }
 
 impl PgBackend {
@@ -131,11 +174,23 @@ impl PgBackend {
             fleet,
             notify_interval: Duration::from_millis(10),
             lowered: guard.key_type() == KeyType::CaseInsensitiveText,
+            replica: None,
         }
     }
 }
 
 impl PgBackend {
+    /// Reads `feeds` on the replica if there is one, else on the primary.
+    async fn read_feeds(
+        &self,
+        feeds: &[feed::FeedRead<'_>],
+    ) -> Result<Vec<Read<PgPosition>>, sqlx::Error> {
+        match &self.replica {
+            Some(replica) => replica.read(&self.feed, feeds).await,
+            None => feed::read_kept(&self.feed, feeds).await,
+        }
+    }
+
     /// This follower's feed in a read from `since`.
     fn feed_read<'a>(&'a self, since: &'a PgPosition) -> feed::FeedRead<'a> {
         feed::FeedRead {
@@ -205,7 +260,7 @@ impl Database for PgBackend {
     }
 
     async fn read(&self, since: &PgPosition) -> Result<Read<PgPosition>, sqlx::Error> {
-        let mut read = feed::read_kept(&self.feed, &[self.feed_read(since)]).await?;
+        let mut read = self.read_feeds(&[self.feed_read(since)]).await?;
         read.pop().ok_or(sqlx::Error::RowNotFound)
     }
 
@@ -214,15 +269,24 @@ impl Database for PgBackend {
     }
 
     fn shared_reads(&self) -> Option<String> {
-        let options = self.pool.connect_options();
-        Some(format!(
-            "postgres://{}@{}:{}/{} {:?}",
-            options.get_username(),
-            options.get_host(),
-            options.get_port(),
-            options.get_database().unwrap_or_default(),
-            options.get_socket(),
-        ))
+        let name = |options: &sqlx::postgres::PgConnectOptions| {
+            format!(
+                "postgres://{}@{}:{}/{} {:?}",
+                options.get_username(),
+                options.get_host(),
+                options.get_port(),
+                options.get_database().unwrap_or_default(),
+                options.get_socket(),
+            )
+        };
+        let primary = name(&self.pool.connect_options());
+        Some(match &self.replica {
+            Some(replica) => format!(
+                "{primary} replica {}",
+                name(&replica.pool.connect_options())
+            ),
+            None => primary,
+        })
     }
 
     async fn read_together(
@@ -235,7 +299,7 @@ impl Database for PgBackend {
             .iter()
             .map(|(backend, since)| backend.feed_read(since))
             .collect();
-        feed::read_kept(&first.feed, &feeds).await
+        first.read_feeds(&feeds).await
     }
 
     async fn pending(&self, since: &PgPosition, limit: u64) -> Result<u64, sqlx::Error> {
@@ -324,6 +388,9 @@ impl Database for PgBackend {
 
     async fn close(&self) {
         self.feed.close().await;
+        if let Some(replica) = &self.replica {
+            replica.close().await;
+        }
     }
 
     fn snapshots(&self) -> &Tables<Postgres> {

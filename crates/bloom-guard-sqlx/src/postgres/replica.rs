@@ -1,0 +1,93 @@
+//! Feed reads on a replica (a hot standby of the primary): the replica
+//! answers them, and a read counts only once the replica has replayed past
+//! the primary's log position taken after the read was asked for, so it
+//! holds every change committed before; a replica that lags past a bound
+//! leaves the read to the primary.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{PgConnection, PgPool};
+use tokio::time::{sleep, Instant};
+
+use super::feed::{self, FeedRead};
+use super::position::PgPosition;
+use crate::follow::Read;
+use crate::kept::KeptConnection;
+
+/// How long a read waits for the replica to replay past the primary's
+/// position before it reads on the primary (default of
+/// [`PgFollower::replica_lag`](super::PgFollower::replica_lag)).
+pub(super) const MAX_LAG: Duration = Duration::from_millis(100);
+
+/// The longest pause between two looks at a replica replaying.
+const LONGEST_PAUSE: Duration = Duration::from_millis(10);
+
+/// A replica the feed reads go to.
+#[derive(Debug, Clone)]
+pub(super) struct Replica {
+    pub(super) pool: PgPool,
+    feed: Arc<KeptConnection<PgConnection>>,
+    pub(super) max_lag: Duration,
+    /// Whether the last read went to the primary (logged once per spell).
+    lagging: Arc<AtomicBool>,
+}
+
+impl Replica {
+    pub(super) fn new(pool: PgPool) -> Self {
+        Self {
+            feed: Arc::new(feed::feed_connection(&pool)),
+            pool,
+            max_lag: MAX_LAG,
+            lagging: Arc::default(),
+        }
+    }
+
+    /// Reads `feeds` on the replica once it has replayed past the primary's
+    /// position now (taken on `primary`, one statement), or on `primary`
+    /// if it has not within the bound.
+    pub(super) async fn read(
+        &self,
+        primary: &KeptConnection<PgConnection>,
+        feeds: &[FeedRead<'_>],
+    ) -> Result<Vec<Read<PgPosition>>, sqlx::Error> {
+        let mark = feed::primary_mark(primary).await?;
+        let deadline = Instant::now() + self.max_lag;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match feed::read_replica(&self.feed, feeds, &mark).await {
+                Ok(Some(read)) => {
+                    if self.lagging.swap(false, Ordering::Relaxed) {
+                        tracing::info!(
+                            "the replica has caught up; the change feed is read there again"
+                        );
+                    }
+                    return Ok(read);
+                }
+                Ok(None) if Instant::now() + pause < deadline => {
+                    sleep(pause).await;
+                    pause = (pause * 2).min(LONGEST_PAUSE);
+                }
+                outcome => {
+                    if !self.lagging.swap(true, Ordering::Relaxed) {
+                        match outcome {
+                            Err(error) => {
+                                tracing::warn!(%error, "cannot read the change feed on the replica; reading it on the primary");
+                            }
+                            _ => {
+                                tracing::warn!(bound = ?self.max_lag, "the replica lags behind the primary past the bound; reading the change feed on the primary");
+                            }
+                        }
+                    }
+                    return feed::read_kept(primary, feeds).await;
+                }
+            }
+        }
+    }
+
+    /// Closes the replica's kept connection.
+    pub(super) async fn close(&self) {
+        self.feed.close().await;
+    }
+}
