@@ -17,6 +17,9 @@ pub struct Config {
     /// `DATABASE_URL`: Postgres (`postgres://`) or MySQL and MariaDB
     /// (`mysql://`, `mariadb://`); unset, the SQLite file at `sqlite_path`.
     pub database_url: Option<String>,
+    /// `DATABASE_REPLICA_URL`: a hot standby of `DATABASE_URL`'s Postgres
+    /// server; reads by key and the guards' feed reads go to it first.
+    pub database_replica_url: Option<String>,
     /// `SQLITE_PATH`: the embedded database's file.
     pub sqlite_path: String,
     /// `ADMIN_TOKEN`: the admin API's bearer token; unset, no admin API.
@@ -86,6 +89,10 @@ impl std::fmt::Debug for Config {
             .field("bind_addr", &self.bind_addr)
             .field("admin_addr", &self.admin_addr)
             .field("database_url", &redacted(self.database_url.is_some()))
+            .field(
+                "database_replica_url",
+                &redacted(self.database_replica_url.is_some()),
+            )
             .field("sqlite_path", &self.sqlite_path)
             .field("feed", &self.feed)
             .field("read_barrier", &self.read_barrier)
@@ -165,6 +172,8 @@ impl Config {
         let database_url = var("DATABASE_URL");
         let feed: Feed = parse("BLOOM_FEED", "triggers", "triggers or log")?;
         feed.check(database_url.as_deref())?;
+        let database_replica_url = var("DATABASE_REPLICA_URL");
+        check_replica(database_url.as_deref(), database_replica_url.as_deref())?;
         Ok(Self {
             bind_addr: parse(
                 "BIND_ADDR",
@@ -177,6 +186,7 @@ impl Config {
                 "an address such as 127.0.0.1:3001",
             )?,
             database_url,
+            database_replica_url,
             feed,
             sqlite_path: var("SQLITE_PATH").unwrap_or_else(|| "items-service.db".to_owned()),
             admin_token: var("ADMIN_TOKEN"),
@@ -210,12 +220,30 @@ pub enum Feed {
     Log,
 }
 
+/// A replica is read on Postgres only.
+fn check_replica(database_url: Option<&str>, replica: Option<&str>) -> Result<(), ConfigError> {
+    if replica.is_some() && !is_postgres(database_url) {
+        return Err(ConfigError {
+            name: "DATABASE_REPLICA_URL",
+            // Not repeated: it may hold a password.
+            value: "(set)".to_owned(),
+            expected:
+                "unset, unless DATABASE_URL is a postgres:// URL (replicas are read on Postgres)",
+        });
+    }
+    Ok(())
+}
+
+/// Whether `database_url` names a Postgres database.
+fn is_postgres(database_url: Option<&str>) -> bool {
+    database_url
+        .is_some_and(|url| url.starts_with("postgres://") || url.starts_with("postgresql://"))
+}
+
 impl Feed {
     /// The log feed is Postgres's: refused for any other database.
     fn check(self, database_url: Option<&str>) -> Result<(), ConfigError> {
-        let postgres = database_url
-            .is_some_and(|url| url.starts_with("postgres://") || url.starts_with("postgresql://"));
-        if self == Feed::Log && !postgres {
+        if self == Feed::Log && !is_postgres(database_url) {
             return Err(ConfigError {
                 name: "BLOOM_FEED",
                 value: "log".to_owned(),
@@ -297,6 +325,23 @@ mod tests {
             let error = Feed::Log.check(url).expect_err("refused").to_string();
             assert!(error.starts_with("BLOOM_FEED=\"log\""), "{error}");
             assert!(Feed::Triggers.check(url).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_replica_is_for_postgres_only() {
+        let replica = Some("postgres://app:s3cret@replica/items");
+        assert!(check_replica(Some("postgres://db/items"), replica).is_ok());
+        for url in [None, Some("mysql://db/items")] {
+            let error = check_replica(url, replica)
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                error.starts_with("DATABASE_REPLICA_URL=\"(set)\""),
+                "{error}"
+            );
+            assert!(!error.contains("s3cret"), "{error}");
+            assert!(check_replica(url, None).is_ok());
         }
     }
 

@@ -68,7 +68,13 @@ async fn main() -> ExitCode {
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let config = Config::from_env()?;
     let db = match &config.database_url {
-        Some(url) => Database::connect(url).await?,
+        Some(url) => {
+            let db = Database::connect(url).await?;
+            match &config.database_replica_url {
+                Some(replica) => db.with_replica(replica).await?,
+                None => db,
+            }
+        }
         None => {
             tracing::info!(path = %config.sqlite_path, "DATABASE_URL is unset: using an embedded SQLite database");
             Database::sqlite(&config.sqlite_path).await?

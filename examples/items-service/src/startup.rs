@@ -114,14 +114,23 @@ pub async fn prepare(state: AppState) {
             invalidate,
             drop_all,
         ),
-        (Pool::Postgres(pool), None) => follow(
-            &state,
-            &guards,
-            PgFollower::new(items, pool.clone(), items_feed()),
-            PgFollower::new(users, pool, users_feed()),
-            invalidate,
-            drop_all,
-        ),
+        (Pool::Postgres(pool), None) => {
+            let follower = |guard, watch| {
+                let follower = PgFollower::new(guard, pool.clone(), watch);
+                match state.db.replica() {
+                    Some(replica) => follower.replica(replica.clone()),
+                    None => follower,
+                }
+            };
+            follow(
+                &state,
+                &guards,
+                follower(items, items_feed()),
+                follower(users, users_feed()),
+                invalidate,
+                drop_all,
+            );
+        }
         (Pool::Sqlite(pool), _) => follow(
             &state,
             &guards,

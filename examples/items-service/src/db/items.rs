@@ -14,10 +14,13 @@ impl Database {
         self.lookups.fetch_add(1, Ordering::Relaxed);
         match &self.pool {
             Pool::Postgres(pool) => {
-                sqlx::query_as("select key, value from items where key = $1")
-                    .bind(key)
-                    .fetch_optional(pool)
-                    .await
+                self.read_postgres(pool, |pool| async move {
+                    sqlx::query_as("select key, value from items where key = $1")
+                        .bind(key)
+                        .fetch_optional(&pool)
+                        .await
+                })
+                .await
             }
             Pool::Sqlite(pool) => {
                 sqlx::query_as("select key, value from items where key = ?")

@@ -49,6 +49,8 @@ const DEMO_ITEMS: &[(&str, &str)] = &[
 #[derive(Debug, Clone)]
 pub struct Database {
     pool: Pool,
+    /// A Postgres replica the reads by key go to first.
+    replica: Option<PgPool>,
     lookups: Arc<AtomicU64>,
 }
 
@@ -89,6 +91,12 @@ pub enum UrlError {
     /// `postgres://user@host1:port1,host2:port2/database?target_session_attrs=read-write`.
     #[error(transparent)]
     Invalid(bloom_guard_sqlx::ServersError),
+    /// `DATABASE_REPLICA_URL` is read with a Postgres `DATABASE_URL` only,
+    /// and must itself be a Postgres URL.
+    #[error(
+        "DATABASE_REPLICA_URL needs a postgres:// DATABASE_URL and is a postgres:// URL itself"
+    )]
+    ReplicaNeedsPostgres,
     /// The URL asks for TLS and this build has no TLS: build with the `tls`
     /// feature (on by default), or connect without TLS.
     #[error(
@@ -204,8 +212,55 @@ impl Database {
     pub fn from_pool(pool: Pool) -> Self {
         Self {
             pool,
+            replica: None,
             lookups: Arc::default(),
         }
+    }
+
+    /// Sends the reads by key to `url`, a hot standby of the Postgres
+    /// database: a row found there is served; a row not found is looked for
+    /// on the primary, so a replica behind the primary never answers "not
+    /// found" for a row committed before the request (and the guard, which
+    /// refuses most absent keys, keeps those lookups few). Writes,
+    /// migrations and the followers' own writes stay on the primary.
+    ///
+    /// # Errors
+    ///
+    /// [`UrlError::ReplicaNeedsPostgres`] unless both are Postgres; the
+    /// URL's own errors as for [`postgres`](Self::postgres).
+    pub async fn with_replica(mut self, url: &str) -> Result<Self, UrlError> {
+        if !matches!(self.pool, Pool::Postgres(_)) {
+            return Err(UrlError::ReplicaNeedsPostgres);
+        }
+        let Pool::Postgres(replica) = Self::postgres(url).await?.pool else {
+            return Err(UrlError::ReplicaNeedsPostgres);
+        };
+        self.replica = Some(replica);
+        Ok(self)
+    }
+
+    /// The replica reads by key go to first, if any.
+    pub fn replica(&self) -> Option<&PgPool> {
+        self.replica.as_ref()
+    }
+
+    /// Runs `read` on the replica, and on the primary if the replica found
+    /// nothing (or there is none).
+    async fn read_postgres<T, F, Fut>(
+        &self,
+        primary: &PgPool,
+        read: F,
+    ) -> Result<Option<T>, sqlx::Error>
+    where
+        F: Fn(PgPool) -> Fut,
+        Fut: std::future::Future<Output = Result<Option<T>, sqlx::Error>>,
+    {
+        if let Some(replica) = &self.replica {
+            if let Some(found) = read(replica.clone()).await? {
+                return Ok(Some(found));
+            }
+        }
+        read(primary.clone()).await
     }
 
     /// The pool.

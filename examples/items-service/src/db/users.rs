@@ -15,10 +15,16 @@ impl Database {
         let id = id.hyphenated().to_string();
         match &self.pool {
             Pool::Postgres(pool) => {
-                sqlx::query_as("select id::text as id, name from users where id = $1::uuid")
-                    .bind(id)
-                    .fetch_optional(pool)
-                    .await
+                self.read_postgres(pool, |pool| {
+                    let id = id.clone();
+                    async move {
+                        sqlx::query_as("select id::text as id, name from users where id = $1::uuid")
+                            .bind(id)
+                            .fetch_optional(&pool)
+                            .await
+                    }
+                })
+                .await
             }
             Pool::Sqlite(pool) => {
                 sqlx::query_as("select id, name from users where id = ?")
