@@ -4,18 +4,30 @@
 //! Postgres server of their own (a publisher for logical replication) also
 //! need its binaries: in `PG_BIN`, by default `/usr/lib/postgresql/15/bin`.
 //! Tests through PgBouncer start their own from `PGBOUNCER`, by default
-//! `/usr/sbin/pgbouncer` (the distribution's package).
+//! `/usr/sbin/pgbouncer` (the distribution's package). The Galera tests
+//! start a three-node cluster of their own with `.ci/galera`, given the
+//! Galera 4 provider and the MariaDB server (the distribution's packages).
 
 use std::path::PathBuf;
 
 const DEFAULT_PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 const DEFAULT_PGBOUNCER: &str = "/usr/sbin/pgbouncer";
+const GALERA_PROVIDER: &str = "/usr/lib/galera/libgalera_smm.so";
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(database)");
     println!("cargo::rustc-check-cfg=cfg(pg_server)");
     println!("cargo::rustc-check-cfg=cfg(mysql_database)");
     println!("cargo::rustc-check-cfg=cfg(pgbouncer)");
+    println!("cargo::rustc-check-cfg=cfg(galera)");
+    // A Galera cluster of the test's own (`.ci/galera`) needs the provider
+    // and the MariaDB server.
+    println!("cargo::rerun-if-changed={GALERA_PROVIDER}");
+    if std::path::Path::new(GALERA_PROVIDER).is_file()
+        && std::path::Path::new("/usr/sbin/mariadbd").is_file()
+    {
+        println!("cargo::rustc-cfg=galera");
+    }
     println!("cargo::rerun-if-env-changed=PGBOUNCER");
     let pgbouncer = std::env::var_os("PGBOUNCER")
         .map_or_else(|| PathBuf::from(DEFAULT_PGBOUNCER), PathBuf::from);

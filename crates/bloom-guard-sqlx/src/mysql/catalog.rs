@@ -84,9 +84,8 @@ pub(super) async fn stored_triggers(
 /// trigger missing or not as installed (a table swapped by an online
 /// schema change or recreated, a trigger rewritten, a key column's type
 /// changed under it), writes that fire no trigger (a cascading foreign key
-/// on a key column, a table not in InnoDB), a server that takes writes it
-/// does not run the triggers for, or cannot order them (a replica, a
-/// Galera node). Empty when all is well.
+/// on a key column, a table not in InnoDB), or a server that takes writes
+/// it does not run the triggers for (a replica). Empty when all is well.
 pub(super) async fn gaps(pool: &MySqlPool, watch: &Watch) -> Result<Vec<Gap>, sqlx::Error> {
     let installed: i64 = sqlx::query_scalar(
         "select count(*) from information_schema.tables
@@ -139,8 +138,9 @@ pub(super) async fn gaps(pool: &MySqlPool, watch: &Watch) -> Result<Vec<Gap>, sq
 
 /// Why this server's feed cannot be complete or ordered: it is read-only
 /// (a replica: its primary's writes arrive late, and replicated row
-/// events fire no trigger), it replicates from another server, or it is a
-/// Galera node (other nodes' writes arrive late, with interleaved ids).
+/// events fire no trigger), or it replicates from another server. A
+/// Galera node is neither: every node runs the triggers of its own
+/// writes, and the feed is settled over every node (`galera.rs`).
 async fn server_gaps(pool: &MySqlPool) -> Result<Vec<Gap>, sqlx::Error> {
     let mut gaps = Vec::new();
     let read_only: i64 = sqlx::query_scalar("select cast(@@global.read_only as signed)")
@@ -150,18 +150,6 @@ async fn server_gaps(pool: &MySqlPool) -> Result<Vec<Gap>, sqlx::Error> {
         gaps.push(Gap::lasting(
             "the server is read-only (a replica?): writes on its primary reach this feed late, so a refusal here could miss a key just written there; follow the primary".to_owned(),
         ));
-    }
-    match sqlx::query_scalar::<_, i64>("select cast(@@global.wsrep_on as signed)")
-        .fetch_one(pool)
-        .await
-    {
-        Ok(0) => {}
-        Ok(_) => gaps.push(Gap::lasting(
-            "the server is a Galera node (wsrep_on): writes on other nodes reach this feed late and out of id order; the MySQL feed needs one primary".to_owned(),
-        )),
-        // Not MariaDB: no such variable.
-        Err(sqlx::Error::Database(_)) => {}
-        Err(error) => return Err(error),
     }
     // Needs REPLICATION CLIENT (MySQL) or SLAVE MONITOR (MariaDB); without
     // it, this is not known.

@@ -37,6 +37,10 @@ fn digest_of((id, guard, kind, key, at): &Row) -> String {
 /// another moment; under `SERIALIZABLE` reads would lock).
 pub(super) const SNAPSHOT: &str = "set transaction isolation level repeatable read; start transaction with consistent snapshot, read only";
 
+/// [`SNAPSHOT`] on a Galera node, causal: the node first applies every
+/// write set the cluster certified before it (for this statement only).
+pub(super) const CAUSAL_SNAPSHOT: &str = "set transaction isolation level repeatable read; set statement wsrep_sync_wait = 1 for start transaction with consistent snapshot, read only";
+
 /// The feed's position as `conn`'s snapshot sees it, ids up to `settled`
 /// settled: the highest row, and the ids below it not visible yet.
 pub(super) async fn position_in(
@@ -153,6 +157,7 @@ pub(super) async fn read_since(
     // Settled before the statement's view: an id up to it that this read
     // does not see never commits. A position with open ids moves the
     // method on.
+    let causal = settled.known_galera();
     let settled = if since.open.is_empty() {
         settled.now()
     } else {
@@ -187,6 +192,12 @@ pub(super) async fn read_since(
             query = query.bind(*value);
         }
         let mut lease = kept.lease().await?;
+        if causal {
+            // The read sees what any node committed before it.
+            sqlx::query("set session wsrep_sync_wait = 1")
+                .execute(lease.connection())
+                .await?;
+        }
         let read =
             crate::kept::within_timeout(read_rows(query, lease.connection(), since, name)).await?;
         lease.keep();

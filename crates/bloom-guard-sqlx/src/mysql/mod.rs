@@ -8,6 +8,7 @@ mod collation;
 mod columns;
 mod cursor;
 mod feed;
+mod galera;
 mod install;
 mod names;
 mod scan;
@@ -178,8 +179,9 @@ impl Database for MySqlBackend {
             }
             tokio::time::sleep(REVISIT).await;
         }
+        let snapshot = self.settled.snapshot_statement(&self.pool).await?;
         let settled = self.settled.now();
-        let mut tx = self.pool.begin_with(feed::SNAPSHOT).await?;
+        let mut tx = self.pool.begin_with(snapshot).await?;
         let at: i64 = sqlx::query_scalar("select cast(unix_timestamp(now(6)) * 1000000 as signed)")
             .fetch_one(&mut *tx)
             .await?;

@@ -7,7 +7,7 @@ use futures_util::stream::BoxStream;
 use futures_util::TryStreamExt;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row};
 
-use super::feed::{position_in, SNAPSHOT};
+use super::feed::position_in;
 use super::settle::Settled;
 use crate::error::SourceError;
 use crate::source::batches::{spawn_scan, BatchSender};
@@ -91,8 +91,9 @@ impl KeySource for MySqlScan {
             // Settled before the snapshot; the feed's position and the keys
             // from that one snapshot, so the first batch names the position
             // of exactly the rows scanned.
+            let snapshot = settled.snapshot_statement(&pool).await?;
             let settled = settled.advance(&pool);
-            let mut tx = pool.begin_with(SNAPSHOT).await?;
+            let mut tx = pool.begin_with(snapshot).await?;
             let position = position_in(&mut tx, settled).await?;
             let mut batch = BatchSender::new_batch();
             batch.set_position(position.to_string());

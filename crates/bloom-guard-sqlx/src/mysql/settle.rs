@@ -73,6 +73,12 @@ pub(crate) struct Settled {
     state: Mutex<State>,
     /// Whether a round is under way.
     running: AtomicBool,
+    /// Whether the server is a Galera node, once known.
+    galera: tokio::sync::OnceCell<bool>,
+    /// On Galera, each node's own settling (see `galera.rs`).
+    cluster: super::galera::Cluster,
+    /// This settles one node of a cluster, not the cluster.
+    node_only: bool,
 }
 
 #[derive(Debug, Default)]
@@ -89,6 +95,8 @@ struct State {
     unlisted: bool,
     /// Looks in a row that found no fresh list.
     stale: u32,
+    /// On Galera: whether a node's ids wait to be settled.
+    cluster_settling: bool,
 }
 
 #[derive(Debug)]
@@ -109,6 +117,55 @@ impl Drop for Running<'_> {
 }
 
 impl Settled {
+    /// The settling of one node of a Galera cluster, on its own.
+    pub(super) fn node() -> Self {
+        Self {
+            node_only: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the server is a Galera node (`wsrep_on`): its feed is
+    /// settled over every node, and read causally.
+    pub(super) async fn is_galera(&self, pool: &MySqlPool) -> Result<bool, sqlx::Error> {
+        if self.node_only {
+            return Ok(false);
+        }
+        self.galera
+            .get_or_try_init(|| async {
+                match sqlx::query_scalar::<_, i64>("select cast(@@global.wsrep_on as signed)")
+                    .fetch_one(pool)
+                    .await
+                {
+                    Ok(on) => Ok(on != 0),
+                    // Not MariaDB: no such variable.
+                    Err(sqlx::Error::Database(_)) => Ok(false),
+                    Err(error) => Err(error),
+                }
+            })
+            .await
+            .copied()
+    }
+
+    /// Whether the server is known to be a Galera node.
+    pub(super) fn known_galera(&self) -> bool {
+        self.galera.get().copied().unwrap_or(false)
+    }
+
+    /// The statement that starts a read transaction whose snapshot holds
+    /// every transaction committed before it, on any node of a Galera
+    /// cluster (a causal read), and on one server as ever.
+    pub(super) async fn snapshot_statement(
+        &self,
+        pool: &MySqlPool,
+    ) -> Result<&'static str, sqlx::Error> {
+        Ok(if self.is_galera(pool).await? {
+            super::feed::CAUSAL_SNAPSHOT
+        } else {
+            super::feed::SNAPSHOT
+        })
+    }
+
     /// Every id up to the returned one is settled: a read begun after this
     /// call that lacks such an id proves it never commits.
     pub(super) fn now(&self) -> i64 {
@@ -124,7 +181,7 @@ impl Settled {
     /// Whether ids wait to be settled: no round yet, or one under way.
     pub(super) fn settling(&self) -> bool {
         let state = crate::lock::lock(&self.state);
-        state.last_round.is_none() || state.candidate.is_some()
+        state.last_round.is_none() || state.candidate.is_some() || state.cluster_settling
     }
 
     /// Starts a round in the background if one is due (none under way,
@@ -149,9 +206,33 @@ impl Settled {
             return;
         }
         let _running = Running(&self.running);
+        let stepped = tokio::time::timeout(ROUND_LIMIT, async {
+            if self.is_galera(pool).await? {
+                self.cluster_step(pool).await
+            } else {
+                self.step(pool).await
+            }
+        })
+        .await;
+        self.record(stepped);
+    }
+
+    /// One round on one node of a Galera cluster, unless one is under way.
+    pub(super) async fn node_round(&self, pool: &MySqlPool) {
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _running = Running(&self.running);
         let stepped = tokio::time::timeout(ROUND_LIMIT, self.step(pool)).await;
+        self.record(stepped);
+    }
+
+    /// Records how a round ended.
+    fn record(&self, stepped: Result<Result<(), sqlx::Error>, tokio::time::error::Elapsed>) {
         let mut state = crate::lock::lock(&self.state);
         match stepped {
+            // On Galera the nodes' rounds said.
+            Ok(Ok(())) if self.known_galera() => {}
             Ok(Ok(())) => state.unlisted = false,
             // A privilege refused: nothing will settle (pruning goes by age).
             Ok(Err(error)) if refused(&error) => {
@@ -172,6 +253,20 @@ impl Settled {
                 "a look at the running transactions took over {ROUND_LIMIT:?}; given up, retrying"
             ),
         }
+    }
+
+    /// A round over every node of a Galera cluster: the cluster's ids are
+    /// settled up to the least node's (see `galera.rs`).
+    async fn cluster_step(&self, pool: &MySqlPool) -> Result<(), sqlx::Error> {
+        crate::lock::lock(&self.state).last_round = Some(Instant::now());
+        let round = self.cluster.round(pool).await?;
+        let mut state = crate::lock::lock(&self.state);
+        state.cluster_settling = round.settling;
+        state.unlisted = round.unlisted;
+        if let Some(least) = round.settled {
+            state.settled = state.settled.max(least);
+        }
+        Ok(())
     }
 
     async fn step(&self, pool: &MySqlPool) -> Result<(), sqlx::Error> {
