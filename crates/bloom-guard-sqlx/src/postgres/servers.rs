@@ -141,6 +141,8 @@ impl TargetSession {
 /// # drop(pool);
 /// # Ok(()) }
 /// ```
+///
+#[doc = include_str!("../../docs/servers.md")]
 #[derive(Debug, Clone)]
 pub struct PgServers {
     servers: Vec<PgConnectOptions>,

@@ -106,6 +106,7 @@ impl Watch {
             return Err(LogInstallError::Inherited(self.table.clone()));
         }
         self.check_identity(pool).await?;
+        self.warn_subscriptions(pool).await?;
         if !self.on_log_already(pool).await? {
             retrying_locks("install the log feed", || self.log_once(pool)).await?;
         }
@@ -267,6 +268,32 @@ impl Watch {
         .fetch_one(pool)
         .await?;
         self.identity_gap(&identity, &columns).map_or(Ok(()), Err)
+    }
+
+    /// Warns when the table is a logical replication subscription's target
+    /// and its replica identity is not the primary key: the apply worker
+    /// finds the rows an UPDATE or DELETE names by that identity, so the
+    /// publisher must send its columns in the old rows.
+    async fn warn_subscriptions(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+        let subscriptions: Vec<(String, String)> = sqlx::query_as(
+            "select s.subname::text, c.relreplident::text
+               from pg_catalog.pg_subscription_rel r
+               join pg_catalog.pg_subscription s on s.oid = r.srsubid
+               join pg_catalog.pg_class c on c.oid = r.srrelid
+              where r.srrelid = $1::regclass and c.relreplident <> 'd'",
+        )
+        .bind(&self.table)
+        .fetch_all(pool)
+        .await?;
+        for (subscription, identity) in subscriptions {
+            tracing::warn!(
+                table = %self.table,
+                subscription,
+                identity = if identity == "f" { "full" } else { "using index" },
+                "the table is a subscription's target and its replica identity is not its primary key: the apply worker finds updated and deleted rows by that identity, so the publisher must send its columns in old rows (the same replica identity there, or FULL), or the subscription stops or skips those rows"
+            );
+        }
+        Ok(())
     }
 
     /// The error for a key column outside the replica identity
