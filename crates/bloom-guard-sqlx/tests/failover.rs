@@ -241,14 +241,27 @@ async fn a_follower_on_a_standby_says_so_at_start() {
 }
 
 /// A URL that lists the standby first and the primary second, asking for
-/// a read-write session: the pool and the follower's own connections reach
-/// the primary, and after the failover the promoted standby, with no key of
-/// it refused.
-#[tokio::test]
-#[cfg_attr(not(pg_server), ignore = "needs the Postgres server binaries (PG_BIN)")]
-async fn a_url_of_several_servers_follows_the_primary_across_a_failover() {
+/// a read-write session: the pool and the follower's own connections (the
+/// log feed's replication connections among them) reach the primary, and
+/// after the failover the promoted standby, with no key of it refused.
+async fn several_servers_across_a_failover(log: bool) {
     let (mut primary, standby, _proxy, setup) = primary_and_standby().await;
-    install(&setup).await;
+    if log {
+        bloom_guard_sqlx::install(&setup)
+            .await
+            .expect("install the feed");
+        exec(
+            &setup,
+            "alter table items replica identity using index items_key_key",
+        )
+        .await;
+        items()
+            .install_log(&setup)
+            .await
+            .expect("put items on the log feed");
+    } else {
+        install(&setup).await;
+    }
     setup.close().await;
     let url = format!(
         "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
@@ -268,7 +281,11 @@ async fn a_url_of_several_servers_follows_the_primary_across_a_failover() {
         .await
         .expect("a query");
     assert!(writable);
-    let (guard, _running) = followed(&pool).await;
+    let (guard, _running) = if log {
+        log::log_followed(&pool, &url).await
+    } else {
+        followed(&pool).await
+    };
 
     let refused = fail_over(&mut primary, &standby, None, &[&guard], 200).await;
     assert_eq!(refused, 0, "keys of the new primary refused");
@@ -279,4 +296,17 @@ async fn a_url_of_several_servers_follows_the_primary_across_a_failover() {
         .await
         .expect("a write through the pool, on the new primary");
     pool.close().await;
+}
+
+#[tokio::test]
+#[cfg_attr(not(pg_server), ignore = "needs the Postgres server binaries (PG_BIN)")]
+async fn a_url_of_several_servers_follows_the_primary_across_a_failover() {
+    several_servers_across_a_failover(false).await;
+}
+
+#[cfg(feature = "log-feed")]
+#[tokio::test]
+#[cfg_attr(not(pg_server), ignore = "needs the Postgres server binaries (PG_BIN)")]
+async fn the_log_feed_on_a_url_of_several_servers_follows_the_primary_across_a_failover() {
+    several_servers_across_a_failover(true).await;
 }

@@ -121,6 +121,7 @@ impl KeySource for PgCopySource {
             let point = match log_point {
                 Some(url) => {
                     let server = super::log::url::Server::of(&mut *conn).await?;
+                    let url = super::servers::narrowed(&url, &pool);
                     let point = super::log::stream::ScanPoint::take(&url, server.as_ref()).await;
                     Some(point.map_err(|error| {
                         SourceError::Database(sqlx::Error::Protocol(crate::error::error_chain(

@@ -14,7 +14,7 @@ mod notifier;
 mod position;
 mod privileges;
 mod replica;
-mod servers;
+pub(crate) mod servers;
 mod session;
 mod snapshot;
 mod watched;

@@ -273,6 +273,35 @@ impl PgServers {
     }
 }
 
+/// `url` narrowed to the server `pool` reaches now, if it lists several
+/// (a connection that is not the pool's, such as the log feed's
+/// replication connection, goes to the server the pool follows); `url`
+/// as it is otherwise.
+#[cfg_attr(not(feature = "log-feed"), allow(dead_code))]
+pub(crate) fn narrowed(url: &str, pool: &PgPool) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let (user, hosts) = match authority.rfind('@') {
+        Some(at) => (&authority[..=at], &authority[at + 1..]),
+        None => ("", authority),
+    };
+    if split_hosts(hosts).len() < 2 {
+        return url.to_owned();
+    }
+    let Ok((tail, _)) = without_target(tail) else {
+        return url.to_owned();
+    };
+    let options = pool.connect_options();
+    format!(
+        "{scheme}://{user}{}:{}{tail}",
+        options.get_host(),
+        options.get_port()
+    )
+}
+
 /// The URL's tail (path and query) without `target_session_attrs`, which
 /// sqlx does not know, and its value.
 fn without_target(tail: &str) -> Result<(String, TargetSession), ServersError> {
@@ -424,6 +453,23 @@ mod tests {
             assert_eq!(server.get_database(), Some("shop"));
             assert_eq!(server.get_application_name(), Some("x"));
         }
+    }
+
+    #[tokio::test]
+    async fn a_url_of_several_servers_narrows_to_the_pools() {
+        let pool =
+            PgPoolOptions::new().connect_lazy_with(PgConnectOptions::new().host("db2").port(5433));
+        assert_eq!(
+            narrowed(
+                "postgres://app:pw@db1:5432,db2:5433/shop?target_session_attrs=read-write&sslmode=require",
+                &pool
+            ),
+            "postgres://app:pw@db2:5433/shop?sslmode=require"
+        );
+        assert_eq!(
+            narrowed("postgres://app@db1:5432/shop", &pool),
+            "postgres://app@db1:5432/shop"
+        );
     }
 
     #[test]

@@ -69,9 +69,11 @@ impl Producer {
         // The last failure logged as a warning: each other one once.
         let mut warned: Option<String> = None;
         while !stop.is_cancelled() {
+            // The server the pool reaches now (a URL of several servers).
+            let url = crate::postgres::servers::narrowed(&self.url, &self.pool);
             let lease = tokio::select! {
                 () = stop.cancelled() => return,
-                lease = Lease::take(&self.url) => lease,
+                lease = Lease::take(&url) => lease,
             };
             match lease {
                 Ok(lease) => {
@@ -144,7 +146,7 @@ impl Producer {
         let after = self.progress().await?;
         let tables = self.tables(passed_over).await?;
         let mut stream = LogStream::start(
-            &self.url,
+            &crate::postgres::servers::narrowed(&self.url, &self.pool),
             self.server.as_ref(),
             &self.slot,
             &self.publication,

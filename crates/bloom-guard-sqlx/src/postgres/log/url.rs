@@ -93,7 +93,8 @@ impl Server {
 /// ```
 pub async fn check_replication(pool: &PgPool, url: &str) -> Result<(), FeedError> {
     let setting = |error: &StreamError| FeedError::ReplicationUrl(crate::error::error_chain(error));
-    let config = config(url, "", "").map_err(|error| setting(&error))?;
+    let url = crate::postgres::servers::narrowed(url, pool);
+    let config = config(&url, "", "").map_err(|error| setting(&error))?;
     let server = Server::of(pool).await?;
     let mut client = ReplicationClient::connect_gated(config)
         .await
