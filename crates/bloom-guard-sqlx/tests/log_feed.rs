@@ -383,3 +383,90 @@ async fn a_table_altered_to_inherit_opens_the_guard_at_its_commit(pool: PgPool) 
     )
     .await;
 }
+
+/// A partition whose rows the log never carries, made under a table on
+/// the log feed while its guard runs (its check ten minutes away): every
+/// key written there is served, never refused, from the DDL on.
+async fn an_unseen_partitions_keys_pass(pool: &PgPool, ddl: &str, prefix: &str) {
+    let (url, _slot) = log_fed(pool).await;
+    exec(
+        pool,
+        "create table parts (key text primary key, note text) partition by range (key);
+         create table parts_a partition of parts for values from ('a') to ('b');
+         create table parts_b partition of parts for values from ('b') to ('c');
+         insert into parts (key) values ('a1'), ('b1')",
+    )
+    .await;
+    let parts = bloom_guard_sqlx::Watch::table("parts").key("key");
+    parts
+        .install_log(pool)
+        .await
+        .expect("put parts on the log feed");
+    let (guard, _task) = log_followed_as(|guard| {
+        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), parts, &*url)
+            .check_interval(Duration::from_secs(600))
+    })
+    .await;
+    assert_eq!(status(&guard, "b-never").await, StatusCode::NOT_FOUND);
+    exec(pool, ddl).await;
+    // An ALTER TABLE of the family records a resync, which rebuilds the
+    // guard and checks it; a new partition records nothing. Either way,
+    // from the DDL on no key written there may be refused.
+    let mut refused = Vec::new();
+    for i in 0..50 {
+        let key = format!("{prefix}-unseen-{i}");
+        sqlx::query("insert into parts (key) values ($1)")
+            .bind(&key)
+            .execute(pool)
+            .await
+            .expect("insert into the partition");
+        if status(&guard, &key).await == StatusCode::NOT_FOUND {
+            refused.push(key);
+        }
+    }
+    assert!(
+        refused.is_empty(),
+        "refused: {refused:?}; {:?}",
+        guard.stats()
+    );
+    assert_ne!(status(&guard, "a1").await, StatusCode::NOT_FOUND);
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_partition_set_unlogged_never_has_its_keys_refused(pool: PgPool) {
+    an_unseen_partitions_keys_pass(&pool, "alter table parts_b set unlogged", "b").await;
+}
+
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_new_unlogged_partition_never_has_its_keys_refused(pool: PgPool) {
+    an_unseen_partitions_keys_pass(
+        &pool,
+        "create unlogged table parts_c partition of parts for values from ('c') to ('d')",
+        "c",
+    )
+    .await;
+}
+
+/// `install_log` refuses a table with an unlogged partition, naming it.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_table_with_an_unlogged_partition_is_refused_naming_it(pool: PgPool) {
+    let (_url, _slot) = log_fed(&pool).await;
+    exec(
+        &pool,
+        "create table parts (key text primary key) partition by range (key);
+         create table parts_a partition of parts for values from ('a') to ('b');
+         create unlogged table parts_u partition of parts for values from ('u') to ('v')",
+    )
+    .await;
+    let error = bloom_guard_sqlx::Watch::table("parts")
+        .key("key")
+        .install_log(&pool)
+        .await
+        .expect_err("an unlogged partition")
+        .to_string();
+    assert!(error.contains("parts_u"), "{error}");
+    assert!(error.contains("unlogged"), "{error}");
+}

@@ -58,8 +58,10 @@ static LOOK: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
                 {versions},
                 (select (s.confirmed_flush_lsn operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8 from s),
                 (select s.confirmed_flush_lsn < pg_catalog.pg_current_wal_lsn() from s),
-                (select s.active from s)",
-        versions = *VERSIONS
+                (select s.active from s),
+                (select {unseen} from t)",
+        versions = *VERSIONS,
+        unseen = super::install::unseen_in("t.rel")
     )
 });
 
@@ -81,6 +83,8 @@ pub(crate) struct Look {
     pub(crate) confirmed: Option<i64>,
     pub(crate) behind: Option<bool>,
     pub(crate) active: Option<bool>,
+    /// Members of the table's family the log never carries, named.
+    unseen: Option<String>,
 }
 
 /// Looks at `watch`'s table and the database's `slot`.
@@ -107,6 +111,7 @@ pub(crate) async fn look(pool: &PgPool, watch: &Watch, slot: &str) -> Result<Loo
         confirmed: row.try_get(9)?,
         behind: row.try_get(10)?,
         active: row.try_get(11)?,
+        unseen: row.try_get(12)?,
     })
 }
 
@@ -138,6 +143,15 @@ impl Look {
         }
         if self.inherited {
             gaps.push(LogInstallError::Inherited(watch.table.clone()).to_string());
+        }
+        if let Some(members) = &self.unseen {
+            gaps.push(
+                LogInstallError::Unseen {
+                    table: watch.table.clone(),
+                    members: members.clone(),
+                }
+                .to_string(),
+            );
         }
         if let (true, Some(identity)) = (self.logged, &self.identity) {
             gaps.extend(

@@ -50,6 +50,8 @@ pub(crate) enum LogInstallError {
     Inherited(String),
     #[error("{table}: a delete would not carry key column {column}, which is not in the replica identity; make the key the primary key, `alter table {table} replica identity using index` a unique index on it, or `replica identity full` (every update and delete then logs the whole old row)")]
     Identity { table: String, column: String },
+    #[error("{table}: {members} of its partitions (or children) write no log the feed can read (unlogged, or a foreign table whose rows live on another server); make them logged (`alter table ... set logged`), or detach them, or feed the table by triggers")]
+    Unseen { table: String, members: String },
 }
 
 impl Watch {
@@ -106,6 +108,12 @@ impl Watch {
             return Err(LogInstallError::Inherited(self.table.clone()));
         }
         self.check_identity(pool).await?;
+        if let Some(members) = unseen(pool, &self.table).await? {
+            return Err(LogInstallError::Unseen {
+                table: self.table.clone(),
+                members,
+            });
+        }
         self.warn_subscriptions(pool).await?;
         if !self.on_log_already(pool).await? {
             retrying_locks("install the log feed", || self.log_once(pool)).await?;
@@ -354,6 +362,31 @@ async fn relogged(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
 /// Whether a table of `table`'s family inherits from a table that is not
 /// partitioned: an inheritance child's changes come as its own, and one
 /// made after the table went into the publication is not in it.
+/// The members of `table`'s family whose rows the log never carries,
+/// named; `None` when there are none ([`unseen_in`]).
+async fn unseen(pool: &PgPool, table: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "select {}",
+        unseen_in("pg_catalog.to_regclass($1)")
+    )))
+    .bind(table)
+    .fetch_one(pool)
+    .await
+}
+
+/// SQL for the members of the family of `root` (a `regclass` expression)
+/// whose rows the log never carries, named and comma-separated, or null:
+/// an unlogged table (its writes make no WAL) or a foreign table (its rows
+/// live on another server).
+pub(crate) fn unseen_in(root: &str) -> String {
+    format!(
+        "(select pg_catalog.string_agg(u.oid::pg_catalog.regclass::pg_catalog.text, ', ' order by u.oid)
+            from bloom_guard.family({root}) f(rel)
+            join pg_catalog.pg_class u on u.oid = f.rel
+           where u.relpersistence <> 'p' or u.relkind = 'f')"
+    )
+}
+
 async fn inherited(pool: &PgPool, table: &str) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar(
         "select exists (select from bloom_guard.family(pg_catalog.to_regclass($1)) f(rel)

@@ -48,6 +48,8 @@ pub(crate) enum LogReadError {
     NoSlot(String),
     #[error("the log feed's producer did not reach the log's position {0:#x} in time")]
     Behind(u64),
+    #[error("{0}: the log never carries their rows (unlogged or foreign tables in a fed table's family), so no read can refuse their keys")]
+    Unseen(String),
 }
 
 /// The guards' rows after `after`; with `barrier`, only once the producer
@@ -121,6 +123,10 @@ pub(crate) async fn read_feeds(
         .fetch(connection);
     let mut reads: Vec<LogRead> = feeds.iter().map(|_| LogRead::default()).collect();
     while let Some(row) = rows.try_next().await? {
+        if let Some(members) = row.try_get::<Option<String>, _>(7)? {
+            // Rows written there reach no read: a refusal could be wrong.
+            return Err(LogReadError::Unseen(members));
+        }
         let n = usize::try_from(row.try_get::<i64, _>(6)?).unwrap_or(usize::MAX);
         let Some(read) = n.checked_sub(1).and_then(|n| reads.get_mut(n)) else {
             continue;
@@ -155,6 +161,7 @@ static READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             ),
         )
         .replace("EPOCH", super::slot::EPOCH)
+        .replace("UNSEEN", &super::install::unseen_in("l.rel"))
 });
 
 const READ_STATEMENT: &str = "with upto as (
@@ -167,11 +174,15 @@ const READ_STATEMENT: &str = "with upto as (
              select f.guard, f.after::pg_catalog.pg_lsn as after, f.lowered, f.n
                from rows from (pg_catalog.unnest($2::text[]), pg_catalog.unnest($4::text[]),
                                pg_catalog.unnest($5::bool[]))
-                    with ordinality as f(guard, after, lowered, n))
+                    with ordinality as f(guard, after, lowered, n)),
+              unseen as (
+             select pg_catalog.string_agg(UNSEEN, ', ') as members
+               from bloom_guard.logged l
+              where l.guard operator(pg_catalog.=) any ($2::text[]))
          select (greatest(u.lsn, f.after) operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
                 c.guard, c.kind::pg_catalog.text, LOWERED,
                 (coalesce(u.below, '0/0') operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
-                u.epoch, f.n
+                u.epoch, f.n, (select members from unseen)
            from upto u
           cross join feeds f
            left join lateral (
