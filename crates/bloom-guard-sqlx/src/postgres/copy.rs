@@ -140,7 +140,10 @@ impl KeySource for PgCopySource {
                 )))
                 .execute(&mut *conn)
                 .await?;
-                batch.set_position(point.lsn.to_string());
+                // The epoch as the scan's snapshot sees it: the position is
+                // that epoch's.
+                let epoch = super::log::slot::epoch(&mut *conn).await?;
+                batch.set_position(format!("{}/{epoch}", point.lsn));
             }
             #[cfg(feature = "log-feed")]
             let feed_position = feed_position || point.is_some();

@@ -11,6 +11,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::install::slot_name;
+use super::position::LogPosition;
 use super::producer::Producer;
 use crate::follow::changes::Changes;
 use crate::follow::column::KeyColumn;
@@ -47,10 +48,6 @@ pub(crate) struct PgLogBackend {
     /// moving, and its confirmed position then.
     stalled: std::sync::Arc<std::sync::Mutex<Option<(std::time::Instant, u64)>>>,
     pub(super) stalled_after: Duration,
-    /// The feed's epoch the filter's positions belong to: the first key
-    /// source's, then each read's. A read of another epoch (the slot made
-    /// again, its positions maybe below this filter's) rebuilds.
-    epoch: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl PgLogBackend {
@@ -61,7 +58,6 @@ impl PgLogBackend {
             slot: std::sync::Arc::default(),
             stalled: std::sync::Arc::default(),
             stalled_after: STALLED_AFTER,
-            epoch: std::sync::Arc::default(),
         }
     }
 
@@ -77,26 +73,6 @@ impl PgLogBackend {
             versions: Some(look.versions),
             counts_rows: Some(true),
         })
-    }
-
-    /// Whether `epoch` is another than the filter's positions belong to;
-    /// from then on it is theirs (the caller rebuilds).
-    fn epoch_changed(&self, epoch: &str) -> bool {
-        let mut known = self
-            .epoch
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match known.as_deref() {
-            Some(known) if known == epoch => false,
-            Some(_) => {
-                *known = Some(epoch.to_owned());
-                true
-            }
-            None => {
-                *known = Some(epoch.to_owned());
-                false
-            }
-        }
     }
 
     /// A gap if the slot has stayed behind the log, its confirmed position
@@ -151,17 +127,21 @@ impl PgLogBackend {
 
     /// The guard's rows after `since`, waiting for the producer when
     /// `barrier`.
-    async fn read_log(&self, since: u64, barrier: bool) -> Result<Read<u64>, sqlx::Error> {
-        let mut reads = Self::read_logs(&[(self, &since)], barrier).await?;
+    async fn read_log(
+        &self,
+        since: &LogPosition,
+        barrier: bool,
+    ) -> Result<Read<LogPosition>, sqlx::Error> {
+        let mut reads = Self::read_logs(&[(self, since)], barrier).await?;
         reads.pop().ok_or(sqlx::Error::RowNotFound)
     }
 
     /// Each guard's rows after its position, in one statement on the
     /// first's connection, waiting for the producer once when `barrier`.
     async fn read_logs(
-        reads: &[(&Self, &u64)],
+        reads: &[(&Self, &LogPosition)],
         barrier: bool,
-    ) -> Result<Vec<Read<u64>>, sqlx::Error> {
+    ) -> Result<Vec<Read<LogPosition>>, sqlx::Error> {
         let Some((first, _)) = reads.first() else {
             return Ok(Vec::new());
         };
@@ -170,7 +150,7 @@ impl PgLogBackend {
             .iter()
             .map(|(backend, since)| super::read::FeedAt {
                 guard: backend.inner.watch.feed_name(),
-                after: **since,
+                after: since.lsn,
                 lowered: backend.inner.lowered,
             })
             .collect();
@@ -197,35 +177,38 @@ impl PgLogBackend {
         Ok(reads
             .iter()
             .zip(read)
-            .map(|((backend, since), read)| backend.changes(**since, &read))
+            .map(|((_, since), read)| changes(since, &read))
             .collect())
     }
+}
 
-    /// A read's rows as changes, or a rebuild where the read cannot hold
-    /// the changes after `since`.
-    fn changes(&self, since: u64, read: &super::read::LogRead) -> Read<u64> {
-        // The horizon as the read's own snapshot saw it: a pruning that
-        // committed before the read took rows it would have had. A slot
-        // made since the filter's position: that position is not this
-        // feed's (its start may be below it).
-        if self.epoch_changed(&read.epoch) || since < read.horizon {
-            return Read::Pruned;
-        }
-        let mut changes = Changes::default();
-        for row in &read.rows {
-            let kind = [row.kind];
-            let kind = std::str::from_utf8(&kind).unwrap_or("r");
-            changes.record(kind, Some(row.key.as_bytes()));
-        }
-        Read::Changes {
-            position: read.position,
-            changes,
-        }
+/// A read's rows as changes, or a rebuild where the read cannot hold the
+/// changes after `since`: rows after it were pruned (the horizon as the
+/// read's own snapshot saw it), or it belongs to another epoch of the feed
+/// (a slot made since, whose start may lie below it). The epoch travels
+/// with the position, so a read made for another guard cannot take this
+/// one's rebuild from it.
+fn changes(since: &LogPosition, read: &super::read::LogRead) -> Read<LogPosition> {
+    if since.epoch != read.epoch || since.lsn < read.horizon {
+        return Read::Pruned;
+    }
+    let mut changes = Changes::default();
+    for row in &read.rows {
+        let kind = [row.kind];
+        let kind = std::str::from_utf8(&kind).unwrap_or("r");
+        changes.record(kind, Some(row.key.as_bytes()));
+    }
+    Read::Changes {
+        position: LogPosition {
+            lsn: read.position,
+            epoch: read.epoch.clone(),
+        },
+        changes,
     }
 }
 
 impl Database for PgLogBackend {
-    type Position = u64;
+    type Position = LogPosition;
     type Source = PgCopySource;
     type Snapshots = Tables<Postgres>;
     type Fleet = FleetTables<Postgres>;
@@ -239,21 +222,14 @@ impl Database for PgLogBackend {
         true
     }
 
-    fn parse_position(text: &str) -> Option<u64> {
-        text.parse().ok()
+    fn parse_position(text: &str) -> Option<LogPosition> {
+        LogPosition::parse(text)
     }
 
     async fn key_source(&self) -> Result<KeySet<PgCopySource>, sqlx::Error> {
         let watch = &self.inner.watch;
         let query = watch.key_query(self.pool(), self.inner.lowered).await?;
         let versions = self.trigger_versions().await?;
-        // The first key source's epoch: a snapshot adopted under it, then
-        // read under another, rebuilds.
-        let epoch = super::slot::epoch(self.pool()).await?;
-        self.epoch
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get_or_insert(epoch);
         let fingerprint = snapshot::fingerprint(self.pool(), &query, &versions).await?;
         Ok(KeySet {
             source: PgCopySource::new(self.pool().clone(), query).at_log_point(self.url.clone()),
@@ -270,19 +246,22 @@ impl Database for PgLogBackend {
         self.inner.has_unsafe_keys(source).await
     }
 
-    async fn position(&self) -> Result<Clock<u64>, sqlx::Error> {
+    async fn position(&self) -> Result<Clock<LogPosition>, sqlx::Error> {
         let slot = self.slot().await?.to_owned();
         let at = self.inner.position().await?.at;
-        let position = super::read::written(self.pool(), &slot).await?;
-        Ok(Clock { position, at })
+        let (lsn, epoch) = super::read::written(self.pool(), &slot).await?;
+        Ok(Clock {
+            position: LogPosition { lsn, epoch },
+            at,
+        })
     }
 
-    async fn read(&self, since: &u64) -> Result<Read<u64>, sqlx::Error> {
-        self.read_log(*since, true).await
+    async fn read(&self, since: &LogPosition) -> Result<Read<LogPosition>, sqlx::Error> {
+        self.read_log(since, true).await
     }
 
-    async fn read_behind(&self, since: &u64) -> Result<Read<u64>, sqlx::Error> {
-        self.read_log(*since, false).await
+    async fn read_behind(&self, since: &LogPosition) -> Result<Read<LogPosition>, sqlx::Error> {
+        self.read_log(since, false).await
     }
 
     const UNWAITED_READS_ARE_CHEAPER: bool = true;
@@ -292,16 +271,18 @@ impl Database for PgLogBackend {
     }
 
     /// Always for refusals: the producer waited for once for all.
-    async fn read_together(reads: &[(&Self, &u64)]) -> Result<Vec<Read<u64>>, sqlx::Error> {
+    async fn read_together(
+        reads: &[(&Self, &LogPosition)],
+    ) -> Result<Vec<Read<LogPosition>>, sqlx::Error> {
         Self::read_logs(reads, true).await
     }
 
-    async fn read_unwaited(&self, since: &u64) -> Result<Read<u64>, sqlx::Error> {
-        self.read_log(*since, false).await
+    async fn read_unwaited(&self, since: &LogPosition) -> Result<Read<LogPosition>, sqlx::Error> {
+        self.read_log(since, false).await
     }
 
-    async fn pending(&self, since: &u64, limit: u64) -> Result<u64, sqlx::Error> {
-        super::read::pending(self.pool(), self.inner.watch.feed_name(), *since, limit).await
+    async fn pending(&self, since: &LogPosition, limit: u64) -> Result<u64, sqlx::Error> {
+        super::read::pending(self.pool(), self.inner.watch.feed_name(), since.lsn, limit).await
     }
 
     async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
@@ -392,5 +373,40 @@ impl Database for PgLogBackend {
 
     async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, sqlx::Error> {
         self.inner.try_lock(guard).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::log::read::LogRead;
+
+    /// A read of another epoch sends the guard to a rebuild every time it
+    /// is asked, whoever's read it was: one made for another guard (a
+    /// shared read, whose answer for this guard only fails its waiting
+    /// refusals) does not make the next read continue from the position.
+    #[test]
+    fn a_position_of_another_epoch_is_never_continued_from() {
+        let since = LogPosition {
+            lsn: 5_000,
+            epoch: "slot@streamed@before".to_owned(),
+        };
+        let read = LogRead {
+            rows: Vec::new(),
+            position: 6_000,
+            horizon: 4_000,
+            epoch: "slot@streamed@after".to_owned(),
+        };
+        assert!(matches!(changes(&since, &read), Read::Pruned));
+        assert!(matches!(changes(&since, &read), Read::Pruned));
+        let same = LogRead {
+            epoch: since.epoch.clone(),
+            ..read
+        };
+        let Read::Changes { position, .. } = changes(&since, &same) else {
+            panic!("a read of the position's own epoch was not continued from");
+        };
+        assert_eq!(position.lsn, 6_000);
+        assert_eq!(position.epoch, since.epoch);
     }
 }

@@ -226,18 +226,24 @@ fn record_end_at_or_before(insert: u64, block: u64) -> u64 {
 
 /// The furthest position the producer has written, or the horizon if it
 /// is further (what came before is in no row, nor to be read): every
-/// change committed up to it is behind it.
-pub(crate) async fn written(pool: &sqlx::PgPool, slot: &str) -> Result<u64, sqlx::Error> {
-    let written: Option<i64> = sqlx::query_scalar(
+/// change committed up to it is behind it. With the feed's epoch, in the
+/// same snapshot.
+pub(crate) async fn written(
+    executor: impl sqlx::PgExecutor<'_>,
+    slot: &str,
+) -> Result<(u64, String), sqlx::Error> {
+    let (written, epoch): (Option<i64>, String) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "select (greatest((select p.applied from bloom_guard.log_progress p where p.slot = $1),
                           (select h.below from bloom_guard.log_horizon h),
                           '0/0'::pg_catalog.pg_lsn)
-                 operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8",
-    )
+                 operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
+                {}",
+        super::slot::EPOCH
+    )))
     .bind(slot)
-    .fetch_one(pool)
+    .fetch_one(executor)
     .await?;
-    Ok(written.map_or(0, i64::unsigned_abs))
+    Ok((written.map_or(0, i64::unsigned_abs), epoch))
 }
 
 /// How many rows of `guard` after `since`, counting up to `limit` only.
