@@ -470,3 +470,41 @@ async fn a_table_with_an_unlogged_partition_is_refused_naming_it(pool: PgPool) {
     assert!(error.contains("parts_u"), "{error}");
     assert!(error.contains("unlogged"), "{error}");
 }
+
+/// The publication changed by hand so that inserts are no longer published
+/// (or a row filter, a column list): the guard lets those keys through,
+/// from the change on, and its check names the change.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_publication_changed_by_hand_never_has_its_keys_refused(pool: PgPool) {
+    let (url, _slot) = log_fed(&pool).await;
+    let (guard, _task) = log_followed_as(|guard| {
+        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), items(), &*url)
+            .check_interval(Duration::from_secs(600))
+    })
+    .await;
+    assert_eq!(status(&guard, "never-written").await, StatusCode::NOT_FOUND);
+    exec(
+        &pool,
+        "alter publication bloom_guard set (publish = 'update, delete, truncate')",
+    )
+    .await;
+    let mut refused = Vec::new();
+    for i in 0..30 {
+        let key = format!("unpublished-{i}");
+        sqlx::query("insert into items (key) values ($1)")
+            .bind(&key)
+            .execute(&pool)
+            .await
+            .expect("insert");
+        if status(&guard, &key).await == StatusCode::NOT_FOUND {
+            refused.push(key);
+        }
+    }
+    assert!(refused.is_empty(), "refused: {refused:?}");
+    exec(
+        &pool,
+        "alter publication bloom_guard set (publish = 'insert, update, delete, truncate')",
+    )
+    .await;
+}

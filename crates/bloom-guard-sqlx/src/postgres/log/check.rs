@@ -59,9 +59,11 @@ static LOOK: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
                 (select (s.confirmed_flush_lsn operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8 from s),
                 (select s.confirmed_flush_lsn < pg_catalog.pg_current_wal_lsn() from s),
                 (select s.active from s),
-                (select {unseen} from t)",
+                (select {unseen} from t),
+                (select {drift} from t)",
         versions = *VERSIONS,
-        unseen = super::install::unseen_in("t.rel")
+        unseen = super::install::unseen_in("t.rel"),
+        drift = super::install::publication_drift("t.rel")
     )
 });
 
@@ -85,6 +87,8 @@ pub(crate) struct Look {
     pub(crate) active: Option<bool>,
     /// Members of the table's family the log never carries, named.
     unseen: Option<String>,
+    /// How the publication was changed outside `install_log`.
+    drift: Option<String>,
 }
 
 /// Looks at `watch`'s table and the database's `slot`.
@@ -112,6 +116,7 @@ pub(crate) async fn look(pool: &PgPool, watch: &Watch, slot: &str) -> Result<Loo
         behind: row.try_get(10)?,
         active: row.try_get(11)?,
         unseen: row.try_get(12)?,
+        drift: row.try_get(13)?,
     })
 }
 
@@ -143,6 +148,9 @@ impl Look {
         }
         if self.inherited {
             gaps.push(LogInstallError::Inherited(watch.table.clone()).to_string());
+        }
+        if let Some(drift) = &self.drift {
+            gaps.push(LogInstallError::Publication(drift.clone()).to_string());
         }
         if let Some(members) = &self.unseen {
             gaps.push(

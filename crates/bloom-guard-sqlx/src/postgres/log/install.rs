@@ -50,6 +50,8 @@ pub(crate) enum LogInstallError {
     Inherited(String),
     #[error("{table}: a delete would not carry key column {column}, which is not in the replica identity; make the key the primary key, `alter table {table} replica identity using index` a unique index on it, or `replica identity full` (every update and delete then logs the whole old row)")]
     Identity { table: String, column: String },
+    #[error("publication {PUBLICATION} was changed outside install_log ({0}), so changes of the fed tables can miss the feed: `alter publication {PUBLICATION} set (publish = 'insert, update, delete, truncate', publish_via_partition_root = true)`, drop the table from it and call install_log again (a rebuild follows)")]
+    Publication(String),
     #[error("{table}: {members} of its partitions (or children) write no log the feed can read (unlogged, or a foreign table whose rows live on another server); make them logged (`alter table ... set logged`), or detach them, or feed the table by triggers")]
     Unseen { table: String, members: String },
 }
@@ -372,6 +374,25 @@ async fn unseen(pool: &PgPool, table: &str) -> Result<Option<String>, sqlx::Erro
     .bind(table)
     .fetch_one(pool)
     .await
+}
+
+/// SQL for how the publication no longer publishes every change of the
+/// table `rel` (a `regclass` expression) as `install_log` made it,
+/// described, or null: an operation left out, `publish_via_partition_root`
+/// turned off, a row filter or a column list on the table. Changed outside
+/// `install_log`, it would silently drop rows the guard must hold.
+pub(crate) fn publication_drift(rel: &str) -> String {
+    format!(
+        "(select nullif(pg_catalog.concat_ws('; ',
+                    case when not (p.pubinsert and p.pubupdate and p.pubdelete and p.pubtruncate)
+                         then 'it does not publish every operation' end,
+                    case when not p.pubviaroot then 'publish_via_partition_root is off' end,
+                    case when r.prqual is not null then 'a row filter on the table' end,
+                    case when r.prattrs is not null then 'a column list on the table' end), '')
+            from pg_catalog.pg_publication p
+            left join pg_catalog.pg_publication_rel r on r.prpubid = p.oid and r.prrelid = {rel}
+           where p.pubname = '{PUBLICATION}')"
+    )
 }
 
 /// SQL for the members of the family of `root` (a `regclass` expression)
