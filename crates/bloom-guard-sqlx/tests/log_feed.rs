@@ -508,3 +508,87 @@ async fn a_publication_changed_by_hand_never_has_its_keys_refused(pool: PgPool) 
     )
     .await;
 }
+
+/// A table on the log feed attached as a partition of another table on
+/// it: the server publishes its changes as the root's only, so its own
+/// guard lets its keys through from the attach on; and `install_log`
+/// refuses a partition under a fed root, and a root over a fed partition.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_fed_table_attached_under_a_fed_root_never_has_its_keys_refused(pool: PgPool) {
+    let (url, _slot) = log_fed(&pool).await;
+    exec(
+        &pool,
+        "create table parts (key text primary key) partition by range (key);
+         create table parts_a partition of parts for values from ('a') to ('b');
+         create table parts_b (key text primary key);
+         insert into parts_b values ('b1')",
+    )
+    .await;
+    let parts = bloom_guard_sqlx::Watch::table("parts").key("key");
+    let parts_b = bloom_guard_sqlx::Watch::table("parts_b").key("key");
+    parts
+        .install_log(&pool)
+        .await
+        .expect("parts on the log feed");
+    parts_b
+        .install_log(&pool)
+        .await
+        .expect("parts_b on the log feed");
+    let (guard, _task) = log_followed_as(|guard| {
+        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), parts_b.clone(), &*url)
+            .check_interval(Duration::from_secs(600))
+    })
+    .await;
+    assert_eq!(status(&guard, "b-never").await, StatusCode::NOT_FOUND);
+    exec(
+        &pool,
+        "alter table parts attach partition parts_b for values from ('b') to ('c')",
+    )
+    .await;
+    let mut refused = Vec::new();
+    for i in 0..30 {
+        let key = format!("b-attached-{i}");
+        sqlx::query("insert into parts_b (key) values ($1)")
+            .bind(&key)
+            .execute(&pool)
+            .await
+            .expect("insert into the partition");
+        if status(&guard, &key).await == StatusCode::NOT_FOUND {
+            refused.push(key);
+        }
+    }
+    assert!(refused.is_empty(), "refused: {refused:?}");
+
+    // Installs that would make such a pair are refused, naming the other.
+    exec(
+        &pool,
+        "create table parts_c partition of parts for values from ('c') to ('d')",
+    )
+    .await;
+    let under = bloom_guard_sqlx::Watch::table("parts_c")
+        .key("key")
+        .install_log(&pool)
+        .await
+        .expect_err("a partition under a fed root")
+        .to_string();
+    assert!(under.contains("parts_c is a partition of parts"), "{under}");
+    exec(
+        &pool,
+        "create table roots (key text primary key) partition by range (key);
+         create table roots_a partition of roots for values from ('a') to ('b')",
+    )
+    .await;
+    bloom_guard_sqlx::Watch::table("roots_a")
+        .key("key")
+        .install_log(&pool)
+        .await
+        .expect("roots_a on the log feed");
+    let over = bloom_guard_sqlx::Watch::table("roots")
+        .key("key")
+        .install_log(&pool)
+        .await
+        .expect_err("a root over a fed partition")
+        .to_string();
+    assert!(over.contains("roots_a"), "{over}");
+}

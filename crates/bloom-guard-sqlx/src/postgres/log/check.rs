@@ -60,10 +60,12 @@ static LOOK: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
                 (select s.confirmed_flush_lsn < pg_catalog.pg_current_wal_lsn() from s),
                 (select s.active from s),
                 (select {unseen} from t),
-                (select {drift} from t)",
+                (select {drift} from t),
+                (select {ancestors} from t)",
         versions = *VERSIONS,
         unseen = super::install::unseen_in("t.rel"),
-        drift = super::install::publication_drift("t.rel")
+        drift = super::install::publication_drift("t.rel"),
+        ancestors = super::install::fed_ancestors("t.rel")
     )
 });
 
@@ -89,6 +91,8 @@ pub(crate) struct Look {
     unseen: Option<String>,
     /// How the publication was changed outside `install_log`.
     drift: Option<String>,
+    /// Tables on the log feed this one is a partition of.
+    ancestors: Option<String>,
 }
 
 /// Looks at `watch`'s table and the database's `slot`.
@@ -117,6 +121,7 @@ pub(crate) async fn look(pool: &PgPool, watch: &Watch, slot: &str) -> Result<Loo
         active: row.try_get(11)?,
         unseen: row.try_get(12)?,
         drift: row.try_get(13)?,
+        ancestors: row.try_get(14)?,
     })
 }
 
@@ -148,6 +153,15 @@ impl Look {
         }
         if self.inherited {
             gaps.push(LogInstallError::Inherited(watch.table.clone()).to_string());
+        }
+        if let Some(ancestors) = &self.ancestors {
+            gaps.push(
+                LogInstallError::UnderFed {
+                    table: watch.table.clone(),
+                    ancestors: ancestors.clone(),
+                }
+                .to_string(),
+            );
         }
         if let Some(drift) = &self.drift {
             gaps.push(LogInstallError::Publication(drift.clone()).to_string());

@@ -50,6 +50,10 @@ pub(crate) enum LogInstallError {
     Inherited(String),
     #[error("{table}: a delete would not carry key column {column}, which is not in the replica identity; make the key the primary key, `alter table {table} replica identity using index` a unique index on it, or `replica identity full` (every update and delete then logs the whole old row)")]
     Identity { table: String, column: String },
+    #[error("{table} is a partition of {ancestors}, also on the log feed: the server publishes a partition's changes as its topmost published ancestor only, so {table}'s guard would get none; guard the ancestor, or feed {table} by triggers")]
+    UnderFed { table: String, ancestors: String },
+    #[error("{table} has partitions on the log feed ({partitions}): the server would publish their changes as {table}'s only, so their guards would get none; take them off the log feed first, or feed {table} by triggers")]
+    OverFed { table: String, partitions: String },
     #[error("publication {PUBLICATION} was changed outside install_log ({0}), so changes of the fed tables can miss the feed: `alter publication {PUBLICATION} set (publish = 'insert, update, delete, truncate', publish_via_partition_root = true)`, drop the table from it and call install_log again (a rebuild follows)")]
     Publication(String),
     #[error("{table}: {members} of its partitions (or children) write no log the feed can read (unlogged, or a foreign table whose rows live on another server); make them logged (`alter table ... set logged`), or detach them, or feed the table by triggers")]
@@ -110,6 +114,37 @@ impl Watch {
             return Err(LogInstallError::Inherited(self.table.clone()));
         }
         self.check_identity(pool).await?;
+        // Before the first table, the log feed's tables are not there yet.
+        let fed: bool =
+            sqlx::query_scalar("select pg_catalog.to_regclass('bloom_guard.logged') is not null")
+                .fetch_one(pool)
+                .await?;
+        let (ancestors, partitions): (Option<String>, Option<String>) = if !fed {
+            (None, None)
+        } else {
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "select {}, (select pg_catalog.string_agg(f.rel::pg_catalog.text, ', ')
+                               from bloom_guard.family(pg_catalog.to_regclass($1)) f(rel)
+                              where f.rel <> pg_catalog.to_regclass($1)
+                                and exists (select from bloom_guard.logged o where o.rel = f.rel))",
+                fed_ancestors("pg_catalog.to_regclass($1)")
+            )))
+            .bind(&self.table)
+            .fetch_one(pool)
+            .await?
+        };
+        if let Some(ancestors) = ancestors {
+            return Err(LogInstallError::UnderFed {
+                table: self.table.clone(),
+                ancestors,
+            });
+        }
+        if let Some(partitions) = partitions {
+            return Err(LogInstallError::OverFed {
+                table: self.table.clone(),
+                partitions,
+            });
+        }
         if let Some(members) = unseen(pool, &self.table).await? {
             return Err(LogInstallError::Unseen {
                 table: self.table.clone(),
@@ -392,6 +427,19 @@ pub(crate) fn publication_drift(rel: &str) -> String {
             from pg_catalog.pg_publication p
             left join pg_catalog.pg_publication_rel r on r.prpubid = p.oid and r.prrelid = {rel}
            where p.pubname = '{PUBLICATION}')"
+    )
+}
+
+/// SQL for the tables on the log feed that `rel` (a `regclass`
+/// expression) is a partition of, at any depth, named, or null: the server
+/// publishes a partition's changes as its topmost published ancestor, so a
+/// guard on the partition gets none of them.
+pub(crate) fn fed_ancestors(rel: &str) -> String {
+    format!(
+        "(select pg_catalog.string_agg(a.relid::pg_catalog.regclass::pg_catalog.text, ', ')
+            from pg_catalog.pg_partition_ancestors({rel}) a
+           where a.relid <> {rel}
+             and exists (select from bloom_guard.logged o where o.rel = a.relid))"
     )
 }
 

@@ -48,7 +48,7 @@ pub(crate) enum LogReadError {
     NoSlot(String),
     #[error("the log feed's producer did not reach the log's position {0:#x} in time")]
     Behind(u64),
-    #[error("the log feed cannot carry every change of {0} (unlogged or foreign members of its family, or the publication changed outside install_log), so no read can refuse their keys")]
+    #[error("the log feed cannot carry every change of {0} (unlogged or foreign members of its family, a fed ancestor it is published as, or the publication changed outside install_log), so no read can refuse their keys")]
     Unseen(String),
 }
 
@@ -163,6 +163,7 @@ static READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         .replace("EPOCH", super::slot::EPOCH)
         .replace("UNSEEN", &super::install::unseen_in("l.rel"))
         .replace("DRIFT", &super::install::publication_drift("l.rel"))
+        .replace("ANCESTORS", &super::install::fed_ancestors("l.rel"))
 });
 
 const READ_STATEMENT: &str = "with upto as (
@@ -177,8 +178,8 @@ const READ_STATEMENT: &str = "with upto as (
                                pg_catalog.unnest($5::bool[]))
                     with ordinality as f(guard, after, lowered, n)),
               unseen as (
-             select pg_catalog.string_agg(pg_catalog.concat_ws(': ', l.rel::pg_catalog.regclass::pg_catalog.text, coalesce(UNSEEN, DRIFT)), '; ')
-                      filter (where UNSEEN is not null or DRIFT is not null) as members
+             select pg_catalog.string_agg(pg_catalog.concat_ws(': ', l.rel::pg_catalog.regclass::pg_catalog.text, coalesce(UNSEEN, DRIFT, ANCESTORS)), '; ')
+                      filter (where UNSEEN is not null or DRIFT is not null or ANCESTORS is not null) as members
                from bloom_guard.logged l
               where l.guard operator(pg_catalog.=) any ($2::text[]))
          select (greatest(u.lsn, f.after) operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
