@@ -8,9 +8,11 @@
 //! (the progress, the slot's confirmed position, both ends of commits)
 //! falls between that and the commit's end, so no reader sees a part
 //! before the transaction's last rows are written with its end. The
-//! progress row records how many rows of that transaction are written:
-//! the slot sends the transaction again, from its first row, after a
-//! crash, and the rows written already are left out.
+//! progress row records how many rows of that transaction are written.
+//! After a crash the slot sends the transaction again from its first row:
+//! its rows are made again from there, under the guards its tables have
+//! then, and the rows of the earlier try are dropped (a count alone could
+//! skip or repeat rows if a guard was added or taken off meanwhile).
 
 use sqlx::{PgConnection, Postgres, Transaction};
 
@@ -86,10 +88,21 @@ impl Producer {
             // or by another producer.
             return tx.commit().await;
         }
-        let written = if progress.part_at == at {
-            progress.part_rows
-        } else {
-            0
+        let written = match (progress.part_at == at, offset) {
+            // The transaction sent again from its first row (a crash, a
+            // killed connection, another producer): its rows are made
+            // again, under the tables' guards of now, and those written
+            // before are dropped, whatever guards they were made under
+            // (none was readable: they wait for the transaction's end).
+            (true, 0) if progress.part_rows > 0 => {
+                sqlx::query("delete from bloom_guard.log_changes where lsn = '0/0'::pg_catalog.pg_lsn operator(pg_catalog.+) $1::pg_catalog.numeric")
+                    .bind(lsn(at))
+                    .execute(&mut *tx)
+                    .await?;
+                0
+            }
+            (true, _) => progress.part_rows,
+            (false, _) => 0,
         };
         let skip = usize::try_from(written.saturating_sub(offset)).unwrap_or(usize::MAX);
         insert(&mut tx, rows.iter().skip(skip).map(|row| (at, row))).await?;

@@ -175,3 +175,59 @@ async fn a_transaction_of_many_parts_streams_each_change_once_through_a_killed_r
     assert_eq!(feed_counts(&pool).await, table_counts(&pool).await);
     stop.cancel();
 }
+
+/// A transaction written in part, then sent again after its table gained
+/// a guard: the rows of the first try are dropped and the transaction is
+/// made again under the guards of now, so no row is skipped or repeated.
+#[sqlx::test(migrations = false)]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_transaction_sent_again_under_other_guards_is_made_again_whole(pool: PgPool) {
+    let (url, _slot) = log_fed_items(&pool).await;
+    let producer = Producer::new(pool.clone(), &url).await.expect("producer");
+    let epoch = crate::postgres::log::slot::epoch(&pool)
+        .await
+        .expect("epoch");
+    let start: i64 =
+        sqlx::query_scalar("select (applied - '0/0'::pg_lsn)::int8 from bloom_guard.log_progress")
+            .fetch_one(&pool)
+            .await
+            .expect("progress");
+    let start = start.unsigned_abs();
+    let (begin, end) = (start, start + 100);
+    let rows = |guards: &[&str], from: usize, to: usize| -> Vec<FeedRow> {
+        (from..to)
+            .flat_map(|n| {
+                guards.iter().map(move |guard| FeedRow {
+                    guard: (*guard).into(),
+                    kind: b'i',
+                    key: format!("k{n}"),
+                })
+            })
+            .collect()
+    };
+    // One guard: ten rows written in part.
+    producer
+        .write_part(begin, 0, &rows(&["items"], 0, 10), &epoch)
+        .await
+        .expect("part");
+    // Sent again with a second guard on the table: twice the rows.
+    producer
+        .write_part(begin, 0, &rows(&["items", "twin"], 0, 10), &epoch)
+        .await
+        .expect("again");
+    producer
+        .write(&[(end, rows(&["items"], 10, 11).remove(0))], end, &epoch)
+        .await
+        .expect("the end");
+    let counts: Vec<(String, i64)> = sqlx::query_as(
+        "select guard, count(*) from bloom_guard.log_changes group by guard order by guard",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("rows");
+    assert_eq!(
+        counts,
+        [("items".to_owned(), 11), ("twin".to_owned(), 10)],
+        "each row of the transaction once, under the guards of now"
+    );
+}
