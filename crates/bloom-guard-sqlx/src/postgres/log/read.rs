@@ -178,10 +178,10 @@ const READ_STATEMENT: &str = "with upto as (
                                pg_catalog.unnest($5::bool[]))
                     with ordinality as f(guard, after, lowered, n)),
               unseen as (
-             select pg_catalog.string_agg(pg_catalog.concat_ws(': ', l.rel::pg_catalog.regclass::pg_catalog.text, coalesce(UNSEEN, DRIFT, ANCESTORS)), '; ')
-                      filter (where UNSEEN is not null or DRIFT is not null or ANCESTORS is not null) as members
+             select pg_catalog.string_agg(l.rel::pg_catalog.regclass::pg_catalog.text operator(pg_catalog.||) ': ' operator(pg_catalog.||) x.what, '; ') as members
                from bloom_guard.logged l
-              where l.guard operator(pg_catalog.=) any ($2::text[]))
+              cross join lateral (select coalesce(UNSEEN, DRIFT, ANCESTORS) as what) x
+              where l.guard operator(pg_catalog.=) any ($2::text[]) and x.what is not null)
          select (greatest(u.lsn, f.after) operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
                 c.guard, c.kind::pg_catalog.text, LOWERED,
                 (coalesce(u.below, '0/0') operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
