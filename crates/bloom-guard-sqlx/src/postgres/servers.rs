@@ -159,7 +159,9 @@ impl PgServers {
     pub fn parse(url: &str) -> Result<Self, ServersError> {
         let invalid = |why: &str| ServersError::Url(why.to_owned());
         let (scheme, rest) = url.split_once("://").ok_or_else(|| invalid("no `://`"))?;
-        if !matches!(scheme, "postgres" | "postgresql") {
+        // Schemes are case-insensitive, as sqlx reads them.
+        let scheme = scheme.to_ascii_lowercase();
+        if !matches!(scheme.as_str(), "postgres" | "postgresql") {
             return Err(invalid("the scheme is not postgres:// or postgresql://"));
         }
         let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
@@ -477,6 +479,14 @@ mod tests {
         let servers = PgServers::parse("postgresql://db/shop").expect("a URL");
         assert_eq!(servers.servers().len(), 1);
         assert_eq!(servers.target(), TargetSession::Any);
+        // As sqlx reads them: any case of the scheme, a socket folder.
+        for url in [
+            "Postgres://app@db/shop",
+            "postgres:///shop?host=/var/run/postgresql",
+        ] {
+            let servers = PgServers::parse(url).expect(url);
+            assert_eq!(servers.servers().len(), 1, "{url}");
+        }
     }
 
     #[test]
