@@ -5,20 +5,26 @@ use super::*;
 use crate::postgres::log::read::read;
 use crate::postgres::log::stream::PART_ROWS;
 
-#[sqlx::test(migrations = false)]
-#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
-async fn parts_sent_again_are_written_once_and_read_with_their_transaction(pool: PgPool) {
-    let (url, _slot) = log_fed_items(&pool).await;
+/// `items` on the log feed, a producer of it, the feed's epoch, and the
+/// progress: where the next commit starts.
+async fn a_producer_at_the_progress(pool: &PgPool) -> (String, Slot, Producer, String, u64) {
+    let (url, slot) = log_fed_items(pool).await;
     let producer = Producer::new(pool.clone(), &url).await.expect("producer");
-    let epoch = crate::postgres::log::slot::epoch(&pool)
+    let epoch = crate::postgres::log::slot::epoch(pool)
         .await
         .expect("epoch");
     let start: i64 =
         sqlx::query_scalar("select (applied - '0/0'::pg_lsn)::int8 from bloom_guard.log_progress")
-            .fetch_one(&pool)
+            .fetch_one(pool)
             .await
             .expect("progress");
-    let start = start.unsigned_abs();
+    (url, slot, producer, epoch, start.unsigned_abs())
+}
+
+#[sqlx::test(migrations = false)]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn parts_sent_again_are_written_once_and_read_with_their_transaction(pool: PgPool) {
+    let (_url, _slot, producer, epoch, start) = a_producer_at_the_progress(&pool).await;
     // The commit starts where the last one ended: its parts must still be
     // past every bound until its end.
     let (begin, end) = (start, start + 100);
@@ -182,17 +188,7 @@ async fn a_transaction_of_many_parts_streams_each_change_once_through_a_killed_r
 #[sqlx::test(migrations = false)]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_transaction_sent_again_under_other_guards_is_made_again_whole(pool: PgPool) {
-    let (url, _slot) = log_fed_items(&pool).await;
-    let producer = Producer::new(pool.clone(), &url).await.expect("producer");
-    let epoch = crate::postgres::log::slot::epoch(&pool)
-        .await
-        .expect("epoch");
-    let start: i64 =
-        sqlx::query_scalar("select (applied - '0/0'::pg_lsn)::int8 from bloom_guard.log_progress")
-            .fetch_one(&pool)
-            .await
-            .expect("progress");
-    let start = start.unsigned_abs();
+    let (_url, _slot, producer, epoch, start) = a_producer_at_the_progress(&pool).await;
     let (begin, end) = (start, start + 100);
     let rows = |guards: &[&str], from: usize, to: usize| -> Vec<FeedRow> {
         (from..to)
