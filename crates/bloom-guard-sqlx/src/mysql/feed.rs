@@ -175,8 +175,15 @@ pub(super) async fn read_since(
             )
         },
     );
+    // On Galera the read first applies what any node committed before
+    // it, for this statement only.
+    let causal = if causal {
+        "set statement wsrep_sync_wait = 1 for "
+    } else {
+        ""
+    };
     let statement = format!(
-        "select h.below, m.id, m.guard, m.kind, m.k, m.at, c.id, c.guard, c.kind, c.k, c.at, {weighed}
+        "{causal}select h.below, m.id, m.guard, m.kind, m.k, m.at, c.id, c.guard, c.kind, c.k, c.at, {weighed}
          from (select cast(coalesce(max(below), 0) as signed) as below from bloom_guard_horizon) h
          left join bloom_guard_changes m on m.id = ?
          left join bloom_guard_changes c on {condition}
@@ -192,12 +199,6 @@ pub(super) async fn read_since(
             query = query.bind(*value);
         }
         let mut lease = kept.lease().await?;
-        if causal {
-            // The read sees what any node committed before it.
-            sqlx::query("set session wsrep_sync_wait = 1")
-                .execute(lease.connection())
-                .await?;
-        }
         let read =
             crate::kept::within_timeout(read_rows(query, lease.connection(), since, name)).await?;
         lease.keep();
