@@ -49,7 +49,7 @@ impl Row {
 }
 
 /// Seeds each wrk thread's random keys apart; `n` counts its requests.
-const SEEDED_LUA: &str = r#"
+pub(crate) const SEEDED_LUA: &str = r#"
 local counter = 0
 setup = function(thread)
   counter = counter + 1
@@ -62,7 +62,7 @@ end
 "#;
 
 /// Absent keys of `/items/{key}`.
-const ATTACK_LUA: &str = r#"
+pub(crate) const ATTACK_LUA: &str = r#"
 request = function()
   return wrk.format("GET", string.format("/items/absent-%08x%08x",
     math.random(0, 0x7fffffff), math.random(0, 0x7fffffff)))
@@ -286,7 +286,7 @@ async fn reads_since(db: &Database, before: u64, seconds: u64) -> Result<f64, sq
 
 /// Runs `wrk` against `addr` with `script`: requests a second, p50 and
 /// p99 in milliseconds.
-async fn wrk(
+pub(crate) async fn wrk(
     addr: &str,
     script: &Path,
     connections: usize,
@@ -338,7 +338,7 @@ fn millis(text: &str) -> Option<f64> {
     }
 }
 
-fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {
+pub(crate) fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {
     let dir = std::env::temp_dir().join(format!("bloom-load-barrier-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)

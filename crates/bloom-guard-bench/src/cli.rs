@@ -72,6 +72,30 @@ pub(crate) enum Command {
         #[arg(long, default_value = "triggers")]
         feed: String,
     },
+    /// A flood of absent keys while the server writes, on each feed:
+    /// alone, with writers on the guarded table, with writers on another
+    /// database of the same server (needs `wrk`; the log feed needs the
+    /// server with `wal_level=logical`).
+    Busy {
+        /// The items-service binary.
+        #[arg(long, default_value = "target/release/items-service")]
+        binary: PathBuf,
+        /// Rows in the items table.
+        #[arg(long, default_value_t = 100_000)]
+        keys: u64,
+        /// Seconds per flood.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// The flood's connections.
+        #[arg(long, default_value_t = 64)]
+        connections: usize,
+        /// Writers, each one one-row insert at a time.
+        #[arg(long, default_value_t = 32)]
+        writers: usize,
+        /// The feeds, in turn.
+        #[arg(long, value_delimiter = ',', default_value = "triggers,log")]
+        feeds: Vec<String>,
+    },
     /// A deploy of the whole service after a bulk load: process start to
     /// every guard ready, first and second start, with peak memory,
     /// beside `psql`'s `\copy` and a read of the snapshot (needs `psql`).

@@ -47,6 +47,7 @@
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
 mod barrier;
+mod busy;
 mod chart;
 mod churn;
 mod cli;
@@ -112,6 +113,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 feed,
             };
             barrier::barrier(&cli.database_url, &binary, &cli.out, &settings).await
+        }
+        Command::Busy {
+            binary,
+            keys,
+            seconds,
+            connections,
+            writers,
+            feeds,
+        } => {
+            let settings = busy::BusySettings {
+                keys,
+                seconds,
+                connections,
+                writers,
+                feeds,
+            };
+            busy::busy(&cli.database_url, &binary, &cli.out, &settings).await
         }
         Command::Start {
             binary,

@@ -225,6 +225,28 @@ pub(crate) async fn get(addr: &str, path: &str) -> Option<u16> {
     get_status(addr, path).await
 }
 
+/// `GET path` on the admin address: the JSON body, or `None` if it
+/// failed.
+pub(crate) async fn admin_json(admin_addr: &str, path: &str) -> Option<serde_json::Value> {
+    use http_body_util::{BodyExt, Full};
+    let stream = tokio::net::TcpStream::connect(admin_addr).await.ok()?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Full<bytes::Bytes>>(
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .ok()?;
+    tokio::spawn(conn);
+    let request = hyper::Request::builder()
+        .uri(path)
+        .header("host", admin_addr)
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .body(Full::new(bytes::Bytes::new()))
+        .ok()?;
+    let response = sender.send_request(request).await.ok()?;
+    let body = response.into_body().collect().await.ok()?.to_bytes();
+    serde_json::from_slice(&body).ok()
+}
+
 async fn send(
     addr: &str,
     method: &str,

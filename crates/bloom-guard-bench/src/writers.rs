@@ -89,7 +89,7 @@ pub(crate) async fn feed_database(
 
 /// Statements per second of `writers` connections running `statement` on
 /// `table` for `duration`.
-async fn drive(
+pub(crate) async fn drive(
     pool: &PgPool,
     table: &str,
     statement: &'static str,

@@ -141,6 +141,59 @@ begin
 end
 $event$;
 
+-- The producer's commit-to-feed lag as of its last write: the oldest
+-- commit of that write's batch to the write.
+alter table bloom_guard.log_progress
+    add column if not exists lag interval,
+    add column if not exists written_at timestamptz;
+
+-- A producer's write of committed transactions, in one round trip: `p_ends`
+-- holds each row's transaction end, `p_end` the batch's last. Under the
+-- progress row's lock the rows at or before the progress another producer
+-- wrote are left out, and the progress only moves on: two producers (one
+-- stalled while the other took the slot) never write a change twice. The
+-- write is durable before the server hears of it (synchronous_commit on
+-- for this transaction). Returns the rows written, or -1 (nothing written)
+-- if the slot was made again since the stream began (`p_epoch` is not
+-- the feed's epoch).
+create or replace function bloom_guard.log_write(
+    p_slot text, p_epoch text, p_end pg_catalog.pg_lsn,
+    p_guards text[], p_kinds text[], p_keys text[], p_ends pg_catalog.int8[],
+    p_oldest_commit timestamptz)
+returns bigint
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    applied_before pg_lsn;
+    written bigint;
+begin
+    perform set_config('synchronous_commit', 'on', true);
+    insert into bloom_guard.log_progress (slot, applied) values (p_slot, '0/0')
+        on conflict (slot) do nothing;
+    select p.applied into applied_before
+      from bloom_guard.log_progress p where p.slot = p_slot for update;
+    if coalesce((select s.slot || '@' || s.state || '@' || coalesce(s.made::text, '')
+                   from bloom_guard.log_slot s), '') is distinct from p_epoch then
+        return -1;
+    end if;
+    insert into bloom_guard.log_changes (lsn, guard, kind, key)
+    select '0/0'::pg_lsn + r.e::numeric, r.g, r.k::"char", r.key
+      from unnest(p_guards, p_kinds, p_keys, p_ends) as r(g, k, key, e)
+     where '0/0'::pg_lsn + r.e::numeric > applied_before;
+    get diagnostics written = row_count;
+    update bloom_guard.log_progress
+       set applied = greatest(applied, p_end),
+           lag = clock_timestamp() - p_oldest_commit,
+           written_at = clock_timestamp()
+     where slot = p_slot;
+    -- Followers read at once; the producer is no writer of the user's, so
+    -- its commit may take the notification lock.
+    perform pg_notify('bloom_guard', '*');
+    return written;
+end
+$$;
+
 -- The schema's version: `install_log` runs nothing more once it is this
 -- and the table is on the feed (a runtime role's start needs no DDL right).
-comment on table bloom_guard.log_progress is 'bloom_guard log feed, schema 4';
+comment on table bloom_guard.log_progress is 'bloom_guard log feed, schema 5';

@@ -325,3 +325,195 @@ async fn postgres_refusals_hold_through_killed_connections(pool: PgPool) {
     );
     assert!(stats.barrier_waits >= 990, "{stats:?}");
 }
+
+/// A model of the log feed's barrier while the server writes. Eight
+/// writers commit raw SQL of every kind to `items` (one-row and multi-row
+/// inserts, upserts, MERGE, COPY, key updates, a delete and re-insert in
+/// one transaction, deletes); four more write an unwatched table, moving
+/// the log with nothing for the feed; a flood of absent keys keeps the
+/// barrier's reads going. Right after each commit, its writer asks a guard
+/// that never saw the write for every key it holds: none is refused. Each
+/// writer owns its keys, so what it holds is the table's answer for them.
+#[cfg(feature = "log-feed")]
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn postgres_on_the_log_feed_no_committed_key_is_refused_while_the_server_writes(
+    pool: PgPool,
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let (url, _slot) = common::log::log_fed(&pool).await;
+    exec(
+        &pool,
+        "create table noise (id bigserial primary key, body text)",
+    )
+    .await;
+    let guard = common::log::log_guard();
+    let _running = spawn(bloom_guard_sqlx::PgLogFollower::new(
+        guard.clone(),
+        pool.clone(),
+        items(),
+        url,
+    ));
+    wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut background = Vec::new();
+    for _ in 0..8 {
+        let (guard, stop) = (guard.clone(), Arc::clone(&stop));
+        background.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                status(&guard, &format!("absent-{}", fastrand::u64(..))).await;
+            }
+        }));
+    }
+    for _ in 0..4 {
+        let (pool, stop) = (pool.clone(), Arc::clone(&stop));
+        background.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                sqlx::query("insert into noise (body) values (repeat('x', 200))")
+                    .execute(&pool)
+                    .await
+                    .expect("a write elsewhere");
+            }
+        }));
+    }
+    let writers: Vec<_> = (0..8)
+        .map(|writer| {
+            tokio::spawn(owned_keys_never_refused(
+                pool.clone(),
+                guard.clone(),
+                writer,
+            ))
+        })
+        .collect();
+    let mut refused = Vec::new();
+    for writer in writers {
+        refused.extend(writer.await.expect("a writer"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in background {
+        task.await.expect("the background load");
+    }
+    let stats = guard.stats();
+    assert!(
+        refused.is_empty(),
+        "committed keys refused: {refused:?}; {stats:?}"
+    );
+    assert!(
+        stats.barrier_found > 0,
+        "no request needed the barrier: {stats:?}"
+    );
+    assert_eq!(stats.barrier_timeouts, 0, "{stats:?}");
+    // Each read reports the producer's commit-to-feed lag.
+    let lag = stats.feed.as_ref().and_then(|feed| feed.lag_ms);
+    assert!(lag.is_some_and(|lag| lag < 60_000), "{stats:?}");
+}
+
+/// One writer of the barrier's model: 40 random statements on keys of its
+/// own, each followed by a request for every key it holds; the keys
+/// refused.
+#[cfg(feature = "log-feed")]
+async fn owned_keys_never_refused(pool: PgPool, guard: BloomGuard, writer: u64) -> Vec<String> {
+    let mut rng = fastrand::Rng::with_seed(writer);
+    let (mut held, mut refused, mut made) = (Vec::<String>::new(), Vec::new(), 0);
+    let mut fresh = || {
+        made += 1;
+        format!("w{writer}-{made}-{}", fastrand::u32(..))
+    };
+    let run = |sql: &'static str, keys: Vec<String>| {
+        let pool = pool.clone();
+        async move {
+            let mut query = sqlx::query(sql);
+            for key in keys {
+                query = query.bind(key);
+            }
+            query.execute(&pool).await.expect("a write");
+        }
+    };
+    for _ in 0..40 {
+        match rng.u8(..9) {
+            1 => {
+                let keys = vec![fresh(), fresh(), fresh()];
+                sqlx::query("insert into items (key) select unnest($1::text[])")
+                    .bind(&keys)
+                    .execute(&pool)
+                    .await
+                    .expect("a multi-row insert");
+                held.extend(keys);
+            }
+            2 => {
+                let key = fresh();
+                run(
+                    "insert into items (key) values ($1) on conflict (key) do update set key = excluded.key",
+                    vec![key.clone()],
+                )
+                .await;
+                held.push(key);
+            }
+            3 => {
+                let key = fresh();
+                run(
+                    "merge into items t using (select $1::text as key) s on t.key = s.key
+                      when not matched then insert (key) values (s.key)",
+                    vec![key.clone()],
+                )
+                .await;
+                held.push(key);
+            }
+            4 => {
+                let keys = [fresh(), fresh()];
+                let mut connection = pool.acquire().await.expect("a connection");
+                let mut copy = connection
+                    .copy_in_raw("copy items (key) from stdin")
+                    .await
+                    .expect("copy");
+                copy.send(format!("{}\n{}\n", keys[0], keys[1]).into_bytes())
+                    .await
+                    .expect("copy rows");
+                copy.finish().await.expect("copy done");
+                held.extend(keys);
+            }
+            5 if !held.is_empty() => {
+                let at = rng.usize(..held.len());
+                let key = fresh();
+                run(
+                    "update items set key = $2 where key = $1",
+                    vec![held[at].clone(), key.clone()],
+                )
+                .await;
+                held[at] = key;
+            }
+            6 if !held.is_empty() => {
+                let key = held[rng.usize(..held.len())].clone();
+                let mut tx = pool.begin().await.expect("begin");
+                for sql in [
+                    "delete from items where key = $1",
+                    "insert into items (key) values ($1)",
+                ] {
+                    sqlx::query(sql)
+                        .bind(&key)
+                        .execute(&mut *tx)
+                        .await
+                        .expect("a write");
+                }
+                tx.commit().await.expect("commit");
+            }
+            7 if held.len() > 2 => {
+                let key = held.swap_remove(rng.usize(..held.len()));
+                run("delete from items where key = $1", vec![key]).await;
+            }
+            _ => {
+                let key = fresh();
+                run("insert into items (key) values ($1)", vec![key.clone()]).await;
+                held.push(key);
+            }
+        }
+        for key in &held {
+            if status(&guard, key).await == StatusCode::NOT_FOUND {
+                refused.push(key.clone());
+            }
+        }
+    }
+    refused
+}

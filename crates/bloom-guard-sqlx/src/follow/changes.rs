@@ -27,6 +27,9 @@ pub(crate) struct Changes {
     pub(crate) resync: bool,
     /// Rows read.
     pub(crate) rows: u64,
+    /// Where the feed is written after the commit (the log feed): its
+    /// commit-to-feed lag as of the read.
+    pub(crate) lag: Option<std::time::Duration>,
 }
 
 impl Changes {

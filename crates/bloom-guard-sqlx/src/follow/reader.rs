@@ -209,7 +209,8 @@ impl<B: Database> Follower<B> {
         }
         self.guard.record_feed_read(
             FeedStatus::new(reached.to_string(), self.rows_read.load(Relaxed))
-                .with_reads(reads, shared_reads),
+                .with_reads(reads, shared_reads)
+                .with_lag(changes.lag),
         );
         self.fleet().position = Some(reached);
     }

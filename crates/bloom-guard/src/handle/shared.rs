@@ -199,7 +199,8 @@ impl Shared {
     }
 
     pub(crate) fn record_feed(&self, status: FeedStatus) {
-        self.metrics.feed_read(self.health.record_feed(status));
+        let lag = status.lag_ms;
+        self.metrics.feed_read(self.health.record_feed(status), lag);
     }
 
     pub(crate) fn record_feed_storage(&self, storage: FeedStorage) {

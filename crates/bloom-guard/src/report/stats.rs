@@ -258,6 +258,12 @@ pub struct FeedStatus {
     /// The feed's room in the database and its pruning, where the feed
     /// reports them (Postgres, at every prune, about once a minute).
     pub storage: Option<FeedStorage>,
+    /// Where the feed is written after the commit (the Postgres log feed,
+    /// from the write-ahead log): how long the last write of the feed
+    /// before this read took from its oldest commit, in milliseconds.
+    /// `None` where the feed is written in the writer's own transaction
+    /// (triggers). Exported as `bloom_guard_feed_lag_seconds`.
+    pub lag_ms: Option<u64>,
 }
 
 /// The change feed's room in the database, and whether its pruning keeps
@@ -298,7 +304,25 @@ impl FeedStatus {
             shared_reads: 0,
             read_ago_ms: 0,
             storage: None,
+            lag_ms: None,
         }
+    }
+
+    /// With the feed's commit-to-feed lag as of the read, where the feed
+    /// is written after the commit.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bloom_guard::{BloomGuard, FeedStatus};
+    ///
+    /// let guard = BloomGuard::builder().build();
+    /// guard.record_feed_read(FeedStatus::new("0/16B3748", 3).with_lag(Some(Duration::from_millis(12))));
+    /// assert_eq!(guard.stats().feed.and_then(|feed| feed.lag_ms), Some(12));
+    /// ```
+    #[must_use]
+    pub fn with_lag(mut self, lag: Option<std::time::Duration>) -> Self {
+        self.lag_ms = lag.map(|lag| u64::try_from(lag.as_millis()).unwrap_or(u64::MAX));
+        self
     }
 
     /// With `reads` reads since the follower started, `shared` of them made

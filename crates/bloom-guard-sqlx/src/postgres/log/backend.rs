@@ -192,7 +192,10 @@ fn changes(since: &LogPosition, read: &super::read::LogRead) -> Read<LogPosition
     if since.epoch != read.epoch || since.lsn < read.horizon {
         return Read::Pruned;
     }
-    let mut changes = Changes::default();
+    let mut changes = Changes {
+        lag: read.lag,
+        ..Changes::default()
+    };
     for row in &read.rows {
         let kind = [row.kind];
         let kind = std::str::from_utf8(&kind).unwrap_or("r");
@@ -396,6 +399,7 @@ mod tests {
             position: 6_000,
             horizon: 4_000,
             epoch: "slot@streamed@after".to_owned(),
+            lag: None,
         };
         assert!(matches!(changes(&since, &read), Read::Pruned));
         assert!(matches!(changes(&since, &read), Read::Pruned));

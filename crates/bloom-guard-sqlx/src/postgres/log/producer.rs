@@ -169,8 +169,11 @@ impl Producer {
                 }
             } else {
                 // Receiving is cancel-safe: a transaction half received
-                // stays in the stream.
-                match stream.next().now_or_never() {
+                // stays in the stream. Unconstrained by the runtime's
+                // cooperative budget: spent (after 128 receives), it makes
+                // a ready channel look empty, and every write would take
+                // some 40 transactions however many wait.
+                match tokio::task::unconstrained(stream.next()).now_or_never() {
                     Some(event) => event?,
                     None => {
                         self.flush(&mut batch, &mut stream, &epoch).await?;
@@ -179,8 +182,13 @@ impl Producer {
                 }
             };
             match event {
-                Event::Committed { end, rows } => {
+                Event::Committed {
+                    end,
+                    rows,
+                    committed_at,
+                } => {
                     batch.rows.extend(rows.into_iter().map(|row| (end, row)));
+                    batch.oldest_commit.get_or_insert(committed_at);
                     batch.transactions += 1;
                     batch.end = end;
                     if batch.full() {
@@ -249,7 +257,8 @@ impl Producer {
             return Ok(());
         }
         if !batch.rows.is_empty() || batch.parted {
-            self.write(&batch.rows, batch.end, epoch).await?;
+            self.write_committed(&batch.rows, batch.end, epoch, batch.oldest_commit)
+                .await?;
         }
         stream.applied(batch.end);
         *batch = Batch::default();

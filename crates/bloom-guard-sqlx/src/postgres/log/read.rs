@@ -37,6 +37,9 @@ pub(crate) struct LogRead {
     /// The feed's epoch as the read's snapshot saw ([`EPOCH`](super::slot::EPOCH)):
     /// a position of another epoch is not this feed's.
     pub(crate) epoch: String,
+    /// The producer's commit-to-feed lag as of its last write the read's
+    /// snapshot sees.
+    pub(crate) lag: Option<Duration>,
 }
 
 /// Why a read of the log feed failed.
@@ -134,6 +137,10 @@ pub(crate) async fn read_feeds(
         read.position = row.try_get::<i64, _>(0)?.unsigned_abs();
         read.horizon = row.try_get::<i64, _>(4)?.unsigned_abs();
         read.epoch = row.try_get(5)?;
+        read.lag = row
+            .try_get::<Option<f64>, _>(8)?
+            .filter(|lag| lag.is_finite() && *lag >= 0.0)
+            .map(Duration::from_secs_f64);
         let Some(guard) = row.try_get::<Option<String>, _>(1)? else {
             continue;
         };
@@ -171,6 +178,7 @@ const READ_STATEMENT: &str = "with upto as (
                         (select p.applied from bloom_guard.log_progress p where p.slot = $1),
                         $3::pg_catalog.pg_lsn) as lsn,
                     (select h.below from bloom_guard.log_horizon h) as below,
+                    (select pg_catalog.date_part('epoch', p.lag) from bloom_guard.log_progress p where p.slot = $1) as lag,
                     EPOCH as epoch),
               feeds as (
              select f.guard, f.after::pg_catalog.pg_lsn as after, f.lowered, f.n
@@ -185,7 +193,7 @@ const READ_STATEMENT: &str = "with upto as (
          select (greatest(u.lsn, f.after) operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
                 c.guard, c.kind::pg_catalog.text, LOWERED,
                 (coalesce(u.below, '0/0') operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
-                u.epoch, f.n, (select members from unseen)
+                u.epoch, f.n, (select members from unseen), u.lag
            from upto u
           cross join feeds f
            left join lateral (

@@ -155,6 +155,9 @@ pub(crate) struct Batch {
     pub(crate) transactions: usize,
     /// The last one's end.
     pub(crate) end: u64,
+    /// The first one's commit time (microseconds since 2000-01-01, the
+    /// server's clock).
+    pub(crate) oldest_commit: Option<i64>,
     /// Whether one of them was written in parts: its progress is written
     /// even with no rows left.
     pub(crate) parted: bool,

@@ -17,8 +17,9 @@ use super::pgoutput::{self, Message, Relation};
 use super::rows::{FeedRow, KeyColumns, RelationError};
 use super::url::{config, Server};
 
-/// The longest an acknowledgement waits before it is sent: at most one a
-/// server round trip of the stream, and only when it moved.
+/// The longest an acknowledgement waits before it is sent, and only when
+/// it moved: a refusal's read waits for the acknowledgement of a position
+/// at or past the log's insert position when the request arrived.
 const ACK_EVERY: Duration = Duration::from_millis(5);
 
 /// A transaction's rows held at most: more go to the feed in parts of
@@ -40,8 +41,13 @@ pub(crate) struct LoggedTable {
 pub(crate) enum Event {
     /// A committed transaction's feed rows (none if it changed no watched
     /// key), at its commit's end position; of a transaction sent in
-    /// parts, the rows after them.
-    Committed { end: u64, rows: Vec<FeedRow> },
+    /// parts, the rows after them. With its commit's time, in
+    /// microseconds since 2000-01-01 (the server's clock).
+    Committed {
+        end: u64,
+        rows: Vec<FeedRow>,
+        committed_at: i64,
+    },
     /// [`PART_ROWS`] rows of a committed transaction being received, from
     /// its `offset`th row on: the transaction whose commit starts at
     /// `begin`.
@@ -165,11 +171,19 @@ impl LogStream {
                         return Ok(part);
                     }
                 }
-                ReplicationEvent::Commit { end_lsn, .. } => {
+                ReplicationEvent::Commit {
+                    end_lsn,
+                    commit_time_micros,
+                    ..
+                } => {
                     let rows = self.open.take().unwrap_or_default();
                     let end = end_lsn.as_u64();
                     if end > self.after {
-                        return Ok(Event::Committed { end, rows });
+                        return Ok(Event::Committed {
+                            end,
+                            rows,
+                            committed_at: commit_time_micros,
+                        });
                     }
                 }
                 ReplicationEvent::Message {

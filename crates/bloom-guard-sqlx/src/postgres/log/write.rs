@@ -30,44 +30,66 @@ struct Progress {
 impl Producer {
     /// Writes `rows`, each at its transaction's end, and the progress
     /// `end` in one transaction, durably (the server forgets the log
-    /// before `end` once told). Under the progress row's lock, the rows at
-    /// or before the progress another producer wrote are left out, and
+    /// before `end` once told), in one round trip
+    /// (`bloom_guard.log_write`). Under the progress row's lock, the rows
+    /// at or before the progress another producer wrote are left out, and
     /// the progress only moves on: two producers (one stalled while the
     /// other took the slot) never write a change twice.
+    #[cfg(test)]
     pub(super) async fn write(
         &self,
         rows: &[(u64, FeedRow)],
         end: u64,
         epoch: &str,
     ) -> Result<(), sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
-        let progress = self.lock(&mut tx, epoch).await?;
-        let fresh: Vec<_> = rows
-            .iter()
-            .filter(|(row_end, _)| *row_end > progress.applied)
-            .collect();
-        if fresh.len() < rows.len() {
-            tracing::debug!(
-                skipped = rows.len() - fresh.len(),
-                "another producer wrote some of these changes"
-            );
+        self.write_committed(rows, end, epoch, None).await
+    }
+
+    /// [`write`](Self::write), with the batch's first commit time
+    /// (microseconds since 2000-01-01, the server's clock) for the
+    /// commit-to-feed lag.
+    pub(super) async fn write_committed(
+        &self,
+        rows: &[(u64, FeedRow)],
+        end: u64,
+        epoch: &str,
+        oldest_commit: Option<i64>,
+    ) -> Result<(), sqlx::Error> {
+        let mut columns = Columns::default();
+        for (row_end, row) in rows {
+            columns.push(*row_end, row);
         }
-        insert(&mut tx, fresh.iter().map(|(end, row)| (*end, row))).await?;
-        sqlx::query(
-            "update bloom_guard.log_progress
-                set applied = greatest(applied, '0/0'::pg_catalog.pg_lsn operator(pg_catalog.+) $2::pg_catalog.numeric)
-              where slot = $1",
+        let written: i64 = sqlx::query_scalar(
+            "select bloom_guard.log_write($1, $2, '0/0'::pg_catalog.pg_lsn operator(pg_catalog.+) $3::pg_catalog.numeric,
+                                          $4, $5, $6, $7,
+                                          coalesce(timestamptz '2000-01-01 00:00:00+00' operator(pg_catalog.+) ($8::pg_catalog.int8 operator(pg_catalog.*) interval '1 microsecond'),
+                                                   pg_catalog.clock_timestamp()))",
         )
         .bind(&self.slot)
+        .bind(epoch)
         .bind(lsn(end))
-        .execute(&mut *tx)
+        .bind(&columns.guards)
+        .bind(&columns.kinds)
+        .bind(&columns.keys)
+        .bind(&columns.ends)
+        .bind(oldest_commit)
+        .fetch_one(&self.pool)
         .await?;
-        // Followers read at once; the producer is no writer of the user's,
-        // so its commit may take the notification lock.
-        sqlx::query("select pg_catalog.pg_notify('bloom_guard', '*')")
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await
+        match usize::try_from(written) {
+            Err(_) => Err(sqlx::Error::Protocol(
+                "the log feed's slot was made again since this stream began; streaming it anew"
+                    .to_owned(),
+            )),
+            Ok(written) => {
+                if written < rows.len() {
+                    tracing::debug!(
+                        skipped = rows.len() - written,
+                        "another producer wrote some of these changes"
+                    );
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Writes a part of the transaction whose commit starts at `begin`:
@@ -165,20 +187,39 @@ impl Producer {
     }
 }
 
+/// Feed rows as the arrays a statement takes.
+#[derive(Default)]
+struct Columns<'a> {
+    ends: Vec<i64>,
+    guards: Vec<&'a str>,
+    kinds: Vec<&'static str>,
+    keys: Vec<&'a str>,
+}
+
+impl<'a> Columns<'a> {
+    fn push(&mut self, end: u64, row: &'a FeedRow) {
+        self.ends.push(lsn(end));
+        self.guards.push(row.guard.as_str());
+        self.kinds.push(match row.kind {
+            b'i' => "i",
+            b'd' => "d",
+            b't' => "t",
+            _ => "r",
+        });
+        self.keys.push(row.key.as_str());
+    }
+}
+
 /// Inserts `rows`, each at its position, in one statement.
 async fn insert<'a>(
     connection: &mut PgConnection,
     rows: impl Iterator<Item = (u64, &'a FeedRow)>,
 ) -> Result<(), sqlx::Error> {
-    let (mut ends, mut guards, mut kinds, mut keys) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut columns = Columns::default();
     for (end, row) in rows {
-        ends.push(lsn(end));
-        guards.push(row.guard.as_str());
-        kinds.push(char::from(row.kind).to_string());
-        keys.push(row.key.as_str());
+        columns.push(end, row);
     }
-    if ends.is_empty() {
+    if columns.ends.is_empty() {
         return Ok(());
     }
     sqlx::query(
@@ -189,10 +230,10 @@ async fn insert<'a>(
                            pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::int8[]))
                 as r(g, k, key, e)",
     )
-    .bind(&guards)
-    .bind(&kinds)
-    .bind(&keys)
-    .bind(&ends)
+    .bind(&columns.guards)
+    .bind(&columns.kinds)
+    .bind(&columns.keys)
+    .bind(&columns.ends)
     .execute(connection)
     .await?;
     Ok(())

@@ -50,6 +50,7 @@ pub const DURATION_BUCKETS: &[f64] = &[
 /// | `bloom_guard_feed_read_timestamp_seconds` | gauge | seconds |
 /// | `bloom_guard_feed_bytes` | gauge | bytes |
 /// | `bloom_guard_feed_prune_overdue_seconds` | gauge | seconds |
+/// | `bloom_guard_feed_lag_seconds` | gauge | seconds |
 /// | `bloom_guard_built_timestamp_seconds` | gauge | seconds |
 /// | `bloom_guard_keys` | gauge | keys |
 /// | `bloom_guard_capacity` | gauge | keys |
@@ -170,6 +171,11 @@ pub fn describe_metrics() {
         "bloom_guard_feed_prune_overdue_seconds",
         Unit::Seconds,
         "How long the oldest retired part of the feed has been due for removal (Postgres): a long transaction, or nothing pruning."
+    );
+    describe_gauge!(
+        "bloom_guard_feed_lag_seconds",
+        Unit::Seconds,
+        "Commit to feed, as of the last feed write before the last read (the Postgres log feed): the oldest commit of that write to the write."
     );
     describe_gauge!(
         "bloom_guard_built_timestamp_seconds",

@@ -80,6 +80,7 @@ pub(crate) struct GuardMetrics {
     feed_read_at: Gauge,
     feed_bytes: Gauge,
     feed_prune_overdue: Gauge,
+    feed_lag: Gauge,
     built_at: Gauge,
     keys: Gauge,
     capacity: Gauge,
@@ -118,6 +119,7 @@ impl GuardMetrics {
             feed_read_at: gauge!("bloom_guard_feed_read_timestamp_seconds", "guard" => guard),
             feed_bytes: gauge!("bloom_guard_feed_bytes", "guard" => guard),
             feed_prune_overdue: gauge!("bloom_guard_feed_prune_overdue_seconds", "guard" => guard),
+            feed_lag: gauge!("bloom_guard_feed_lag_seconds", "guard" => guard),
             built_at: gauge!("bloom_guard_built_timestamp_seconds", "guard" => guard),
             keys: gauge!("bloom_guard_keys", "guard" => guard),
             capacity: gauge!("bloom_guard_capacity", "guard" => guard),
@@ -146,6 +148,7 @@ impl GuardMetrics {
             feed_read_at: Gauge,
             feed_bytes: Gauge,
             feed_prune_overdue: Gauge,
+            feed_lag: Gauge,
             built_at: Gauge,
             keys: Gauge,
             capacity: Gauge,
@@ -207,7 +210,10 @@ impl GuardMetrics {
     /// Successful feed reads since the last recorded: the changes they
     /// brought, how many, and how many shared a statement with another
     /// guard's.
-    pub(crate) fn feed_read(&self, [changes, reads, shared]: [u64; 3]) {
+    pub(crate) fn feed_read(&self, [changes, reads, shared]: [u64; 3], lag_ms: Option<u64>) {
+        if let Some(lag) = lag_ms {
+            self.feed_lag.set(lag as f64 / 1000.0);
+        }
         self.feed_changes.increment(changes);
         self.feed_reads.increment(reads);
         self.feed_shared_reads.increment(shared);

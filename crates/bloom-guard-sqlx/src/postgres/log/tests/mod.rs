@@ -139,7 +139,7 @@ async fn read_until(stream: &mut LogStream, marker: &str) -> (Vec<Vec<(char, Str
             .await
             .expect("the stream went quiet")
             .expect("the stream failed");
-        if let Event::Committed { end, rows } = event {
+        if let Event::Committed { end, rows, .. } = event {
             let rows: Vec<_> = rows.into_iter().map(pair).collect();
             let done = rows.contains(&('i', marker.to_owned()));
             transactions.push(rows);
