@@ -953,6 +953,12 @@ begin
             'grant select, insert, update on bloom_guard.log_progress, bloom_guard.log_horizon,
                                              bloom_guard.log_slot to %s', runtime);
         execute pg_catalog.format('grant select on bloom_guard.logged to %s', runtime);
+        -- Version 10: the producer's one-call write (log feed schema 5).
+        if pg_catalog.to_regprocedure('bloom_guard.log_write(text, text, pg_lsn, text[], text[], text[], int8[], timestamptz)') is not null then
+            execute pg_catalog.format(
+                'grant execute on function bloom_guard.log_write(text, text, pg_catalog.pg_lsn, text[], text[], text[], pg_catalog.int8[], timestamptz) to %s',
+                runtime);
+        end if;
         if not (select r.rolreplication or r.rolsuper from pg_catalog.pg_roles r where r.oid = runtime) then
             raise warning 'bloom_guard: role % has no REPLICATION attribute: it cannot stream the log feed''s slot (alter role % replication)', runtime, runtime;
         end if;
@@ -962,7 +968,7 @@ $$;
 
 revoke all on function bloom_guard.grant_runtime(regrole) from public;
 
-insert into bloom_guard.schema_version (version) values (9)
+insert into bloom_guard.schema_version (version) values (10)
 on conflict (singleton) do update set version = excluded.version;
 
 reset bloom_guard.installing;

@@ -194,6 +194,12 @@ begin
 end
 $$;
 
+-- It runs with its caller's rights (those on the feed's tables that
+-- `grant_runtime` gives): EXECUTE is everyone's, also where the database's
+-- default privileges take it from PUBLIC.
+grant execute on function bloom_guard.log_write(text, text, pg_catalog.pg_lsn, text[], text[], text[],
+                                                pg_catalog.int8[], timestamptz) to public;
+
 -- The schema's version: `install_log` runs nothing more once it is this
 -- and the table is on the feed (a runtime role's start needs no DDL right).
 comment on table bloom_guard.log_progress is 'bloom_guard log feed, schema 5';
