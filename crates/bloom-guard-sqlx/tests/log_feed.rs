@@ -389,21 +389,37 @@ async fn a_table_altered_to_inherit_opens_the_guard_at_its_commit(pool: PgPool) 
 /// key written there is served, never refused, from the DDL on.
 async fn an_unseen_partitions_keys_pass(pool: &PgPool, ddl: &str, prefix: &str) {
     let (url, _slot) = log_fed(pool).await;
-    exec(
-        pool,
-        "create table parts (key text primary key, note text) partition by range (key);
-         create table parts_a partition of parts for values from ('a') to ('b');
-         create table parts_b partition of parts for values from ('b') to ('c');
-         insert into parts (key) values ('a1'), ('b1')",
-    )
-    .await;
+    exec(pool, PARTS).await;
+    a_made_partitions_keys_pass(pool, &url, ddl, prefix).await;
+}
+
+/// `parts`, partitioned by key, with two partitions and a key in each.
+const PARTS: &str = "create table parts (key text primary key, note text) partition by range (key);
+     create table parts_a partition of parts for values from ('a') to ('b');
+     create table parts_b partition of parts for values from ('b') to ('c');
+     insert into parts (key) values ('a1'), ('b1')";
+
+/// `parts` without a unique index (a foreign partition cannot have one),
+/// its whole row the replica identity.
+const PARTS_UNINDEXED: &str =
+    "create table parts (key text not null, note text) partition by range (key);
+     alter table parts replica identity full;
+     create table parts_a partition of parts for values from ('a') to ('b');
+     create table parts_b partition of parts for values from ('b') to ('c');
+     alter table parts_a replica identity full;
+     alter table parts_b replica identity full;
+     insert into parts (key) values ('a1'), ('b1')";
+
+/// `parts` made already: put on the log feed and followed, then `ddl`
+/// makes a partition whose rows the log never carries.
+async fn a_made_partitions_keys_pass(pool: &PgPool, url: &str, ddl: &str, prefix: &str) {
     let parts = bloom_guard_sqlx::Watch::table("parts").key("key");
     parts
         .install_log(pool)
         .await
         .expect("put parts on the log feed");
     let (guard, _task) = log_followed_as(|guard| {
-        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), parts, &*url)
+        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), parts, url)
             .check_interval(Duration::from_secs(600))
     })
     .await;
@@ -591,4 +607,62 @@ async fn a_fed_table_attached_under_a_fed_root_never_has_its_keys_refused(pool: 
         .expect_err("a root over a fed partition")
         .to_string();
     assert!(over.contains("roots_a"), "{over}");
+}
+
+/// A foreign table on this server, reached through `postgres_fdw`: made
+/// as `parts_c`, a partition of `parts` for keys from `c` to `d`, whose
+/// rows land in the plain table `remote_c` (not on the feed).
+async fn foreign_partition_ddl(pool: &PgPool) -> String {
+    let url = url::Url::parse(&common::log::url_of(pool).await).expect("the database's URL");
+    let database = url.path().trim_start_matches('/').to_owned();
+    let host = url.host_str().unwrap_or("127.0.0.1").to_owned();
+    let port = url.port().unwrap_or(5432);
+    let user = match url.username() {
+        "" => "postgres".to_owned(),
+        user => user.to_owned(),
+    };
+    exec(
+        pool,
+        &format!(
+            "create extension if not exists postgres_fdw;
+             create server here foreign data wrapper postgres_fdw
+                 options (host '{host}', port '{port}', dbname '{database}');
+             create user mapping for current_user server here options (user '{user}');
+             create table remote_c (key text primary key, note text);"
+        ),
+    )
+    .await;
+    "create foreign table parts_c partition of parts for values from ('c') to ('d')
+         server here options (table_name 'remote_c')"
+        .to_owned()
+}
+
+/// A foreign-table partition made under a table on the log feed: its rows
+/// go to another table (here through a loopback server), never into this
+/// table's log, so its keys are served, never refused.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_new_foreign_partition_never_has_its_keys_refused(pool: PgPool) {
+    let (url, _slot) = log_fed(&pool).await;
+    exec(&pool, PARTS_UNINDEXED).await;
+    let ddl = foreign_partition_ddl(&pool).await;
+    a_made_partitions_keys_pass(&pool, &url, &ddl, "c").await;
+}
+
+/// `install_log` refuses a table with a foreign-table partition, naming it.
+#[sqlx::test(migrations = "tests/migrations")]
+#[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
+async fn a_table_with_a_foreign_partition_is_refused_naming_it(pool: PgPool) {
+    let (_url, _slot) = log_fed(&pool).await;
+    exec(&pool, PARTS_UNINDEXED).await;
+    let ddl = foreign_partition_ddl(&pool).await;
+    exec(&pool, &ddl).await;
+    let error = bloom_guard_sqlx::Watch::table("parts")
+        .key("key")
+        .install_log(&pool)
+        .await
+        .expect_err("a foreign partition")
+        .to_string();
+    assert!(error.contains("parts_c"), "{error}");
+    assert!(error.contains("foreign"), "{error}");
 }
