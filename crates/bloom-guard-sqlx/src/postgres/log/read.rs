@@ -17,6 +17,7 @@
 
 use std::time::Duration;
 
+use futures_util::TryStreamExt as _;
 use sqlx::{PgConnection, Row as _};
 
 use super::rows::FeedRow;
@@ -101,117 +102,30 @@ pub(crate) async fn read_feeds(
     feeds: &[FeedAt<'_>],
     barrier: Option<Duration>,
 ) -> Result<Vec<LogRead>, LogReadError> {
-    let ((confirmed, now, block), rows) = look_and_read(connection, slot, feeds).await?;
-    let target = barrier.map(|_| record_end_at_or_before(now, block));
-    if target.is_none_or(|target| confirmed >= target) {
-        return parse_rows(rows, feeds.len());
-    }
-    // The producer is behind the log's position at the request: looked at
-    // again until it gets there, then read from there.
-    let (Some(bound), Some(target)) = (barrier, target) else {
-        return parse_rows(rows, feeds.len());
-    };
-    let mut confirmed = confirmed;
-    let deadline = tokio::time::Instant::now() + bound;
-    while confirmed < target {
-        if tokio::time::Instant::now() >= deadline {
-            return Err(LogReadError::Behind(target));
+    let (mut confirmed, now, block) = look(connection, slot).await?;
+    if let Some(bound) = barrier {
+        let target = record_end_at_or_before(now, block);
+        let deadline = tokio::time::Instant::now() + bound;
+        while confirmed < target {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(LogReadError::Behind(target));
+            }
+            tokio::time::sleep(LOOK_EVERY).await;
+            confirmed = look(connection, slot).await?.0;
         }
-        tokio::time::sleep(LOOK_EVERY).await;
-        confirmed = look(connection, slot).await?.0;
     }
     let guards: Vec<&str> = feeds.iter().map(|feed| feed.guard).collect();
     let afters: Vec<String> = feeds.iter().map(|feed| lsn_text(feed.after)).collect();
     let lowered: Vec<bool> = feeds.iter().map(|feed| feed.lowered).collect();
-    let rows = sqlx::query(sqlx::AssertSqlSafe(READ.as_str()))
+    let mut rows = sqlx::query(sqlx::AssertSqlSafe(READ.as_str()))
         .bind(slot)
         .bind(&guards)
         .bind(lsn_text(confirmed))
         .bind(&afters)
         .bind(&lowered)
-        .fetch_all(connection)
-        .await?;
-    parse_rows(rows, feeds.len())
-}
-
-/// The look and a read from the slot's confirmed position it saw, in one
-/// round trip: two statements of one message, the read's snapshot taken
-/// after the look (the confirmed position must be seen before the
-/// snapshot: the producer confirms only what it wrote, committed). The
-/// look, and the read's rows.
-async fn look_and_read(
-    connection: &mut PgConnection,
-    slot: &str,
-    feeds: &[FeedAt<'_>],
-) -> Result<((u64, u64, u64), Vec<sqlx::postgres::PgRow>), LogReadError> {
-    let array = |items: Vec<String>, of: &str| format!("ARRAY[{}]::{of}[]", items.join(","));
-    let guards = array(
-        feeds.iter().map(|feed| literal(feed.guard)).collect(),
-        "text",
-    );
-    let afters = array(
-        feeds
-            .iter()
-            .map(|feed| literal(&lsn_text(feed.after)))
-            .collect(),
-        "text",
-    );
-    let lowered = array(
-        feeds.iter().map(|feed| feed.lowered.to_string()).collect(),
-        "bool",
-    );
-    let slot_literal = literal(slot);
-    let read = READ
-        .replace("$5", &lowered)
-        .replace("$4", &afters)
-        .replace(
-            "$3",
-            "coalesce(nullif(pg_catalog.current_setting('bloom_guard.confirmed', true), ''), '0/0')",
-        )
-        .replace("$2", &guards)
-        .replace("$1", &slot_literal);
-    let sql = format!(
-        "select pg_catalog.set_config('bloom_guard.confirmed',
-                    coalesce((select s.confirmed_flush_lsn::pg_catalog.text
-                                from pg_catalog.pg_replication_slots s where s.slot_name = {slot_literal}), ''),
-                    true),
-                (select (s.confirmed_flush_lsn operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8
-                   from pg_catalog.pg_replication_slots s where s.slot_name = {slot_literal}),
-                (pg_catalog.pg_current_wal_insert_lsn() operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
-                pg_catalog.current_setting('wal_block_size')::pg_catalog.int4;
-         {read}"
-    );
-    let mut rows = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .fetch_all(connection)
-        .await?
-        .into_iter();
-    let look = rows.next().ok_or(sqlx::Error::RowNotFound)?;
-    let confirmed: Option<i64> = look.try_get(1)?;
-    let confirmed = confirmed.ok_or_else(|| LogReadError::NoSlot(slot.to_owned()))?;
-    let now: i64 = look.try_get(2)?;
-    let block: i32 = look.try_get(3)?;
-    Ok((
-        (
-            confirmed.unsigned_abs(),
-            now.unsigned_abs(),
-            u64::try_from(block).unwrap_or(8192),
-        ),
-        rows.collect(),
-    ))
-}
-
-/// A text as an SQL literal, whatever `standard_conforming_strings` says.
-fn literal(text: &str) -> String {
-    format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
-}
-
-/// The reads of a READ statement's rows, in the order of its feeds.
-fn parse_rows(
-    rows: Vec<sqlx::postgres::PgRow>,
-    feeds: usize,
-) -> Result<Vec<LogRead>, LogReadError> {
-    let mut reads: Vec<LogRead> = (0..feeds).map(|_| LogRead::default()).collect();
-    for row in rows {
+        .fetch(connection);
+    let mut reads: Vec<LogRead> = feeds.iter().map(|_| LogRead::default()).collect();
+    while let Some(row) = rows.try_next().await? {
         if let Some(members) = row.try_get::<Option<String>, _>(7)? {
             // Rows written there reach no read: a refusal could be wrong.
             return Err(LogReadError::Unseen(members));
@@ -410,12 +324,5 @@ mod tests {
             8192 * 3 + 200
         );
         assert_eq!(lsn_text(0x1_0000_00A8), "1/A8");
-    }
-
-    #[test]
-    fn a_literal_holds_quotes_and_backslashes_whatever_the_server_reads_them_as() {
-        assert_eq!(literal("items"), "E'items'");
-        assert_eq!(literal("it's"), "E'it''s'");
-        assert_eq!(literal("a\\'b"), "E'a\\\\''b'");
     }
 }
