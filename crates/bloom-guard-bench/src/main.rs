@@ -13,6 +13,12 @@
 //! same process's unrouted 404, and counts the database reads; then a flood
 //! at a fixed rate and one spread over four instances.
 //!
+//! `bloom-load busy` floods the service with absent keys (64 connections,
+//! by `wrk`) on each feed three times: alone, while 32 writers insert into
+//! the guarded table, and while 32 writers insert into a table of another
+//! database on the same server; with the refusals, the barrier's timeouts,
+//! the log feed's commit-to-feed lag and its producer's catch-up.
+//!
 //! `bloom-load drive --addr 127.0.0.1:3000 --workload attack` drives a
 //! service that is already running with one workload.
 //!
