@@ -142,10 +142,18 @@ end
 $event$;
 
 -- The producer's commit-to-feed lag as of its last write: the oldest
--- commit of that write's batch to the write.
-alter table bloom_guard.log_progress
-    add column if not exists lag interval,
-    add column if not exists written_at timestamptz;
+-- commit of that write's batch to the write. Added once (no lock taken at
+-- later starts: followers and the producer use the table meanwhile).
+do $lag$
+begin
+    if not exists (select from pg_catalog.pg_attribute
+                    where attrelid = 'bloom_guard.log_progress'::regclass and attname = 'lag') then
+        alter table bloom_guard.log_progress
+            add column lag interval,
+            add column written_at timestamptz;
+    end if;
+end
+$lag$;
 
 -- A producer's write of committed transactions, in one round trip: `p_ends`
 -- holds each row's transaction end, `p_end` the batch's last. Under the

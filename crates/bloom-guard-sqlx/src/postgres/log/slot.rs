@@ -170,7 +170,8 @@ async fn start_over(
               progress as (
                   insert into bloom_guard.log_progress (slot, applied) select $1, lsn from at
                   on conflict (slot) do update
-                     set applied = excluded.applied, part_at = null, part_rows = 0),
+                     set applied = excluded.applied, part_at = null, part_rows = 0,
+                         lag = null, written_at = null),
               horizon as (update bloom_guard.log_horizon set below = (select lsn from at))
          insert into bloom_guard.log_slot (slot, state, made) select $1, $3, lsn from at
          on conflict (singleton) do update
