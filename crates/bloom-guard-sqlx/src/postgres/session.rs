@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use sqlx::postgres::{PgListener, PgPoolOptions};
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::{AssertSqlSafe, PgPool, Row as _};
 
 use crate::error::FeedError;
 
@@ -51,9 +51,13 @@ const CHECK_WAIT: Duration = Duration::from_secs(30);
 /// # Ok(()) }
 /// ```
 pub async fn check_session(pool: &PgPool) -> Result<(), FeedError> {
-    let standby: bool = sqlx::query_scalar("select pg_catalog.pg_is_in_recovery()")
+    // A simple query, as the probe's: behind a pooler in transaction mode
+    // a prepared statement's name can meet another client's statement on
+    // the server connection, and its answer would name the wrong fix.
+    let standby: bool = sqlx::raw_sql("select pg_catalog.pg_is_in_recovery()")
         .fetch_one(pool)
-        .await?;
+        .await?
+        .try_get(0)?;
     if standby {
         return Err(FeedError::Standby);
     }
