@@ -228,22 +228,14 @@ pub(crate) async fn get(addr: &str, path: &str) -> Option<u16> {
 /// `GET path` on the admin address: the JSON body, or `None` if it
 /// failed.
 pub(crate) async fn admin_json(admin_addr: &str, path: &str) -> Option<serde_json::Value> {
-    use http_body_util::{BodyExt, Full};
-    let stream = tokio::net::TcpStream::connect(admin_addr).await.ok()?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Full<bytes::Bytes>>(
-        hyper_util::rt::TokioIo::new(stream),
+    let (_, body) = exchange(
+        admin_addr,
+        "GET",
+        path,
+        Some(ADMIN_TOKEN),
+        bytes::Bytes::new(),
     )
-    .await
-    .ok()?;
-    tokio::spawn(conn);
-    let request = hyper::Request::builder()
-        .uri(path)
-        .header("host", admin_addr)
-        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-        .body(Full::new(bytes::Bytes::new()))
-        .ok()?;
-    let response = sender.send_request(request).await.ok()?;
-    let body = response.into_body().collect().await.ok()?.to_bytes();
+    .await?;
     serde_json::from_slice(&body).ok()
 }
 
@@ -254,6 +246,20 @@ async fn send(
     token: Option<&str>,
     body: bytes::Bytes,
 ) -> Option<u16> {
+    exchange(addr, method, path, token, body)
+        .await
+        .map(|(status, _)| status)
+}
+
+/// One request on a new connection: the status and the body, or `None`
+/// if it failed.
+async fn exchange(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: bytes::Bytes,
+) -> Option<(u16, bytes::Bytes)> {
     use http_body_util::{BodyExt, Full};
     let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Full<bytes::Bytes>>(
@@ -275,8 +281,8 @@ async fn send(
         .await
         .ok()?;
     let status = response.status().as_u16();
-    response.into_body().collect().await.ok()?;
-    Some(status)
+    let body = response.into_body().collect().await.ok()?.to_bytes();
+    Some((status, body))
 }
 
 async fn get_status(addr: &str, path: &str) -> Option<u16> {
