@@ -959,6 +959,12 @@ begin
                 'grant execute on function bloom_guard.log_write(text, text, pg_catalog.pg_lsn, text[], text[], text[], pg_catalog.int8[], timestamptz) to %s',
                 runtime);
         end if;
+        -- Version 11: the followers' one-statement read (log feed schema 6).
+        if pg_catalog.to_regprocedure('bloom_guard.log_read(text, pg_lsn, text[], pg_lsn[])') is not null then
+            execute pg_catalog.format(
+                'grant execute on function bloom_guard.log_read(text, pg_catalog.pg_lsn, text[], pg_catalog.pg_lsn[]) to %s',
+                runtime);
+        end if;
         if not (select r.rolreplication or r.rolsuper from pg_catalog.pg_roles r where r.oid = runtime) then
             raise warning 'bloom_guard: role % has no REPLICATION attribute: it cannot stream the log feed''s slot (alter role % replication)', runtime, runtime;
         end if;
@@ -968,7 +974,7 @@ $$;
 
 revoke all on function bloom_guard.grant_runtime(regrole) from public;
 
-insert into bloom_guard.schema_version (version) values (10)
+insert into bloom_guard.schema_version (version) values (11)
 on conflict (singleton) do update set version = excluded.version;
 
 reset bloom_guard.installing;

@@ -208,6 +208,50 @@ $$;
 grant execute on function bloom_guard.log_write(text, text, pg_catalog.pg_lsn, text[], text[], text[],
                                                 pg_catalog.int8[], timestamptz) to public;
 
+-- A read of the feeds `p_guards`, each after its position in `p_afters`,
+-- up to the furthest the producer wrote that this function's snapshot
+-- sees: its progress row, or `p_confirmed` (the slot's confirmed position,
+-- seen by the caller before the call). VOLATILE, so its statement takes a
+-- snapshot of its own, after the caller looked at the slot: the caller's
+-- look and this read are one round trip. Nothing when `p_confirmed` is
+-- null (the caller's barrier is not reached). One row per feed row, and
+-- one with no row for each feed (`r_n`, from 1), in feed and log order;
+-- each carries the feed's new position, the horizon, the epoch and the
+-- producer's lag as that snapshot saw them.
+create or replace function bloom_guard.log_read(
+    p_slot text, p_confirmed pg_catalog.pg_lsn, p_guards text[], p_afters pg_catalog.pg_lsn[])
+returns table (r_n bigint, r_upto pg_catalog.pg_lsn, r_below pg_catalog.pg_lsn, r_epoch text,
+               r_lag pg_catalog.float8, r_guard text, r_kind "char", r_key text)
+language plpgsql
+volatile
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if p_confirmed is null then
+        return;
+    end if;
+    return query
+    with u as (
+        select greatest((select p.applied from bloom_guard.log_progress p where p.slot = p_slot),
+                        p_confirmed) as lsn,
+               (select h.below from bloom_guard.log_horizon h) as below,
+               (select date_part('epoch', p.lag) from bloom_guard.log_progress p
+                 where p.slot = p_slot) as lag,
+               coalesce((select s.slot || '@' || s.state || '@' || coalesce(s.made::text, '')
+                           from bloom_guard.log_slot s), '') as epoch)
+    select f.n, greatest(u.lsn, f.after), u.below, u.epoch, u.lag, c.guard, c.kind, c.key
+      from u
+     cross join unnest(p_guards, p_afters) with ordinality as f(guard, after, n)
+      left join lateral (
+            select c.guard, c.kind, c.key, c.lsn from bloom_guard.log_changes c
+             where c.guard = f.guard and c.lsn > f.after and c.lsn <= u.lsn) c on true
+     order by f.n, c.lsn;
+end
+$$;
+
+grant execute on function bloom_guard.log_read(text, pg_catalog.pg_lsn, text[], pg_catalog.pg_lsn[])
+    to public;
+
 -- The schema's version: `install_log` runs nothing more once it is this
 -- and the table is on the feed (a runtime role's start needs no DDL right).
-comment on table bloom_guard.log_progress is 'bloom_guard log feed, schema 5';
+comment on table bloom_guard.log_progress is 'bloom_guard log feed, schema 6';

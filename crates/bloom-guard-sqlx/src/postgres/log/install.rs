@@ -35,7 +35,7 @@ const LOG_SQL: &str = include_str!("../../../sql/postgres_log.sql");
 
 /// The comment on `bloom_guard.log_progress` that `LOG_SQL` leaves: the
 /// schema is current.
-const LOG_SCHEMA: &str = "bloom_guard log feed, schema 5";
+const LOG_SCHEMA: &str = "bloom_guard log feed, schema 6";
 
 /// Why a table cannot be put on the log feed.
 #[derive(Debug, thiserror::Error)]

@@ -11,9 +11,12 @@
 //!
 //! The barrier: a commit visible before a request arrived ends at or
 //! before the server's insert position taken after it arrived. A read for
-//! the barrier first waits until the slot's confirmed position reaches
-//! that (the producer has written every commit up to it), then reads: no
-//! commit the producer has not decoded yet is refused as absent.
+//! the barrier reads only once the slot's confirmed position reaches that
+//! (the producer has written every commit up to it): no commit the
+//! producer has not decoded yet is refused as absent. One statement looks
+//! at the slot and, when it is there, reads in a snapshot taken after the
+//! look (`bloom_guard.log_read`): one round trip when the producer is not
+//! behind.
 
 use std::time::Duration;
 
@@ -102,137 +105,169 @@ pub(crate) async fn read_feeds(
     feeds: &[FeedAt<'_>],
     barrier: Option<Duration>,
 ) -> Result<Vec<LogRead>, LogReadError> {
-    let (mut confirmed, now, block) = look(connection, slot).await?;
-    if let Some(bound) = barrier {
-        let target = record_end_at_or_before(now, block);
-        let deadline = tokio::time::Instant::now() + bound;
-        while confirmed < target {
-            if tokio::time::Instant::now() >= deadline {
-                return Err(LogReadError::Behind(target));
-            }
-            tokio::time::sleep(LOOK_EVERY).await;
-            confirmed = look(connection, slot).await?.0;
-        }
-    }
     let guards: Vec<&str> = feeds.iter().map(|feed| feed.guard).collect();
     let afters: Vec<String> = feeds.iter().map(|feed| lsn_text(feed.after)).collect();
     let lowered: Vec<bool> = feeds.iter().map(|feed| feed.lowered).collect();
-    let mut rows = sqlx::query(sqlx::AssertSqlSafe(READ.as_str()))
-        .bind(slot)
-        .bind(&guards)
-        .bind(lsn_text(confirmed))
-        .bind(&afters)
-        .bind(&lowered)
-        .fetch(connection);
-    let mut reads: Vec<LogRead> = feeds.iter().map(|_| LogRead::default()).collect();
-    while let Some(row) = rows.try_next().await? {
-        if let Some(members) = row.try_get::<Option<String>, _>(7)? {
-            // Rows written there reach no read: a refusal could be wrong.
-            return Err(LogReadError::Unseen(members));
+    let deadline = barrier.map(|bound| tokio::time::Instant::now() + bound);
+    // The statement's target once known: the first statement takes the
+    // insert position itself, a later one waits for the same.
+    let mut target: Option<u64> = None;
+    loop {
+        let mut rows = sqlx::query(sqlx::AssertSqlSafe(READ.as_str()))
+            .bind(slot)
+            .bind(&guards)
+            .bind(barrier.is_some())
+            .bind(&afters)
+            .bind(&lowered)
+            .bind(target.map(|lsn| i64::try_from(lsn).unwrap_or(i64::MAX)))
+            .fetch(&mut *connection);
+        let mut reads: Vec<LogRead> = feeds.iter().map(|_| LogRead::default()).collect();
+        let mut behind = None;
+        while let Some(row) = rows.try_next().await? {
+            let confirmed = row
+                .try_get::<Option<i64>, _>(0)?
+                .ok_or_else(|| LogReadError::NoSlot(slot.to_owned()))?
+                .unsigned_abs();
+            let aim = row.try_get::<i64, _>(1)?.unsigned_abs();
+            if confirmed < aim {
+                behind = Some(aim);
+                break;
+            }
+            if let Some(members) = row.try_get::<Option<String>, _>(2)? {
+                // Rows written there reach no read: a refusal could be wrong.
+                return Err(LogReadError::Unseen(members));
+            }
+            let Some(n) = row.try_get::<Option<i64>, _>(3)? else {
+                continue;
+            };
+            let n = usize::try_from(n).unwrap_or(usize::MAX);
+            let Some(read) = n.checked_sub(1).and_then(|n| reads.get_mut(n)) else {
+                continue;
+            };
+            read.position = row.try_get::<i64, _>(4)?.unsigned_abs();
+            read.horizon = row.try_get::<i64, _>(5)?.unsigned_abs();
+            read.epoch = row.try_get(6)?;
+            read.lag = row
+                .try_get::<Option<f64>, _>(7)?
+                .filter(|lag| lag.is_finite() && *lag >= 0.0)
+                .map(Duration::from_secs_f64);
+            let Some(guard) = row.try_get::<Option<String>, _>(8)? else {
+                continue;
+            };
+            let kind: String = row.try_get(9)?;
+            read.rows.push(FeedRow {
+                guard,
+                kind: kind.bytes().next().unwrap_or(b'r'),
+                key: row.try_get(10)?,
+            });
         }
-        let n = usize::try_from(row.try_get::<i64, _>(6)?).unwrap_or(usize::MAX);
-        let Some(read) = n.checked_sub(1).and_then(|n| reads.get_mut(n)) else {
-            continue;
+        drop(rows);
+        let Some(aim) = behind else {
+            return Ok(reads);
         };
-        read.position = row.try_get::<i64, _>(0)?.unsigned_abs();
-        read.horizon = row.try_get::<i64, _>(4)?.unsigned_abs();
-        read.epoch = row.try_get(5)?;
-        read.lag = row
-            .try_get::<Option<f64>, _>(8)?
-            .filter(|lag| lag.is_finite() && *lag >= 0.0)
-            .map(Duration::from_secs_f64);
-        let Some(guard) = row.try_get::<Option<String>, _>(1)? else {
-            continue;
-        };
-        let kind: String = row.try_get(2)?;
-        read.rows.push(FeedRow {
-            guard,
-            kind: kind.bytes().next().unwrap_or(b'r'),
-            key: row.try_get(3)?,
-        });
+        // The producer has not written every commit up to the target: look
+        // at the slot alone until it has, then read.
+        target = Some(aim);
+        loop {
+            if deadline.is_some_and(|deadline| tokio::time::Instant::now() >= deadline) {
+                return Err(LogReadError::Behind(aim));
+            }
+            tokio::time::sleep(LOOK_EVERY).await;
+            if confirmed(&mut *connection, slot).await? >= aim {
+                break;
+            }
+        }
     }
-    Ok(reads)
 }
 
-/// Each feed's rows after its position, up to the furthest the producer
-/// wrote that the statement's snapshot sees (its progress, or the
-/// confirmed position seen before; a feed's own position if further),
-/// with that position on every row, and the feed's number.
+/// The statement of a read: the slot's confirmed position and the read's
+/// target (with a barrier, the server's insert position now, or the
+/// target given; else none), then, when the slot's position reaches the
+/// target, each feed's rows from [`bloom_guard.log_read`], which takes
+/// its snapshot after this look (the producer confirms only what it
+/// wrote). Its columns: the confirmed position, the target, the family
+/// members no read can see, then per row the feed's number, its new
+/// position, the horizon, the epoch, the lag, and the row's guard, kind
+/// and key.
 static READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     READ_STATEMENT
         .replace(
             "LOWERED",
             &format!(
-                "case when f.lowered then {} else c.key end",
-                crate::postgres::feed::lowered("c.key")
+                "case when ($5::bool[])[r.n] then {} else r.key end",
+                crate::postgres::feed::lowered("r.key")
             ),
         )
-        .replace("EPOCH", super::slot::EPOCH)
+        .replace(
+            "RECORD_END",
+            &record_end_at_or_before("l.insert", "l.block"),
+        )
         .replace("UNSEEN", &super::install::unseen_in("l.rel"))
         .replace("DRIFT", &super::install::publication_drift("l.rel"))
         .replace("ANCESTORS", &super::install::fed_ancestors("l.rel"))
 });
 
-const READ_STATEMENT: &str = "with upto as (
-             select greatest(
-                        (select p.applied from bloom_guard.log_progress p where p.slot = $1),
-                        $3::pg_catalog.pg_lsn) as lsn,
-                    (select h.below from bloom_guard.log_horizon h) as below,
-                    (select pg_catalog.date_part('epoch', p.lag) from bloom_guard.log_progress p where p.slot = $1) as lag,
-                    EPOCH as epoch),
-              feeds as (
-             select f.guard, f.after::pg_catalog.pg_lsn as after, f.lowered, f.n
-               from rows from (pg_catalog.unnest($2::text[]), pg_catalog.unnest($4::text[]),
-                               pg_catalog.unnest($5::bool[]))
-                    with ordinality as f(guard, after, lowered, n)),
+const READ_STATEMENT: &str = "with look as (
+             select (select s.confirmed_flush_lsn from pg_catalog.pg_replication_slots s
+                      where s.slot_name = $1) as confirmed,
+                    pg_catalog.pg_current_wal_insert_lsn() as insert,
+                    pg_catalog.current_setting('wal_block_size')::pg_catalog.int8 as block),
+              aim as (
+             select l.confirmed,
+                    case when not $3 then '0/0'::pg_catalog.pg_lsn
+                         when $6::pg_catalog.int8 is not null
+                         then '0/0'::pg_catalog.pg_lsn operator(pg_catalog.+) $6::pg_catalog.numeric
+                         else RECORD_END end as target
+               from look l),
               unseen as (
              select pg_catalog.string_agg(l.rel::pg_catalog.regclass::pg_catalog.text operator(pg_catalog.||) ': ' operator(pg_catalog.||) x.what, '; ') as members
                from bloom_guard.logged l
               cross join lateral (select coalesce(UNSEEN, DRIFT, ANCESTORS) as what) x
               where l.guard operator(pg_catalog.=) any ($2::text[]) and x.what is not null)
-         select (greatest(u.lsn, f.after) operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
-                c.guard, c.kind::pg_catalog.text, LOWERED,
-                (coalesce(u.below, '0/0') operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
-                u.epoch, f.n, (select members from unseen), u.lag
-           from upto u
-          cross join feeds f
-           left join lateral (
-                 select c.guard, c.kind, c.key, c.lsn from bloom_guard.log_changes c
-                  where c.guard operator(pg_catalog.=) f.guard
-                    and c.lsn operator(pg_catalog.>) f.after
-                    and c.lsn operator(pg_catalog.<=) u.lsn) c on true
-          order by f.n, c.lsn";
+         select (a.confirmed operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
+                (a.target operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
+                (select members from unseen),
+                r.n,
+                (r.upto operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
+                (coalesce(r.below, '0/0') operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
+                r.epoch, r.lag, r.guard, r.kind::pg_catalog.text, LOWERED
+           from aim a
+           left join lateral bloom_guard.log_read(
+                    $1,
+                    case when a.confirmed operator(pg_catalog.>=) a.target then a.confirmed end,
+                    $2::text[], $4::pg_catalog.pg_lsn[])
+                with ordinality as r(n, upto, below, epoch, lag, guard, kind, key, ord) on true
+          order by r.ord";
 
-/// The slot's confirmed position, the server's insert position, and the
-/// log's page size, in one statement.
-async fn look(connection: &mut PgConnection, slot: &str) -> Result<(u64, u64, u64), LogReadError> {
-    let row: (Option<i64>, i64, i32) = sqlx::query_as(
+/// The slot's confirmed position.
+async fn confirmed(connection: &mut PgConnection, slot: &str) -> Result<u64, LogReadError> {
+    let confirmed: Option<i64> = sqlx::query_scalar(
         "select (select (s.confirmed_flush_lsn operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8
-                   from pg_catalog.pg_replication_slots s where s.slot_name = $1),
-                (pg_catalog.pg_current_wal_insert_lsn() operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,
-                pg_catalog.current_setting('wal_block_size')::pg_catalog.int4",
+                   from pg_catalog.pg_replication_slots s where s.slot_name = $1)",
     )
     .bind(slot)
     .fetch_one(connection)
     .await?;
-    let confirmed = row.0.ok_or_else(|| LogReadError::NoSlot(slot.to_owned()))?;
-    Ok((
-        confirmed.unsigned_abs(),
-        row.1.unsigned_abs(),
-        u64::try_from(row.2).unwrap_or(8192),
-    ))
+    confirmed
+        .map(i64::unsigned_abs)
+        .ok_or_else(|| LogReadError::NoSlot(slot.to_owned()))
 }
 
-/// The furthest a record can end at or before `insert`: the server's
-/// insert position just after a page's header is where the page's first
-/// record would start, and no record ends inside a header, so a log whose
-/// last record fills its page up to the end is decoded up to that end.
-fn record_end_at_or_before(insert: u64, block: u64) -> u64 {
-    // A page header is 24 bytes; the first page of a segment's, 40.
-    match insert % block {
-        24 | 40 => insert - insert % block,
-        _ => insert,
-    }
+/// The furthest a record can end at or before the insert position
+/// `insert` (a `pg_lsn` expression), in SQL: the server's insert position
+/// just after a page's header is where the page's first record would
+/// start, and no record ends inside a header, so a log whose last record
+/// fills its page up to the end is decoded up to that end. A page header
+/// is 24 bytes; the first page of a segment's, 40. `block` is the log's
+/// page size (`wal_block_size`, an int8 expression).
+pub(super) fn record_end_at_or_before(insert: &str, block: &str) -> String {
+    format!(
+        "({insert} operator(pg_catalog.-) (case when (({insert} operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8
+                                                      operator(pg_catalog.%) {block}) operator(pg_catalog.=) any (array[24, 40]::pg_catalog.int8[])
+                                                 then (({insert} operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8
+                                                       operator(pg_catalog.%) {block})
+                                                 else 0 end)::pg_catalog.numeric)"
+    )
 }
 
 /// The furthest position the producer has written, or the horizon if it
@@ -316,13 +351,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_insert_position_after_a_page_header_reaches_back_to_the_page() {
-        assert_eq!(record_end_at_or_before(8192 * 3 + 24, 8192), 8192 * 3);
-        assert_eq!(record_end_at_or_before(16 << 20 | 40, 8192), 16 << 20);
-        assert_eq!(
-            record_end_at_or_before(8192 * 3 + 200, 8192),
-            8192 * 3 + 200
-        );
+    fn an_lsn_is_written_as_postgres_writes_it() {
         assert_eq!(lsn_text(0x1_0000_00A8), "1/A8");
     }
 }
