@@ -36,6 +36,8 @@ pub use fleet_rebuild::FleetRebuild;
 pub use follow::Follow;
 #[cfg(feature = "mysql")]
 pub use mysql::{uninstall_mysql, MySqlFollower};
+#[cfg(feature = "postgres")]
+pub use postgres::warm_pool;
 #[cfg(feature = "log-feed")]
 pub use postgres::{check_replication, PgLogFollower};
 #[cfg(feature = "postgres")]

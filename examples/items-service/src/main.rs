@@ -65,6 +65,11 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The pool's connections a start uses at once: the session check's and
+/// the install's statements, and each guard's first statements and build
+/// lock.
+const START_CONNECTIONS: u32 = 6;
+
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let config = Config::from_env()?;
     let db = match &config.database_url {
@@ -85,6 +90,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // service that never protects. A
     // database that is down is waited for below, as ever.
     if let items_service::db::Pool::Postgres(pool) = db.pool() {
+        // The start's connections open together (the session check's, the
+        // install's, the followers' first statements and locks): over TLS
+        // each new one costs a handshake.
+        tokio::spawn(bloom_guard_sqlx::warm_pool(pool.clone(), START_CONNECTIONS));
         if let Err(
             error @ (bloom_guard_sqlx::FeedError::Pooler(_) | bloom_guard_sqlx::FeedError::Standby),
         ) = bloom_guard_sqlx::check_session(pool).await

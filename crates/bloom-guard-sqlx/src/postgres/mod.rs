@@ -3,6 +3,7 @@
 //! advisory lock, the feed's SQL, and the COPY warm-up.
 
 mod catalog;
+mod connections;
 mod copy;
 mod feed;
 mod fleet;
@@ -25,6 +26,7 @@ use bloom_guard::{BloomGuard, KeyType};
 use sqlx::{PgPool, Postgres};
 use tokio_util::sync::CancellationToken;
 
+pub use connections::warm_pool;
 pub use copy::PgCopySource;
 pub use feed::FEED_APPLICATION_NAME;
 pub use install::{install, uninstall, POSTGRES_SQL, SCHEMA_VERSION};
@@ -311,7 +313,15 @@ impl Database for PgBackend {
     }
 
     async fn check_session(&self) -> Result<(), crate::FeedError> {
-        session::check_session(&self.pool).await
+        // The feed reads' own connection opens meanwhile: the start's
+        // first read follows at once, and over TLS a connection costs a
+        // handshake. Not opened is no error here: that read reports it.
+        let open_feed = async {
+            if let Ok(lease) = self.feed.lease().await {
+                lease.keep();
+            }
+        };
+        tokio::join!(session::check_session(&self.pool), open_feed).0
     }
 
     async fn storage(

@@ -54,22 +54,31 @@ pub async fn check_session(pool: &PgPool) -> Result<(), FeedError> {
     // A simple query, as the probe's: behind a pooler in transaction mode
     // a prepared statement's name can meet another client's statement on
     // the server connection, and its answer would name the wrong fix.
-    let standby: bool = sqlx::raw_sql("select pg_catalog.pg_is_in_recovery()")
-        .fetch_one(pool)
-        .await?
-        .try_get(0)?;
-    if standby {
-        return Err(FeedError::Standby);
-    }
     let options = super::listen::options(pool.connect_options().as_ref());
     let listening = PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(PROBE_WAIT)
         .connect_lazy_with(options);
+    // The first probe's listener connects while the pool's connection asks
+    // (over TLS each costs a handshake: together, one).
+    let (standby, first_listener) = tokio::join!(
+        sqlx::raw_sql("select pg_catalog.pg_is_in_recovery()").fetch_one(pool),
+        PgListener::connect_with(&listening)
+    );
+    let standby: bool = standby?.try_get(0)?;
+    if standby {
+        listening.close().await;
+        return Err(FeedError::Standby);
+    }
+    let mut first_listener = Some(first_listener);
     let probed = tokio::time::timeout(CHECK_WAIT, async {
         let mut unheard = 0;
         loop {
-            match probe(pool, &listening).await {
+            let listener = match first_listener.take() {
+                Some(listener) => listener,
+                None => PgListener::connect_with(&listening).await,
+            };
+            match probe(pool, listener).await {
                 // Silence may be a slow queue: only silence every time is
                 // taken for a pooler.
                 Err(FeedError::Pooler(_)) if unheard + 1 < PROBES => unheard += 1,
@@ -83,13 +92,10 @@ pub async fn check_session(pool: &PgPool) -> Result<(), FeedError> {
     probed
 }
 
-/// One probe: `Ok` once heard, [`FeedError::Pooler`] on evidence of a
+/// One probe on `listener` (connected, or why not): `Ok` once heard, [`FeedError::Pooler`] on evidence of a
 /// pooler (a refused startup parameter, the sender hearing it) or silence.
-async fn probe(pool: &PgPool, listening: &PgPool) -> Result<(), FeedError> {
-    let mut listener = match PgListener::connect_with(listening).await {
-        Ok(listener) => listener,
-        Err(error) => return Err(refused_parameters(error)),
-    };
+async fn probe(pool: &PgPool, listener: Result<PgListener, sqlx::Error>) -> Result<(), FeedError> {
+    let mut listener = listener.map_err(refused_parameters)?;
     listener
         .listen(PROBE_CHANNEL)
         .await

@@ -82,7 +82,7 @@ const TRY_LOCK_SQL: &str = "select pg_catalog.pg_try_advisory_lock(pg_catalog.ha
 
 /// Waits for the build lock of `guard`.
 pub(super) async fn build_lock(pool: &PgPool, guard: &str) -> Result<PgBuildLock, sqlx::Error> {
-    let mut connection = PgConnection::connect_with(&pool.connect_options()).await?;
+    let mut connection = super::connections::own_connection(pool).await?;
     sqlx::query(LOCK_SQL)
         .bind(guard)
         .execute(&mut connection)
@@ -95,7 +95,7 @@ pub(super) async fn try_build_lock(
     pool: &PgPool,
     guard: &str,
 ) -> Result<Option<PgBuildLock>, sqlx::Error> {
-    let mut connection = PgConnection::connect_with(&pool.connect_options()).await?;
+    let mut connection = super::connections::own_connection(pool).await?;
     let locked: bool = sqlx::query_scalar(TRY_LOCK_SQL)
         .bind(guard)
         .fetch_one(&mut connection)
