@@ -65,10 +65,16 @@ pub async fn check_session(pool: &PgPool) -> Result<(), FeedError> {
         sqlx::raw_sql("select pg_catalog.pg_is_in_recovery()").fetch_one(pool),
         PgListener::connect_with(&listening)
     );
-    let standby: bool = standby?.try_get(0)?;
-    if standby {
+    // The listener holds the listening pool's connection: closing that
+    // pool waits for it, so it goes first whatever the answer.
+    let standby = standby.and_then(|row| row.try_get::<bool, _>(0));
+    if !matches!(standby, Ok(false)) {
+        drop(first_listener);
         listening.close().await;
-        return Err(FeedError::Standby);
+        return match standby {
+            Ok(_) => Err(FeedError::Standby),
+            Err(error) => Err(error.into()),
+        };
     }
     let mut first_listener = Some(first_listener);
     let probed = tokio::time::timeout(CHECK_WAIT, async {
