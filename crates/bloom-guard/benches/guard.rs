@@ -1,6 +1,7 @@
 //! The guard's cost per request, against the same inner service without it;
-//! key extraction; each key type's canonical form; filter lookups at 1M and
-//! 10M keys, in one filter and in filters grown into 2 and 4 sub-filters.
+//! key extraction; each key type's canonical form; lookups in the Bloom and
+//! the counting filter at 1M and 10M keys (50M with `BENCH_50M=1`), in one
+//! filter and in filters grown into 2 and 4 sub-filters.
 //!
 //! Run with `cargo bench -p bloom-guard --bench guard`.
 
@@ -10,10 +11,11 @@ use std::hint::black_box;
 
 use axum::extract::MatchedPath;
 use bloom_guard::{
-    BloomGuard, Collation, Header, Key, KeyBatch, KeyExtractor, KeySource, KeyType, PathParam,
-    PathSegment, QueryParam,
+    BloomGuard, BuildError, CatchUp, Collation, Header, Key, KeyBatch, KeyExtractor, KeySource,
+    KeyType, PathParam, PathSegment, PendingFilter, QueryParam,
 };
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use futures_util::future::BoxFuture;
 use futures_util::stream::{self, BoxStream, StreamExt};
 use futures_util::FutureExt;
 use http::{HeaderName, Request, Response};
@@ -232,24 +234,56 @@ fn key_types(c: &mut Criterion) {
     group.finish();
 }
 
+/// A feed with nothing after the scan's position: it makes a guard's
+/// filters counting ones.
+struct Quiet;
+
+impl CatchUp for Quiet {
+    fn catch_up(&self, pending: PendingFilter) -> BoxFuture<'_, Result<u64, BuildError>> {
+        Box::pin(async move { pending.promote() })
+    }
+}
+
+/// A guard of `keys` keys: a Bloom filter, or a counting one (the filter
+/// of a guard that a change feed follows).
+fn lookup_guard(keys: u64, counting: bool) -> BloomGuard {
+    let guard = BloomGuard::builder()
+        .expected_items(keys)
+        .read_barrier(false)
+        .build();
+    if counting {
+        guard.feed_reader().catch_up_with(Quiet);
+    }
+    warm_guard(guard, keys)
+}
+
+/// Lookups through `may_contain` at 1M and 10M keys (and 50M with
+/// `BENCH_50M=1`: the build takes a minute), in the Bloom filter and in the
+/// counting filter.
 fn contains(c: &mut Criterion) {
     let mut group = c.benchmark_group("contains");
-    for keys in [1_000_000_u64, 10_000_000] {
-        let guard = warm_guard(BloomGuard::builder().expected_items(keys).build(), keys);
+    let mut sizes = vec![1_000_000_u64, 10_000_000];
+    if std::env::var_os("BENCH_50M").is_some() {
+        sizes.push(50_000_000);
+    }
+    for keys in sizes {
         // Keys spread over the whole filter, so lookups miss the CPU caches
         // as they would in production.
         let present: Vec<String> = (0..4096)
             .map(|i| format!("item-{:08}", (i * 7919) % keys))
             .collect();
         let absent: Vec<String> = (0..4096).map(|i| format!("absent-{i:08}")).collect();
-        group.bench_function(format!("{keys}/one_hot_key"), |b| {
-            b.iter(|| black_box(guard.may_contain(black_box("item-00000042"))));
-        });
-        for (name, sample) in [("present", &present), ("absent", &absent)] {
-            let mut next = sample.iter().cycle();
-            group.bench_function(format!("{keys}/{name}"), |b| {
-                b.iter(|| black_box(guard.may_contain(next.next().map_or("", String::as_str))));
+        for (kind, counting) in [("bloom", false), ("counting", true)] {
+            let guard = lookup_guard(keys, counting);
+            group.bench_function(format!("{keys}/{kind}/one_hot_key"), |b| {
+                b.iter(|| black_box(guard.may_contain(black_box("item-00000042"))));
             });
+            for (name, sample) in [("present", &present), ("absent", &absent)] {
+                let mut next = sample.iter().cycle();
+                group.bench_function(format!("{keys}/{kind}/{name}"), |b| {
+                    b.iter(|| black_box(guard.may_contain(next.next().map_or("", String::as_str))));
+                });
+            }
         }
     }
     group.finish();
