@@ -1,5 +1,5 @@
 //! The items service: an axum API guarded by bloom-guard, with a moka
-//! read-through cache, on Postgres or an embedded SQLite file.
+//! read-through cache, on Postgres, MySQL or MariaDB, or an embedded SQLite file.
 //!
 //! The binary (`src/main.rs`) wires these together; tests drive [`app`]
 //! with `oneshot`.
