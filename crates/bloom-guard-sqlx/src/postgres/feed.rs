@@ -115,6 +115,15 @@ const READ_COMMITTED: &str = "begin isolation level read committed; set local ma
 /// The application name of the connection feed reads go through.
 pub const FEED_APPLICATION_NAME: &str = "bloom_guard_feed";
 
+/// The startup parameters of a connection that reads the feed (the feed
+/// connection, the notifier's): READ COMMITTED whatever the database's
+/// default, no parallel workers, no JIT (see [`feed_connection`]).
+pub(super) const READ_SESSION: [(&str, &str); 3] = [
+    ("default_transaction_isolation", "read committed"),
+    ("max_parallel_workers_per_gather", "0"),
+    ("jit", "off"),
+];
+
 /// The options of the connection a follower keeps for its feed reads
 /// ([`KeptConnection`]).
 ///
@@ -135,10 +144,8 @@ pub(super) fn feed_connection(pool: &PgPool) -> KeptConnection<PgConnection> {
                 .as_ref()
                 .clone()
                 .application_name(FEED_APPLICATION_NAME)
+                .options(READ_SESSION)
                 .options([
-                    ("default_transaction_isolation", "read committed"),
-                    ("max_parallel_workers_per_gather", "0"),
-                    ("jit", "off"),
                     ("tcp_keepalives_idle", "30"),
                     ("tcp_keepalives_interval", "10"),
                     ("tcp_keepalives_count", "3"),

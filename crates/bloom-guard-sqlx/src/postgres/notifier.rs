@@ -88,19 +88,14 @@ pub(super) async fn shared(pool: PgPool, every: Duration, stop: CancellationToke
 fn candidate_options(pool: &PgPool) -> sqlx::postgres::PgConnectOptions {
     super::listen::options(&pool.connect_options())
         .application_name(CANDIDATE_APPLICATION_NAME)
-        .options([
-            ("default_transaction_isolation", "read committed"),
-            ("max_parallel_workers_per_gather", "0"),
-            ("jit", "off"),
-            ("enable_seqscan", "off"),
-        ])
+        .options(super::feed::READ_SESSION)
+        .options([("enable_seqscan", "off")])
 }
 
 /// Stands for election until `stop`; once elected, looks for changes every
 /// `every` and wakes the readers.
 /// Each connection takes the pool's server of the moment.
 async fn run(pool: PgPool, every: Duration, stop: CancellationToken) {
-    let options = || candidate_options(&pool);
     let mut candidate: Option<PgConnection> = None;
     loop {
         let term = async {
@@ -108,7 +103,9 @@ async fn run(pool: PgPool, every: Duration, stop: CancellationToken) {
             // one query a second, not a new connection.
             let connection = match candidate.as_mut() {
                 Some(connection) => connection,
-                None => candidate.insert(PgConnection::connect_with(&options()).await?),
+                None => {
+                    candidate.insert(PgConnection::connect_with(&candidate_options(&pool)).await?)
+                }
             };
             let elected: bool = sqlx::query_scalar(ELECT)
                 .fetch_one(&mut *connection)
