@@ -2,7 +2,7 @@
 //! never a panic, and the same keys whatever the split.
 #![no_main]
 
-use bloom_guard::KeyBatch;
+use bloom_guard::keys::KeyBatch;
 use bloom_guard_sqlx::CopyTextDecoder;
 use libfuzzer_sys::fuzz_target;
 

@@ -2,7 +2,7 @@
 //! headers: never a panic; a decoded path key always re-encodes to itself.
 #![no_main]
 
-use bloom_guard::{Header, Key, KeyExtractor, KeyType, PathSegment, QueryParam};
+use bloom_guard::{extract::{Header, KeyExtractor, PathSegment, QueryParam}, keys::Key, KeyType};
 use libfuzzer_sys::fuzz_target;
 use percent_encoding::{utf8_percent_encode, percent_encode, NON_ALPHANUMERIC};
 

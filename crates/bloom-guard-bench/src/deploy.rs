@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use bloom_guard::{BloomGuard, FilterOrigin};
+use bloom_guard::{stats::FilterOrigin, BloomGuard};
 use bloom_guard_sqlx::{PgFollower, Watch};
 use serde::Serialize;
 use sqlx::PgPool;

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use bloom_guard::{BloomGuard, FilterOrigin, KeySource};
+use bloom_guard::{stats::FilterOrigin, BloomGuard, KeySource};
 use bloom_guard_sqlx::{PgCopySource, PgFollower, QuerySource, Watch};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;

@@ -10,7 +10,10 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, FilterOrigin, GuardState};
+use bloom_guard::{
+    stats::{FilterOrigin, GuardState},
+    BloomGuard,
+};
 use bloom_guard_sqlx::{Follow, MySqlFollower, PgFollower, SqliteFollower, Watch};
 use common::{spawn, status, wait_until, Running};
 use http::StatusCode;

@@ -19,7 +19,11 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use axum::body::Body;
-use bloom_guard::{BloomGuard, FilterKind, FilterOrigin, PathParam};
+use bloom_guard::{
+    extract::PathParam,
+    stats::{FilterKind, FilterOrigin},
+    BloomGuard,
+};
 use bloom_guard_sqlx::{FleetRebuild, MySqlFollower, PgFollower, SqliteFollower, Watch};
 use common::*;
 use http::StatusCode;
@@ -684,7 +688,7 @@ async fn mysql_rebuilt_since(
         "a rebuild after the truncation",
         Duration::from_secs(20),
         || {
-            guard.stats().state == bloom_guard::GuardState::Ready
+            guard.stats().state == bloom_guard::stats::GuardState::Ready
                 && absent.iter().filter(|key| guard.may_contain(key)).count() <= allowed
         },
     )
@@ -833,7 +837,7 @@ async fn with_trigger_functions_of_an_earlier_version_no_delete_is_applied(pool:
     tokio::time::sleep(Duration::from_millis(500)).await;
     exec(&pool, "delete from items where key = 'b'").await;
     wait_until("b refused", Duration::from_secs(10), || {
-        guard.stats().state == bloom_guard::GuardState::Ready && !guard.may_contain("b")
+        guard.stats().state == bloom_guard::stats::GuardState::Ready && !guard.may_contain("b")
     })
     .await;
 }

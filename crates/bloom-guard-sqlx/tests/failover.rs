@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, GuardState};
+use bloom_guard::{stats::GuardState, BloomGuard};
 use common::cluster::{Proxy, Server};
 use common::*;
 use http::StatusCode;

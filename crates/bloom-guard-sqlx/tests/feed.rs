@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bloom_guard::GuardState;
+use bloom_guard::stats::GuardState;
 use bloom_guard_sqlx::Watch;
 use common::*;
 use sqlx::PgPool;

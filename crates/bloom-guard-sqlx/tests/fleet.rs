@@ -8,7 +8,12 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, GuardState, Instance, Mode, SetBy, Settings};
+use bloom_guard::{
+    fleet::Instance,
+    settings::{SetBy, Settings},
+    stats::GuardState,
+    BloomGuard, Mode,
+};
 use bloom_guard_sqlx::{Follow, PgFollower, SqliteFollower, Watch};
 use common::{install, wait_until};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -316,7 +321,7 @@ async fn without_rights_on_the_fleet_tables_an_instance_serves_and_joins_once_gr
 
     let refused = b.set_mode(Mode::Off).await;
     assert!(
-        matches!(refused, Err(bloom_guard::SettingsError::Fleet(_))),
+        matches!(refused, Err(bloom_guard::settings::SettingsError::Fleet(_))),
         "{refused:?}"
     );
     assert_eq!(b.mode(), Mode::Enforce, "nothing changed on b");

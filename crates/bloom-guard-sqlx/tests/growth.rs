@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, FilterOrigin};
+use bloom_guard::{stats::FilterOrigin, BloomGuard};
 use common::*;
 use sqlx::PgPool;
 
@@ -65,7 +65,11 @@ async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(
     let stats = guard.stats();
     assert_eq!(stats.generation, start.generation, "a rescan: {stats:?}");
     assert!(stats.sub_filters > 1, "{stats:?}");
-    assert!(guard.rebuild_due().is_none(), "{:?}", guard.rebuild_due());
+    assert!(
+        guard.feed().rebuild_due().is_none(),
+        "{:?}",
+        guard.feed().rebuild_due()
+    );
     assert_eq!(
         passed(&guard, (50_000..100_000).map(|i| format!("row-{i}"))),
         1.0

@@ -12,7 +12,7 @@ use axum::extract::{Path, State};
 use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use axum::Router;
-use bloom_guard::{BloomGuard, GuardState, KeyType, PathParam};
+use bloom_guard::{extract::PathParam, stats::GuardState, BloomGuard, KeyType};
 use bloom_guard_sqlx::{PgFollower, Watch};
 use common::{exec, spawn, spellings, wait_until, Running};
 use sqlx::PgPool;

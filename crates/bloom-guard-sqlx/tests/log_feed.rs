@@ -194,7 +194,7 @@ async fn a_table_switched_between_the_feeds_is_rebuilt_and_never_fed_twice(pool:
         .expect("off the log feed");
     items().uninstall_log(&pool).await.expect("idempotent");
     wait_until("the log follower open", Duration::from_secs(10), || {
-        on_log.stats().state != bloom_guard::GuardState::Ready
+        on_log.stats().state != bloom_guard::stats::GuardState::Ready
     })
     .await;
     let off: String = sqlx::query_scalar("select pg_current_wal_lsn()::text")
@@ -279,7 +279,7 @@ async fn the_trigger_feeds_follower_and_rebuild_refuse_a_table_on_the_log_feed(p
             .is_some_and(|error| error.contains("PgLogFollower"))
     })
     .await;
-    assert_ne!(wrong.stats().state, bloom_guard::GuardState::Ready);
+    assert_ne!(wrong.stats().state, bloom_guard::stats::GuardState::Ready);
     assert_ne!(status(&wrong, "never-written").await, StatusCode::NOT_FOUND);
     let rebuilt = bloom_guard_sqlx::FleetRebuild::new(guard(), pool.clone(), items())
         .rebuild()

@@ -269,7 +269,7 @@ async fn a_slot_no_producer_moves_fails_the_guards_open_until_it_moves(pool: PgP
         .expect("lock the progress");
     exec(&pool, "insert into items (key) values ('during')").await;
     wait_until("the guard open", Duration::from_secs(10), || {
-        guard.stats().state != bloom_guard::GuardState::Ready
+        guard.stats().state != bloom_guard::stats::GuardState::Ready
     })
     .await;
     assert_ne!(status(&guard, "during").await, http::StatusCode::NOT_FOUND);

@@ -13,7 +13,10 @@ mod common;
 
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, Collation, Key, KeyType};
+use bloom_guard::{
+    keys::{Collation, Key},
+    BloomGuard, KeyType,
+};
 use bloom_guard_sqlx::{MySqlFollower, Watch};
 use common::mysql::fresh;
 use common::{spawn, spellings, wait_until};

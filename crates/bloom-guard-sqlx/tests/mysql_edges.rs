@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, GuardState};
+use bloom_guard::{stats::GuardState, BloomGuard};
 use bloom_guard_sqlx::{MySqlFollower, Watch};
 use common::mysql::{busy_transaction_list, client, database, fresh, items, position};
 use common::{spawn, status, wait_until, Running};

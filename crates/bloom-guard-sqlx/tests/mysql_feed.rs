@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, GuardState};
+use bloom_guard::{stats::GuardState, BloomGuard};
 use bloom_guard_sqlx::{MySqlFollower, Watch};
 use common::mysql::{
     busy_transaction_list, client, database, fresh, items, position, with_isolation,

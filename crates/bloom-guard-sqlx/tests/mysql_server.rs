@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, GuardState};
+use bloom_guard::{stats::GuardState, BloomGuard};
 use bloom_guard_sqlx::MySqlFollower;
 use common::mysql::{fresh, items};
 use common::{spawn, status, wait_until};

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, FilterOrigin};
+use bloom_guard::{stats::FilterOrigin, BloomGuard};
 use bloom_guard_sqlx::{grant_runtime, install, PgFollower};
 use common::*;
 use sqlx::postgres::PgPoolOptions;

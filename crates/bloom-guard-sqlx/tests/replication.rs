@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, GuardState};
+use bloom_guard::{stats::GuardState, BloomGuard};
 use common::cluster::Server as Publisher;
 use common::*;
 use sqlx::{Connection as _, PgPool};

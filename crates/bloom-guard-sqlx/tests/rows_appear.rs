@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use bloom_guard::GuardState;
+use bloom_guard::stats::GuardState;
 use common::*;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;

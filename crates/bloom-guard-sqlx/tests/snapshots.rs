@@ -7,7 +7,7 @@ use std::io::Write as _;
 use std::process::Stdio;
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, FilterOrigin, KeyType};
+use bloom_guard::{stats::FilterOrigin, BloomGuard, KeyType};
 use bloom_guard_sqlx::PgFollower;
 use common::*;
 use sqlx::PgPool;

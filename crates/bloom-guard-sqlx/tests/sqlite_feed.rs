@@ -6,7 +6,7 @@ mod common;
 use std::str::FromStr;
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, GuardState};
+use bloom_guard::{stats::GuardState, BloomGuard};
 use bloom_guard_sqlx::{SqliteFollower, Watch};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::SqlitePool;
@@ -123,7 +123,7 @@ async fn ready(guard: &BloomGuard) {
 
 #[tokio::test]
 async fn instances_on_one_file_share_snapshots_and_refuse_damaged_ones() {
-    use bloom_guard::FilterOrigin;
+    use bloom_guard::stats::FilterOrigin;
     let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("items.db");
@@ -327,13 +327,16 @@ async fn a_fleet_rebuild_on_one_instance_reaches_the_other() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let adopted = guards[1].stats();
-    assert_eq!(adopted.origin, Some(bloom_guard::FilterOrigin::Snapshot));
+    assert_eq!(
+        adopted.origin,
+        Some(bloom_guard::stats::FilterOrigin::Snapshot)
+    );
     assert!(guards[1].may_contain("seeded"));
 }
 
 #[tokio::test]
 async fn an_instance_started_after_a_bulk_load_protects_from_its_first_filter() {
-    use bloom_guard::FilterOrigin;
+    use bloom_guard::stats::FilterOrigin;
     let dir = std::env::temp_dir().join(format!("bloom-guard-sqlite-{}", fastrand::u64(..)));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("items.db");
@@ -481,7 +484,7 @@ async fn publish_snapshot(pool: &SqlitePool) {
 
 #[tokio::test]
 async fn a_snapshot_is_replayed_from_its_own_position_whatever_its_row_says() {
-    use bloom_guard::FilterOrigin;
+    use bloom_guard::stats::FilterOrigin;
     let (path, pool) = watched_file(10).await;
     publish_snapshot(&pool).await;
     shell(
@@ -506,7 +509,7 @@ async fn a_snapshot_is_replayed_from_its_own_position_whatever_its_row_says() {
 
 #[tokio::test]
 async fn a_snapshot_copied_from_another_file_is_refused() {
-    use bloom_guard::FilterOrigin;
+    use bloom_guard::stats::FilterOrigin;
     let (other_path, other) = watched_file(5).await;
     publish_snapshot(&other).await;
     other.close().await;

@@ -123,7 +123,7 @@ async fn a_second_start_of_an_unchanged_schema_sends_no_ddl_and_few_statements(p
         .unwrap_or_default();
 
     assert!(
-        second.stats().origin == Some(bloom_guard::FilterOrigin::Snapshot),
+        second.stats().origin == Some(bloom_guard::stats::FilterOrigin::Snapshot),
         "the second start adopted no snapshot: {:?}",
         second.stats().origin
     );

@@ -4,7 +4,7 @@
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use bloom_guard::{BloomGuard, KeySource, PathParam};
+use bloom_guard::{extract::PathParam, BloomGuard, KeySource};
 use bloom_guard_sqlx::{PgCopySource, QuerySource};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use proptest::prelude::*;

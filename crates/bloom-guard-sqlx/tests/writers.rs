@@ -337,7 +337,7 @@ async fn bulk_load_served_at_once(pool: &PgPool, off: &str, on: &str) {
     .await;
     let app = axum::Router::new()
         .route("/items/{key}", axum::routing::get(|| async { "an item" }))
-        .route_layer(guard.layer(bloom_guard::PathParam("key")));
+        .route_layer(guard.layer(bloom_guard::extract::PathParam("key")));
     for i in 1..=100 {
         let request = http::Request::get(format!("/items/bulk-{i}"))
             .body(axum::body::Body::empty())
@@ -639,7 +639,9 @@ async fn a_late_commit_across_rotations_arrives(pool: PgPool) {
         .await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(!guard.may_contain("late") || guard.stats().state != bloom_guard::GuardState::Ready);
+    assert!(
+        !guard.may_contain("late") || guard.stats().state != bloom_guard::stats::GuardState::Ready
+    );
     late.commit().await.expect("commit");
     wait_until("the late key", Duration::from_secs(10), || {
         common::holds_all(&guard, &["late"])

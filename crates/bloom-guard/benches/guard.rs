@@ -11,8 +11,10 @@ use std::hint::black_box;
 
 use axum::extract::MatchedPath;
 use bloom_guard::{
-    BloomGuard, BuildError, CatchUp, Collation, Header, Key, KeyBatch, KeyExtractor, KeySource,
-    KeyType, PathParam, PathSegment, PendingFilter, QueryParam,
+    extract::{Header, KeyExtractor, PathParam, PathSegment, QueryParam},
+    feed::{CatchUp, PendingFilter},
+    keys::{Collation, Key, KeyBatch},
+    BloomGuard, BuildError, KeySource, KeyType,
 };
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use futures_util::future::BoxFuture;
@@ -252,7 +254,7 @@ fn lookup_guard(keys: u64, counting: bool) -> BloomGuard {
         .read_barrier(false)
         .build();
     if counting {
-        guard.feed_reader().catch_up_with(Quiet);
+        guard.feed().reader().catch_up_with(Quiet);
     }
     warm_guard(guard, keys)
 }

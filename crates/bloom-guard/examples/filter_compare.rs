@@ -17,7 +17,11 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use bloom_guard::{BloomGuard, BuildError, CatchUp, KeyBatch, KeySource, PendingFilter};
+use bloom_guard::{
+    feed::{CatchUp, PendingFilter},
+    keys::KeyBatch,
+    BloomGuard, BuildError, KeySource,
+};
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, BoxStream, StreamExt};
 
@@ -83,7 +87,7 @@ async fn churn(n: u64, m: u64) {
         .false_positive_rate(RATE)
         .read_barrier(false)
         .build();
-    let reader = guard.feed_reader();
+    let reader = guard.feed().reader();
     reader.catch_up_with(Quiet);
     guard.rebuild(&Keys(n)).await.expect("build");
     println!("| deletes and inserts | live keys | bits | bits/live key | estimated fpp | measured fpp | deletes applied | rebuild due |");
@@ -102,7 +106,7 @@ async fn churn(n: u64, m: u64) {
             stats.estimated_fpp,
             hits as f64 / probes as f64,
             stats.deletes_applied,
-            guard.rebuild_due()
+            guard.feed().rebuild_due()
         );
     };
     report(0);
@@ -112,7 +116,7 @@ async fn churn(n: u64, m: u64) {
     while done < m {
         let removed: KeyBatch = (oldest..oldest + batch).map(key).collect();
         let added: KeyBatch = (n + oldest..n + oldest + batch).map(key).collect();
-        guard.apply_changes(&added, &removed, None, None);
+        guard.feed().apply(&added, &removed, None, None);
         oldest += batch;
         done += batch;
         if done % (m / 10).max(batch) == 0 {
@@ -163,7 +167,7 @@ async fn main() {
                 .read_barrier(false)
                 .build();
             // A feed reader makes the guard's filters counting ones.
-            let reader = counting.then(|| guard.feed_reader());
+            let reader = counting.then(|| guard.feed().reader());
             if let Some(reader) = &reader {
                 reader.catch_up_with(Quiet);
             }
@@ -179,7 +183,9 @@ async fn main() {
             let delete_ns = if counting {
                 let removed: KeyBatch = (0..n.min(1_000_000)).map(key).collect();
                 let started = Instant::now();
-                guard.apply_changes(&KeyBatch::default(), &removed, None, None);
+                guard
+                    .feed()
+                    .apply(&KeyBatch::default(), &removed, None, None);
                 format!(
                     "{:.0}",
                     started.elapsed().as_nanos() as f64 / removed.len() as f64

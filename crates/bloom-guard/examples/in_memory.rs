@@ -21,7 +21,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use bloom_guard::{not_found_response, BloomGuard, KeyList, PathParam};
+use bloom_guard::{extract::PathParam, not_found_response, BloomGuard, KeyList};
 
 #[derive(Clone)]
 struct AppState {

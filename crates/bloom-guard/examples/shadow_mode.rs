@@ -18,7 +18,7 @@ use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use bloom_guard::{not_found_response, BloomGuard, KeyList, Mode, PathParam};
+use bloom_guard::{extract::PathParam, not_found_response, BloomGuard, KeyList, Mode};
 use tower::ServiceExt;
 
 async fn get_item(

@@ -14,7 +14,7 @@ use axum::body::Body;
 use axum::http::Request;
 use axum::routing::get;
 use axum::Router;
-use bloom_guard::{BloomGuard, KeyList, KeyType, PathParam};
+use bloom_guard::{extract::PathParam, BloomGuard, KeyList, KeyType};
 use tower::ServiceExt;
 
 async fn check(guard: &BloomGuard, paths: &[&str]) {

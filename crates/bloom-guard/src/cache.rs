@@ -30,7 +30,7 @@ use moka::Expiry;
 ///
 /// ```
 /// use std::time::Duration;
-/// use bloom_guard::ReadThroughCache;
+/// use bloom_guard::cache::ReadThroughCache;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let cache: ReadThroughCache<String, String> = ReadThroughCache::builder()

@@ -13,7 +13,10 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query};
 use axum::routing::get;
 use axum::Router;
-use bloom_guard::{BloomGuard, KeyList, PathParam, QueryParam};
+use bloom_guard::{
+    extract::{PathParam, QueryParam},
+    BloomGuard, KeyList,
+};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use proptest::prelude::*;

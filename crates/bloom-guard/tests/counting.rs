@@ -6,9 +6,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bloom_guard::feed::Position;
 use bloom_guard::{
-    AdoptError, BloomGuard, BuildError, CatchUp, FilterKind, KeyBatch, KeyList, KeySource,
-    PendingFilter, Snapshot,
+    feed::{AdoptError, CatchUp, PendingFilter},
+    keys::KeyBatch,
+    snapshot::Snapshot,
+    stats::FilterKind,
+    BloomGuard, BuildError, KeyList, KeySource,
 };
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, BoxStream, StreamExt};
@@ -48,11 +52,11 @@ impl Feed {
     /// Applies the feed after `from` to `guard`'s filter in use.
     fn follow(&self, guard: &BloomGuard, from: usize) -> usize {
         let (added, removed, reached) = self.read(from);
-        guard.apply_changes(
+        guard.feed().apply(
             &added,
             &removed,
-            Some(&from.to_string()),
-            Some(&reached.to_string()),
+            Some(&Position::from(from.to_string())),
+            Some(&Position::from(reached.to_string())),
         );
         reached
     }
@@ -109,7 +113,7 @@ async fn a_key_is_refused_again_with_its_last_row_and_only_then() {
     feed.add("a");
     feed.add("b");
     let guard = guard();
-    let reader = guard.feed_reader();
+    let reader = guard.feed().reader();
     reader.catch_up_with(feed.clone());
     guard.rebuild(&feed).await.expect("build");
     assert_eq!(guard.stats().filter_kind, Some(FilterKind::Counting));
@@ -135,7 +139,7 @@ async fn a_build_is_brought_up_to_date_from_its_own_scan_not_from_the_follower()
     feed.add("a");
     feed.add("b");
     let guard = guard();
-    let reader = guard.feed_reader();
+    let reader = guard.feed().reader();
     reader.catch_up_with(feed.clone());
     guard.rebuild(&feed).await.expect("first build");
     // The follower stands at 2; "a" is deleted at 2 and the rebuild scans
@@ -155,7 +159,7 @@ async fn a_build_is_brought_up_to_date_from_its_own_scan_not_from_the_follower()
 async fn the_write_paths_keys_are_found_for_the_window_and_come_into_the_filter_from_the_feed() {
     let feed = Feed::default();
     let guard = guard();
-    let reader = guard.feed_reader();
+    let reader = guard.feed().reader();
     reader.catch_up_with(feed.clone());
     guard.rebuild(&feed).await.expect("build");
     guard.insert("new");
@@ -177,24 +181,31 @@ async fn a_snapshot_carries_its_position_and_its_adopter_applies_deletes_from_th
         feed.add(key);
     }
     let first = guard();
-    let reader = first.feed_reader();
+    let reader = first.feed().reader();
     reader.catch_up_with(feed.clone());
     first.rebuild(&feed).await.expect("build");
     let at = feed.len();
     feed.delete("a");
     feed.follow(&first, at);
     // The position passed in is not used: the filter's own is.
-    let writer = first.snapshot("ignored", "q").expect("an exact filter");
+    let writer = first
+        .feed()
+        .snapshot(&"ignored".into(), "q")
+        .expect("an exact filter");
     assert_eq!(writer.info().position, "4");
     let bytes: Vec<u8> = writer.chunks(4096).flatten().collect();
     feed.delete("b");
 
     let second = guard();
-    let second_reader = second.feed_reader();
+    let second_reader = second.feed().reader();
     second_reader.catch_up_with(feed.clone());
     let snapshot = Snapshot::decode(&bytes).expect("intact");
     assert_eq!(snapshot.filter_kind(), FilterKind::Counting);
-    let adoption = second.begin_adoption(snapshot, "q").await.expect("adopt");
+    let adoption = second
+        .feed()
+        .begin_adoption(snapshot, "q")
+        .await
+        .expect("adopt");
     let (added, removed, reached) = feed.read(adoption.info().position.parse().expect("a count"));
     adoption.apply(&added, &removed, &reached.to_string());
     adoption.promote().expect("promote");
@@ -210,22 +221,24 @@ async fn a_read_during_an_adoption_reaches_the_adopted_filter_once() {
     let feed = Feed::default();
     feed.add("a");
     let first = guard();
-    let first_reader = first.feed_reader();
+    let first_reader = first.feed().reader();
     first_reader.catch_up_with(feed.clone());
     first.rebuild(&feed).await.expect("build");
     let bytes: Vec<u8> = first
-        .snapshot("ignored", "q")
+        .feed()
+        .snapshot(&"ignored".into(), "q")
         .expect("an exact filter")
         .chunks(4096)
         .flatten()
         .collect();
 
     let second = guard();
-    let reader = second.feed_reader();
+    let reader = second.feed().reader();
     reader.catch_up_with(feed.clone());
     second.rebuild(&feed).await.expect("its first filter");
     let mut at = feed.len();
     let adoption = second
+        .feed()
         .begin_adoption(Snapshot::decode(&bytes).expect("intact"), "q")
         .await
         .expect("adopt");
@@ -247,14 +260,16 @@ async fn a_bloom_snapshot_is_refused_by_a_guard_with_a_feed() {
     let bloom = guard();
     bloom.rebuild(&KeyList::new(["a"])).await.expect("build");
     let bytes: Vec<u8> = bloom
-        .snapshot("1", "q")
+        .feed()
+        .snapshot(&"1".into(), "q")
         .expect("complete")
         .chunks(4096)
         .flatten()
         .collect();
     let followed = guard();
-    let _reader = followed.feed_reader();
+    let _reader = followed.feed().reader();
     let refused = followed
+        .feed()
         .begin_adoption(Snapshot::decode(&bytes).expect("intact"), "q")
         .await;
     assert!(
@@ -272,7 +287,7 @@ async fn a_bloom_snapshot_is_refused_by_a_guard_with_a_feed() {
 #[tokio::test]
 async fn without_a_scan_position_deletes_are_left_not_guessed() {
     let guard = guard();
-    let _reader = guard.feed_reader();
+    let _reader = guard.feed().reader();
     // A source that names no feed position: the filter cannot tell which
     // deletes its scan already holds.
     guard
@@ -280,12 +295,14 @@ async fn without_a_scan_position_deletes_are_left_not_guessed() {
         .await
         .expect("build");
     let removed: KeyBatch = ["a"].into_iter().collect();
-    guard.apply_changes(&KeyBatch::default(), &removed, None, Some("9"));
+    guard
+        .feed()
+        .apply(&KeyBatch::default(), &removed, None, Some(&"9".into()));
     let stats = guard.stats();
     assert!(guard.may_contain("a"));
     assert_eq!((stats.deletes_applied, stats.deletes_left), (0, 1));
     assert!(
-        guard.snapshot("9", "q").is_none(),
+        guard.feed().snapshot(&"9".into(), "q").is_none(),
         "an inexact filter was published"
     );
 }
@@ -293,10 +310,10 @@ async fn without_a_scan_position_deletes_are_left_not_guessed() {
 #[tokio::test]
 async fn kept_bloom_filters_never_forget() {
     let guard = BloomGuard::builder().forget_deleted_keys(false).build();
-    let _reader = guard.feed_reader();
+    let _reader = guard.feed().reader();
     guard.rebuild(&KeyList::new(["a"])).await.expect("build");
     assert_eq!(guard.stats().filter_kind, Some(FilterKind::Bloom));
-    guard.apply_changes(
+    guard.feed().apply(
         &KeyBatch::default(),
         &["a"].into_iter().collect(),
         None,
@@ -317,10 +334,10 @@ async fn a_snapshot_of_many_shards_read_back_in_odd_chunks_holds_every_key() {
         .expected_items(150_000)
         .read_barrier(false)
         .build();
-    let reader = first.feed_reader();
+    let reader = first.feed().reader();
     reader.catch_up_with(feed.clone());
     first.rebuild(&feed).await.expect("build");
-    let writer = first.snapshot("", "q").expect("exact");
+    let writer = first.feed().snapshot(&"".into(), "q").expect("exact");
     let len = writer.info().len;
     let bytes: Vec<u8> = writer.chunks(1001).flatten().collect();
     assert_eq!(bytes.len() as u64, len);
@@ -331,9 +348,10 @@ async fn a_snapshot_of_many_shards_read_back_in_odd_chunks_holds_every_key() {
     );
 
     let second = guard();
-    let _reader = second.feed_reader();
+    let _reader = second.feed().reader();
     let snapshot = Snapshot::decode(&bytes).expect("intact");
     second
+        .feed()
         .begin_adoption(snapshot, "q")
         .await
         .expect("adopt")
@@ -349,14 +367,19 @@ async fn a_read_that_does_not_start_where_the_filter_stands_removes_nothing() {
     feed.add("a");
     feed.add("a");
     let guard = guard();
-    let reader = guard.feed_reader();
+    let reader = guard.feed().reader();
     reader.catch_up_with(feed.clone());
     guard.rebuild(&feed).await.expect("build");
     // A follower that restarted reads from its own start, not from where
     // the filter stands: its deletes may be of rows the filter never held.
     feed.delete("a");
     let (added, removed, reached) = feed.read(2);
-    guard.apply_changes(&added, &removed, Some("1"), Some(&reached.to_string()));
+    guard.feed().apply(
+        &added,
+        &removed,
+        Some(&"1".into()),
+        Some(&Position::from(reached.to_string())),
+    );
     let stats = guard.stats();
     assert_eq!(
         (stats.deletes_applied, stats.deletes_left),
@@ -365,7 +388,7 @@ async fn a_read_that_does_not_start_where_the_filter_stands_removes_nothing() {
     );
     assert!(guard.may_contain("a"));
     assert!(
-        guard.snapshot("", "q").is_none(),
+        guard.feed().snapshot(&"".into(), "q").is_none(),
         "an inexact filter was published"
     );
 }
@@ -375,10 +398,10 @@ async fn a_second_follower_makes_the_filter_keep_deleted_keys() {
     let feed = Feed::default();
     feed.add("a");
     let guard = guard();
-    let first = guard.feed_reader();
+    let first = guard.feed().reader();
     first.catch_up_with(feed.clone());
     guard.rebuild(&feed).await.expect("build");
-    let _second = guard.feed_reader();
+    let _second = guard.feed().reader();
     feed.delete("a");
     feed.follow(&guard, 1);
     assert!(guard.may_contain("a"));
@@ -391,29 +414,37 @@ async fn a_delete_of_a_key_the_filter_lacks_stops_removals_and_asks_for_a_rebuil
     feed.add("a");
     feed.add("b");
     let guard = guard();
-    let reader = guard.feed_reader();
+    let reader = guard.feed().reader();
     reader.catch_up_with(feed.clone());
     guard.rebuild(&feed).await.expect("build");
     // A row the scan never saw (another table on the feed, a write that
     // bypassed it) is deleted: the filter and the feed disagree.
     let removed: KeyBatch = ["never-scanned", "a"].into_iter().collect();
-    guard.apply_changes(&KeyBatch::default(), &removed, Some("2"), Some("4"));
+    guard.feed().apply(
+        &KeyBatch::default(),
+        &removed,
+        Some(&"2".into()),
+        Some(&"4".into()),
+    );
     assert!(
         guard.may_contain("a"),
         "a delete after the disagreement was applied"
     );
-    assert!(guard.rebuild_due().is_some());
+    assert!(guard.feed().rebuild_due().is_some());
 }
 
 /// A guard with a 60 s write window, the read barrier on or off, built
 /// from `feed` and following it: its reader.
-async fn followed_with_window(feed: &Feed, barrier: bool) -> (BloomGuard, bloom_guard::FeedReader) {
+async fn followed_with_window(
+    feed: &Feed,
+    barrier: bool,
+) -> (BloomGuard, bloom_guard::feed::FeedReader) {
     let guard = BloomGuard::builder()
         .name("items")
         .read_barrier(barrier)
         .write_window(Duration::from_secs(60))
         .build();
-    let reader = guard.feed_reader();
+    let reader = guard.feed().reader();
     reader.catch_up_with(feed.clone());
     guard.rebuild(feed).await.expect("build");
     (guard, reader)
@@ -447,7 +478,7 @@ async fn a_key_inserted_here_is_kept_until_its_row_is_read_then_refused_once_del
     });
     let app = Router::new()
         .route("/items/{key}", get(|| async { "found" }))
-        .route_layer(guard.layer(bloom_guard::PathParam("key")));
+        .route_layer(guard.layer(bloom_guard::extract::PathParam("key")));
     let status = |key: &'static str| {
         let app = app.clone();
         async move {
@@ -554,7 +585,7 @@ async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(
         .false_positive_rate(target)
         .read_barrier(false)
         .build();
-    let reader = guard.feed_reader();
+    let reader = guard.feed().reader();
     reader.catch_up_with(feed.clone());
     guard.rebuild(&feed).await.expect("build");
     let generation = guard.stats().generation;
@@ -582,7 +613,7 @@ async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(
         }
         add(&feed, &mut live, 10_000);
         at = feed.follow(&guard, at);
-        assert_eq!(guard.rebuild_due(), None, "round {round}");
+        assert_eq!(guard.feed().rebuild_due(), None, "round {round}");
     }
     let stats = guard.stats();
     assert_eq!(stats.generation, generation, "a rescan: {stats:?}");
@@ -605,17 +636,21 @@ async fn a_guard_started_on_an_empty_table_grows_through_churn_without_a_rescan(
 
     // Its snapshot carries every stage: the adopter answers alike and
     // applies the next deletes.
-    let writer = guard.snapshot("", "q").expect("exact");
+    let writer = guard.feed().snapshot(&"".into(), "q").expect("exact");
     assert_eq!(writer.info().sub_filters, stats.sub_filters);
     let bytes: Vec<u8> = writer.chunks(4096).flatten().collect();
-    assert_eq!(bytes[8..12], bloom_guard::SNAPSHOT_FORMAT.to_le_bytes());
+    assert_eq!(
+        bytes[8..12],
+        bloom_guard::snapshot::SNAPSHOT_FORMAT.to_le_bytes()
+    );
     let second = BloomGuard::builder()
         .name("items")
         .false_positive_rate(target)
         .read_barrier(false)
         .build();
-    let _reader = second.feed_reader();
+    let _reader = second.feed().reader();
     let adoption = second
+        .feed()
         .begin_adoption(Snapshot::decode(&bytes).expect("intact"), "q")
         .await
         .expect("adopt");
@@ -648,10 +683,13 @@ async fn a_snapshot_is_its_moment_though_the_filter_changes_before_its_chunks() 
         feed.add(key);
     }
     let first = guard();
-    let reader = first.feed_reader();
+    let reader = first.feed().reader();
     reader.catch_up_with(feed.clone());
     first.rebuild(&feed).await.expect("build");
-    let writer = first.snapshot("ignored", "q").expect("an exact filter");
+    let writer = first
+        .feed()
+        .snapshot(&"ignored".into(), "q")
+        .expect("an exact filter");
     // After the moment, before any chunk: a third of the keys deleted
     // (in every shard), new ones added.
     let at = feed.len();
@@ -666,9 +704,10 @@ async fn a_snapshot_is_its_moment_though_the_filter_changes_before_its_chunks() 
     let bytes: Vec<u8> = writer.chunks(1 << 16).flatten().collect();
 
     let second = guard();
-    let second_reader = second.feed_reader();
+    let second_reader = second.feed().reader();
     second_reader.catch_up_with(feed.clone());
     let adoption = second
+        .feed()
         .begin_adoption(Snapshot::decode(&bytes).expect("intact"), "q")
         .await
         .expect("adopt");

@@ -21,9 +21,9 @@ pub enum ApiError {
     },
     /// A key the service never stores, answered exactly as the guard
     /// answers it when it refuses a key itself (status and body declared by
-    /// [`KeyError`](bloom_guard::KeyError)).
+    /// [`KeyError`](bloom_guard::keys::KeyError)).
     #[error("{0}")]
-    Key(#[from] bloom_guard::KeyError),
+    Key(#[from] bloom_guard::keys::KeyError),
     /// An item with this key exists already.
     #[error("an item with this key exists")]
     Conflict,

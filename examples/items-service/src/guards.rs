@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, KeyType, ReadPace};
+use bloom_guard::{feed::ReadPace, BloomGuard, KeyType};
 use bloom_guard_sqlx::FeedError;
 
 use crate::config::{Config, MAX_KEY_LEN};
@@ -98,7 +98,7 @@ fn guards_with(config: &Config, items: KeyType) -> Guards {
         instance: config
             .instance
             .clone()
-            .unwrap_or_else(bloom_guard::instance_id),
+            .unwrap_or_else(bloom_guard::fleet::instance_id),
         log_feed: match config.feed {
             crate::config::Feed::Log => config.database_url.clone(),
             crate::config::Feed::Triggers => None,

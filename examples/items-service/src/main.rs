@@ -107,7 +107,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     Matcher::Prefix("bloom_guard_".into()),
-                    bloom_guard::DURATION_BUCKETS,
+                    bloom_guard::metrics::DURATION_BUCKETS,
                 )?
                 .install_recorder()?,
         ),

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use bloom_guard::{KeyError, PathParam};
+use bloom_guard::{extract::PathParam, keys::KeyError};
 use serde::Deserialize;
 use serde_json::json;
 

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use bloom_guard::{BloomGuard, ReadThroughCache};
+use bloom_guard::{cache::ReadThroughCache, BloomGuard};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 

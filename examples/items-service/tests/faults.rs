@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;
-use bloom_guard::GuardState;
+use bloom_guard::stats::GuardState;
 use items_service::{app, prepare, AppState, Config, Database, Pool};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;

@@ -158,7 +158,7 @@ pub(super) async fn deploy(
         protected_secs: protected.map(|at| at.as_secs_f64()),
         origin: stats
             .origin
-            .map(|origin| bloom_guard::FilterOrigin::as_str(origin).to_owned()),
+            .map(|origin| bloom_guard::stats::FilterOrigin::as_str(origin).to_owned()),
         generation: stats.generation,
     };
     println!("{deploy:?}");

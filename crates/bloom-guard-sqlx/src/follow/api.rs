@@ -136,7 +136,7 @@ macro_rules! follower_api {
 
             /// This instance's name in the guard's fleet view
             /// (`GET /admin/bloom/{guard}/fleet`, [`BloomGuard::fleet`](bloom_guard::BloomGuard::fleet));
-            /// default [`host:pid`](bloom_guard::instance_id). Give each
+            /// default [`host:pid`](bloom_guard::fleet::instance_id). Give each
             /// instance its own: two with one name show as one.
             #[must_use]
             pub fn instance_id(mut self, id: impl Into<String>) -> Self {

@@ -6,7 +6,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bloom_guard::{KeySource, Snapshot, SnapshotError, SnapshotWriter};
+use bloom_guard::{
+    snapshot::{Snapshot, SnapshotError, SnapshotWriter},
+    KeySource,
+};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -239,7 +242,8 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     fn storage(
         &self,
         retention: Duration,
-    ) -> impl Future<Output = Result<Option<bloom_guard::FeedStorage>, sqlx::Error>> + Send {
+    ) -> impl Future<Output = Result<Option<bloom_guard::stats::FeedStorage>, sqlx::Error>> + Send
+    {
         let _ = retention;
         async { Ok(None) }
     }

@@ -4,7 +4,10 @@
 
 use std::sync::{Arc, Weak};
 
-use bloom_guard::{BuildError, CatchUp, PendingFilter};
+use bloom_guard::{
+    feed::{CatchUp, PendingFilter},
+    BuildError,
+};
 use futures_util::future::BoxFuture;
 
 use super::changes::{warn_skipped, Changes};

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use bloom_guard::{BloomGuard, KeyBatch};
+use bloom_guard::{keys::KeyBatch, BloomGuard};
 
 pub(crate) type KeyHook = Arc<dyn Fn(&str) + Send + Sync>;
 pub(crate) type CatchUpHook = Arc<dyn Fn() + Send + Sync>;
@@ -40,7 +40,7 @@ impl Changes {
     }
 
     /// As [`record`](Self::record), for a key the database weighed
-    /// ([`Collation::weighed`](bloom_guard::Collation::weighed)): bytes, not
+    /// ([`Collation::weighed`](bloom_guard::keys::Collation::weighed)): bytes, not
     /// text.
     #[cfg(feature = "mysql")]
     pub(crate) fn record_weighed(&mut self, kind: &str, key: Option<&[u8]>) {
@@ -91,7 +91,12 @@ impl Hooks {
         (from, reached): (&str, &str),
     ) {
         warn_skipped(feed, changes);
-        guard.apply_changes(&changes.added, &changes.removed, Some(from), Some(reached));
+        guard.feed().apply(
+            &changes.added,
+            &changes.removed,
+            Some(&bloom_guard::feed::Position::from(from)),
+            Some(&bloom_guard::feed::Position::from(reached)),
+        );
     }
 
     /// Tells the hooks what a read brought: each changed key, or one

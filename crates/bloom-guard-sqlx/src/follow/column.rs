@@ -4,7 +4,7 @@
 //! case-insensitive column) would answer "absent" for a spelling the
 //! database finds: a follower refuses to let such a guard answer.
 
-use bloom_guard::{BloomGuard, HoldOpen, KeyType};
+use bloom_guard::{BloomGuard, FailOpen, KeyType};
 
 use crate::watch::Watch;
 
@@ -70,7 +70,7 @@ pub(crate) fn enforce(
     guard: &BloomGuard,
     watch: &Watch,
     columns: &[KeyColumn],
-) -> Option<HoldOpen> {
+) -> Option<FailOpen> {
     match check(&watch.table, guard.key_type(), columns) {
         Verdict::Fits => None,
         Verdict::FitsWithCaveat(caveat) => {
@@ -79,7 +79,7 @@ pub(crate) fn enforce(
         }
         Verdict::Refused(problem) => {
             tracing::error!(guard = guard.name(), %problem, "the guard's key type does not compare keys as the watched column does; the guard lets every request through");
-            Some(guard.hold_open_because(problem))
+            Some(guard.feed().fail_open_because(problem))
         }
     }
 }

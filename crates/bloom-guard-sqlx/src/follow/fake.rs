@@ -4,7 +4,11 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, KeyBatch, KeySource, Snapshot, SnapshotReader, SnapshotWriter};
+use bloom_guard::{
+    keys::KeyBatch,
+    snapshot::{Snapshot, SnapshotReader, SnapshotWriter},
+    BloomGuard, KeySource,
+};
 use futures_util::stream::{self, BoxStream, StreamExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -474,7 +478,7 @@ async fn a_snapshot_with_a_feed_longer_than_a_scan_is_not_replayed() {
     let stats = second.guard.stats();
     assert_eq!(
         stats.origin,
-        Some(bloom_guard::FilterOrigin::Scan),
+        Some(bloom_guard::stats::FilterOrigin::Scan),
         "{stats:?}"
     );
     assert_eq!((fake.state().scans, stats.generation), (2, 1));
@@ -515,7 +519,7 @@ async fn a_snapshot_published_between_a_reads_keys_and_its_position_has_them() {
     };
     assert_eq!(
         second.guard.stats().origin,
-        Some(bloom_guard::FilterOrigin::Snapshot),
+        Some(bloom_guard::stats::FilterOrigin::Snapshot),
         "loads {loads} scans {scans}"
     );
     assert!(second.guard.may_contain("b"));
@@ -535,7 +539,7 @@ async fn a_reader_behind_the_horizon_rebuilds() {
     fake.commit("b");
     until("a second scan", || fake.state().scans == 2).await;
     until("ready again", || {
-        follower.guard.stats().state == bloom_guard::GuardState::Ready
+        follower.guard.stats().state == bloom_guard::stats::GuardState::Ready
     })
     .await;
     assert!(follower.guard.may_contain("b"));
@@ -577,7 +581,7 @@ async fn status(guard: &BloomGuard, key: &str) -> http::StatusCode {
     use tower::ServiceExt as _;
     let app = axum::Router::new()
         .route("/items/{key}", axum::routing::get(|| async { "an item" }))
-        .route_layer(guard.layer(bloom_guard::PathParam("key")));
+        .route_layer(guard.layer(bloom_guard::extract::PathParam("key")));
     let request = http::Request::get(format!("/items/{key}"))
         .body(axum::body::Body::empty())
         .expect("a request");

@@ -70,7 +70,7 @@ enum AdoptFailure {
     #[error("a watched table was truncated after the snapshot")]
     Truncated,
     #[error(transparent)]
-    Adopt(#[from] bloom_guard::AdoptError),
+    Adopt(#[from] bloom_guard::feed::AdoptError),
     #[error(transparent)]
     CatchUp(CatchUpError),
 }
@@ -173,7 +173,12 @@ impl<B: Database> Follower<B> {
                 return false;
             }
         };
-        let adoption = match self.guard.begin_adoption(snapshot, &fingerprint).await {
+        let adoption = match self
+            .guard
+            .feed()
+            .begin_adoption(snapshot, &fingerprint)
+            .await
+        {
             Ok(adoption) => adoption,
             Err(error) => return self.refuse(&stored, &error),
         };
@@ -287,7 +292,13 @@ impl<B: Database> Follower<B> {
             tracing::info!(reason, "rebuilding the bloom filter for the fleet");
             if let Ok(now) = self.backend.position().await {
                 let started = Instant::now();
-                if self.guard.rebuild_newer_than(source, started).await.is_ok() {
+                if self
+                    .guard
+                    .feed()
+                    .rebuild_newer_than(source, started)
+                    .await
+                    .is_ok()
+                {
                     self.scanned(started);
                     self.fleet().scanned_at = Some(now.at);
                     self.publish(&now).await;
@@ -306,7 +317,10 @@ pub(super) async fn publish<B: Database>(
     fingerprint: &str,
     at: &Clock<B::Position>,
 ) {
-    let Some(writer) = guard.snapshot(&at.position.to_string(), fingerprint) else {
+    let Some(writer) = guard.feed().snapshot(
+        &bloom_guard::feed::Position::new(at.position.to_string()),
+        fingerprint,
+    ) else {
         return;
     };
     let started = std::time::Instant::now();

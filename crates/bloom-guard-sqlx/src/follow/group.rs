@@ -12,7 +12,7 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
-use bloom_guard::ReadStart;
+use bloom_guard::feed::ReadStart;
 use tokio::sync::OwnedMutexGuard;
 
 use super::{Database, Follower, Read};

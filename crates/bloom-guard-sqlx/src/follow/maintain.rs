@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bloom_guard::HoldOpen;
+use bloom_guard::FailOpen;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -33,7 +33,7 @@ impl<B: Database> Follower<B> {
         source: B::Source,
         resync: Arc<Notify>,
         published: Arc<Notify>,
-        (mut gap, checked): (Option<HoldOpen>, bool),
+        (mut gap, checked): (Option<FailOpen>, bool),
     ) {
         let feed = self.backend.feed();
         // A check the start ran is not repeated at once: the first tick is
@@ -94,7 +94,7 @@ impl<B: Database> Follower<B> {
                 && gap.is_none()
                 && self
                     .guard
-                    .rebuild_newer_than(&source, Instant::now())
+                    .feed().rebuild_newer_than(&source, Instant::now())
                     .await
                     .is_ok()
                 // A resync read while the rebuild ran may postdate its scan.
@@ -115,7 +115,7 @@ impl<B: Database> Follower<B> {
                         tracing::warn!(feed, overdue_secs = storage.prune_overdue_secs, "the change feed's pruning is overdue: a long or prepared transaction holds it back (pg_stat_activity, pg_prepared_xacts)");
                     }
                     overdue = late;
-                    self.guard.record_feed_storage(storage);
+                    self.guard.feed().record_storage(storage);
                 }
                 last_prune = Some(Instant::now());
             }
@@ -135,6 +135,7 @@ impl<B: Database> Follower<B> {
                 .swap(false, std::sync::atomic::Ordering::AcqRel)
                 && self
                     .guard
+                    .feed()
                     .rebuild_newer_than(&source, Instant::now())
                     .await
                     .is_err()
@@ -142,7 +143,7 @@ impl<B: Database> Follower<B> {
                 self.rebuild_here
                     .store(true, std::sync::atomic::Ordering::Release);
             }
-            if let Some(reason) = self.guard.rebuild_due() {
+            if let Some(reason) = self.guard.feed().rebuild_due() {
                 if self.snapshots {
                     self.fleet_rebuild(&source, reason).await;
                 } else {
@@ -156,7 +157,7 @@ impl<B: Database> Follower<B> {
     /// Fails the guard open while a watched table can take writes the
     /// feed does not see; after the repair, rebuilds before closing again.
     /// Whether the check ran.
-    pub(super) async fn check(&self, source: &B::Source, gap: &mut Option<HoldOpen>) -> bool {
+    pub(super) async fn check(&self, source: &B::Source, gap: &mut Option<FailOpen>) -> bool {
         let feed = self.backend.feed();
         let catalog = match self.backend.catalog().await {
             Ok(catalog) => catalog,
@@ -195,6 +196,7 @@ impl<B: Database> Follower<B> {
                 let now = self.backend.key_source().await.ok();
                 if self
                     .guard
+                    .feed()
                     .rebuild_newer_than(source, Instant::now())
                     .await
                     .is_ok()
@@ -217,7 +219,7 @@ impl<B: Database> Follower<B> {
         let new_gap = gap.is_none();
         if new_gap {
             tracing::error!(feed, gaps = %problem.0, "writes to a watched table can bypass the change feed; the guard lets every request through until this is repaired (run Watch::install or select bloom_guard.watch(...) again)");
-            *gap = Some(self.guard.hold_open_because(problem.to_string()));
+            *gap = Some(self.guard.feed().fail_open_because(problem.to_string()));
         }
         self.guard.report_unavailable(&problem);
         // The table in use gets the triggers if this role may; the next
@@ -241,7 +243,7 @@ impl<B: Database> Follower<B> {
         &self,
         source: &B::Source,
         versions: String,
-    ) -> Option<HoldOpen> {
+    ) -> Option<FailOpen> {
         let previous = self.fleet().trigger_versions.replace(versions.clone());
         if previous
             .as_ref()
@@ -250,7 +252,7 @@ impl<B: Database> Follower<B> {
             return None;
         }
         tracing::error!(feed = self.backend.feed(), "a watched table was recreated or a feed trigger altered since the last check (disabled and enabled again?): writes may have bypassed the change feed; rebuilding, the guard lets every request through meanwhile");
-        let hold = self.guard.hold_open_because(
+        let hold = self.guard.feed().fail_open_because(
             "a watched table was recreated or a feed trigger altered: rebuilding",
         );
         // Snapshots from before the change are not this guard's any more.
@@ -259,6 +261,7 @@ impl<B: Database> Follower<B> {
         }
         if self
             .guard
+            .feed()
             .rebuild_newer_than(source, Instant::now())
             .await
             .is_err()
@@ -271,7 +274,7 @@ impl<B: Database> Follower<B> {
 
     /// Holds the guard open if its key type could refuse a key stored in
     /// the watched column(s).
-    pub(super) async fn check_key_type(&self, source: &B::Source) -> Option<HoldOpen> {
+    pub(super) async fn check_key_type(&self, source: &B::Source) -> Option<FailOpen> {
         let columns = match self.backend.key_columns().await {
             Ok(columns) => columns,
             Err(error) => {
@@ -288,7 +291,8 @@ impl<B: Database> Follower<B> {
             // Until the check has answered, no key is known to be safe.
             let checking = self
                 .guard
-                .hold_open_because("checking the stored keys' characters");
+                .feed()
+                .fail_open_because("checking the stored keys' characters");
             let unsafe_keys = self.backend.has_unsafe_keys(source).await;
             drop(checking);
             if !matches!(unsafe_keys, Ok(false)) {
@@ -301,7 +305,7 @@ impl<B: Database> Follower<B> {
     /// Checks the key columns against the guard's key type again: one that
     /// no longer compares as the key type does (altered since the start)
     /// holds the guard open, logged once, until it does again.
-    async fn look_at_key_columns(&self, hold: &mut Option<HoldOpen>) {
+    async fn look_at_key_columns(&self, hold: &mut Option<FailOpen>) {
         let Ok(columns) = self.backend.key_columns().await else {
             return;
         };
@@ -309,7 +313,7 @@ impl<B: Database> Follower<B> {
             column::Verdict::Refused(problem) => {
                 if hold.is_none() {
                     tracing::error!(guard = self.guard.name(), %problem, "a watched key column changed and no longer compares as the guard's key type; the guard lets every request through");
-                    *hold = Some(self.guard.hold_open_because(problem));
+                    *hold = Some(self.guard.feed().fail_open_because(problem));
                 }
             }
             column::Verdict::Fits | column::Verdict::FitsWithCaveat(_) => {
@@ -334,7 +338,7 @@ impl<B: Database> Follower<B> {
                 guard = self.guard.name(),
                 "the change feed reports writes it could not record (its triggers installed again, or a key column renamed or dropped); the guard lets every request through until a rebuild has them"
             );
-            *held = Some(self.guard.hold_open_because(
+            *held = Some(self.guard.feed().fail_open_because(
                 "writes the change feed could not record (its triggers installed again, or a key column renamed): rebuilding",
             ));
         }
@@ -350,7 +354,7 @@ impl<B: Database> Follower<B> {
                 problem = column::UNSAFE_KEY,
                 "the guard's key type cannot compare every stored key as the watched column does"
             );
-            *held = Some(self.guard.hold_open_because(column::UNSAFE_KEY));
+            *held = Some(self.guard.feed().fail_open_because(column::UNSAFE_KEY));
         }
     }
 }

@@ -25,7 +25,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, FeedReader, HoldOpen};
+use bloom_guard::{feed::FeedReader, BloomGuard, FailOpen};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -89,7 +89,7 @@ pub(crate) struct Follower<B: Database> {
     /// their keys, harmless false positives).
     counts_rows: std::sync::atomic::AtomicBool,
     /// An empty batch, passed for the deletes while `counts_rows` is false.
-    no_keys: bloom_guard::KeyBatch,
+    no_keys: bloom_guard::keys::KeyBatch,
     /// Whether the warning about old trigger functions was logged.
     warned_counts: std::sync::atomic::AtomicBool,
     /// A rebuild on this instance is due: a table was truncated, or the
@@ -100,11 +100,11 @@ pub(crate) struct Follower<B: Database> {
     /// Set at start when the key type is exact only for ASCII keys; the
     /// hold once a stored key is not.
     ascii_only: std::sync::atomic::AtomicBool,
-    unsafe_key: Mutex<Option<HoldOpen>>,
+    unsafe_key: Mutex<Option<FailOpen>>,
     /// Held from the read that found writes the feed could not record (its
     /// triggers installed again, a key column gone) until a rebuild has
     /// them.
-    unrecorded: Mutex<Option<HoldOpen>>,
+    unrecorded: Mutex<Option<FailOpen>>,
     /// The start's snapshot, read while its other statements run.
     prefetched: Mutex<Option<prefetch::Prefetch>>,
     /// Resyncs read so far: a rebuild releases `unrecorded` only if none
@@ -136,7 +136,7 @@ impl<B: Database> Follower<B> {
     /// The engine for `guard` over `backend`, with the defaults.
     pub(crate) fn new(guard: BloomGuard, backend: B) -> Self {
         Self {
-            reads: guard.feed_reader(),
+            reads: guard.feed().reader(),
             feed: Arc::new(tokio::sync::Mutex::new(None)),
             read_now: Notify::new(),
             resync: Arc::new(Notify::new()),
@@ -145,7 +145,7 @@ impl<B: Database> Follower<B> {
             shared_reads: std::sync::atomic::AtomicU64::new(0),
             catch_ups: std::sync::atomic::AtomicU64::new(0),
             counts_rows: std::sync::atomic::AtomicBool::new(false),
-            no_keys: bloom_guard::KeyBatch::default(),
+            no_keys: bloom_guard::keys::KeyBatch::default(),
             warned_counts: std::sync::atomic::AtomicBool::new(false),
             rebuild_here: std::sync::atomic::AtomicBool::new(false),
             rebuild_soon: Notify::new(),
@@ -158,7 +158,7 @@ impl<B: Database> Follower<B> {
             snapshots: true,
             snapshot_interval: Duration::from_secs(600),
             hooks: Hooks::default(),
-            instance_id: bloom_guard::instance_id(),
+            instance_id: bloom_guard::fleet::instance_id(),
             heartbeat_interval: Duration::from_secs(10),
             fleet: Mutex::default(),
             ascii_only: std::sync::atomic::AtomicBool::new(false),
@@ -203,6 +203,7 @@ impl<B: Database> Follower<B> {
         // The fleet's settings are in force before the first filter.
         let membership = this
             .guard
+            .feed()
             .join_fleet(Arc::new(presence::Link(this.backend.fleet().clone())));
         let _ = tokio::time::timeout(presence::SETTINGS_EVERY, this.guard.refresh_settings()).await;
         let presence = AbortOnDropHandle::new(tokio::spawn(
@@ -314,7 +315,7 @@ impl<B: Database> Follower<B> {
     /// The deletes of a read to pass to a new filter (a build's or a
     /// snapshot's catch-up): none while the feed's triggers may count a row
     /// twice or two rows once.
-    pub(crate) fn deletes<'c>(&'c self, changes: &'c Changes) -> &'c bloom_guard::KeyBatch {
+    pub(crate) fn deletes<'c>(&'c self, changes: &'c Changes) -> &'c bloom_guard::keys::KeyBatch {
         if self.counts_rows.load(std::sync::atomic::Ordering::Acquire) {
             &changes.removed
         } else {

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bloom_guard::Snapshot;
+use bloom_guard::snapshot::Snapshot;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;

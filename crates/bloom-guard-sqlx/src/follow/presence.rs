@@ -5,7 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bloom_guard::{Fleet, FleetStoreError, Instance, Mode, Settings, Stats};
+use bloom_guard::{
+    fleet::{Fleet, FleetStoreError, Instance},
+    settings::Settings,
+    Mode, Stats,
+};
 use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -122,7 +126,7 @@ impl<B: Database> Follower<B> {
 /// What a heartbeat is recorded for at once when it changes.
 #[derive(PartialEq)]
 struct Reported {
-    state: bloom_guard::GuardState,
+    state: bloom_guard::stats::GuardState,
     mode: Mode,
     generation: u64,
     audit_rate: f64,

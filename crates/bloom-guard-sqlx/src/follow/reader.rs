@@ -1,6 +1,6 @@
 //! Reading the feed: on every wake-up and interval, forever.
 
-use bloom_guard::{FeedStatus, ReadStart};
+use bloom_guard::{feed::ReadStart, stats::FeedStatus};
 use std::time::Duration;
 use tokio::sync::Notify;
 
@@ -207,7 +207,7 @@ impl<B: Database> Follower<B> {
             tracing::info!(feed = self.backend.feed(), "the feed's triggers were (re)installed; rebuilding to include keys written without them");
             self.resync.notify_one();
         }
-        self.guard.record_feed_read(
+        self.guard.feed().record_read(
             FeedStatus::new(reached.to_string(), self.rows_read.load(Relaxed))
                 .with_reads(reads, shared_reads)
                 .with_lag(changes.lag),
@@ -248,7 +248,7 @@ impl<B: Database> Follower<B> {
     /// position moved the feed already).
     async fn catch_up_after_pruning(&self, source: &B::Source) {
         tracing::warn!(feed = self.backend.feed(), "the change feed cannot continue from this reader's position (pruned past it, or the server's history changed under it); rebuilding, the guard lets every request through meanwhile");
-        let _hold = self.guard.hold_open();
+        let _hold = self.guard.fail_open();
         self.hooks.catch_up();
         let mut pauses = retry_pauses();
         loop {
@@ -263,7 +263,13 @@ impl<B: Database> Follower<B> {
             // Only a rebuild that starts after the position was taken scans
             // every row committed before it.
             let since = Instant::now();
-            if self.guard.rebuild_newer_than(source, since).await.is_ok() {
+            if self
+                .guard
+                .feed()
+                .rebuild_newer_than(source, since)
+                .await
+                .is_ok()
+            {
                 let mut feed = self.feed.lock().await;
                 if self.catch_ups.load(std::sync::atomic::Ordering::Acquire) == caught_up {
                     *feed = Some(position);

@@ -74,7 +74,11 @@ impl<B: Database> Rebuild<B> {
             return Ok(self.guard.stats());
         }
         let now = backend.position().await.map_err(failed)?;
-        let built = self.guard.rebuild_newer_than(&source, Instant::now()).await;
+        let built = self
+            .guard
+            .feed()
+            .rebuild_newer_than(&source, Instant::now())
+            .await;
         if built.is_ok() {
             publish(backend, &self.guard, &fingerprint, &now).await;
         }

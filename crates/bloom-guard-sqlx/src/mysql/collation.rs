@@ -2,7 +2,7 @@
 //! `WEIGHT_STRING`: what a guard's [`KeyType::Collated`] looks request keys
 //! up by.
 
-use bloom_guard::{Collation, KeyType};
+use bloom_guard::{keys::Collation, KeyType};
 use sqlx::{AssertSqlSafe, MySqlPool, Row};
 use unicode_normalization::char::is_combining_mark;
 

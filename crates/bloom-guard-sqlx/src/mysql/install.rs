@@ -160,7 +160,7 @@ impl Watch {
     }
 
     /// The key query of a scan: every row's key, as bytes, or as the
-    /// server weighs it under `collation` ([`Collation::weighed`](bloom_guard::Collation::weighed)).
+    /// server weighs it under `collation` ([`Collation::weighed`](bloom_guard::keys::Collation::weighed)).
     pub(super) async fn mysql_key_query(
         &self,
         pool: &MySqlPool,

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use bloom_guard::{KeyBatch, KeySource};
+use bloom_guard::{keys::KeyBatch, KeySource};
 use futures_util::stream::BoxStream;
 use futures_util::TryStreamExt;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row};
@@ -23,7 +23,7 @@ pub(crate) struct MySqlScan {
     /// Counts the rows of the key query.
     count: QuerySource<MySql>,
     /// The query reads keys as the server weighs them under a collation
-    /// ([`Collation::weighed`](bloom_guard::Collation::weighed)): bytes, not
+    /// ([`Collation::weighed`](bloom_guard::keys::Collation::weighed)): bytes, not
     /// text.
     weighed: bool,
 }

@@ -1,6 +1,6 @@
 //! Postgres keys through `COPY (query) TO STDOUT`.
 
-use bloom_guard::{KeyBatch, KeySource};
+use bloom_guard::{keys::KeyBatch, KeySource};
 use futures_util::stream::{BoxStream, StreamExt};
 use sqlx::{AssertSqlSafe, PgPool};
 

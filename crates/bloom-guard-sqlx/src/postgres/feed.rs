@@ -418,7 +418,7 @@ pub(super) async fn prune(pool: &PgPool, retention: Duration) -> Result<i64, sql
 pub(super) async fn storage(
     pool: &PgPool,
     retention: Duration,
-) -> Result<bloom_guard::FeedStorage, sqlx::Error> {
+) -> Result<bloom_guard::stats::FeedStorage, sqlx::Error> {
     let (bytes, overdue): (i64, f64) = sqlx::query_as(
         "select (select coalesce(sum(pg_catalog.pg_total_relation_size(i.inhrelid)), 0)::int8
                    from pg_catalog.pg_inherits i
@@ -430,7 +430,7 @@ pub(super) async fn storage(
     .bind(retention.as_secs_f64())
     .fetch_one(pool)
     .await?;
-    Ok(bloom_guard::FeedStorage::new(
+    Ok(bloom_guard::stats::FeedStorage::new(
         u64::try_from(bytes).unwrap_or(0),
         overdue.max(0.0) as u64,
     ))

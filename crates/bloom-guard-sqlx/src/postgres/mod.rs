@@ -327,7 +327,7 @@ impl Database for PgBackend {
     async fn storage(
         &self,
         retention: Duration,
-    ) -> Result<Option<bloom_guard::FeedStorage>, sqlx::Error> {
+    ) -> Result<Option<bloom_guard::stats::FeedStorage>, sqlx::Error> {
         feed::storage(&self.pool, retention).await.map(Some)
     }
 

@@ -1,6 +1,6 @@
 //! Producing key batches on a task of their own.
 
-use bloom_guard::KeyBatch;
+use bloom_guard::keys::KeyBatch;
 use futures_util::stream::{BoxStream, StreamExt};
 use std::future::Future;
 use tokio::sync::mpsc;

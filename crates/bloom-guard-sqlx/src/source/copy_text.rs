@@ -1,6 +1,6 @@
 //! A decoder for the text format of Postgres `COPY ... TO STDOUT`.
 
-use bloom_guard::KeyBatch;
+use bloom_guard::keys::KeyBatch;
 
 /// Why `COPY` output could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,7 +25,7 @@ pub enum CopyTextError {
 /// # Example
 ///
 /// ```
-/// use bloom_guard::{Key, KeyBatch};
+/// use bloom_guard::keys::{Key, KeyBatch};
 /// use bloom_guard_sqlx::CopyTextDecoder;
 ///
 /// let mut decoder = CopyTextDecoder::default();

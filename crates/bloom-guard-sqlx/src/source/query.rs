@@ -1,6 +1,6 @@
 //! Keys from any sqlx query, for SQLite and the other databases.
 
-use bloom_guard::{KeyBatch, KeySource};
+use bloom_guard::{keys::KeyBatch, KeySource};
 use futures_util::stream::{BoxStream, StreamExt};
 use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Executor, IntoArguments, Pool, Type};
 

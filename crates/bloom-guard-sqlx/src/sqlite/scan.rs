@@ -1,6 +1,6 @@
 //! Every key of a watched SQLite table, for a scan.
 
-use bloom_guard::{KeyBatch, KeySource};
+use bloom_guard::{keys::KeyBatch, KeySource};
 use futures_util::stream::BoxStream;
 use futures_util::TryStreamExt;
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool, ValueRef};

@@ -3,7 +3,7 @@
 //! back chunk by chunk into the filter's memory. Each backend brings its
 //! own statements.
 
-use bloom_guard::{Snapshot, SnapshotReader, SnapshotWriter, SNAPSHOT_FORMAT};
+use bloom_guard::snapshot::{Snapshot, SnapshotReader, SnapshotWriter, SNAPSHOT_FORMAT};
 use futures_util::TryStreamExt;
 use sqlx::{AssertSqlSafe, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 

@@ -11,7 +11,7 @@ pub(crate) mod spellings;
 
 use std::time::Duration;
 
-use bloom_guard::{BloomGuard, GuardState};
+use bloom_guard::{stats::GuardState, BloomGuard};
 use bloom_guard_sqlx::{PgFollower, Watch, LISTENER_APPLICATION_NAME};
 use sqlx::PgPool;
 
@@ -224,7 +224,7 @@ pub(crate) async fn status(guard: &BloomGuard, key: &str) -> http::StatusCode {
     use tower::ServiceExt as _;
     let app = axum::Router::new()
         .route("/items/{key}", axum::routing::get(|| async { "an item" }))
-        .route_layer(guard.layer(bloom_guard::PathParam("key")));
+        .route_layer(guard.layer(bloom_guard::extract::PathParam("key")));
     let request = http::Request::get(format!("/items/{key}"))
         .body(axum::body::Body::empty())
         .expect("a request");

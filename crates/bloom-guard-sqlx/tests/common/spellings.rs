@@ -2,7 +2,7 @@
 //! a corpus of stored strings, the probes requests ask for, and the
 //! guard's answers.
 
-use bloom_guard::{BloomGuard, Key};
+use bloom_guard::{keys::Key, BloomGuard};
 
 /// Every Basic Multilingual Plane character but U+0000 (which Postgres
 /// text cannot hold) alone, and (`beside`) after and before an ASCII

@@ -125,7 +125,7 @@ impl Instance {
 /// This process's name in a fleet: `host:pid`.
 ///
 /// ```
-/// let id = bloom_guard::instance_id();
+/// let id = bloom_guard::fleet::instance_id();
 /// assert!(id.ends_with(&format!(":{}", std::process::id())));
 /// ```
 pub fn instance_id() -> String {

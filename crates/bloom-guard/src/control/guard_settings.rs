@@ -7,10 +7,11 @@ use std::sync::Arc;
 use crate::control::fleet::{instance_id, Fleet, FleetStoreError, Instance, SettingsError};
 use crate::control::mode::Mode;
 use crate::control::settings::{InvalidAuditRate, Settings};
+use crate::handle::feed::FeedHandle;
 use crate::handle::guard::BloomGuard;
 
 /// The guard's membership of a fleet, from
-/// [`BloomGuard::join_fleet`](crate::BloomGuard::join_fleet): it leaves
+/// [`FeedHandle::join_fleet`](crate::feed::FeedHandle::join_fleet): it leaves
 /// when dropped.
 #[must_use = "the guard leaves the fleet when this is dropped"]
 pub struct Membership {
@@ -73,9 +74,9 @@ impl BloomGuard {
     /// # Example
     ///
     /// ```
-    /// use bloom_guard::{BloomGuard, Mode, SetBy, Settings};
+    /// use bloom_guard::{BloomGuard, Mode, settings::{SetBy, Settings}};
     ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), bloom_guard::SettingsError> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), bloom_guard::settings::SettingsError> {
     /// let guard = BloomGuard::builder().mode(Mode::Shadow).build();
     /// guard.set_settings(Settings::new().mode(Mode::Enforce).audit_rate(0.001)).await?;
     /// let stats = guard.stats();
@@ -158,7 +159,7 @@ impl BloomGuard {
     /// Overrides the settings given in `change` on this instance only,
     /// whatever the fleet's; [`clear_overrides`](Self::clear_overrides)
     /// returns to the fleet's. The stats show them as
-    /// [`SetBy::Instance`](crate::SetBy::Instance).
+    /// [`SetBy::Instance`](crate::settings::SetBy::Instance).
     ///
     /// # Errors
     ///
@@ -167,7 +168,7 @@ impl BloomGuard {
     /// # Example
     ///
     /// ```
-    /// use bloom_guard::{BloomGuard, Mode, SetBy, Settings};
+    /// use bloom_guard::{BloomGuard, Mode, settings::{SetBy, Settings}};
     ///
     /// let guard = BloomGuard::builder().build();
     /// guard.override_settings(Settings::new().mode(Mode::Off)).expect("a valid change");
@@ -187,21 +188,9 @@ impl BloomGuard {
         self.shared.control.clear_overrides();
     }
 
-    /// Makes `fleet` where [`set_settings`](Self::set_settings) stores
-    /// the settings and [`fleet`](Self::fleet) lists the instances, until
-    /// the membership is dropped. A follower joins its database's fleet
-    /// while it runs.
-    pub fn join_fleet(&self, fleet: Arc<dyn Fleet>) -> Membership {
-        self.shared.control.join_fleet(Arc::clone(&fleet));
-        Membership {
-            shared: Arc::clone(&self.shared),
-            fleet,
-        }
-    }
-
     /// The live instances of the guard's fleet (heard from in the last
     /// 30 s), by id; without a fleet, this one as
-    /// [`instance_id`](crate::instance_id) names it.
+    /// [`instance_id`](crate::fleet::instance_id) names it.
     ///
     /// # Errors
     ///
@@ -213,6 +202,20 @@ impl BloomGuard {
                 SettingsError::Fleet(error)
             }),
             None => Ok(vec![Instance::new(instance_id(), &self.stats())]),
+        }
+    }
+}
+
+impl FeedHandle<'_> {
+    /// Makes `fleet` where [`set_settings`](BloomGuard::set_settings) stores
+    /// the settings and [`fleet`](BloomGuard::fleet) lists the instances, until
+    /// the membership is dropped. A follower joins its database's fleet
+    /// while it runs.
+    pub fn join_fleet(self, fleet: Arc<dyn Fleet>) -> Membership {
+        self.guard.shared.control.join_fleet(Arc::clone(&fleet));
+        Membership {
+            shared: Arc::clone(&self.guard.shared),
+            fleet,
         }
     }
 }

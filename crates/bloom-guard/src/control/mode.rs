@@ -26,7 +26,7 @@ use std::str::FromStr;
 /// ```
 /// use bloom_guard::{BloomGuard, Mode};
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), bloom_guard::SettingsError> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), bloom_guard::settings::SettingsError> {
 /// let guard = BloomGuard::builder().mode(Mode::Shadow).build();
 /// assert_eq!(guard.mode(), Mode::Shadow);
 /// guard.set_mode("enforce".parse().expect("a mode")).await?;

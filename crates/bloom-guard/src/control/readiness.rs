@@ -18,7 +18,7 @@ use crate::handle::guard::BloomGuard;
 ///
 /// ```
 /// use axum::{routing::get, Router};
-/// use bloom_guard::{readiness, BloomGuard, PathParam};
+/// use bloom_guard::{readiness, BloomGuard, extract::PathParam};
 ///
 /// let items = BloomGuard::builder().name("items").build();
 /// let users = BloomGuard::builder().name("users").build();

@@ -45,7 +45,7 @@ impl SetBy {
 /// # Example
 ///
 /// ```
-/// use bloom_guard::{Mode, Settings};
+/// use bloom_guard::{Mode, settings::Settings};
 ///
 /// let rollout = Settings::new().mode(Mode::Enforce).audit_rate(0.001);
 /// assert_eq!(rollout.get_mode(), Some(Mode::Enforce));

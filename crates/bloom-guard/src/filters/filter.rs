@@ -3,7 +3,7 @@
 //! filter for guards that follow a change feed and forget deleted keys.
 //!
 //! Which one a build makes is the guard's choice
-//! ([`FilterKind`](crate::FilterKind)): the Bloom filter is lock-free and
+//! ([`FilterKind`](crate::stats::FilterKind)): the Bloom filter is lock-free and
 //! never needs a rebuild to grow; the counting filter removes a key with
 //! its last row, for about the same memory.
 

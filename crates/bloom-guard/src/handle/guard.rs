@@ -3,12 +3,12 @@
 use std::sync::Arc;
 
 use crate::control::mode::Mode;
+use crate::handle::feed::FeedHandle;
 use crate::handle::shared::Shared;
 use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
 use crate::keys::key_type::KeyType;
-use crate::lifecycle::barrier::FeedReader;
-use crate::report::stats::{FeedStatus, FeedStorage, Stats};
+use crate::report::stats::Stats;
 
 /// A Bloom filter of every key of a database table, shared by the layers
 /// that answer requests for keys it does not hold.
@@ -32,7 +32,7 @@ use crate::report::stats::{FeedStatus, FeedStorage, Stats};
 ///
 /// ```
 /// use axum::{routing::get, Router};
-/// use bloom_guard::{BloomGuard, KeyList, PathParam};
+/// use bloom_guard::{BloomGuard, KeyList, extract::PathParam};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let guard = BloomGuard::builder()
@@ -98,7 +98,7 @@ impl BloomGuard {
     /// for a while (see [`Builder::write_window`](crate::Builder::write_window)),
     /// whatever filter is in use meanwhile. A guard without a change feed
     /// also puts it into its filter and any being built, for good. A guard
-    /// with one (a [`feed_reader`](Self::feed_reader)) does not: its
+    /// with one (a [`FeedHandle::reader`]) does not: its
     /// counting filter takes the key from the feed once the row commits,
     /// once per row, so that the row's delete can remove it again, and a
     /// transaction that rolls back leaves nothing behind. Other instances
@@ -126,80 +126,6 @@ impl BloomGuard {
         self.shared.insert_batch(batch);
     }
 
-    /// The follower's side of the read barrier (see [`FeedReader`]): while
-    /// it lives, a key the filter would refuse waits for a feed read that
-    /// began after its request arrived, then is looked up again. A follower
-    /// takes one for as long as it reads the feed; with
-    /// [`read_barrier(false)`](crate::Builder::read_barrier) it changes
-    /// nothing.
-    ///
-    /// From the first reader on, the guard counts as followed by a change
-    /// feed: its builds make counting filters, which remove a key with its
-    /// last row ([`apply_changes`](Self::apply_changes)), and the keys of
-    /// its write path ([`insert`](Self::insert)) are found for the write
-    /// window and from then on through the feed.
-    pub fn feed_reader(&self) -> FeedReader {
-        FeedReader::of(Arc::clone(&self.shared))
-    }
-
-    /// Applies a read of the change feed that began at feed position
-    /// `from` and reached `reached`: every added row's key (once per row)
-    /// and every removed row's key, to the filter in use. A counting filter
-    /// removes a key with the last of its rows, and only while it is sure
-    /// it holds their inserts: it was built from a scan at a feed position
-    /// and brought up to date by the follower's
-    /// [`CatchUp`](crate::CatchUp), and every read since began where the
-    /// previous one ended (`from` is the position it stands at; a read from
-    /// anywhere else makes it keep deleted keys until the next rebuild). A
-    /// Bloom filter takes the added keys only.
-    ///
-    /// Apply each read once, in order: a delete applied twice removes
-    /// another key's fingerprint.
-    ///
-    /// ```
-    /// use bloom_guard::{BloomGuard, KeyBatch, KeyList};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), bloom_guard::BuildError> {
-    /// let guard = BloomGuard::builder().build();
-    /// guard.rebuild(&KeyList::new(["a"])).await?;
-    /// let added: KeyBatch = ["b"].into_iter().collect();
-    /// guard.apply_changes(&added, &KeyBatch::default(), Some("6"), Some("7"));
-    /// assert!(guard.may_contain("b"));
-    /// # Ok(()) }
-    /// ```
-    pub fn apply_changes(
-        &self,
-        added: &KeyBatch,
-        removed: &KeyBatch,
-        from: Option<&str>,
-        reached: Option<&str>,
-    ) {
-        self.shared.apply_changes(added, removed, from, reached);
-    }
-
-    /// Reports where the change feed that keeps this guard complete stands,
-    /// for [`Stats::feed`]. Called by the follower after each read.
-    pub fn record_feed_read(&self, status: FeedStatus) {
-        self.shared.record_feed(status);
-    }
-
-    /// Reports the change feed's room in the database and its pruning, for
-    /// [`FeedStatus::storage`] and the metrics. Called by a follower after
-    /// each prune, where its feed can tell.
-    ///
-    /// ```
-    /// use bloom_guard::{BloomGuard, FeedStatus, FeedStorage};
-    ///
-    /// let guard = BloomGuard::builder().build();
-    /// guard.record_feed_read(FeedStatus::new("7", 0));
-    /// guard.record_feed_storage(FeedStorage::new(8192, 0));
-    /// let storage = guard.stats().feed.and_then(|feed| feed.storage);
-    /// assert_eq!(storage, Some(FeedStorage::new(8192, 0)));
-    /// ```
-    pub fn record_feed_storage(&self, storage: FeedStorage) {
-        self.shared.record_feed_storage(storage);
-    }
-
     /// Whether the key may exist: `false` means it certainly does not. The
     /// key is put in the guard's [`KeyType`](crate::KeyType) form first;
     /// one with characters the key type cannot compare as the database
@@ -211,7 +137,7 @@ impl BloomGuard {
         let key_type = self.shared.config.key_type;
         match key_type.to_canonical(key.clone()) {
             Ok(canonical) => self.shared.may_contain(&canonical),
-            Err(crate::KeyError::Uncomparable) => true,
+            Err(crate::keys::KeyError::Uncomparable) => true,
             // Not text, or not of the type: a stored key's own form (a key
             // the database weighed, an integer column's text).
             Err(_) => self.shared.may_contain(&key_type.canonical_or_same(key)),
@@ -241,7 +167,7 @@ impl BloomGuard {
     ///
     /// ```
     /// # #[cfg(feature = "cache")] {
-    /// use bloom_guard::{BloomGuard, ReadThroughCache};
+    /// use bloom_guard::{BloomGuard, cache::ReadThroughCache};
     ///
     /// # async fn find(_: &str) -> Result<Option<String>, std::io::Error> { Ok(None) }
     /// # async fn handler(guard: BloomGuard, cache: ReadThroughCache<String, String>, key: String) {
@@ -280,12 +206,12 @@ impl BloomGuard {
     /// # Example
     ///
     /// ```
-    /// use bloom_guard::{BloomGuard, KeyList, GuardState};
+    /// use bloom_guard::{BloomGuard, KeyList, stats::GuardState};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let guard = BloomGuard::builder().build();
     /// guard.clone().warm(KeyList::new(["a"])).await;
-    /// let hold = guard.hold_open();
+    /// let hold = guard.fail_open();
     /// assert!(guard.may_contain("b"));
     /// assert_eq!(guard.stats().state, GuardState::Degraded);
     /// drop(hold);
@@ -293,45 +219,25 @@ impl BloomGuard {
     /// # }
     /// ```
     #[must_use = "the guard fails open only while the hold lives"]
-    pub fn hold_open(&self) -> HoldOpen {
+    pub fn fail_open(&self) -> FailOpen {
+        self.fail_open_with(None)
+    }
+
+    /// A hold, with its reason if it has one.
+    pub(crate) fn fail_open_with(&self, reason: Option<String>) -> FailOpen {
+        let reason = reason.map(|reason| self.shared.health.add_hold_reason(reason));
         self.shared.hold_open();
-        HoldOpen {
+        FailOpen {
             shared: Arc::clone(&self.shared),
-            reason: None,
+            reason,
         }
     }
 
-    /// As [`hold_open`](Self::hold_open), saying why: [`Stats::reason`]
-    /// and [`Stats::last_error`] show `reason` while the hold lives (the
-    /// reasons of every such hold, oldest first). For a gap in a change
-    /// feed, or a problem no rebuild fixes, such as a key type that does not
-    /// compare keys as the database does. A guard held open from its start
-    /// does not turn [ready](Self::is_ready) until the hold is dropped.
-    ///
-    /// # Example
-    ///
-    /// ```
-    /// use bloom_guard::{BloomGuard, KeyList, GuardState};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let guard = BloomGuard::builder().build();
-    /// guard.clone().warm(KeyList::new(["a"])).await;
-    /// let hold = guard.hold_open_because("use KeyType::CaseInsensitiveText");
-    /// let stats = guard.stats();
-    /// assert_eq!(stats.state, GuardState::Degraded);
-    /// assert_eq!(stats.last_error.as_deref(), Some("use KeyType::CaseInsensitiveText"));
-    /// drop(hold);
-    /// assert_eq!(guard.stats().last_error, None);
-    /// # }
-    /// ```
-    #[must_use = "the guard fails open only while the hold lives"]
-    pub fn hold_open_because(&self, reason: impl Into<String>) -> HoldOpen {
-        let reason = self.shared.health.add_hold_reason(reason.into());
-        self.shared.hold_open();
-        HoldOpen {
-            shared: Arc::clone(&self.shared),
-            reason: Some(reason),
-        }
+    /// The guard as a change feed sees it: the reads it applies, the read
+    /// barrier, rebuilds, snapshots and the fleet (see [`FeedHandle`]). For
+    /// the authors of feeds; an application never needs it.
+    pub fn feed(&self) -> FeedHandle<'_> {
+        FeedHandle { guard: self }
     }
 
     /// The guard's key type (see [`Builder::key_type`](crate::Builder::key_type)).
@@ -345,15 +251,15 @@ impl BloomGuard {
     }
 }
 
-/// Keeps a guard failing open; see [`BloomGuard::hold_open`].
+/// Keeps a guard failing open; see [`BloomGuard::fail_open`].
 #[derive(Debug)]
-pub struct HoldOpen {
+pub struct FailOpen {
     shared: Arc<Shared>,
     /// The id of its reason, if it gave one.
     reason: Option<u64>,
 }
 
-impl Drop for HoldOpen {
+impl Drop for FailOpen {
     fn drop(&mut self) {
         if let Some(reason) = self.reason {
             self.shared.health.remove_hold_reason(reason);

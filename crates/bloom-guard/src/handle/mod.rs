@@ -8,6 +8,7 @@
 
 pub(crate) mod builder;
 pub(crate) mod config;
+pub(crate) mod feed;
 pub(crate) mod guard;
 pub(crate) mod health;
 pub(crate) mod shared;

@@ -8,7 +8,7 @@ use crate::keys::key::Key;
 /// # Example
 ///
 /// ```
-/// use bloom_guard::{Key, KeyBatch};
+/// use bloom_guard::keys::{Key, KeyBatch};
 ///
 /// let mut batch = KeyBatch::default();
 /// batch.push(b"a");
@@ -43,7 +43,7 @@ impl KeyBatch {
     /// is then applied exactly once, never to a key the scan did not see).
     ///
     /// ```
-    /// use bloom_guard::KeyBatch;
+    /// use bloom_guard::keys::KeyBatch;
     ///
     /// let mut first: KeyBatch = ["a", "b"].into_iter().collect();
     /// first.set_position("42");
@@ -67,7 +67,7 @@ impl KeyBatch {
     /// Adds a stored text key, or counts it as skipped if it is not valid
     /// UTF-8: requests carry text, so no request can name such a key, and
     /// the guard passes a request whose key does not decode to UTF-8. (A
-    /// key the database weighed, [`Collation::weighed`](crate::Collation::weighed),
+    /// key the database weighed, [`Collation::weighed`](crate::keys::Collation::weighed),
     /// is no text: [`push`](Self::push) it.)
     pub fn push_text(&mut self, key: &[u8]) {
         if std::str::from_utf8(key).is_ok() {

@@ -18,7 +18,7 @@ use percent_encoding::percent_decode_str;
 /// # Example
 ///
 /// ```
-/// use bloom_guard::Key;
+/// use bloom_guard::keys::Key;
 ///
 /// let stored = Key::from("a/b c\tü");
 /// let requested = Key::from_percent_encoded("a%2Fb%20c%09%C3%BC");
@@ -157,7 +157,7 @@ pub enum KeyError {
     #[error("key has characters the key type cannot compare as the database does")]
     Uncomparable,
     /// The extractor cannot find keys where this layer sits (a
-    /// [`PathParam`](crate::PathParam) outside an axum router): the request
+    /// [`PathParam`](crate::extract::PathParam) outside an axum router): the request
     /// passes unguarded, is counted in
     /// [`Stats::unguarded`](crate::Stats::unguarded), and the first one is
     /// logged at warn level. Fix the wiring.

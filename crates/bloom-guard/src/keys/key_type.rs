@@ -54,7 +54,7 @@ impl KeyType {
     /// # Example
     ///
     /// ```
-    /// use bloom_guard::{Key, KeyError, KeyType};
+    /// use bloom_guard::{keys::{Key, KeyError}, KeyType};
     ///
     /// assert_eq!(KeyType::Integer.to_canonical(Key::from("007")), Ok(Key::from("7")));
     /// assert_eq!(KeyType::Integer.to_canonical(Key::from("seven")), Err(KeyError::NotOfKeyType));

@@ -1,4 +1,8 @@
-//! Keys: the canonical bytes a filter holds and a request is looked up by
+//! Keys as the guard holds them: [`Key`], the canonical bytes a filter holds
+//! and a request is looked up by; [`KeyBatch`], many in one buffer; and a
+//! database's [`Collation`], for keys compared as the database compares them.
+//!
+//! Inside the crate: the canonical bytes a filter holds and a request is looked up by
 //! (`key`), many of them in one buffer (`batch`), and the canonical form of
 //! each kind of key, shared by the feed, the scan and the request path
 //! (`key_type`), with the weights of a database's collation (`collation`).
@@ -9,3 +13,7 @@ pub(crate) mod batch;
 pub(crate) mod collation;
 pub(crate) mod key;
 pub(crate) mod key_type;
+
+pub use batch::KeyBatch;
+pub use collation::{Collation, CollationBuilder, CollationError};
+pub use key::{Key, KeyError};

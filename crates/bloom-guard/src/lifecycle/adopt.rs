@@ -7,12 +7,13 @@ use std::time::Instant;
 
 use crate::error::AdoptError;
 use crate::filters::filter::Filter;
+use crate::handle::feed::{FeedHandle, Position};
 use crate::handle::guard::BloomGuard;
 use crate::lifecycle::scan::Registration;
 use crate::lifecycle::snapshot::{Snapshot, SnapshotInfo, SnapshotWriter};
 use crate::report::stats::{FilterOrigin, Stats};
 
-impl BloomGuard {
+impl<'g> FeedHandle<'g> {
     /// The filter in use as a snapshot, tagged with the change feed's
     /// `position` and the caller's `fingerprint` of the key query; `None`
     /// while the guard lets every request through (warming, held open, a
@@ -38,12 +39,12 @@ impl BloomGuard {
     /// # Example
     ///
     /// ```
-    /// use bloom_guard::{BloomGuard, KeyList, Snapshot};
+    /// use bloom_guard::{BloomGuard, KeyList, snapshot::Snapshot};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let guard = BloomGuard::builder().name("items").build();
     /// guard.rebuild(&KeyList::new(["apple", "pear"])).await?;
-    /// let writer = guard.snapshot("42", "select key from items").expect("a complete filter");
+    /// let writer = guard.feed().snapshot(&"42".into(), "select key from items").expect("a complete filter");
     /// let bytes: Vec<u8> = writer.chunks(1 << 20).flatten().collect();
     ///
     /// // Another instance, later.
@@ -51,6 +52,7 @@ impl BloomGuard {
     /// let snapshot = Snapshot::decode(&bytes)?;
     /// assert_eq!(snapshot.info().position, "42");
     /// other
+    ///     .feed()
     ///     .adopt(snapshot, "select key from items", async {
     ///         // Replay the change feed from position 42 here.
     ///         Ok::<(), std::io::Error>(())
@@ -59,9 +61,9 @@ impl BloomGuard {
     /// assert!(other.may_contain("apple") && !other.may_contain("plum"));
     /// # Ok(()) }
     /// ```
-    pub fn snapshot(&self, position: &str, fingerprint: &str) -> Option<SnapshotWriter> {
-        let filter = self.shared.complete_filter()?;
-        let config = &self.shared.config;
+    pub fn snapshot(self, position: &Position, fingerprint: &str) -> Option<SnapshotWriter> {
+        let filter = self.guard.shared.complete_filter()?;
+        let config = &self.guard.shared.config;
         match filter.counting() {
             Some(counting) => {
                 SnapshotWriter::counting(counting, config.name, config.key_type, fingerprint)
@@ -71,7 +73,7 @@ impl BloomGuard {
                 config.name,
                 config.key_type,
                 fingerprint,
-                position,
+                position.as_str(),
             ),
         }
     }
@@ -86,7 +88,7 @@ impl BloomGuard {
     /// snapshot; [`AdoptError::CatchUp`] if `catch_up` fails. Either way the
     /// filter in use stays and the snapshot is dropped.
     pub async fn adopt<F, E>(
-        &self,
+        self,
         snapshot: Snapshot,
         fingerprint: &str,
         catch_up: F,
@@ -105,11 +107,11 @@ impl BloomGuard {
     /// Starts adopting `snapshot`: checks that it is this guard's (same
     /// name and key type) and of the key query with `fingerprint`, then
     /// registers its filter for every insert, so that keys inserted from
-    /// now on (with [`insert`](Self::insert) or
-    /// [`insert_batch`](Self::insert_batch)) reach it too.
+    /// now on (with [`insert`](BloomGuard::insert) or
+    /// [`insert_batch`](BloomGuard::insert_batch)) reach it too.
     ///
     /// Then replay into the guard every key committed since the snapshot's
-    /// [`position`](crate::SnapshotInfo::position) (the change feed from
+    /// [`position`](crate::snapshot::SnapshotInfo::position) (the change feed from
     /// there), and [`promote`](Adoption::promote): the filter replaces the
     /// one in use and the generation goes up; [`Stats::origin`] says
     /// `snapshot`. Dropping the [`Adoption`] instead keeps the filter in
@@ -124,16 +126,16 @@ impl BloomGuard {
     /// # Example
     ///
     /// ```
-    /// use bloom_guard::{BloomGuard, KeyList, Snapshot};
+    /// use bloom_guard::{BloomGuard, KeyList, snapshot::Snapshot};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let guard = BloomGuard::builder().name("items").build();
     /// guard.rebuild(&KeyList::new(["apple"])).await?;
-    /// let writer = guard.snapshot("42", "select key from items").expect("a complete filter");
+    /// let writer = guard.feed().snapshot(&"42".into(), "select key from items").expect("a complete filter");
     /// let bytes: Vec<u8> = writer.chunks(1 << 20).flatten().collect();
     ///
     /// let other = BloomGuard::builder().name("items").build();
-    /// let adoption = other.begin_adoption(Snapshot::decode(&bytes)?, "select key from items").await?;
+    /// let adoption = other.feed().begin_adoption(Snapshot::decode(&bytes)?, "select key from items").await?;
     /// assert_eq!(adoption.info().position, "42");
     /// other.insert("pear"); // replayed from the feed since position 42
     /// let stats = adoption.promote()?;
@@ -142,11 +144,11 @@ impl BloomGuard {
     /// # Ok(()) }
     /// ```
     pub async fn begin_adoption(
-        &self,
+        self,
         snapshot: Snapshot,
         fingerprint: &str,
-    ) -> Result<Adoption<'_>, AdoptError> {
-        let shared = &*self.shared;
+    ) -> Result<Adoption<'g>, AdoptError> {
+        let shared = &*self.guard.shared;
         let config = &shared.config;
         let (info, parts) = snapshot.into_parts();
         let mismatch = |what, expected: &str, found: &str| AdoptError::Mismatch {
@@ -168,13 +170,13 @@ impl BloomGuard {
             return Err(mismatch("key query", fingerprint, &info.fingerprint));
         }
         let wanted = if shared.counts_rows() {
-            crate::FilterKind::Counting
+            crate::stats::FilterKind::Counting
         } else {
-            crate::FilterKind::Bloom
+            crate::stats::FilterKind::Bloom
         };
         let kind = match &parts {
-            crate::filters::filter::FilterParts::Bloom(_) => crate::FilterKind::Bloom,
-            crate::filters::filter::FilterParts::Counting(_) => crate::FilterKind::Counting,
+            crate::filters::filter::FilterParts::Bloom(_) => crate::stats::FilterKind::Bloom,
+            crate::filters::filter::FilterParts::Counting(_) => crate::stats::FilterKind::Counting,
         };
         if kind != wanted {
             return Err(mismatch("filter kind", wanted.as_str(), kind.as_str()));
@@ -201,7 +203,7 @@ impl BloomGuard {
         }
         let filter = Arc::new(filter);
         Ok(Adoption {
-            guard: self,
+            guard: self.guard,
             registration: Some(Registration::new(shared, Arc::clone(&filter))),
             filter,
             info,
@@ -213,7 +215,7 @@ impl BloomGuard {
 
 /// A snapshot being adopted: its filter takes every insert, and replaces
 /// the filter in use on [`promote`](Self::promote). Made by
-/// [`BloomGuard::begin_adoption`]; dropped without a promotion, it leaves
+/// [`FeedHandle::begin_adoption`]; dropped without a promotion, it leaves
 /// the filter in use as it was.
 pub struct Adoption<'g> {
     guard: &'g BloomGuard,
@@ -237,15 +239,15 @@ impl Adoption<'_> {
     /// second build: scanning is the better start.
     ///
     /// ```
-    /// use bloom_guard::{BloomGuard, KeyList, Snapshot};
+    /// use bloom_guard::{BloomGuard, KeyList, snapshot::Snapshot};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let guard = BloomGuard::builder().name("items").expected_items(100).headroom(0.0).build();
     /// guard.rebuild(&KeyList::new(["apple"])).await?;
-    /// let bytes: Vec<u8> = guard.snapshot("42", "q").expect("complete").chunks(4096).flatten().collect();
+    /// let bytes: Vec<u8> = guard.feed().snapshot(&"42".into(), "q").expect("complete").chunks(4096).flatten().collect();
     ///
     /// let other = BloomGuard::builder().name("items").compact_above(3).build();
-    /// let adoption = other.begin_adoption(Snapshot::decode(&bytes)?, "q").await?;
+    /// let adoption = other.feed().begin_adoption(Snapshot::decode(&bytes)?, "q").await?;
     /// // Sub-filters of 100, 200 and 400 keys, one key in.
     /// assert_eq!(adoption.room(), 699);
     /// # Ok(()) }
@@ -262,11 +264,16 @@ impl Adoption<'_> {
     /// `apply` reached) to the snapshot's filter alone: the added rows'
     /// keys, and for a counting filter the removed rows' keys, each once
     /// per row. A Bloom filter also takes the guard's inserts meanwhile
-    /// (see [`begin_adoption`](BloomGuard::begin_adoption)); a counting one
+    /// (see [`begin_adoption`](FeedHandle::begin_adoption)); a counting one
     /// only these reads, which must be applied in order with no read
     /// applied to the filter in use between them and the
     /// [`promote`](Self::promote).
-    pub fn apply(&self, added: &crate::KeyBatch, removed: &crate::KeyBatch, reached: &str) {
+    pub fn apply(
+        &self,
+        added: &crate::keys::KeyBatch,
+        removed: &crate::keys::KeyBatch,
+        reached: &str,
+    ) {
         let key_type = self.guard.shared.config.key_type;
         let added = key_type.canonical_batch(added);
         match self.filter.counting() {

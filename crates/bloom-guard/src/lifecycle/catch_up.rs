@@ -32,7 +32,7 @@ pub(crate) trait Promote: Send + Sync {
 /// The follower side of a build: brings a [`PendingFilter`] up to date
 /// from the change feed and puts it in use.
 ///
-/// Registered with [`FeedReader::catch_up_with`](crate::FeedReader::catch_up_with)
+/// Registered with [`FeedReader::catch_up_with`](crate::feed::FeedReader::catch_up_with)
 /// by the one follower of a guard. Its reads of the feed and its applying
 /// them must be one sequence with the follower's own reads: a read applied
 /// to the filter in use after the pending filter's read began, and before
@@ -45,7 +45,7 @@ pub(crate) trait Promote: Send + Sync {
 ///
 /// ```
 /// use std::sync::{Arc, Mutex};
-/// use bloom_guard::{BloomGuard, BuildError, CatchUp, KeyBatch, KeySource, PendingFilter};
+/// use bloom_guard::{BloomGuard, BuildError, feed::{CatchUp, PendingFilter}, keys::KeyBatch, KeySource};
 /// use futures_util::future::BoxFuture;
 /// use futures_util::stream::{self, BoxStream, StreamExt};
 ///
@@ -96,14 +96,14 @@ pub(crate) trait Promote: Send + Sync {
 /// let feed = Feed::default();
 /// feed.0.lock().unwrap().extend([("a".into(), true), ("b".into(), true)]);
 /// let guard = BloomGuard::builder().read_barrier(false).build();
-/// let reader = guard.feed_reader();
+/// let reader = guard.feed().reader();
 /// reader.catch_up_with(feed.clone());
 /// guard.rebuild(&feed).await?;
 ///
 /// // "a" deleted: the follower applies its read.
 /// feed.0.lock().unwrap().push(("a".into(), false));
 /// let (added, removed, _) = feed.read(2);
-/// guard.apply_changes(&added, &removed, Some("2"), Some("3"));
+/// guard.feed().apply(&added, &removed, Some(&"2".into()), Some(&"3".into()));
 /// assert!(!guard.may_contain("a") && guard.may_contain("b"));
 /// # Ok(()) }
 /// ```

@@ -8,6 +8,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::error::{error_chain, BuildError};
+use crate::handle::feed::FeedHandle;
 use crate::handle::guard::BloomGuard;
 use crate::lifecycle::scan::scan;
 use crate::lifecycle::single_flight::InFlight;
@@ -91,23 +92,6 @@ impl BloomGuard {
         self.rebuild_joining(source, |_| true).await
     }
 
-    /// Like [`rebuild`](Self::rebuild), but joins a rebuild in flight only
-    /// if it started at or after `since`; an older one is waited for and
-    /// then another one runs. For callers that need a scan whose snapshot
-    /// is later than some event, such as a listener that just reconnected.
-    ///
-    /// # Errors
-    ///
-    /// As [`rebuild`](Self::rebuild).
-    pub async fn rebuild_newer_than<S: KeySource>(
-        &self,
-        source: &S,
-        since: tokio::time::Instant,
-    ) -> Result<Stats, BuildError> {
-        self.rebuild_joining(source, |started| started >= since)
-            .await
-    }
-
     async fn rebuild_joining<S: KeySource>(
         &self,
         source: &S,
@@ -152,7 +136,7 @@ impl BloomGuard {
     }
 
     /// Keeps the filter fresh: rebuilds from `source` whenever
-    /// [`rebuild_due`](Self::rebuild_due) says so, checking every
+    /// [`rebuild_due`](crate::feed::FeedHandle::rebuild_due) says so, checking every
     /// [`Builder::check_interval`](crate::Builder::check_interval). Runs
     /// until dropped; spawn it once the guard is warm.
     ///
@@ -176,11 +160,48 @@ impl BloomGuard {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            if let Some(reason) = self.rebuild_due() {
+            if let Some(reason) = self.feed().rebuild_due() {
                 tracing::info!(reason, "rebuilding the bloom filter");
                 let _ = self.rebuild(&source).await;
             }
         }
+    }
+
+    async fn build<S: KeySource>(&self, source: &S, floor: u64) -> Result<(), BuildError> {
+        let shared = &*self.shared;
+        let _one_at_a_time = shared.builds.one_at_a_time.lock().await;
+        let started = Instant::now();
+        let span = tracing::info_span!("bloom_guard_build", guard = shared.config.name);
+        let result = scan(&self.shared, source, floor).instrument(span).await;
+        shared
+            .metrics
+            .build_finished("scan", started.elapsed(), result.is_ok());
+        if let Err(error) = &result {
+            let message = error_chain(error);
+            tracing::warn!(guard = shared.config.name, error = %message, "bloom filter build failed; the filter in use stays");
+            shared.record_failure(message);
+        }
+        result
+    }
+}
+
+impl FeedHandle<'_> {
+    /// Like [`rebuild`](BloomGuard::rebuild), but joins a rebuild in flight only
+    /// if it started at or after `since`; an older one is waited for and
+    /// then another one runs. For callers that need a scan whose snapshot
+    /// is later than some event, such as a listener that just reconnected.
+    ///
+    /// # Errors
+    ///
+    /// As [`rebuild`](BloomGuard::rebuild).
+    pub async fn rebuild_newer_than<S: KeySource>(
+        self,
+        source: &S,
+        since: tokio::time::Instant,
+    ) -> Result<Stats, BuildError> {
+        self.guard
+            .rebuild_joining(source, |started| started >= since)
+            .await
     }
 
     /// Why the filter should be rebuilt now, if it should: a false negative
@@ -196,8 +217,8 @@ impl BloomGuard {
     /// [`Builder::rebuild_above`](crate::Builder::rebuild_above) times the
     /// target. Reads the filter's bits (for the estimate): call it on an
     /// interval, not per request.
-    pub fn rebuild_due(&self) -> Option<&'static str> {
-        let shared = &*self.shared;
+    pub fn rebuild_due(self) -> Option<&'static str> {
+        let shared = &*self.guard.shared;
         let config = &shared.config;
         let last_build = shared.health.last_build()?.0;
         if shared.health.suspect() {
@@ -223,23 +244,6 @@ impl BloomGuard {
         }
         None
     }
-
-    async fn build<S: KeySource>(&self, source: &S, floor: u64) -> Result<(), BuildError> {
-        let shared = &*self.shared;
-        let _one_at_a_time = shared.builds.one_at_a_time.lock().await;
-        let started = Instant::now();
-        let span = tracing::info_span!("bloom_guard_build", guard = shared.config.name);
-        let result = scan(&self.shared, source, floor).instrument(span).await;
-        shared
-            .metrics
-            .build_finished("scan", started.elapsed(), result.is_ok());
-        if let Err(error) = &result {
-            let message = error_chain(error);
-            tracing::warn!(guard = shared.config.name, error = %message, "bloom filter build failed; the filter in use stays");
-            shared.record_failure(message);
-        }
-        result
-    }
 }
 
 /// The pauses between attempts: from 100 ms, doubling up to `max`, each
@@ -262,7 +266,7 @@ pub(crate) mod tests {
     use futures_util::stream::{self, BoxStream, StreamExt};
     use tokio::sync::oneshot;
 
-    use crate::{BloomGuard, GuardState, KeyBatch, KeyList, KeySource};
+    use crate::{keys::KeyBatch, stats::GuardState, BloomGuard, KeyList, KeySource};
 
     #[derive(Debug, thiserror::Error)]
     #[error("database unreachable")]
@@ -347,7 +351,7 @@ pub(crate) mod tests {
             .build();
         let source = Counting::new(["a"]);
         guard.rebuild(&source).await.expect("first build");
-        assert_eq!(guard.rebuild_due(), None);
+        assert_eq!(guard.feed().rebuild_due(), None);
         tokio::spawn(guard.clone().maintain(Counting::new(["a"])));
 
         tokio::time::sleep(Duration::from_secs(61)).await;
@@ -365,7 +369,7 @@ pub(crate) mod tests {
         // the compound stays well within twice the target.
         assert!(grown.estimated_fpp <= 1.5 * grown.target_fpp, "{grown:?}");
         assert_eq!(
-            guard.rebuild_due(),
+            guard.feed().rebuild_due(),
             Some("the filter grew more sub-filters than compact_above")
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -379,7 +383,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn ready_means_protecting_and_stays_ready() {
         let guard = BloomGuard::builder().build();
-        let hold = guard.hold_open();
+        let hold = guard.fail_open();
         guard
             .rebuild(&KeyList::new(["a"]))
             .await
@@ -406,7 +410,7 @@ pub(crate) mod tests {
         assert!(!guard.may_contain("absent"));
 
         // After the first ready, a degradation shows in the state only.
-        let hold = guard.hold_open_because("a gap in the feed");
+        let hold = guard.feed().fail_open_because("a gap in the feed");
         let stats = guard.stats();
         assert_eq!(stats.state, GuardState::Degraded);
         assert_eq!(stats.reason.as_deref(), Some("a gap in the feed"));

@@ -24,7 +24,7 @@ use crate::keys::batch::KeyBatch;
 /// # Example
 ///
 /// ```
-/// use bloom_guard::{KeyBatch, KeySource};
+/// use bloom_guard::{keys::KeyBatch, KeySource};
 /// use futures_util::stream::{self, BoxStream, StreamExt};
 ///
 /// /// Keys `0..n` as decimal strings.

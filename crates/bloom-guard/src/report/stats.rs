@@ -162,7 +162,7 @@ pub struct Stats {
 }
 
 /// Requests passed to the handler without a lookup, by reason; each field
-/// is a [`KeyError`](crate::KeyError) variant of that name.
+/// is a [`KeyError`](crate::keys::KeyError) variant of that name.
 ///
 /// A steady share of `too_long` or `uncomparable` keys is traffic the
 /// filter does not protect against: raise
@@ -236,7 +236,7 @@ impl FilterOrigin {
 }
 
 /// Where a guard's change feed stands: reported by the follower that reads
-/// it, through [`BloomGuard::record_feed_read`](crate::BloomGuard::record_feed_read).
+/// it, through [`FeedHandle::record_read`](crate::feed::FeedHandle::record_read).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
@@ -268,7 +268,7 @@ pub struct FeedStatus {
 
 /// The change feed's room in the database, and whether its pruning keeps
 /// up: reported by a follower through
-/// [`BloomGuard::record_feed_storage`](crate::BloomGuard::record_feed_storage).
+/// [`FeedHandle::record_storage`](crate::feed::FeedHandle::record_storage).
 /// Exported as `bloom_guard_feed_bytes` and
 /// `bloom_guard_feed_prune_overdue_seconds`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -313,10 +313,10 @@ impl FeedStatus {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use bloom_guard::{BloomGuard, FeedStatus};
+    /// use bloom_guard::{BloomGuard, stats::FeedStatus};
     ///
     /// let guard = BloomGuard::builder().build();
-    /// guard.record_feed_read(FeedStatus::new("0/16B3748", 3).with_lag(Some(Duration::from_millis(12))));
+    /// guard.feed().record_read(FeedStatus::new("0/16B3748", 3).with_lag(Some(Duration::from_millis(12))));
     /// assert_eq!(guard.stats().feed.and_then(|feed| feed.lag_ms), Some(12));
     /// ```
     #[must_use]
@@ -329,10 +329,10 @@ impl FeedStatus {
     /// by one statement with another guard's.
     ///
     /// ```
-    /// use bloom_guard::{BloomGuard, FeedStatus};
+    /// use bloom_guard::{BloomGuard, stats::FeedStatus};
     ///
     /// let guard = BloomGuard::builder().build();
-    /// guard.record_feed_read(FeedStatus::new("7", 3).with_reads(10, 4));
+    /// guard.feed().record_read(FeedStatus::new("7", 3).with_reads(10, 4));
     /// let feed = guard.stats().feed.expect("a read was recorded");
     /// assert_eq!((feed.reads, feed.shared_reads), (10, 4));
     /// ```

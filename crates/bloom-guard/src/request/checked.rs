@@ -45,7 +45,7 @@ use crate::request::verdict::{self, Verdict};
 /// use axum::extract::{FromRequestParts, Path};
 /// use axum::http::{request::Parts, StatusCode};
 /// use axum::{routing::get, Extension, Router};
-/// use bloom_guard::{BloomGuard, Checked};
+/// use bloom_guard::{BloomGuard, extract::Checked};
 ///
 /// /// Answers 401 without a bearer token, before the key is read.
 /// struct Auth;
@@ -77,7 +77,7 @@ pub struct Checked<T>(pub T);
 /// # Example
 ///
 /// ```
-/// use bloom_guard::{AsKey, Key, KeyError};
+/// use bloom_guard::{extract::AsKey, keys::{Key, KeyError}};
 ///
 /// // The query `?id=...`, read with `Checked<Query<Lookup>>`.
 /// struct Lookup {
@@ -204,7 +204,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::{KeyList, PathParam};
+    use crate::{extract::PathParam, KeyList};
 
     /// Answers 401 without a bearer token, before the handler reads its key.
     struct Auth;

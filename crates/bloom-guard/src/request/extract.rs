@@ -58,7 +58,7 @@ where
 /// # Example
 ///
 /// ```
-/// use bloom_guard::{BloomGuard, PathSegment};
+/// use bloom_guard::{BloomGuard, extract::PathSegment};
 ///
 /// // `/items/{key}`: the key is segment 1.
 /// let guard = BloomGuard::builder().build();
@@ -90,7 +90,7 @@ impl<B> KeyExtractor<B> for PathSegment {
 /// # Example
 ///
 /// ```
-/// use bloom_guard::{BloomGuard, QueryParam};
+/// use bloom_guard::{BloomGuard, extract::QueryParam};
 ///
 /// // `/lookup?id=42`
 /// let guard = BloomGuard::builder().build();
@@ -123,7 +123,7 @@ impl<B> KeyExtractor<B> for QueryParam {
 /// # Example
 ///
 /// ```
-/// use bloom_guard::{BloomGuard, Header};
+/// use bloom_guard::{BloomGuard, extract::Header};
 /// use http::HeaderName;
 ///
 /// let guard = BloomGuard::builder().build();

@@ -48,7 +48,7 @@ mod tests {
     use http::{Request, StatusCode};
     use tower::ServiceExt;
 
-    use crate::{BloomGuard, Builder, KeyList, Mode, PathParam};
+    use crate::{extract::PathParam, BloomGuard, Builder, KeyList, Mode};
 
     /// A guard in shadow mode whose filter lacks every key but "other".
     async fn shadow(builder: Builder) -> BloomGuard {

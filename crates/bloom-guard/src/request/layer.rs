@@ -15,7 +15,7 @@ use crate::request::service::BloomGuardService;
 /// One guard can make any number of layers, for several routes and
 /// extractors; they share its filter and its counters. The layer works for
 /// any tower service and response body (the guard's answers come as a
-/// [`ResponseBody`](crate::ResponseBody) around the inner body).
+/// [`ResponseBody`](crate::service::ResponseBody) around the inner body).
 ///
 /// # Example
 ///
@@ -60,7 +60,7 @@ use crate::request::service::BloomGuardService;
 /// # }
 /// ```
 #[derive(Debug, Clone)]
-pub struct GuardLayer<K> {
+pub struct BloomGuardLayer<K> {
     shared: Arc<Shared>,
     extractor: K,
     methods: Methods,
@@ -68,17 +68,17 @@ pub struct GuardLayer<K> {
 
 impl BloomGuard {
     /// A tower [`Layer`](tower_layer::Layer) that guards the routes it wraps with this guard,
-    /// reading each request's key with `extractor` (a [`PathParam`](crate::PathParam),
-    /// [`PathSegment`](crate::PathSegment), [`QueryParam`](crate::QueryParam),
-    /// [`Header`](crate::Header), or a closure). Only `GET` and `HEAD` are
-    /// checked unless [`GuardLayer::methods`] says otherwise. Use it with
+    /// reading each request's key with `extractor` (a [`PathParam`](crate::extract::PathParam),
+    /// [`PathSegment`](crate::extract::PathSegment), [`QueryParam`](crate::extract::QueryParam),
+    /// [`Header`](crate::extract::Header), or a closure). Only `GET` and `HEAD` are
+    /// checked unless [`BloomGuardLayer::methods`] says otherwise. Use it with
     /// `route_layer`, so unknown routes keep their normal 404.
     ///
     /// # Example
     ///
     /// ```
     /// use axum::{routing::get, Router};
-    /// use bloom_guard::{BloomGuard, PathParam, QueryParam};
+    /// use bloom_guard::{BloomGuard, extract::{PathParam, QueryParam}};
     ///
     /// let users = BloomGuard::builder().name("users").build();
     /// let app: Router = Router::new()
@@ -87,8 +87,8 @@ impl BloomGuard {
     ///     .route("/profile", get(|| async { "a profile" }))
     ///     .route_layer(users.layer(QueryParam("user")));
     /// ```
-    pub fn layer<K>(&self, extractor: K) -> GuardLayer<K> {
-        GuardLayer {
+    pub fn layer<K>(&self, extractor: K) -> BloomGuardLayer<K> {
+        BloomGuardLayer {
             shared: Arc::clone(&self.shared),
             extractor,
             methods: Methods::READS,
@@ -96,7 +96,7 @@ impl BloomGuard {
     }
 }
 
-impl<K> GuardLayer<K> {
+impl<K> BloomGuardLayer<K> {
     /// The methods whose requests are checked (default
     /// [`Methods::READS`]: `GET` and `HEAD`); every other request reaches
     /// the inner service untouched.
@@ -107,7 +107,7 @@ impl<K> GuardLayer<K> {
     }
 }
 
-impl<S, K: Clone> Layer<S> for GuardLayer<K> {
+impl<S, K: Clone> Layer<S> for BloomGuardLayer<K> {
     type Service = BloomGuardService<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
@@ -117,7 +117,7 @@ impl<S, K: Clone> Layer<S> for GuardLayer<K> {
 
 impl<S, K> BloomGuardService<S, K> {
     /// Guards `inner` as `layer` says.
-    pub fn new(inner: S, layer: GuardLayer<K>) -> Self {
+    pub fn new(inner: S, layer: BloomGuardLayer<K>) -> Self {
         Self::from_parts(inner, layer.shared, layer.extractor, layer.methods)
     }
 }

@@ -14,7 +14,7 @@ use http::Method;
 /// # Example
 ///
 /// ```
-/// use bloom_guard::Methods;
+/// use bloom_guard::service::Methods;
 /// use http::Method;
 ///
 /// let reads = Methods::READS;

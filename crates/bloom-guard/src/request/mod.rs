@@ -1,6 +1,6 @@
 //! The request path: from a request to a verdict, and the answer.
 //!
-//! A [`GuardLayer`] (`layer`) binds a guard to where the key is (`extract`,
+//! A [`BloomGuardLayer`] (`layer`) binds a guard to where the key is (`extract`,
 //! `path_param`) and the methods it checks (`methods`); its
 //! [`BloomGuardService`] (`service`) reads the key, asks for a verdict
 //! (`verdict`) and either calls the inner service or answers itself

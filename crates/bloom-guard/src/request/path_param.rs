@@ -25,7 +25,7 @@ use crate::request::extract::KeyExtractor;
 ///
 /// ```
 /// use axum::{routing::get, Router};
-/// use bloom_guard::{BloomGuard, PathParam};
+/// use bloom_guard::{BloomGuard, extract::PathParam};
 ///
 /// let guard = BloomGuard::builder().build();
 /// let app: Router = Router::new()
@@ -58,7 +58,7 @@ impl<B> KeyExtractor<B> for PathParam {
 ///
 /// ```
 /// use axum::{routing::get, Router};
-/// use bloom_guard::{BloomGuard, PathParams};
+/// use bloom_guard::{BloomGuard, extract::PathParams};
 ///
 /// let orders = BloomGuard::builder().name("orders").build();
 /// let app: Router = Router::new()

@@ -17,7 +17,7 @@ use crate::request::verdict::{self, AuditToken, Verdict};
 /// Answers requests whose key is absent from the filter; passes the rest to
 /// the inner service.
 ///
-/// Made by a [`GuardLayer`](crate::GuardLayer). Requests of methods the
+/// Made by a [`BloomGuardLayer`](crate::BloomGuardLayer). Requests of methods the
 /// layer does not check, requests without a key, and every request while no
 /// filter is in place go to the inner service.
 ///
@@ -123,7 +123,10 @@ mod tests {
     use http_body_util::BodyExt;
     use tower::{service_fn, ServiceBuilder, ServiceExt};
 
-    use crate::{BloomGuard, KeyList, PathParam, PathSegment};
+    use crate::{
+        extract::{PathParam, PathSegment},
+        BloomGuard, KeyList,
+    };
 
     /// An inner service that counts its calls.
     fn counting_app(guard: &BloomGuard) -> (Router, Arc<AtomicUsize>) {
@@ -311,7 +314,7 @@ mod tests {
     #[tokio::test]
     async fn a_refusal_waiting_for_a_read_never_calls_the_inner_service() {
         let guard = warm_guard(&["present"]).await;
-        let reader = guard.feed_reader();
+        let reader = guard.feed().reader();
         // The feed: each read brings "late", committed after the build.
         let feeding = guard.clone();
         let follower = tokio::spawn(async move {
@@ -409,7 +412,7 @@ mod tests {
         assert_eq!((stats.passed, stats.rejected, stats.bad_keys), (6, 3, 0));
 
         let svc = ServiceBuilder::new()
-            .layer(guard.layer(crate::QueryParam("id")))
+            .layer(guard.layer(crate::extract::QueryParam("id")))
             .service(service_fn(|_req: http::Request<()>| async {
                 Ok::<_, Infallible>(http::Response::new(Body::from("inner")))
             }));
@@ -546,7 +549,7 @@ mod tests {
     async fn the_checked_methods_can_be_chosen() {
         let guard = warm_guard(&["a"]).await;
         let (app, _) = items_api(&["a"]);
-        let methods = crate::Methods::READS.with(&http::Method::DELETE);
+        let methods = crate::service::Methods::READS.with(&http::Method::DELETE);
         let app = app.route_layer(guard.layer(PathParam("key")).methods(methods));
         assert_eq!(
             answer(&app, &http::Method::DELETE, "/items/b").await.0,
@@ -662,8 +665,11 @@ mod tests {
             (2, 1, 0)
         );
         // A filter that missed a key is trusted no more: open until rebuilt.
-        assert_eq!(stats.state, crate::GuardState::Degraded);
-        assert_eq!(guard.rebuild_due(), Some("a false negative was seen"));
+        assert_eq!(stats.state, crate::stats::GuardState::Degraded);
+        assert_eq!(
+            guard.feed().rebuild_due(),
+            Some("a false negative was seen")
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -685,7 +691,7 @@ mod tests {
         let stats = guard.stats();
         assert_eq!(
             (stats.generation, stats.state),
-            (2, crate::GuardState::Ready)
+            (2, crate::stats::GuardState::Ready)
         );
         // Audited, an absent key reaches the handler and gets its 404.
         assert_eq!(

@@ -53,7 +53,7 @@ type RebuildFn = Arc<dyn Fn() -> BoxFuture<'static, Result<Stats, BuildError>> +
 ///   ([`BloomGuard::reset_settings`]), every instance back to its
 ///   builder's.
 /// - `GET /admin/bloom/{guard}/fleet`: `{"instances": [...]}`, the
-///   [`Instance`](crate::Instance)s of the guard's fleet heard from in the
+///   [`Instance`](crate::fleet::Instance)s of the guard's fleet heard from in the
 ///   last 30 s ([`BloomGuard::fleet`]).
 /// - `GET /metrics`: the Prometheus text of the application's recorder
 ///   (see [`metrics`](Self::metrics)); the guards record their figures
@@ -497,7 +497,7 @@ mod tests {
         let recorder = PrometheusBuilder::new()
             .set_buckets_for_metric(
                 Matcher::Prefix("bloom_guard_".into()),
-                crate::DURATION_BUCKETS,
+                crate::metrics::DURATION_BUCKETS,
             )
             .expect("buckets")
             .build_recorder();
@@ -512,7 +512,7 @@ mod tests {
         let inner = tower::service_fn(|_: Request| async {
             Ok::<_, std::convert::Infallible>(Response::new(Body::empty()))
         });
-        let guarded = tower::Layer::layer(&guard.layer(crate::PathSegment(0)), inner);
+        let guarded = tower::Layer::layer(&guard.layer(crate::extract::PathSegment(0)), inner);
         for key in ["/a", "/zz-absent", "/yy-absent"] {
             let request = Request::builder()
                 .uri(key)
@@ -520,8 +520,12 @@ mod tests {
                 .expect("request");
             guarded.clone().oneshot(request).await.expect("infallible");
         }
-        guard.record_feed_read(crate::FeedStatus::new("1", 3));
-        guard.record_feed_read(crate::FeedStatus::new("2", 5).with_reads(2, 1));
+        guard
+            .feed()
+            .record_read(crate::stats::FeedStatus::new("1", 3));
+        guard
+            .feed()
+            .record_read(crate::stats::FeedStatus::new("2", 5).with_reads(2, 1));
 
         let app = Admin::new("s3cret")
             .guard(guard)

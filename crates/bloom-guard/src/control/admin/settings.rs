@@ -142,7 +142,7 @@ mod tests {
     use super::super::tests::json as get;
     use crate::control::admin::Admin;
     use crate::control::fleet::{Fleet, FleetStoreError, Instance};
-    use crate::{BloomGuard, SetBy};
+    use crate::{settings::SetBy, BloomGuard};
 
     /// A fleet in memory whose database can be made to fail.
     #[derive(Default)]
@@ -306,7 +306,7 @@ mod tests {
     async fn a_change_for_the_fleet_is_stored_or_not_made_at_all() {
         let guard = BloomGuard::builder().name("items").build();
         let fleet = std::sync::Arc::new(MemoryFleet::default());
-        let _member = guard.join_fleet(fleet.clone());
+        let _member = guard.feed().join_fleet(fleet.clone());
         let app = app(&guard);
         let (status, _) = send(&app, "PUT", r#"{"mode":"shadow","audit_rate":0.25}"#).await;
         assert_eq!(status, StatusCode::OK);
@@ -350,9 +350,14 @@ mod tests {
         let app = app(&guard);
         let (status, view) = get(&app, "GET", "/admin/bloom/items/fleet").await;
         assert_eq!(status, StatusCode::OK);
-        assert_eq!(view["instances"][0]["id"], json!(crate::instance_id()));
+        assert_eq!(
+            view["instances"][0]["id"],
+            json!(crate::fleet::instance_id())
+        );
         assert_eq!(view["instances"][0]["state"], json!("warming"));
-        let member = guard.join_fleet(std::sync::Arc::new(MemoryFleet::default()));
+        let member = guard
+            .feed()
+            .join_fleet(std::sync::Arc::new(MemoryFleet::default()));
         let (_, view) = get(&app, "GET", "/admin/bloom/items/fleet").await;
         let ids: Vec<_> = view["instances"]
             .as_array()

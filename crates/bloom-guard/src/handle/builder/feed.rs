@@ -114,7 +114,7 @@ impl Builder {
     /// # Example
     ///
     /// ```
-    /// use bloom_guard::{BloomGuard, ReadPace};
+    /// use bloom_guard::{BloomGuard, feed::ReadPace};
     ///
     /// let guard = BloomGuard::builder()
     ///     .read_pace(ReadPace::default().max_reads_per_sec(500))

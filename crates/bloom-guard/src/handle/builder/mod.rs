@@ -331,7 +331,7 @@ mod tests {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    use crate::{BloomGuard, KeyList, PathParam};
+    use crate::{extract::PathParam, BloomGuard, KeyList};
 
     #[tokio::test]
     async fn the_absent_answer_can_be_any_axum_response() {

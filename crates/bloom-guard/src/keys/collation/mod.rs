@@ -36,7 +36,7 @@ const BMP: usize = 0x1_0000;
 /// # Example
 ///
 /// ```
-/// use bloom_guard::{Collation, Key, KeyType};
+/// use bloom_guard::{keys::{Collation, Key}, KeyType};
 ///
 /// // A toy collation that ignores ASCII case and pads with spaces.
 /// let mut weights = Collation::builder("toy_ci", "example 1.0");
@@ -51,7 +51,7 @@ const BMP: usize = 0x1_0000;
 /// );
 /// // A character the table leaves out: the request is passed unchecked.
 /// assert!(key_type.to_canonical(Key::from("café")).is_err());
-/// # Ok::<(), bloom_guard::CollationError>(())
+/// # Ok::<(), bloom_guard::keys::CollationError>(())
 /// ```
 #[derive(Clone, Copy)]
 pub struct Collation(&'static Table);
@@ -144,7 +144,7 @@ impl Collation {
     /// # Example
     ///
     /// ```
-    /// # use bloom_guard::Collation;
+    /// # use bloom_guard::keys::Collation;
     /// let weighed = Collation::weighed(&[0x0e, 0x33]);
     /// assert_eq!(weighed, [0xff, 0x0e, 0x33]);
     /// ```
@@ -193,7 +193,7 @@ impl Collation {
     /// # Example
     ///
     /// ```
-    /// # use bloom_guard::Collation;
+    /// # use bloom_guard::keys::Collation;
     /// let mut builder = Collation::builder("doc_stored_ci", "example 1.0");
     /// for (c, weight) in [(' ', 0x20), ('a', 0x41), ('A', 0x41)] {
     ///     builder = builder.weigh(c, &[weight]);
@@ -201,7 +201,7 @@ impl Collation {
     /// let ci = builder.pad_space(true).build()?;
     /// let weighed = Collation::weighed(&[0, 0x41, 0, 0x20]); // `a ` as the database weighs it
     /// assert_eq!(ci.stored(&weighed), ci.weights("A"));
-    /// # Ok::<(), bloom_guard::CollationError>(())
+    /// # Ok::<(), bloom_guard::keys::CollationError>(())
     /// ```
     pub fn stored(&self, key: &[u8]) -> Option<Vec<u8>> {
         match key.split_first() {

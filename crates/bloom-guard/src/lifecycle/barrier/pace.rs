@@ -35,7 +35,7 @@ use tokio::time::Instant;
 ///
 /// ```
 /// use std::time::Duration;
-/// use bloom_guard::{BloomGuard, ReadPace};
+/// use bloom_guard::{BloomGuard, feed::ReadPace};
 ///
 /// // Fewer database reads, longer waits: one read per 200 refusals,
 /// // at most 500 reads a second for both guards together.

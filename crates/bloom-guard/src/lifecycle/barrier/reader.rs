@@ -13,7 +13,7 @@ use crate::lifecycle::catch_up::CatchUp;
 /// A follower's side of a guard's read barrier: it learns when a refusal
 /// waits, and tells when a read's keys are in the filter.
 ///
-/// Made by [`BloomGuard::feed_reader`](crate::BloomGuard::feed_reader);
+/// Made by [`FeedHandle::reader`](crate::feed::FeedHandle::reader);
 /// while one exists, every would-be refusal of the guard waits for a feed
 /// read that began after the request arrived (within the guard's
 /// [`read_barrier_timeout`](crate::Builder::read_barrier_timeout)), then
@@ -27,7 +27,7 @@ use crate::lifecycle::catch_up::CatchUp;
 /// Reads are numbered by [`begin`](Self::begin): a refusal waits for the
 /// first read to begin after it arrived, so a read must take its snapshot
 /// or position after `begin` returns. [`asked`](Self::asked) completes when
-/// a refusal waits and the guard's [`ReadPace`](crate::ReadPace) lets the
+/// a refusal waits and the guard's [`ReadPace`](crate::feed::ReadPace) lets the
 /// next read start.
 ///
 /// # Example
@@ -36,12 +36,12 @@ use crate::lifecycle::catch_up::CatchUp;
 /// the keys in the filter, then mark the read done.
 ///
 /// ```
-/// use bloom_guard::{BloomGuard, KeyBatch};
+/// use bloom_guard::{BloomGuard, keys::KeyBatch};
 ///
 /// # async fn read_feed() -> KeyBatch { KeyBatch::default() }
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let guard = BloomGuard::builder().build();
-/// let reader = guard.feed_reader();
+/// let reader = guard.feed().reader();
 /// # let mut rounds = 0;
 /// loop {
 ///     let read = reader.begin();
@@ -126,7 +126,7 @@ impl FeedReader {
     }
 
     /// Completes when a refusal waits for a read and the guard's
-    /// [`ReadPace`](crate::ReadPace) lets one start: at once while refusals
+    /// [`ReadPace`](crate::feed::ReadPace) lets one start: at once while refusals
     /// are few; in a flood, once enough refusals share the read or the
     /// pace's gap since the last read's start is over, and within its
     /// ceiling.

@@ -15,7 +15,7 @@
 //! | 36 × `n` (Bloom) | per sub-filter: hash functions (4), false-positive rate (8, `f64` bits), capacity, keys, 64-bit words of bits (8 each) |
 //! | 8 + 16 × `n` (counting) | the target rate (`f64` bits); per shard: its keys and its length in bytes (8 each); format 4: 20 × `n`, each shard followed by its stage (4) |
 //! | 4 + text, three times | guard name, key-query fingerprint, feed position (each at most [`MAX_TEXT`] bytes) |
-//! | 4 + text (key type 5 only) | the collation's identity ([`Collation::identity`](crate::Collation::identity)) |
+//! | 4 + text (key type 5 only) | the collation's identity ([`Collation::identity`](crate::keys::Collation::identity)) |
 //! | 8 × words | the parts, one after the other: a sub-filter's bits, a shard's bytes (qfilter's, in postcard) padded to whole words |
 //! | 32 | SHA-256 of everything before |
 //!

@@ -74,7 +74,7 @@ pub struct SnapshotInfo {
 }
 
 /// A filter read back from a snapshot, checked, ready to
-/// [adopt](crate::BloomGuard::adopt).
+/// [adopt](crate::feed::FeedHandle::adopt).
 pub struct Snapshot {
     info: SnapshotInfo,
     parts: FilterParts,
@@ -111,10 +111,10 @@ impl Snapshot {
     }
 
     /// The kind of filter it holds.
-    pub fn filter_kind(&self) -> crate::FilterKind {
+    pub fn filter_kind(&self) -> crate::stats::FilterKind {
         match self.parts {
-            FilterParts::Bloom(_) => crate::FilterKind::Bloom,
-            FilterParts::Counting(_) => crate::FilterKind::Counting,
+            FilterParts::Bloom(_) => crate::stats::FilterKind::Bloom,
+            FilterParts::Counting(_) => crate::stats::FilterKind::Counting,
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use super::format::PREFIX_LEN;
 use super::*;
-use crate::{AdoptError, BloomGuard, KeyBatch, KeyList};
+use crate::{feed::AdoptError, keys::KeyBatch, BloomGuard, KeyList};
 
 const QUERY: &str = "select key from items";
 
@@ -18,7 +18,8 @@ async fn built(keys: usize) -> (BloomGuard, Vec<String>) {
 
 fn bytes_of(guard: &BloomGuard, position: &str) -> Vec<u8> {
     guard
-        .snapshot(position, QUERY)
+        .feed()
+        .snapshot(&position.into(), QUERY)
         .expect("a complete filter")
         .chunks(4096)
         .flatten()
@@ -28,6 +29,7 @@ fn bytes_of(guard: &BloomGuard, position: &str) -> Vec<u8> {
 async fn adopt(snapshot: Snapshot) -> Result<BloomGuard, AdoptError> {
     let guard = BloomGuard::builder().name("items").build();
     guard
+        .feed()
         .adopt(snapshot, QUERY, async { Ok::<(), std::io::Error>(()) })
         .await?;
     Ok(guard)
@@ -36,7 +38,10 @@ async fn adopt(snapshot: Snapshot) -> Result<BloomGuard, AdoptError> {
 #[tokio::test]
 async fn a_snapshot_read_in_any_chunks_is_the_same_filter() {
     let (guard, keys) = built(5_000).await;
-    let writer = guard.snapshot("pos-1", QUERY).expect("complete");
+    let writer = guard
+        .feed()
+        .snapshot(&"pos-1".into(), QUERY)
+        .expect("complete");
     let len = writer.info().len;
     let chunks: Vec<Vec<u8>> = writer.chunks(1000).collect();
     assert!(chunks.iter().all(|chunk| chunk.len() <= 1000));
@@ -53,7 +58,10 @@ async fn a_snapshot_read_in_any_chunks_is_the_same_filter() {
         assert_eq!(snapshot.info().guard, "items");
         let restored = adopt(snapshot).await.expect("adopted");
         assert!(keys.iter().all(|key| restored.may_contain(key)));
-        assert_eq!(restored.stats().origin, Some(crate::FilterOrigin::Snapshot));
+        assert_eq!(
+            restored.stats().origin,
+            Some(crate::stats::FilterOrigin::Snapshot)
+        );
         // Counted from its bits too: within a hair of the original's count.
         let (restored_keys, keys) = (restored.stats().keys, guard.stats().keys);
         assert!(restored_keys >= keys && restored_keys <= keys + keys / 100);
@@ -83,7 +91,7 @@ async fn every_flipped_byte_is_refused() {
 async fn a_truncated_or_padded_snapshot_is_refused() {
     let (guard, _) = built(200).await;
     let bytes = bytes_of(&guard, "7");
-    let writer = guard.snapshot("7", QUERY).expect("complete");
+    let writer = guard.feed().snapshot(&"7".into(), QUERY).expect("complete");
     let chunks: Vec<Vec<u8>> = writer.chunks(256).collect();
     // A chunk missing from the middle, then a chunk cut short.
     let mut without: Vec<u8> = Vec::new();
@@ -166,7 +174,7 @@ async fn another_guard_key_type_or_query_is_refused() {
         (&items, "select other from items", "key query"),
     ] {
         let snapshot = Snapshot::decode(&bytes).expect("intact");
-        match candidate.adopt(snapshot, query, nothing()).await {
+        match candidate.feed().adopt(snapshot, query, nothing()).await {
             Err(AdoptError::Mismatch { what: found, .. }) => assert_eq!(found, what),
             other => panic!("{what}: {other:?}"),
         }
@@ -181,6 +189,7 @@ async fn keys_replayed_by_the_catch_up_are_in_the_adopted_filter() {
     let other = BloomGuard::builder().name("items").build();
     let replaying = other.clone();
     other
+        .feed()
         .adopt(snapshot, QUERY, async move {
             let batch: KeyBatch = ["committed-after-the-snapshot"].into_iter().collect();
             replaying.insert_batch(&batch);
@@ -198,24 +207,31 @@ async fn a_failed_catch_up_keeps_the_filter_in_use() {
     let snapshot = Snapshot::decode(&bytes_of(&guard, "7")).expect("intact");
     let (other, _) = built(5).await;
     let failed = other
+        .feed()
         .adopt(snapshot, QUERY, async {
             Err::<(), _>(std::io::Error::other("the feed is gone"))
         })
         .await;
     assert!(matches!(failed, Err(AdoptError::CatchUp(_))));
     assert_eq!(other.stats().generation, 1);
-    assert_eq!(other.stats().origin, Some(crate::FilterOrigin::Scan));
+    assert_eq!(other.stats().origin, Some(crate::stats::FilterOrigin::Scan));
 }
 
 #[tokio::test]
 async fn an_incomplete_filter_gives_no_snapshot_and_none_shows_its_secret() {
     let guard = BloomGuard::builder().name("items").build();
-    assert!(guard.snapshot("1", QUERY).is_none(), "no filter yet");
+    assert!(
+        guard.feed().snapshot(&"1".into(), QUERY).is_none(),
+        "no filter yet"
+    );
     guard.rebuild(&KeyList::new(["a"])).await.expect("build");
-    let hold = guard.hold_open();
-    assert!(guard.snapshot("1", QUERY).is_none(), "held open");
+    let hold = guard.fail_open();
+    assert!(
+        guard.feed().snapshot(&"1".into(), QUERY).is_none(),
+        "held open"
+    );
     drop(hold);
-    let writer = guard.snapshot("1", QUERY).expect("complete");
+    let writer = guard.feed().snapshot(&"1".into(), QUERY).expect("complete");
     let seed = guard
         .shared
         .complete_filter()
@@ -243,7 +259,12 @@ async fn a_grown_filter_travels_with_its_sub_filters_and_keeps_growing() {
         .await
         .expect("build");
     keys[1_000..].iter().for_each(|key| guard.insert(key));
-    let info = guard.snapshot("7", QUERY).expect("complete").info().clone();
+    let info = guard
+        .feed()
+        .snapshot(&"7".into(), QUERY)
+        .expect("complete")
+        .info()
+        .clone();
     // 1 000 + 2 000 + 4 000 + 8 000 keys of room.
     assert_eq!((info.sub_filters, info.capacity), (4, 15_000));
     let snapshot = Snapshot::decode(&bytes_of(&guard, "7")).expect("intact");
@@ -276,6 +297,7 @@ async fn an_overfull_snapshot_is_never_put_in_use() {
     }
     let other = BloomGuard::builder().name("items").build();
     let refused = other
+        .feed()
         .adopt(snapshot, QUERY, async { Ok::<(), std::io::Error>(()) })
         .await;
     assert!(
@@ -285,7 +307,7 @@ async fn an_overfull_snapshot_is_never_put_in_use() {
     let stats = other.stats();
     assert_eq!(
         (stats.generation, stats.state),
-        (0, crate::GuardState::Warming)
+        (0, crate::stats::GuardState::Warming)
     );
     assert!(!other.is_ready());
 }
@@ -354,7 +376,7 @@ async fn keys_inserted_while_a_snapshot_is_written_are_counted_after_adoption() 
         .build();
     let first: Vec<String> = (0..1_000).map(|i| format!("first-{i}")).collect();
     guard.rebuild(&KeyList::new(first)).await.expect("build");
-    let writer = guard.snapshot("7", QUERY).expect("complete");
+    let writer = guard.feed().snapshot(&"7".into(), QUERY).expect("complete");
     // After the header, before the bits: in the bits, not in the counts.
     let late: Vec<String> = (0..5_000).map(|i| format!("late-{i}")).collect();
     late.iter().for_each(|key| guard.insert(key));
@@ -362,6 +384,7 @@ async fn keys_inserted_while_a_snapshot_is_written_are_counted_after_adoption() 
     let other = BloomGuard::builder().name("items").build();
     let replay = other.clone();
     other
+        .feed()
         .adopt(
             Snapshot::decode(&bytes).expect("intact"),
             QUERY,
@@ -428,7 +451,7 @@ fn counting_stages_are_read_only_in_order_from_the_first() {
 
 /// A toy case-insensitive collation, built once per `name`.
 fn collated(name: &str) -> crate::KeyType {
-    let mut builder = crate::Collation::builder(name, "test");
+    let mut builder = crate::keys::Collation::builder(name, "test");
     for c in ' '..='~' {
         builder = builder.weigh(c, &[u16::from(c.to_ascii_uppercase() as u8)]);
     }
@@ -451,13 +474,15 @@ async fn a_collated_snapshot_names_its_collation() {
         .name("items")
         .key_type(collated("snap_ci"))
         .build();
-    same.adopt(Snapshot::decode(&bytes).expect("intact"), QUERY, nothing())
+    same.feed()
+        .adopt(Snapshot::decode(&bytes).expect("intact"), QUERY, nothing())
         .await
         .expect("adopted under the same collation");
     assert!(same.may_contain("apple-pie "));
     for other in [collated("snap_other_ci"), crate::KeyType::Text] {
         let candidate = BloomGuard::builder().name("items").key_type(other).build();
         match candidate
+            .feed()
             .adopt(Snapshot::decode(&bytes).expect("intact"), QUERY, nothing())
             .await
         {

@@ -14,7 +14,7 @@ use super::parts::{Parts, ShardHead, StageHead};
 use super::SnapshotInfo;
 
 /// Writes a guard's filter as a snapshot, a chunk at a time: see
-/// [`BloomGuard::snapshot`](crate::BloomGuard::snapshot).
+/// [`FeedHandle::snapshot`](crate::feed::FeedHandle::snapshot).
 pub struct SnapshotWriter {
     info: SnapshotInfo,
     body: Body,
@@ -225,7 +225,7 @@ impl SnapshotWriter {
 
     /// The snapshot format it is written in: the oldest that holds the
     /// filter (3, or 4 for a counting filter of several stages; see
-    /// [`SNAPSHOT_FORMAT`](crate::SNAPSHOT_FORMAT)). A store that keeps
+    /// [`SNAPSHOT_FORMAT`](crate::snapshot::SNAPSHOT_FORMAT)). A store that keeps
     /// snapshots by format records this one, so that versions that read
     /// only older formats still find the snapshots they can read.
     pub fn format(&self) -> u32 {

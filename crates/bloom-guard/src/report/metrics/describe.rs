@@ -9,7 +9,7 @@
 /// ```
 /// # #[cfg(any())] {
 /// PrometheusBuilder::new()
-///     .set_buckets_for_metric(Matcher::Prefix("bloom_guard_".into()), bloom_guard::DURATION_BUCKETS)?
+///     .set_buckets_for_metric(Matcher::Prefix("bloom_guard_".into()), bloom_guard::metrics::DURATION_BUCKETS)?
 ///     .install_recorder()?;
 /// # }
 /// ```

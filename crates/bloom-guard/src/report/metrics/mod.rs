@@ -23,7 +23,7 @@ mod describe;
 pub use describe::{describe_metrics, DURATION_BUCKETS};
 
 /// The `reason` labels of `bloom_guard_unchecked_total`, in the order of
-/// [`Counters`](crate::report::counters::Counters)' unchecked tallies: the [`reason`](crate::KeyError::reason)s.
+/// [`Counters`](crate::report::counters::Counters)' unchecked tallies: the [`reason`](crate::keys::KeyError::reason)s.
 pub(crate) const UNCHECKED_REASONS: [&str; 5] = [
     "too_long",
     "not_utf8",
@@ -221,7 +221,7 @@ impl GuardMetrics {
     }
 
     /// The feed's room in the database and its pruning.
-    pub(crate) fn feed_storage(&self, storage: &crate::FeedStorage) {
+    pub(crate) fn feed_storage(&self, storage: &crate::stats::FeedStorage) {
         self.feed_bytes.set(storage.bytes as f64);
         self.feed_prune_overdue
             .set(storage.prune_overdue_secs as f64);
