@@ -21,6 +21,12 @@ pub enum SourceError {
     /// the retention (see `PgFollower::retention`).
     #[error("the change feed was pruned past the scan's snapshot; raise the retention")]
     FeedPruned,
+    /// A scan of a table on the log feed could not take its place in the
+    /// write-ahead log (a replication connection that failed or was
+    /// refused): no filter is built from it. The message says why; check
+    /// the replication URL and the role's `REPLICATION` right.
+    #[error("the scan could not take its place in the write-ahead log: {0}")]
+    LogPoint(String),
 }
 
 /// Why installing, watching or reading a change feed failed.

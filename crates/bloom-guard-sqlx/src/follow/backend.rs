@@ -1,5 +1,6 @@
-//! What the follower engine takes from a database: one trait, one
-//! implementation per database.
+//! What the follower engine takes from a database: small traits by role
+//! (`Scans`, `FeedReads`, `FeedUpkeep`, `Checks`, `Wakes`, `Stores`),
+//! gathered by `Database`; one implementation of each per database.
 
 use std::fmt;
 use std::future::Future;
@@ -40,11 +41,11 @@ pub(crate) struct Clock<P> {
 /// What the trigger check reads of the catalog.
 #[derive(Debug)]
 pub(crate) struct Catalog {
-    /// See [`Database::gaps`].
+    /// See [`Checks::gaps`].
     pub(crate) gaps: Vec<String>,
-    /// See [`Database::trigger_versions`]; `None` if it could not be read.
+    /// See [`Checks::trigger_versions`]; `None` if it could not be read.
     pub(crate) versions: Option<String>,
-    /// See [`Database::counts_rows`]; `None` if it could not be read (the
+    /// See [`Checks::counts_rows`]; `None` if it could not be read (the
     /// last answer stands).
     pub(crate) counts_rows: Option<bool>,
 }
@@ -100,49 +101,30 @@ pub(crate) struct WakeUps {
 }
 
 /// The database side of the follower protocol: what the engine takes from
-/// a database, and nothing more. Crate-private, so only this crate's
-/// backends implement it; generic, so each call compiles to the backend's
-/// own code.
-pub(crate) trait Database: Send + Sync + Sized + 'static {
-    /// A position in the feed: every change committed before it is
-    /// behind it.
-    type Position: Clone + fmt::Display + fmt::Debug + Send + Sync + 'static;
-    /// Every key of the watched table.
-    type Source: KeySource<Error = SourceError> + Clone + Send + Sync + 'static;
-    /// The fleet's lock on building the guard's filter, released when
-    /// dropped (a crashed holder frees it too).
-    type Lock: Send + Sync + 'static;
-    /// Where snapshots are kept.
-    type Snapshots: SnapshotStore;
-    /// Where the fleet's settings and heartbeats are kept.
-    type Fleet: FleetTable;
+/// a database, by role. Crate-private, so only this crate's backends
+/// implement it; generic, so each call compiles to the backend's own code.
+/// A backend implements each role's trait; this one names the watch.
+pub(crate) trait Database: Scans + FeedReads + FeedUpkeep + Checks + Wakes {
+    /// The tables the fleet shares, and the build lock: the backend itself,
+    /// or the one whose tables it shares.
+    type Stores: Stores;
+
+    /// See [`Database::Stores`].
+    fn stores(&self) -> &Self::Stores;
 
     /// The watched table and key columns.
     fn watch(&self) -> &Watch;
-
-    /// Whether changes of the fleet's stored settings and publications of
-    /// snapshots wake every follower ([`WakeUps::settings`],
-    /// [`WakeUps::published`]); if not, followers look for them on their
-    /// intervals.
-    fn announces_changes(&self) -> bool {
-        false
-    }
 
     /// The feed's name.
     fn feed(&self) -> &str {
         self.watch().feed_name()
     }
+}
 
-    /// How soon to read again from `position` however quiet the feed
-    /// looks: a position that waits on transactions still open (MySQL's
-    /// open ids, whose commit moves no wake-up) is read again soon, not at
-    /// the poll interval.
-    fn revisit(_position: &Self::Position) -> Option<Duration> {
-        None
-    }
-
-    /// A position read back from a snapshot.
-    fn parse_position(text: &str) -> Option<Self::Position>;
+/// The scan: the key query a build streams, and the key columns' facts.
+pub(crate) trait Scans: Send + Sync + Sized + 'static {
+    /// Every key of the watched table.
+    type Source: KeySource<Error = SourceError> + Clone + Send + Sync + 'static;
 
     /// The key source, the fingerprint that names its key set, and the
     /// trigger versions that fingerprint was taken under.
@@ -157,6 +139,25 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
         &self,
         source: &Self::Source,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+}
+
+/// Reading the change feed: its positions, one read from a position, and
+/// the variants the barrier and a shared connection ask for.
+pub(crate) trait FeedReads: Send + Sync + Sized + 'static {
+    /// A position in the feed: every change committed before it is
+    /// behind it.
+    type Position: Clone + fmt::Display + fmt::Debug + Send + Sync + 'static;
+
+    /// How soon to read again from `position` however quiet the feed
+    /// looks: a position that waits on transactions still open (MySQL's
+    /// open ids, whose commit moves no wake-up) is read again soon, not at
+    /// the poll interval.
+    fn revisit(_position: &Self::Position) -> Option<Duration> {
+        None
+    }
+
+    /// A position read back from a snapshot.
+    fn parse_position(text: &str) -> Option<Self::Position>;
 
     /// The feed's position now, with the database's clock.
     fn position(&self) -> impl Future<Output = Result<Clock<Self::Position>, sqlx::Error>> + Send;
@@ -217,7 +218,10 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
         &self,
         since: &Self::Position,
     ) -> impl Future<Output = Result<Read<Self::Position>, sqlx::Error>> + Send;
+}
 
+/// The feed's room: how far a reader is behind, pruning, its size.
+pub(crate) trait FeedUpkeep: FeedReads {
     /// How many feed rows committed after `since`, counting up to `limit`
     /// only: a bounded look at what a replay from there would read.
     fn pending(
@@ -230,13 +234,6 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// instance at a time; how many.
     fn prune(&self, retention: Duration) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
-    /// Whether the follower's connections keep their sessions (no pooler in
-    /// transaction mode between): checked once at start; an error stops
-    /// the follower, since only a setting can fix it.
-    fn check_session(&self) -> impl Future<Output = Result<(), crate::FeedError>> + Send {
-        async { Ok(()) }
-    }
-
     /// The feed's room in the database and how late its pruning is, for
     /// the metrics; `None` where the feed cannot tell.
     fn storage(
@@ -246,6 +243,17 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     {
         let _ = retention;
         async { Ok(None) }
+    }
+}
+
+/// The checks a follower runs on its database: the session, the feed's
+/// catalog (gaps, trigger versions, row counting) and its repair.
+pub(crate) trait Checks: Send + Sync + Sized + 'static {
+    /// Whether the follower's connections keep their sessions (no pooler in
+    /// transaction mode between): checked once at start; an error stops
+    /// the follower, since only a setting can fix it.
+    fn check_session(&self) -> impl Future<Output = Result<(), crate::FeedError>> + Send {
+        async { Ok(()) }
     }
 
     /// Why writes to a watched table could bypass the feed (missing or
@@ -285,6 +293,18 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     /// (disabled and enabled again, even within one transaction), when
     /// writes may have bypassed the feed although no gap shows now.
     fn trigger_versions(&self) -> impl Future<Output = Result<String, sqlx::Error>> + Send;
+}
+
+/// What wakes a follower: the database's announcements of changes,
+/// snapshots and settings, and closing its connections.
+pub(crate) trait Wakes: Send + Sync + Sized + 'static {
+    /// Whether changes of the fleet's stored settings and publications of
+    /// snapshots wake every follower ([`WakeUps::settings`],
+    /// [`WakeUps::published`]); if not, followers look for them on their
+    /// intervals.
+    fn announces_changes(&self) -> bool {
+        false
+    }
 
     /// Wakes the engine until `stop`: on every commit that may concern
     /// the feed, and when another instance publishes a snapshot.
@@ -299,6 +319,18 @@ pub(crate) trait Database: Send + Sync + Sized + 'static {
     fn close(&self) -> impl Future<Output = ()> + Send {
         async {}
     }
+}
+
+/// The tables a fleet shares: snapshots, the fleet's settings and
+/// members, and the build lock.
+pub(crate) trait Stores: Send + Sync + 'static {
+    /// The fleet's lock on building the guard's filter, released when
+    /// dropped (a crashed holder frees it too).
+    type Lock: Send + Sync + 'static;
+    /// Where snapshots are kept.
+    type Snapshots: SnapshotStore;
+    /// Where the fleet's settings and heartbeats are kept.
+    type Fleet: FleetTable;
 
     /// Where the guard's snapshots are kept.
     fn snapshots(&self) -> &Self::Snapshots;

@@ -14,7 +14,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Clock, Database, FleetTable, Follower, KeySet, LoadError, Read, SnapshotStore, Stored, WakeUps,
+    Checks, Clock, Database, FeedReads, FeedUpkeep, FleetTable, Follower, KeySet, LoadError, Read,
+    Scans, SnapshotStore, Stored, Stores, WakeUps, Wakes,
 };
 use crate::error::SourceError;
 use crate::follow::changes::Changes;
@@ -135,19 +136,19 @@ impl Drop for FakeLock {
 }
 
 impl Database for Fake {
-    type Position = usize;
-    type Source = Scan;
-    type Lock = FakeLock;
-    type Snapshots = Fake;
-    type Fleet = Fake;
+    type Stores = Self;
+
+    fn stores(&self) -> &Self {
+        self
+    }
 
     fn watch(&self) -> &Watch {
         &self.watch
     }
+}
 
-    fn parse_position(text: &str) -> Option<usize> {
-        text.parse().ok()
-    }
+impl Scans for Fake {
+    type Source = Scan;
 
     async fn key_source(&self) -> Result<KeySet<Scan>, sqlx::Error> {
         Ok(KeySet {
@@ -163,6 +164,14 @@ impl Database for Fake {
 
     async fn has_unsafe_keys(&self, _: &Scan) -> Result<bool, sqlx::Error> {
         Ok(false)
+    }
+}
+
+impl FeedReads for Fake {
+    type Position = usize;
+
+    fn parse_position(text: &str) -> Option<usize> {
+        text.parse().ok()
     }
 
     async fn position(&self) -> Result<Clock<usize>, sqlx::Error> {
@@ -200,7 +209,9 @@ impl Database for Fake {
             changes,
         })
     }
+}
 
+impl FeedUpkeep for Fake {
     async fn pending(&self, since: &usize, limit: u64) -> Result<u64, sqlx::Error> {
         let state = self.state();
         Ok((state.feed.len().saturating_sub(*since) as u64).min(limit))
@@ -209,7 +220,9 @@ impl Database for Fake {
     async fn prune(&self, _: Duration) -> Result<i64, sqlx::Error> {
         Ok(0)
     }
+}
 
+impl Checks for Fake {
     async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
         Ok(Vec::new())
     }
@@ -221,7 +234,9 @@ impl Database for Fake {
     async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
         Ok(String::new())
     }
+}
 
+impl Wakes for Fake {
     fn wake_ups(
         &self,
         wake: WakeUps,
@@ -237,6 +252,12 @@ impl Database for Fake {
             }
         }
     }
+}
+
+impl Stores for Fake {
+    type Lock = FakeLock;
+    type Snapshots = Fake;
+    type Fleet = Fake;
 
     fn snapshots(&self) -> &Fake {
         self

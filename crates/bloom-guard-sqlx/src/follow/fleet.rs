@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::catch_up::CatchUpError;
 use super::cost::Rates;
 use super::prefetch::Loaded;
-use super::{Clock, Database, Follower, LoadError, SnapshotStore, Stored};
+use super::{Clock, Database, Follower, LoadError, SnapshotStore, Stored, Stores};
 
 /// What the follower knows of the fleet's snapshots.
 #[derive(Debug)]
@@ -103,7 +103,7 @@ impl<B: Database> Follower<B> {
         }
         // Instances starting together queue here: the first scans and
         // publishes, the others adopt what it published.
-        let build_lock = match self.backend.lock(self.guard.name()).await {
+        let build_lock = match self.backend.stores().lock(self.guard.name()).await {
             Ok(build_lock) => Some(build_lock),
             Err(error) => {
                 tracing::debug!(%error, "cannot take the fleet's build lock; scanning without it");
@@ -277,7 +277,7 @@ impl<B: Database> Follower<B> {
     /// A rebuild the guard asked for, once for the fleet: the instance that
     /// gets the build lock scans and publishes, the others adopt that.
     pub(super) async fn fleet_rebuild(&self, source: &B::Source, reason: &str) {
-        let build_lock = match self.backend.try_lock(self.guard.name()).await {
+        let build_lock = match self.backend.stores().try_lock(self.guard.name()).await {
             Ok(Some(build_lock)) => build_lock,
             Ok(None) => {
                 tracing::debug!(reason, "another instance is rebuilding the filter; adopting its snapshot when it is published");
@@ -325,7 +325,7 @@ pub(super) async fn publish<B: Database>(
     };
     let started = std::time::Instant::now();
     let bytes = writer.info().len;
-    match backend.snapshots().publish(writer, at.at).await {
+    match backend.stores().snapshots().publish(writer, at.at).await {
         Ok(id) => tracing::info!(
             snapshot = id,
             bytes,

@@ -1,5 +1,8 @@
 //! The follower engine: one protocol that keeps a guard complete while the
-//! database changes, over a [`Database`] per backend.
+//! database changes, over a [`Database`] per backend: small traits by role
+//! (`backend.rs`: [`Scans`], [`FeedReads`], [`FeedUpkeep`], [`Checks`],
+//! [`Wakes`], and the fleet's [`Stores`], which a backend may share with
+//! another), gathered by [`Database`].
 
 mod api;
 mod backend;
@@ -36,7 +39,8 @@ pub use api::Follow;
 #[cfg(feature = "postgres")]
 pub(crate) use backend::Catalog;
 pub(crate) use backend::{
-    Clock, Database, FleetTable, KeySet, LoadError, Read, SnapshotStore, Stored, WakeUps,
+    Checks, Clock, Database, FeedReads, FeedUpkeep, FleetTable, KeySet, LoadError, Read, Scans,
+    SnapshotStore, Stored, Stores, WakeUps, Wakes,
 };
 pub(crate) use rebuild::Rebuild;
 
@@ -201,10 +205,9 @@ impl<B: Database> Follower<B> {
                 .in_current_span(),
         );
         // The fleet's settings are in force before the first filter.
-        let membership = this
-            .guard
-            .feed()
-            .join_fleet(Arc::new(presence::Link(this.backend.fleet().clone())));
+        let membership = this.guard.feed().join_fleet(Arc::new(presence::Link(
+            this.backend.stores().fleet().clone(),
+        )));
         let _ = tokio::time::timeout(presence::SETTINGS_EVERY, this.guard.refresh_settings()).await;
         let presence = AbortOnDropHandle::new(tokio::spawn(
             Arc::clone(&this).keep_in_fleet(settings).in_current_span(),

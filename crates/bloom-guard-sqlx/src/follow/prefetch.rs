@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
-use super::{Database, Follower, LoadError, SnapshotStore, Stored};
+use super::{Database, Follower, LoadError, SnapshotStore, Stored, Stores};
 
 /// A snapshot listed and read ahead of its adoption.
 pub(super) struct Loaded {
@@ -75,7 +75,7 @@ impl<B: Database> Follower<B> {
         fingerprint: &str,
         wanted: impl Fn(&Stored) -> bool,
     ) -> Option<Loaded> {
-        let snapshots = self.backend.snapshots();
+        let snapshots = self.backend.stores().snapshots();
         let stored = match snapshots.newest(self.guard.name(), fingerprint).await {
             Ok(stored) => stored?,
             Err(error) => {

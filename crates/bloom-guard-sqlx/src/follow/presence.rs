@@ -14,7 +14,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Database, FleetTable, Follower};
+use super::{Database, FleetTable, Follower, Stores};
 use crate::error::error_chain;
 
 /// How often the stored settings are read: a change is in force on every
@@ -100,6 +100,7 @@ impl<B: Database> Follower<B> {
         let report =
             serde_json::to_string(&report).map_err(|error| sqlx::Error::Encode(error.into()))?;
         self.backend
+            .stores()
             .fleet()
             .beat(self.guard.name(), &self.instance_id, report)
             .await
@@ -109,6 +110,7 @@ impl<B: Database> Follower<B> {
     pub(super) async fn leave(&self) {
         let leaving = self
             .backend
+            .stores()
             .fleet()
             .leave(self.guard.name(), &self.instance_id);
         match tokio::time::timeout(Duration::from_secs(2), leaving).await {

@@ -6,7 +6,7 @@ use bloom_guard::{BloomGuard, BuildError, Stats};
 use tokio::time::Instant;
 
 use super::fleet::publish;
-use super::{Database, KeySet, SnapshotStore};
+use super::{Database, KeySet, SnapshotStore, Stores};
 
 /// The engine of [`FleetRebuild`](crate::FleetRebuild) over one backend.
 #[derive(Debug)]
@@ -57,8 +57,9 @@ impl<B: Database> Rebuild<B> {
         if !self.snapshots {
             return self.guard.rebuild(&source).await;
         }
-        let build_lock = backend.lock(name).await.map_err(failed)?;
+        let build_lock = backend.stores().lock(name).await.map_err(failed)?;
         let newer = backend
+            .stores()
             .snapshots()
             .newest(name, &fingerprint)
             .await

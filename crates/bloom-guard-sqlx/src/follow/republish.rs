@@ -5,7 +5,7 @@
 use tokio::time::Instant;
 
 use super::fleet::publish;
-use super::{Clock, Database, Follower, SnapshotStore};
+use super::{Clock, Database, Follower, SnapshotStore, Stores};
 
 impl<B: Database> Follower<B> {
     /// Republishes the filter in use when the newest snapshot is older than
@@ -40,6 +40,7 @@ impl<B: Database> Follower<B> {
         let fresh = || async {
             match self
                 .backend
+                .stores()
                 .snapshots()
                 .newest(self.guard.name(), &fingerprint)
                 .await
@@ -74,7 +75,7 @@ impl<B: Database> Follower<B> {
         }
         // Under the lock, again: another instance (or this one's first
         // filter) may have published meanwhile.
-        if let Ok(Some(build_lock)) = self.backend.try_lock(self.guard.name()).await {
+        if let Ok(Some(build_lock)) = self.backend.stores().try_lock(self.guard.name()).await {
             if !fresh().await {
                 publish(&self.backend, &self.guard, &fingerprint, &at).await;
                 self.fleet().changes_at_fresh = read_then;

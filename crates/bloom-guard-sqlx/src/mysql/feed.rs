@@ -31,16 +31,6 @@ fn digest_of((id, guard, kind, key, at): &Row) -> String {
     row_digest(&[&id.to_string(), guard, kind, &key, &at.to_string()])
 }
 
-/// The transaction every read of the feed runs in: one snapshot, taken
-/// at its start, in `REPEATABLE READ` whatever the server's or the
-/// session's default (under `READ COMMITTED` each statement would see
-/// another moment; under `SERIALIZABLE` reads would lock).
-pub(super) const SNAPSHOT: &str = "set transaction isolation level repeatable read; start transaction with consistent snapshot, read only";
-
-/// [`SNAPSHOT`] on a Galera node, causal: the node first applies every
-/// write set the cluster certified before it (for this statement only).
-pub(super) const CAUSAL_SNAPSHOT: &str = "set transaction isolation level repeatable read; set statement wsrep_sync_wait = 1 for start transaction with consistent snapshot, read only";
-
 /// The feed's position as `conn`'s snapshot sees it, ids up to `settled`
 /// settled: the highest row, and the ids below it not visible yet.
 pub(super) async fn position_in(

@@ -23,18 +23,48 @@ use std::sync::{Arc, Mutex};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::MySqlPool;
 
-use super::settle::Settled;
-
-/// The nodes of the cluster, by address, each with its own settling.
-#[derive(Debug, Default)]
-pub(crate) struct Cluster {
-    nodes: Mutex<BTreeMap<String, Node>>,
+/// One node's own settling, by the one-server method (`settle.rs`), as a
+/// round over the cluster runs it.
+pub(super) trait NodeSettling: Send + Sync {
+    /// The settling of one node, on its own.
+    fn node() -> Self;
+    /// One round on the node, through `pool` (connections to it alone).
+    fn node_round(&self, pool: &MySqlPool) -> impl std::future::Future<Output = ()> + Send;
+    /// Every id up to this one is settled on the node.
+    fn now(&self) -> i64;
+    /// Whether the node's ids wait to be settled.
+    fn settling(&self) -> bool;
+    /// Whether the node refused the transaction list.
+    fn unlisted(&self) -> bool;
 }
 
-#[derive(Debug, Clone)]
-struct Node {
+/// The nodes of the cluster, by address, each with its own settling `S`.
+#[derive(Debug)]
+pub(crate) struct Cluster<S> {
+    nodes: Mutex<BTreeMap<String, Node<S>>>,
+}
+
+impl<S> Default for Cluster<S> {
+    fn default() -> Self {
+        Self {
+            nodes: Mutex::default(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Node<S> {
     pool: MySqlPool,
-    settled: Arc<Settled>,
+    settled: Arc<S>,
+}
+
+impl<S> Clone for Node<S> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            settled: Arc::clone(&self.settled),
+        }
+    }
 }
 
 /// What one round over the cluster found.
@@ -48,7 +78,7 @@ pub(super) struct Round {
     pub(super) unlisted: bool,
 }
 
-impl Cluster {
+impl<S: NodeSettling> Cluster<S> {
     /// Settles every member node once, through `pool` (a connection to
     /// one of them) for the membership.
     pub(super) async fn round(&self, pool: &MySqlPool) -> Result<Round, sqlx::Error> {
@@ -68,7 +98,7 @@ impl Cluster {
             .and_then(|size| size.parse().ok())
             .unwrap_or(0);
         let addresses = addresses(value("WSREP_INCOMING_ADDRESSES").unwrap_or(""));
-        let nodes: Vec<Node> = {
+        let nodes: Vec<Node<S>> = {
             let mut nodes = crate::lock::lock(&self.nodes);
             nodes.retain(|address, _| addresses.contains(address));
             for address in &addresses {
@@ -87,7 +117,7 @@ impl Cluster {
                             pool: MySqlPoolOptions::new()
                                 .max_connections(2)
                                 .connect_lazy_with(options),
-                            settled: Arc::new(Settled::node()),
+                            settled: Arc::new(S::node()),
                         },
                     );
                 }

@@ -27,7 +27,10 @@ use sqlx::{MySql, MySqlPool};
 use tokio_util::sync::CancellationToken;
 
 use crate::follow::column::KeyColumn;
-use crate::follow::{follower_api, Clock, Database, Follower, KeySet, Read, WakeUps};
+use crate::follow::{
+    follower_api, Checks, Clock, Database, FeedReads, FeedUpkeep, Follower, KeySet, Read, Scans,
+    Stores, WakeUps, Wakes,
+};
 use crate::store::fleet::FleetTables;
 use crate::store::snapshots::Tables;
 use crate::watch::Watch;
@@ -116,23 +119,19 @@ impl MySqlBackend {
 }
 
 impl Database for MySqlBackend {
-    type Position = Cursor;
-    type Source = MySqlScan;
-    type Snapshots = Tables<MySql>;
-    type Fleet = FleetTables<MySql>;
-    type Lock = store::MySqlBuildLock;
+    type Stores = Self;
+
+    fn stores(&self) -> &Self {
+        self
+    }
 
     fn watch(&self) -> &Watch {
         &self.watch
     }
+}
 
-    fn revisit(position: &Cursor) -> Option<Duration> {
-        (!position.open.is_empty()).then_some(REVISIT)
-    }
-
-    fn parse_position(text: &str) -> Option<Cursor> {
-        Cursor::parse(text)
-    }
+impl Scans for MySqlBackend {
+    type Source = MySqlScan;
 
     async fn key_source(&self) -> Result<KeySet<MySqlScan>, sqlx::Error> {
         let query = self
@@ -165,6 +164,18 @@ impl Database for MySqlBackend {
         .fetch_one(&self.pool)
         .await
         .map(|found| found != 0)
+    }
+}
+
+impl FeedReads for MySqlBackend {
+    type Position = Cursor;
+
+    fn revisit(position: &Cursor) -> Option<Duration> {
+        (!position.open.is_empty()).then_some(REVISIT)
+    }
+
+    fn parse_position(text: &str) -> Option<Cursor> {
+        Cursor::parse(text)
     }
 
     async fn position(&self) -> Result<Clock<Cursor>, sqlx::Error> {
@@ -201,7 +212,9 @@ impl Database for MySqlBackend {
         )
         .await
     }
+}
 
+impl FeedUpkeep for MySqlBackend {
     async fn pending(&self, since: &Cursor, limit: u64) -> Result<u64, sqlx::Error> {
         feed::pending(&self.pool, self.watch.feed_name(), since, limit).await
     }
@@ -220,7 +233,9 @@ impl Database for MySqlBackend {
         };
         feed::prune(&self.pool, settled, retention).await
     }
+}
 
+impl Checks for MySqlBackend {
     async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
         let gaps = catalog::gaps(&self.pool, &self.watch).await?;
         Ok(gaps.into_iter().map(|gap| gap.reason).collect())
@@ -251,7 +266,9 @@ impl Database for MySqlBackend {
     async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
         catalog::trigger_versions(&self.pool, &self.watch).await
     }
+}
 
+impl Wakes for MySqlBackend {
     fn announces_changes(&self) -> bool {
         true
     }
@@ -267,6 +284,12 @@ impl Database for MySqlBackend {
     async fn close(&self) {
         self.feed.close().await;
     }
+}
+
+impl Stores for MySqlBackend {
+    type Snapshots = Tables<MySql>;
+    type Fleet = FleetTables<MySql>;
+    type Lock = store::MySqlBuildLock;
 
     fn snapshots(&self) -> &Tables<MySql> {
         &self.snapshots

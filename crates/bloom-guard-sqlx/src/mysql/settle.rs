@@ -39,6 +39,8 @@ use std::time::Duration;
 use sqlx::{ConnectOptions, Connection, MySqlConnection, MySqlPool};
 use tokio::time::Instant;
 
+use super::galera::{Cluster, NodeSettling};
+
 /// The least time between two rounds of the method.
 const STEP: Duration = Duration::from_millis(100);
 
@@ -59,6 +61,16 @@ const LOOK_LOCK: &str = "bloom_guard.innodb_trx";
 /// A running transaction that modified rows: its id.
 type Trx = String;
 
+/// The transaction every read of the feed runs in: one snapshot, taken
+/// at its start, in `REPEATABLE READ` whatever the server's or the
+/// session's default (under `READ COMMITTED` each statement would see
+/// another moment; under `SERIALIZABLE` reads would lock).
+const SNAPSHOT: &str = "set transaction isolation level repeatable read; start transaction with consistent snapshot, read only";
+
+/// [`SNAPSHOT`] on a Galera node, causal: the node first applies every
+/// write set the cluster certified before it (for this statement only).
+const CAUSAL_SNAPSHOT: &str = "set transaction isolation level repeatable read; set statement wsrep_sync_wait = 1 for start transaction with consistent snapshot, read only";
+
 /// How long a round may take before it is given up: a canary stuck on a
 /// half-open connection must not stop settling for good.
 const ROUND_LIMIT: Duration = Duration::from_secs(10);
@@ -76,7 +88,7 @@ pub(crate) struct Settled {
     /// Whether the server is a Galera node, once known.
     galera: tokio::sync::OnceCell<bool>,
     /// On Galera, each node's own settling (see `galera.rs`).
-    cluster: super::galera::Cluster,
+    cluster: Cluster<Settled>,
     /// This settles one node of a cluster, not the cluster.
     node_only: bool,
 }
@@ -117,14 +129,6 @@ impl Drop for Running<'_> {
 }
 
 impl Settled {
-    /// The settling of one node of a Galera cluster, on its own.
-    pub(super) fn node() -> Self {
-        Self {
-            node_only: true,
-            ..Self::default()
-        }
-    }
-
     /// Whether the server is a Galera node (`wsrep_on`): its feed is
     /// settled over every node, and read causally.
     pub(super) async fn is_galera(&self, pool: &MySqlPool) -> Result<bool, sqlx::Error> {
@@ -160,9 +164,9 @@ impl Settled {
         pool: &MySqlPool,
     ) -> Result<&'static str, sqlx::Error> {
         Ok(if self.is_galera(pool).await? {
-            super::feed::CAUSAL_SNAPSHOT
+            CAUSAL_SNAPSHOT
         } else {
-            super::feed::SNAPSHOT
+            SNAPSHOT
         })
     }
 
@@ -214,16 +218,6 @@ impl Settled {
             }
         })
         .await;
-        self.record(stepped);
-    }
-
-    /// One round on one node of a Galera cluster, unless one is under way.
-    pub(super) async fn node_round(&self, pool: &MySqlPool) {
-        if self.running.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let _running = Running(&self.running);
-        let stepped = tokio::time::timeout(ROUND_LIMIT, self.step(pool)).await;
         self.record(stepped);
     }
 
@@ -380,4 +374,36 @@ fn refused(error: &sqlx::Error) -> bool {
         .map(sqlx::mysql::MySqlDatabaseError::number);
     // Access denied: to a privilege, to a table, to a database.
     matches!(number, Some(1227 | 1142 | 1044))
+}
+
+impl NodeSettling for Settled {
+    /// The settling of one node of a Galera cluster, on its own.
+    fn node() -> Self {
+        Self {
+            node_only: true,
+            ..Self::default()
+        }
+    }
+
+    /// One round on one node of a Galera cluster, unless one is under way.
+    async fn node_round(&self, pool: &MySqlPool) {
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _running = Running(&self.running);
+        let stepped = tokio::time::timeout(ROUND_LIMIT, self.step(pool)).await;
+        self.record(stepped);
+    }
+
+    fn now(&self) -> i64 {
+        Settled::now(self)
+    }
+
+    fn settling(&self) -> bool {
+        Settled::settling(self)
+    }
+
+    fn unlisted(&self) -> bool {
+        Settled::unlisted(self)
+    }
 }

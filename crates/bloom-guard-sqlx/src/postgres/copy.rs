@@ -124,9 +124,7 @@ impl KeySource for PgCopySource {
                     let url = super::servers::narrowed(&url, &pool);
                     let point = super::log::stream::ScanPoint::take(&url, server.as_ref()).await;
                     Some(point.map_err(|error| {
-                        SourceError::Database(sqlx::Error::Protocol(crate::error::error_chain(
-                            &error,
-                        )))
+                        SourceError::LogPoint(crate::error::error_chain(&error))
                     })?)
                 }
                 None => None,

@@ -309,9 +309,7 @@ async fn read_marked(
                 ));
             }
             let text = row.try_get::<String, _>(1)?;
-            position = Some(PgPosition::parse(&text).ok_or_else(|| {
-                sqlx::Error::Protocol(format!("the server's feed position {text:?} is not one"))
-            })?);
+            position = Some(PgPosition::decode(&text)?);
             if !row.try_get::<bool, _>(8)? {
                 // The replica has not replayed what the primary had.
                 return Ok(None);

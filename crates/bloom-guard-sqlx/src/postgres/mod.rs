@@ -41,7 +41,10 @@ pub use servers::{PgServers, ServersError, TargetSession};
 pub use session::check_session;
 
 use crate::follow::column::KeyColumn;
-use crate::follow::{follower_api, Catalog, Clock, Database, Follower, KeySet, Read, WakeUps};
+use crate::follow::{
+    follower_api, Catalog, Checks, Clock, Database, FeedReads, FeedUpkeep, Follower, KeySet, Read,
+    Scans, Stores, WakeUps, Wakes,
+};
 use crate::source::query::any_key_where;
 use crate::store::fleet::FleetTables;
 use crate::store::snapshots::Tables;
@@ -204,23 +207,19 @@ impl PgBackend {
 }
 
 impl Database for PgBackend {
-    type Position = PgPosition;
-    type Source = PgCopySource;
-    type Snapshots = Tables<Postgres>;
-    type Fleet = FleetTables<Postgres>;
-    type Lock = snapshot::PgBuildLock;
+    type Stores = Self;
+
+    fn stores(&self) -> &Self {
+        self
+    }
 
     fn watch(&self) -> &Watch {
         &self.watch
     }
+}
 
-    fn announces_changes(&self) -> bool {
-        true
-    }
-
-    fn parse_position(text: &str) -> Option<PgPosition> {
-        PgPosition::parse(text)
-    }
+impl Scans for PgBackend {
+    type Source = PgCopySource;
 
     async fn key_source(&self) -> Result<KeySet<PgCopySource>, sqlx::Error> {
         // A scan placed by the triggers' positions would not meet the log
@@ -255,6 +254,14 @@ impl Database for PgBackend {
             r#"(k.key collate pg_catalog."C") ~ '[^\t-\r -~]'"#,
         )
         .await
+    }
+}
+
+impl FeedReads for PgBackend {
+    type Position = PgPosition;
+
+    fn parse_position(text: &str) -> Option<PgPosition> {
+        PgPosition::parse(text)
     }
 
     async fn position(&self) -> Result<Clock<PgPosition>, sqlx::Error> {
@@ -303,7 +310,9 @@ impl Database for PgBackend {
             .collect();
         first.read_feeds(&feeds).await
     }
+}
 
+impl FeedUpkeep for PgBackend {
     async fn pending(&self, since: &PgPosition, limit: u64) -> Result<u64, sqlx::Error> {
         feed::pending(&self.pool, self.watch.feed_name(), since, limit).await
     }
@@ -312,6 +321,15 @@ impl Database for PgBackend {
         feed::prune(&self.pool, retention).await
     }
 
+    async fn storage(
+        &self,
+        retention: Duration,
+    ) -> Result<Option<bloom_guard::stats::FeedStorage>, sqlx::Error> {
+        feed::storage(&self.pool, retention).await.map(Some)
+    }
+}
+
+impl Checks for PgBackend {
     async fn check_session(&self) -> Result<(), crate::FeedError> {
         // The feed reads' own connection opens meanwhile: the start's
         // first read follows at once, and over TLS a connection costs a
@@ -322,13 +340,6 @@ impl Database for PgBackend {
             }
         };
         tokio::join!(session::check_session(&self.pool), open_feed).0
-    }
-
-    async fn storage(
-        &self,
-        retention: Duration,
-    ) -> Result<Option<bloom_guard::stats::FeedStorage>, sqlx::Error> {
-        feed::storage(&self.pool, retention).await.map(Some)
     }
 
     async fn counts_rows(&self) -> Result<bool, sqlx::Error> {
@@ -383,6 +394,12 @@ impl Database for PgBackend {
             }),
         }
     }
+}
+
+impl Wakes for PgBackend {
+    fn announces_changes(&self) -> bool {
+        true
+    }
 
     fn wake_ups(
         &self,
@@ -402,6 +419,12 @@ impl Database for PgBackend {
             replica.close().await;
         }
     }
+}
+
+impl Stores for PgBackend {
+    type Snapshots = Tables<Postgres>;
+    type Fleet = FleetTables<Postgres>;
+    type Lock = snapshot::PgBuildLock;
 
     fn snapshots(&self) -> &Tables<Postgres> {
         &self.snapshots

@@ -28,6 +28,11 @@ pub(crate) struct PgPosition {
     snapshot: String,
 }
 
+/// The server wrote a feed position this release cannot read.
+#[derive(Debug, thiserror::Error)]
+#[error("the server's feed position {0:?} is not one")]
+pub(crate) struct NotAPosition(String);
+
 impl PgPosition {
     /// Reads a position back from its text (`timeline/xmin:xmax:xip,...`).
     /// A position without a timeline (a snapshot an earlier release
@@ -43,6 +48,13 @@ impl PgPosition {
             timeline: timeline.to_owned(),
             snapshot: snapshot.to_owned(),
         })
+    }
+
+    /// A position the server wrote (its `POSITION_NOW`), read back; one
+    /// that is not a position is a value that failed to decode.
+    pub(crate) fn decode(text: &str) -> Result<Self, sqlx::Error> {
+        Self::parse(text)
+            .ok_or_else(|| sqlx::Error::Decode(Box::new(NotAPosition(text.to_owned()))))
     }
 
     /// The timeline the snapshot was taken on.

@@ -66,9 +66,7 @@ pub(super) async fn position_now(pool: &PgPool) -> Result<Clock<PgPosition>, sql
     )))
     .fetch_one(pool)
     .await?;
-    let position = PgPosition::parse(&text).ok_or_else(|| {
-        sqlx::Error::Protocol(format!("the server's feed position {text:?} is not one"))
-    })?;
+    let position = PgPosition::decode(&text)?;
     Ok(Clock { position, at })
 }
 

@@ -20,7 +20,10 @@ use sqlx::{Sqlite, SqlitePool};
 use tokio_util::sync::CancellationToken;
 
 use crate::follow::column::KeyColumn;
-use crate::follow::{follower_api, Clock, Database, Follower, KeySet, Read, WakeUps};
+use crate::follow::{
+    follower_api, Checks, Clock, Database, FeedReads, FeedUpkeep, Follower, KeySet, Read, Scans,
+    Stores, WakeUps, Wakes,
+};
 use crate::source::query::any_key_where;
 use crate::store::fleet::FleetTables;
 use crate::store::snapshots::Tables;
@@ -87,19 +90,19 @@ impl SqliteBackend {
 }
 
 impl Database for SqliteBackend {
-    type Position = Mark;
-    type Source = SqliteScan;
-    type Snapshots = Tables<Sqlite>;
-    type Fleet = FleetTables<Sqlite>;
-    type Lock = snapshot::SqliteBuildLock;
+    type Stores = Self;
+
+    fn stores(&self) -> &Self {
+        self
+    }
 
     fn watch(&self) -> &Watch {
         &self.watch
     }
+}
 
-    fn parse_position(text: &str) -> Option<Mark> {
-        Mark::parse(text)
-    }
+impl Scans for SqliteBackend {
+    type Source = SqliteScan;
 
     async fn key_source(&self) -> Result<KeySet<SqliteScan>, sqlx::Error> {
         let query = self.watch.sqlite_key_query();
@@ -118,6 +121,14 @@ impl Database for SqliteBackend {
     async fn has_unsafe_keys(&self, source: &SqliteScan) -> Result<bool, sqlx::Error> {
         any_key_where(&self.pool, source.query(), "k.key glob '*[^ -~]*'").await
     }
+}
+
+impl FeedReads for SqliteBackend {
+    type Position = Mark;
+
+    fn parse_position(text: &str) -> Option<Mark> {
+        Mark::parse(text)
+    }
 
     async fn position(&self) -> Result<Clock<Mark>, sqlx::Error> {
         let at = snapshot::now_micros();
@@ -128,7 +139,9 @@ impl Database for SqliteBackend {
     async fn read(&self, since: &Mark) -> Result<Read<Mark>, sqlx::Error> {
         feed::read_since(&self.pool, self.watch.feed_name(), since).await
     }
+}
 
+impl FeedUpkeep for SqliteBackend {
     async fn pending(&self, since: &Mark, limit: u64) -> Result<u64, sqlx::Error> {
         feed::pending(&self.pool, self.watch.feed_name(), since, limit).await
     }
@@ -136,7 +149,9 @@ impl Database for SqliteBackend {
     async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
         feed::prune(&self.pool, retention).await
     }
+}
 
+impl Checks for SqliteBackend {
     async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
         feed::gaps(&self.pool, &self.watch).await
     }
@@ -171,7 +186,9 @@ impl Database for SqliteBackend {
         // SQLite cannot disable a trigger; the trigger check sees drops.
         Ok(String::new())
     }
+}
 
+impl Wakes for SqliteBackend {
     fn wake_ups(
         &self,
         wake: WakeUps,
@@ -179,6 +196,12 @@ impl Database for SqliteBackend {
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         wake::watch((*self.pool.connect_options()).clone(), wake, stop)
     }
+}
+
+impl Stores for SqliteBackend {
+    type Snapshots = Tables<Sqlite>;
+    type Fleet = FleetTables<Sqlite>;
+    type Lock = snapshot::SqliteBuildLock;
 
     fn snapshots(&self) -> &Tables<Sqlite> {
         &self.snapshots

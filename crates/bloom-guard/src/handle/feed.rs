@@ -54,6 +54,15 @@ impl From<String> for Position {
     }
 }
 
+impl BloomGuard {
+    /// The guard as a change feed sees it: the reads it applies, the read
+    /// barrier, rebuilds, snapshots and the fleet (see [`FeedHandle`]). For
+    /// the authors of feeds; an application never needs it.
+    pub fn feed(&self) -> FeedHandle<'_> {
+        FeedHandle { guard: self }
+    }
+}
+
 /// A guard as a change feed sees it: the reads it applies, the barrier it
 /// keeps, the rebuilds, snapshots and fleet it takes part in. From
 /// [`BloomGuard::feed`]; for the authors of feeds, such as

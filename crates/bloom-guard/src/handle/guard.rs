@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use crate::control::mode::Mode;
-use crate::handle::feed::FeedHandle;
 use crate::handle::shared::Shared;
 use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
@@ -98,7 +97,7 @@ impl BloomGuard {
     /// for a while (see [`Builder::write_window`](crate::Builder::write_window)),
     /// whatever filter is in use meanwhile. A guard without a change feed
     /// also puts it into its filter and any being built, for good. A guard
-    /// with one (a [`FeedHandle::reader`]) does not: its
+    /// with one (a [`FeedHandle::reader`](crate::feed::FeedHandle::reader)) does not: its
     /// counting filter takes the key from the feed once the row commits,
     /// once per row, so that the row's delete can remove it again, and a
     /// transaction that rolls back leaves nothing behind. Other instances
@@ -231,13 +230,6 @@ impl BloomGuard {
             shared: Arc::clone(&self.shared),
             reason,
         }
-    }
-
-    /// The guard as a change feed sees it: the reads it applies, the read
-    /// barrier, rebuilds, snapshots and the fleet (see [`FeedHandle`]). For
-    /// the authors of feeds; an application never needs it.
-    pub fn feed(&self) -> FeedHandle<'_> {
-        FeedHandle { guard: self }
     }
 
     /// The guard's key type (see [`Builder::key_type`](crate::Builder::key_type)).

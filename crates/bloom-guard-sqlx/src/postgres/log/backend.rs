@@ -15,13 +15,12 @@ use super::position::LogPosition;
 use super::producer::Producer;
 use crate::follow::changes::Changes;
 use crate::follow::column::KeyColumn;
-use crate::follow::{Clock, Database, KeySet, Read, WakeUps};
+use crate::follow::{
+    Checks, Clock, Database, FeedReads, FeedUpkeep, KeySet, Read, Scans, WakeUps, Wakes,
+};
 use crate::per_database::{database_key, PerDatabase};
 use crate::postgres::{listen, snapshot, PgBackend, PgCopySource};
-use crate::store::fleet::FleetTables;
-use crate::store::snapshots::Tables;
 use crate::watch::Watch;
-use sqlx::Postgres;
 
 /// How long a read waits for the producer to reach the log's position
 /// before it fails (and the guard lets requests through meanwhile).
@@ -211,23 +210,21 @@ fn changes(since: &LogPosition, read: &super::read::LogRead) -> Read<LogPosition
 }
 
 impl Database for PgLogBackend {
-    type Position = LogPosition;
-    type Source = PgCopySource;
-    type Snapshots = Tables<Postgres>;
-    type Fleet = FleetTables<Postgres>;
-    type Lock = snapshot::PgBuildLock;
+    /// The trigger feed's tables and build lock: a fleet shares them
+    /// whichever feed fills its filters.
+    type Stores = PgBackend;
+
+    fn stores(&self) -> &PgBackend {
+        &self.inner
+    }
 
     fn watch(&self) -> &Watch {
         &self.inner.watch
     }
+}
 
-    fn announces_changes(&self) -> bool {
-        true
-    }
-
-    fn parse_position(text: &str) -> Option<LogPosition> {
-        LogPosition::parse(text)
-    }
+impl Scans for PgLogBackend {
+    type Source = PgCopySource;
 
     async fn key_source(&self) -> Result<KeySet<PgCopySource>, sqlx::Error> {
         let watch = &self.inner.watch;
@@ -247,6 +244,14 @@ impl Database for PgLogBackend {
 
     async fn has_unsafe_keys(&self, source: &PgCopySource) -> Result<bool, sqlx::Error> {
         self.inner.has_unsafe_keys(source).await
+    }
+}
+
+impl FeedReads for PgLogBackend {
+    type Position = LogPosition;
+
+    fn parse_position(text: &str) -> Option<LogPosition> {
+        LogPosition::parse(text)
     }
 
     async fn position(&self) -> Result<Clock<LogPosition>, sqlx::Error> {
@@ -283,7 +288,9 @@ impl Database for PgLogBackend {
     async fn read_unwaited(&self, since: &LogPosition) -> Result<Read<LogPosition>, sqlx::Error> {
         self.read_log(since, false).await
     }
+}
 
+impl FeedUpkeep for PgLogBackend {
     async fn pending(&self, since: &LogPosition, limit: u64) -> Result<u64, sqlx::Error> {
         super::read::pending(self.pool(), self.inner.watch.feed_name(), since.lsn, limit).await
     }
@@ -291,7 +298,9 @@ impl Database for PgLogBackend {
     async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
         super::read::prune(self.pool(), retention).await
     }
+}
 
+impl Checks for PgLogBackend {
     /// The pool's sessions, and that the replication URL reaches its
     /// database.
     async fn check_session(&self) -> Result<(), crate::FeedError> {
@@ -316,6 +325,12 @@ impl Database for PgLogBackend {
 
     async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
         super::check::versions(self.pool(), &self.inner.watch).await
+    }
+}
+
+impl Wakes for PgLogBackend {
+    fn announces_changes(&self) -> bool {
+        true
     }
 
     fn wake_ups(
@@ -360,22 +375,6 @@ impl Database for PgLogBackend {
 
     async fn close(&self) {
         self.inner.close().await;
-    }
-
-    fn snapshots(&self) -> &Tables<Postgres> {
-        self.inner.snapshots()
-    }
-
-    fn fleet(&self) -> &FleetTables<Postgres> {
-        self.inner.fleet()
-    }
-
-    async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {
-        self.inner.lock(guard).await
-    }
-
-    async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, sqlx::Error> {
-        self.inner.try_lock(guard).await
     }
 }
 

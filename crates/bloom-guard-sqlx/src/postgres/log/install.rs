@@ -4,17 +4,9 @@
 
 use sqlx::PgPool;
 
-use super::stream::LoggedTable;
+use super::stream::{LoggedTable, LOGGED_MESSAGE};
 use crate::postgres::install::{retrying_locks, DDL_LOCK_TIMEOUT};
 use crate::watch::Watch;
-
-/// The prefix of the message `install_log` writes to the log when the log
-/// feed's tables change.
-pub(crate) const LOGGED_MESSAGE: &str = "bloom_guard.logged";
-
-/// The prefix of the message the event trigger writes to the log when a
-/// log-fed table's family is altered; its content is the guard's name.
-pub(crate) const RESYNC_MESSAGE: &str = "bloom_guard.resync";
 
 use crate::postgres::install::published;
 pub(crate) use crate::postgres::install::PUBLICATION;

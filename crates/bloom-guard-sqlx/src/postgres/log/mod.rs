@@ -2,7 +2,7 @@
 //! a logical replication slot streamed with `pgoutput`, each committed
 //! transaction's key changes in commit order, once, as the feed's triggers
 //! record them. The parts so far: the messages' decoding (`pgoutput`),
-//! a change's feed rows (`rows`), the slot's stream (`stream`), a table
+//! a change's feed rows (`rows`), the slot's stream (`stream`) and why it stops (`error`), a table
 //! put on the log feed (`install`), the producer that writes the stream
 //! to the feed (`producer`), a scan's exact place in the log
 //! (`stream::ScanPoint`), and reads with the barrier by log position
@@ -11,6 +11,7 @@
 
 mod backend;
 mod check;
+mod error;
 mod follower;
 mod install;
 mod lease;

@@ -27,6 +27,7 @@ use futures_util::FutureExt as _;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use super::error::ProducerError;
 use super::install::{logged_tables, slot_name};
 use super::lease::Lease;
 use super::rows::Batch;
@@ -40,15 +41,6 @@ pub(crate) const RETRY: Duration = Duration::from_secs(1);
 /// another reader still streams (one whose election ended, its stream
 /// not yet: a killed instance's, until the server notices).
 const BUSY: Duration = Duration::from_secs(5);
-
-/// Why a producer's stream stopped.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ProducerError {
-    #[error("database error")]
-    Database(#[from] sqlx::Error),
-    #[error(transparent)]
-    Stream(#[from] StreamError),
-}
 
 /// A database's log feed producer.
 pub(crate) struct Producer {
@@ -225,7 +217,7 @@ impl Producer {
 
     /// Waits until transaction `xid` is visible to new snapshots: a commit
     /// is in the log, and can be decoded, a moment before it is.
-    async fn until_visible(&self, xid: u64) -> Result<(), sqlx::Error> {
+    async fn until_visible(&self, xid: u64) -> Result<(), ProducerError> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             let visible: bool = sqlx::query_scalar(
@@ -238,9 +230,7 @@ impl Producer {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(sqlx::Error::Protocol(format!(
-                    "transaction {xid}, decoded from the log, is not visible"
-                )));
+                return Err(ProducerError::NotVisible(xid));
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -252,7 +242,7 @@ impl Producer {
         batch: &mut Batch,
         stream: &mut LogStream,
         epoch: &str,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), ProducerError> {
         if batch.transactions == 0 {
             return Ok(());
         }

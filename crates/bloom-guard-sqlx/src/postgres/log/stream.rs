@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
 
+pub(crate) use super::error::StreamError;
 use super::pgoutput::{self, Message, Relation};
-use super::rows::{FeedRow, KeyColumns, RelationError};
+use super::rows::{FeedRow, KeyColumns};
 use super::url::{config, Server};
 
 /// The longest an acknowledgement waits before it is sent, and only when
@@ -66,30 +67,13 @@ pub(crate) enum Event {
     Relogged { xid: Option<u64> },
 }
 
-/// Why the stream stopped.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum StreamError {
-    #[error("the replication connection failed")]
-    Replication(#[source] pgwire_replication::PgWireError),
-    #[error("the replication stream ended")]
-    Ended,
-    #[error(transparent)]
-    Decode(#[from] pgoutput::DecodeError),
-    #[error("a change of relation {0} came before its description")]
-    UnknownRelation(u32),
-    /// The publication has a table the stream was not told of: one put on
-    /// the log feed since it started. Start again with the tables now.
-    #[error("{0}.{1} is published but not among the stream's tables")]
-    Unwatched(String, String),
-    #[error("the log cannot follow a watched table: {0}")]
-    Relation(#[from] RelationError),
-    #[error("the database URL cannot open a replication connection: {0}")]
-    Url(String),
-    #[error("the replication URL reaches {url}, the pool {pool}: give both the same database")]
-    OtherDatabase { url: String, pool: String },
-    #[error("the server's answer to {0} is not as documented")]
-    Answer(&'static str),
-}
+/// The prefix of the message `install_log` writes to the log when the log
+/// feed's tables change.
+pub(crate) const LOGGED_MESSAGE: &str = "bloom_guard.logged";
+
+/// The prefix of the message the event trigger writes to the log when a
+/// log-fed table's family is altered; its content is the guard's name.
+pub(crate) const RESYNC_MESSAGE: &str = "bloom_guard.resync";
 
 /// Each guard watching a table, with its key columns, by (schema, table).
 type Watched = HashMap<(String, String), Vec<(String, Vec<String>)>>;
@@ -191,7 +175,7 @@ impl LogStream {
                     prefix,
                     content,
                     ..
-                } if prefix == super::install::LOGGED_MESSAGE => {
+                } if prefix == LOGGED_MESSAGE => {
                     return Ok(Event::Relogged {
                         xid: std::str::from_utf8(&content)
                             .ok()
@@ -205,7 +189,7 @@ impl LogStream {
                     prefix,
                     content,
                     ..
-                } if prefix == super::install::RESYNC_MESSAGE => {
+                } if prefix == RESYNC_MESSAGE => {
                     if let Ok(guard) = std::str::from_utf8(&content) {
                         self.open.get_or_insert_with(Vec::new).push(FeedRow {
                             guard: guard.to_owned(),

@@ -7,7 +7,7 @@ use pgwire_replication::config::{SslMode, TlsConfig};
 use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig};
 use sqlx::PgPool;
 
-use super::stream::StreamError;
+use super::error::StreamError;
 use crate::FeedError;
 
 /// A database as both kinds of connection name it: its cluster's system

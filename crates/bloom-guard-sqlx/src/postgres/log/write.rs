@@ -16,6 +16,7 @@
 
 use sqlx::{PgConnection, Postgres, Transaction};
 
+use super::error::ProducerError;
 use super::producer::Producer;
 use super::rows::FeedRow;
 
@@ -41,7 +42,7 @@ impl Producer {
         rows: &[(u64, FeedRow)],
         end: u64,
         epoch: &str,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), ProducerError> {
         self.write_committed(rows, end, epoch, None).await
     }
 
@@ -54,7 +55,7 @@ impl Producer {
         end: u64,
         epoch: &str,
         oldest_commit: Option<i64>,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), ProducerError> {
         let mut columns = Columns::default();
         for (row_end, row) in rows {
             columns.push(*row_end, row);
@@ -76,10 +77,7 @@ impl Producer {
         .fetch_one(&self.pool)
         .await?;
         match usize::try_from(written) {
-            Err(_) => Err(sqlx::Error::Protocol(
-                "the log feed's slot was made again since this stream began; streaming it anew"
-                    .to_owned(),
-            )),
+            Err(_) => Err(ProducerError::SlotRemade),
             Ok(written) => {
                 if written < rows.len() {
                     tracing::debug!(
@@ -101,14 +99,14 @@ impl Producer {
         offset: u64,
         rows: &[FeedRow],
         epoch: &str,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), ProducerError> {
         let at = begin + 1;
         let mut tx = self.pool.begin().await?;
         let progress = self.lock(&mut tx, epoch).await?;
         if progress.applied >= at {
             // Written whole already, by this slot's stream before a crash
             // or by another producer.
-            return tx.commit().await;
+            return Ok(tx.commit().await?);
         }
         let written = match (progress.part_at == at, offset) {
             // The transaction sent again from its first row (a crash, a
@@ -140,7 +138,7 @@ impl Producer {
         .bind(i64::try_from(total).unwrap_or(i64::MAX))
         .execute(&mut *tx)
         .await?;
-        tx.commit().await
+        Ok(tx.commit().await?)
     }
 
     /// Locks the progress row (made if missing) and checks the slot this
@@ -153,7 +151,7 @@ impl Producer {
         &self,
         tx: &mut Transaction<'_, Postgres>,
         epoch: &str,
-    ) -> Result<Progress, sqlx::Error> {
+    ) -> Result<Progress, ProducerError> {
         sqlx::query("set local synchronous_commit = on")
             .execute(&mut **tx)
             .await?;
@@ -174,10 +172,7 @@ impl Producer {
         .fetch_one(&mut **tx)
         .await?;
         if super::slot::epoch(&mut **tx).await? != epoch {
-            return Err(sqlx::Error::Protocol(
-                "the log feed's slot was made again since this stream began; streaming it anew"
-                    .to_owned(),
-            ));
+            return Err(ProducerError::SlotRemade);
         }
         Ok(Progress {
             applied: applied.unsigned_abs(),
