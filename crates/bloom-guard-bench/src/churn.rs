@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{PgFollower, Watch};
+use bloom_guard_sqlx::{postgres, Watch};
 
 use crate::services::Database;
 
@@ -22,7 +22,7 @@ fn follow(db: &Database, forget: bool) -> Followed {
         .forget_deleted_keys(forget)
         .build();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let follower = PgFollower::new(
+    let follower = postgres::Follower::new(
         guard.clone(),
         db.pool().clone(),
         Watch::table("items").key("key"),
@@ -60,7 +60,7 @@ pub(crate) async fn churn(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let db = Database::create(server_url, "bloom_guard_churn").await?;
     db.fill(keys).await?;
-    bloom_guard_sqlx::install(db.pool()).await?;
+    bloom_guard_sqlx::postgres::install(db.pool()).await?;
     Watch::table("items").key("key").install(db.pool()).await?;
     let counting = follow(&db, true);
     let bloom = follow(&db, false);

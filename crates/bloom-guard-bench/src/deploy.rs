@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use bloom_guard::{stats::FilterOrigin, BloomGuard};
-use bloom_guard_sqlx::{PgFollower, Watch};
+use bloom_guard_sqlx::{postgres, Watch};
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -40,8 +40,8 @@ pub(crate) struct DeployResult {
     full_scans: i64,
 }
 
-fn follower(guard: &BloomGuard, pool: &PgPool) -> PgFollower {
-    PgFollower::new(
+fn follower(guard: &BloomGuard, pool: &PgPool) -> postgres::Follower {
+    postgres::Follower::new(
         guard.clone(),
         pool.clone(),
         Watch::table("items").key("key"),
@@ -88,7 +88,7 @@ pub(crate) async fn compare(
 async fn one(server_url: &str, keys: u64) -> Result<DeployResult, Box<dyn std::error::Error>> {
     let db = Database::create(server_url, "bloom_guard_deploy").await?;
     let pool = db.pool().clone();
-    bloom_guard_sqlx::install(&pool).await?;
+    bloom_guard_sqlx::postgres::install(&pool).await?;
     Watch::table("items").key("key").install(&pool).await?;
 
     // The instance that ran the migrations: the empty table's snapshot.

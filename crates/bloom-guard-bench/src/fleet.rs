@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bloom_guard::{BloomGuard, Mode};
-use bloom_guard_sqlx::{PgFollower, Watch};
+use bloom_guard_sqlx::{postgres, Watch};
 use sqlx::postgres::PgPoolOptions;
 
 use crate::writers::{feed_database, transactions_per_sec};
@@ -29,8 +29,9 @@ pub(crate) async fn switches(
             .connect(&db.url)
             .await?;
         let guard = BloomGuard::builder().name("items").build();
-        let follower = PgFollower::new(guard.clone(), pool, Watch::table("items").key("key"))
-            .instance_id(format!("instance-{n}"));
+        let follower =
+            postgres::Follower::new(guard.clone(), pool, Watch::table("items").key("key"))
+                .instance_id(format!("instance-{n}"));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(follower.run_until(async move {
             let _ = stopped.await;

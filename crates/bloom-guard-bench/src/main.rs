@@ -22,7 +22,7 @@
 //! `bloom-load drive --addr 127.0.0.1:3000 --workload attack` drives a
 //! service that is already running with one workload.
 //!
-//! `bloom-load warmup` loads 10M keys with `PgCopySource` and `QuerySource`
+//! `bloom-load warmup` loads 10M keys with `postgres::CopySource` and `QuerySource`
 //! and compares keys/s and peak RSS with `psql`'s `\copy` of the same query.
 //!
 //! `bloom-load churn` deletes and inserts rows by `psql` in rounds and

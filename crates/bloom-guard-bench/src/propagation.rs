@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{PgFollower, PgLogFollower, Watch};
+use bloom_guard_sqlx::{postgres, Watch};
 
 use crate::log_twin::log_twin;
 use crate::writers::feed_database;
@@ -58,13 +58,13 @@ pub(crate) async fn propagation(
         let watch = Watch::table(table).key("key");
         let follower = if feed == "log" {
             tokio::spawn(
-                PgLogFollower::new(guard.clone(), pool.clone(), watch, db.url.clone())
+                postgres::log::Follower::new(guard.clone(), pool.clone(), watch, db.url.clone())
                     .on_key(on_key)
                     .run(),
             )
         } else {
             tokio::spawn(
-                PgFollower::new(guard.clone(), pool.clone(), watch)
+                postgres::Follower::new(guard.clone(), pool.clone(), watch)
                     .on_key(on_key)
                     .run(),
             )

@@ -1,12 +1,12 @@
-//! Warm-up speed and memory: 10M keys through `PgCopySource` and
+//! Warm-up speed and memory: 10M keys through `postgres::CopySource` and
 //! `QuerySource`, against `psql`'s `\copy` of the same query; then the cold
-//! start of a `PgFollower`, first by a scan (which publishes a snapshot),
+//! start of a `postgres::Follower`, first by a scan (which publishes a snapshot),
 //! then of a second instance adopting that snapshot.
 
 use std::time::Instant;
 
 use bloom_guard::{stats::FilterOrigin, BloomGuard, KeySource};
-use bloom_guard_sqlx::{PgCopySource, PgFollower, QuerySource, Watch};
+use bloom_guard_sqlx::{postgres, QuerySource, Watch};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
@@ -18,17 +18,17 @@ const KEY_QUERY: &str = "select key from items";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum SourceKind {
-    /// `PgCopySource`.
+    /// `postgres::CopySource`.
     Copy,
-    /// `PgCopySource` with a count hint ten times too low: the filter
+    /// `postgres::CopySource` with a count hint ten times too low: the filter
     /// grows sub-filters during its one scan.
     Underestimated,
     /// `QuerySource`.
     Query,
-    /// A `PgFollower` starting on a database without snapshots: it scans
+    /// A `postgres::Follower` starting on a database without snapshots: it scans
     /// (COPY) and publishes a snapshot.
     Scan,
-    /// A `PgFollower` starting after `scan`: it adopts the snapshot and
+    /// A `postgres::Follower` starting after `scan`: it adopts the snapshot and
     /// replays the feed since.
     Snapshot,
     /// `scan` with the Bloom filter (`forget_deleted_keys(false)`).
@@ -85,10 +85,14 @@ pub(crate) async fn one(source: SourceKind, url: &str) -> Result<(), Box<dyn std
     let mut started = Instant::now();
     let mut snapshot_bytes = None;
     let stats = match source {
-        SourceKind::Copy => guard.rebuild(&PgCopySource::new(pool, KEY_QUERY)).await?,
+        SourceKind::Copy => {
+            guard
+                .rebuild(&postgres::CopySource::new(pool, KEY_QUERY))
+                .await?
+        }
         SourceKind::Underestimated => {
-            let source =
-                PgCopySource::new(pool, KEY_QUERY).count_query("select count(*) / 10 from items");
+            let source = postgres::CopySource::new(pool, KEY_QUERY)
+                .count_query("select count(*) / 10 from items");
             // Counted before the clock starts: only the hint is wrong.
             let hint = source.count_hint().await?;
             started = Instant::now();
@@ -104,11 +108,11 @@ pub(crate) async fn one(source: SourceKind, url: &str) -> Result<(), Box<dyn std
         | SourceKind::BloomScan
         | SourceKind::BloomSnapshot => {
             let watch = Watch::table("items").key("key");
-            bloom_guard_sqlx::install(&pool).await?;
+            bloom_guard_sqlx::postgres::install(&pool).await?;
             watch.install(&pool).await?;
             started = Instant::now();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let follower = PgFollower::new(guard.clone(), pool.clone(), watch);
+            let follower = postgres::Follower::new(guard.clone(), pool.clone(), watch);
             let task = tokio::spawn(follower.run_until(async {
                 let _ = stopped.await;
             }));

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{PgFollower, PgLogFollower, Watch};
+use bloom_guard_sqlx::{postgres, Watch};
 use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -70,7 +70,7 @@ pub(crate) async fn feed_database(
         .max_connections(80)
         .connect(&db.url)
         .await?;
-    bloom_guard_sqlx::install(&pool).await?;
+    bloom_guard_sqlx::postgres::install(&pool).await?;
     Watch::table("items").key("key").install(&pool).await?;
     sqlx::raw_sql("create table items_plain (like items including all)")
         .execute(&pool)
@@ -180,7 +180,7 @@ pub(crate) async fn compare(
     let log_guard = BloomGuard::builder().build();
     let log_follower = || {
         tokio::spawn(
-            PgLogFollower::new(
+            postgres::log::Follower::new(
                 log_guard.clone(),
                 pool.clone(),
                 Watch::table("items_log").key("key"),
@@ -196,7 +196,7 @@ pub(crate) async fn compare(
         log_task = Some(log_follower());
         let items = BloomGuard::builder().build();
         Some(tokio::spawn(
-            PgFollower::new(items, pool.clone(), Watch::table("items").key("key")).run(),
+            postgres::Follower::new(items, pool.clone(), Watch::table("items").key("key")).run(),
         ))
     } else {
         println!("the server's wal_level is not logical: the log feed is not measured");
@@ -367,7 +367,7 @@ pub(crate) async fn compare(
     }
     if logged {
         // The slot and the publication go with the feed.
-        bloom_guard_sqlx::uninstall(&pool).await?;
+        bloom_guard_sqlx::postgres::uninstall(&pool).await?;
     }
     std::fs::write(out.join("writers.json"), serde_json::to_vec_pretty(&cells)?)?;
     crate::chart::draw_ratios(
@@ -409,7 +409,7 @@ pub(crate) async fn retention(
         .expected_items(10_000_000)
         .build();
     tokio::spawn(
-        PgFollower::new(
+        postgres::Follower::new(
             guard.clone(),
             pool.clone(),
             Watch::table("items").key("key"),

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bloom_guard::{stats::GuardState, BloomGuard};
-use bloom_guard_sqlx::{PgFollower, Watch};
+use bloom_guard_sqlx::{postgres, Watch};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use tokio::net::{TcpListener, TcpStream};
@@ -45,7 +45,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .execute(&pool)
     .await?;
-    bloom_guard_sqlx::install(&pool).await?;
+    bloom_guard_sqlx::postgres::install(&pool).await?;
     Watch::table("items").key("key").install(&pool).await?;
 
     write_cost(&options).await?;
@@ -97,7 +97,7 @@ async fn write_cost(options: &PgConnectOptions) -> Result<(), Box<dyn std::error
 async fn followed(pool: &PgPool) -> (BloomGuard, tokio::task::JoinHandle<()>) {
     let guard = BloomGuard::builder().expected_items(1_000_000).build();
     let task = tokio::spawn(
-        PgFollower::new(
+        postgres::Follower::new(
             guard.clone(),
             pool.clone(),
             Watch::table("items").key("key"),

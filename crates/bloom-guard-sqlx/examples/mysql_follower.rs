@@ -4,7 +4,7 @@
 //!
 //! Creates the table `bloom_guard_example_items` in the database of
 //! `MYSQL_URL` (dropped at the end), installs the feed's triggers, and
-//! starts two guards, each with its own pool and [`MySqlFollower`], as two
+//! starts two guards, each with its own pool and [`mysql::Follower`], as two
 //! processes would. A row inserted through one pool by plain SQL reaches
 //! both filters; a transaction that commits after a later one is not
 //! skipped; a deleted row's key is forgotten.
@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{MySqlFollower, Watch};
+use bloom_guard_sqlx::{mysql, Watch};
 use sqlx::{Connection, MySqlPool};
 
 async fn reach(guards: &[BloomGuard], key: &str, present: bool) -> Duration {
@@ -42,7 +42,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let items = Watch::table("bloom_guard_example_items")
         .key("code")
         .name("example_items");
-    items.install_mysql(&first).await?;
+    items.install(&first).await?;
     let second = MySqlPool::connect(&url).await?;
 
     let mut guards = Vec::new();
@@ -50,7 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (name, pool) in [("first", first.clone()), ("second", second.clone())] {
         let guard = BloomGuard::builder().name("example_items").build();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let follower = MySqlFollower::new(guard.clone(), pool, items.clone()).instance_id(name);
+        let follower = mysql::Follower::new(guard.clone(), pool, items.clone()).instance_id(name);
         stops.push((
             stop,
             tokio::spawn(follower.run_until(async move {

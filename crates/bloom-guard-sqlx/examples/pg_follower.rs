@@ -2,7 +2,7 @@
 //! a guard kept complete by the change feed, whoever writes the rows.
 //!
 //! Creates a database of its own (`bloom_guard_example`, dropped at the
-//! end), installs the feed, watches a table, and starts a [`PgFollower`]:
+//! end), installs the feed, watches a table, and starts a [`postgres::Follower`]:
 //! it scans the table once, then reads every key any SQL client commits.
 //! A row inserted by plain SQL, as `psql` would, reaches the filter without
 //! the application ever calling `guard.insert`.
@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{PgFollower, Watch};
+use bloom_guard_sqlx::{postgres, Watch};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgPool};
 
@@ -40,7 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .execute(&pool)
     .await?;
     let items = Watch::table("items").key("key");
-    bloom_guard_sqlx::install(&pool).await?;
+    bloom_guard_sqlx::postgres::install(&pool).await?;
     items.install(&pool).await?;
 
     let guard = BloomGuard::builder()
@@ -49,7 +49,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let follower = tokio::spawn(
-        PgFollower::new(guard.clone(), pool.clone(), items).run_until(async move {
+        postgres::Follower::new(guard.clone(), pool.clone(), items).run_until(async move {
             let _ = stopped.await;
         }),
     );

@@ -4,7 +4,7 @@
 //!
 //! Creates a file in the temporary directory (removed at the end), installs
 //! the feed's triggers, and starts two guards, each with its own pool and
-//! [`SqliteFollower`], as two processes would. A row inserted through one
+//! [`sqlite::Follower`], as two processes would. A row inserted through one
 //! pool by plain SQL reaches both filters.
 
 #![allow(clippy::print_stdout, reason = "an example reports on stdout")]
@@ -13,7 +13,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{SqliteFollower, Watch};
+use bloom_guard_sqlx::{sqlite, Watch};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
 async fn open(path: &std::path::Path) -> Result<SqlitePool, sqlx::Error> {
@@ -38,7 +38,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .execute(&first)
     .await?;
     let items = Watch::table("items").key("key");
-    items.install_sqlite(&first).await?;
+    items.install(&first).await?;
     let second = open(&path).await?;
 
     let mut guards = Vec::new();
@@ -46,7 +46,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (name, pool) in [("first", first.clone()), ("second", second.clone())] {
         let guard = BloomGuard::builder().name("items").build();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let follower = SqliteFollower::new(guard.clone(), pool, items.clone()).instance_id(name);
+        let follower = sqlite::Follower::new(guard.clone(), pool, items.clone()).instance_id(name);
         stops.push((
             stop,
             tokio::spawn(follower.run_until(async move {

@@ -18,7 +18,7 @@ pub enum SourceError {
     Interrupted,
     /// The change feed was pruned past the scan's snapshot before it could
     /// be replayed: the scan took longer than the feed's retention. Raise
-    /// the retention (see `PgFollower::retention`).
+    /// the retention (see `postgres::Follower::retention`).
     #[error("the change feed was pruned past the scan's snapshot; raise the retention")]
     FeedPruned,
     /// A scan of a table on the log feed could not take its place in the
@@ -34,7 +34,7 @@ pub enum SourceError {
 #[non_exhaustive]
 pub enum FeedError {
     /// The database refused or failed a statement: check the connection,
-    /// that [`install`](crate::install) ran, and the role's rights (watching
+    /// that [`install`](crate::postgres::install) ran, and the role's rights (watching
     /// a table needs its ownership).
     #[error("database error")]
     Database(#[from] sqlx::Error),

@@ -74,7 +74,7 @@ impl FleetRebuild {
 
     /// Rebuilds of `guard`, holding the keys of `watch`'s table on the
     /// Postgres **log feed** (feature `log-feed`), as its
-    /// [`PgLogFollower`](crate::PgLogFollower) rebuilds: the scan meets the
+    /// [`postgres::log::Follower`](crate::postgres::log::Follower) rebuilds: the scan meets the
     /// log at one point. `url` is the database's URL with its password,
     /// for the replication connection that point is taken on. A table on
     /// the log feed cannot be rebuilt with [`new`](Self::new), which fails.
@@ -122,7 +122,7 @@ impl FleetRebuild {
     }
 
     /// Whether the rebuild is shared through a snapshot (default on, as
-    /// the followers' [`snapshots`](crate::PgFollower::snapshots)). Off, it
+    /// the followers' [`snapshots`](crate::postgres::Follower::snapshots)). Off, it
     /// rebuilds this instance's filter only, from the same keys.
     #[must_use]
     pub fn snapshots(mut self, enabled: bool) -> Self {

@@ -20,14 +20,14 @@ mod kept;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod lock;
 #[cfg(feature = "mysql")]
-mod mysql;
+pub mod mysql;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod per_database;
 #[cfg(feature = "postgres")]
-mod postgres;
+pub mod postgres;
 mod source;
 #[cfg(feature = "sqlite")]
-mod sqlite;
+pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod store;
 mod watch;
@@ -37,23 +37,9 @@ pub use error::{FeedError, SourceError};
 pub use fleet_rebuild::FleetRebuild;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use follow::Follow;
-#[cfg(feature = "mysql")]
-pub use mysql::{uninstall_mysql, MySqlFollower};
-#[cfg(feature = "postgres")]
-pub use postgres::warm_pool;
-#[cfg(feature = "log-feed")]
-pub use postgres::{check_replication, PgLogFollower};
-#[cfg(feature = "postgres")]
-pub use postgres::{
-    check_session, grant_runtime, install, uninstall, PgCopySource, PgFollower, PgServers,
-    ServersError, TargetSession, FEED_APPLICATION_NAME, LISTENER_APPLICATION_NAME,
-    NOTIFIER_APPLICATION_NAME, POSTGRES_SQL, SCHEMA_VERSION,
-};
 pub use source::copy_text::{CopyTextDecoder, CopyTextError};
 pub use source::query::QuerySource;
-#[cfg(feature = "sqlite")]
-pub use sqlite::{uninstall_sqlite, SqliteFollower};
-pub use watch::Watch;
+pub use watch::{TriggerFeed, Watch};
 
 #[cfg(test)]
 mod tests {

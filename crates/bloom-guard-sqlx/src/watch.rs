@@ -1,9 +1,18 @@
-//! Which table and key columns a change feed watches.
+//! Which table and key columns a change feed watches, and putting them on
+//! the trigger feed of any of the three databases ([`TriggerFeed`]).
+
+use std::future::Future;
+
+use bloom_guard::KeyType;
+use sqlx::Pool;
+
+use crate::error::FeedError;
 
 /// A table whose keys a guard holds, and the column(s) that make the key.
 ///
 /// The same value installs the feed's triggers ([`install`](Self::install),
-/// once, at migration time), gives the warm-up scan its key query, and names
+/// once, at migration time, on Postgres, MySQL/MariaDB or SQLite alike),
+/// gives the warm-up scan its key query, and names
 /// the feed that a follower reads. A table with children or partitions is
 /// watched whole.
 ///
@@ -66,4 +75,94 @@ impl Watch {
     pub fn feed_name(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.table)
     }
+
+    /// Installs the feed's triggers on the table (and, on Postgres, every
+    /// child and partition it has): from then on every key written by any
+    /// SQL client reaches the feed. Idempotent, and one read when the
+    /// triggers are current, so every instance may call it at start.
+    ///
+    /// - **Postgres**: needs the schema first
+    ///   ([`postgres::install`](crate::postgres::install)) and ownership of
+    ///   the table; run it again after adding a partition or a child.
+    ///   Refused for a table on the log feed ([`FeedError::LogFed`]).
+    /// - **MySQL/MariaDB**: installs the feed's tables too; each try of the
+    ///   triggers' DDL waits at most a second for the table's metadata
+    ///   lock, so writers never queue behind it longer.
+    /// - **SQLite**: installs the feed's table too.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Database`] if the table or a column does not exist, or
+    /// a right is missing; [`FeedError::Uncomparable`] for a key column no
+    /// key type compares as the database does, with nothing installed.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(pg: sqlx::PgPool, my: sqlx::MySqlPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+    /// use bloom_guard_sqlx::Watch;
+    ///
+    /// let items = Watch::table("items").key("sku");
+    /// items.install(&pg).await?;
+    /// items.install(&my).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn install<D: TriggerFeed>(&self, pool: &Pool<D>) -> Result<(), FeedError> {
+        D::install(self, pool).await
+    }
+
+    /// Drops the feed's triggers from the table (on Postgres, from its
+    /// children and partitions too); the feed's own tables stay. A
+    /// follower of the guard that still runs reports a gap and lets every
+    /// request through.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Database`] if the table does not exist, the feed is not
+    /// installed, or a right is missing.
+    pub async fn uninstall<D: TriggerFeed>(&self, pool: &Pool<D>) -> Result<(), FeedError> {
+        D::uninstall(self, pool).await
+    }
+
+    /// The [`KeyType`] that compares the key column(s) as the database
+    /// does (their type and collation), for
+    /// [`Builder::key_type`](bloom_guard::Builder::key_type).
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Uncomparable`] for a column no key type compares as the
+    /// database does (a case- and accent-insensitive collation, a type
+    /// parsed rather than compared, numeric affinity on SQLite);
+    /// [`FeedError::Database`] if the table cannot be read or lacks a key
+    /// column.
+    pub async fn key_type<D: TriggerFeed>(&self, pool: &Pool<D>) -> Result<KeyType, FeedError> {
+        D::key_type(self, pool).await
+    }
+}
+
+/// A database whose tables a [`Watch`] puts on the trigger feed:
+/// [`Postgres`](sqlx::Postgres), [`MySql`](sqlx::MySql) (MySQL 8 and
+/// MariaDB 10.6 or later) and [`Sqlite`](sqlx::Sqlite), each with its
+/// feature. Sealed: the feeds are this crate's.
+pub trait TriggerFeed: sqlx::Database + sealed::Sealed {
+    #[doc(hidden)]
+    fn install(
+        watch: &Watch,
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<(), FeedError>> + Send;
+    #[doc(hidden)]
+    fn uninstall(
+        watch: &Watch,
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<(), FeedError>> + Send;
+    #[doc(hidden)]
+    fn key_type(
+        watch: &Watch,
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<KeyType, FeedError>> + Send;
+}
+
+pub(crate) mod sealed {
+    /// Keeps [`TriggerFeed`](super::TriggerFeed) to this crate's feeds.
+    pub trait Sealed {}
 }

@@ -9,7 +9,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{SqliteFollower, Watch};
+use bloom_guard_sqlx::{sqlite, Watch};
 use common::*;
 use http::StatusCode;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -115,11 +115,11 @@ async fn sqlite_a_key_created_through_one_pool_is_served_through_another_at_once
         .await
         .expect("schema");
     let items = Watch::table("items").key("key");
-    items.install_sqlite(&first).await.expect("install");
+    items.install(&first).await.expect("install");
     let guards = [BloomGuard::builder().build(), BloomGuard::builder().build()];
     let mut running = Vec::new();
     for (guard, pool) in guards.iter().zip([&first, &second]) {
-        let follower = SqliteFollower::new(guard.clone(), pool.clone(), items.clone());
+        let follower = sqlite::Follower::new(guard.clone(), pool.clone(), items.clone());
         running.push(tokio::spawn(follower.run()));
     }
     for guard in &guards {
@@ -162,7 +162,7 @@ async fn postgres_guards_on_one_database_share_reads_and_refuse_no_committed_key
     let _running = [
         spawn(follower(&guards[0], &pool)),
         spawn(
-            bloom_guard_sqlx::PgFollower::new(guards[1].clone(), pool.clone(), users)
+            bloom_guard_sqlx::postgres::Follower::new(guards[1].clone(), pool.clone(), users)
                 .poll_interval(Duration::from_millis(500)),
         ),
     ];
@@ -187,13 +187,13 @@ async fn postgres_guards_on_the_log_feed_share_reads_and_refuse_no_committed_key
         .expect("users on the log feed");
     let guards = [common::log::log_guard(), common::log::log_guard()];
     let _running = [
-        spawn(bloom_guard_sqlx::PgLogFollower::new(
+        spawn(bloom_guard_sqlx::postgres::log::Follower::new(
             guards[0].clone(),
             pool.clone(),
             items(),
             url.clone(),
         )),
-        spawn(bloom_guard_sqlx::PgLogFollower::new(
+        spawn(bloom_guard_sqlx::postgres::log::Follower::new(
             guards[1].clone(),
             pool.clone(),
             users,
@@ -350,7 +350,7 @@ async fn postgres_on_the_log_feed_no_committed_key_is_refused_while_the_server_w
     )
     .await;
     let guard = common::log::log_guard();
-    let _running = spawn(bloom_guard_sqlx::PgLogFollower::new(
+    let _running = spawn(bloom_guard_sqlx::postgres::log::Follower::new(
         guard.clone(),
         pool.clone(),
         items(),

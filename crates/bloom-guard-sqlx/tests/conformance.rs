@@ -14,7 +14,7 @@ use bloom_guard::{
     stats::{FilterOrigin, GuardState},
     BloomGuard,
 };
-use bloom_guard_sqlx::{Follow, MySqlFollower, PgFollower, SqliteFollower, Watch};
+use bloom_guard_sqlx::{Follow, Watch};
 use common::{spawn, status, wait_until, Running};
 use http::StatusCode;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -390,7 +390,9 @@ async fn fresh_postgres() -> PgPool {
     let db = Postgres(pool);
     db.exec("create table items (id bigserial primary key, code text not null)")
         .await;
-    bloom_guard_sqlx::install(&db.0).await.expect("install");
+    bloom_guard_sqlx::postgres::install(&db.0)
+        .await
+        .expect("install");
     db.0
 }
 
@@ -445,7 +447,7 @@ impl Db for PostgresLog {
     }
 
     fn follower(&self, guard: &BloomGuard) -> impl Follow {
-        fast(bloom_guard_sqlx::PgLogFollower::new(
+        fast(bloom_guard_sqlx::postgres::log::Follower::new(
             guard.clone(),
             self.db.0.clone(),
             items(),
@@ -489,7 +491,11 @@ impl Db for Postgres {
     }
 
     fn follower(&self, guard: &BloomGuard) -> impl Follow {
-        fast(PgFollower::new(guard.clone(), self.0.clone(), items()))
+        fast(bloom_guard_sqlx::postgres::Follower::new(
+            guard.clone(),
+            self.0.clone(),
+            items(),
+        ))
     }
 
     async fn exec(&self, sql: &str) {
@@ -544,7 +550,7 @@ impl Sqlite {
         let db = Self::open(dir.join("items.db")).await;
         db.exec("create table items (id integer primary key, code text not null)")
             .await;
-        items().install_sqlite(&db.0).await.expect("install");
+        items().install(&db.0).await.expect("install");
         db
     }
 
@@ -569,7 +575,11 @@ impl Db for Sqlite {
     }
 
     fn follower(&self, guard: &BloomGuard) -> impl Follow {
-        fast(SqliteFollower::new(guard.clone(), self.0.clone(), items()))
+        fast(bloom_guard_sqlx::sqlite::Follower::new(
+            guard.clone(),
+            self.0.clone(),
+            items(),
+        ))
     }
 
     async fn exec(&self, sql: &str) {
@@ -591,7 +601,7 @@ impl Db for Sqlite {
     }
 
     async fn watch_again(&self) {
-        items().install_sqlite(&self.0).await.expect("watch items");
+        items().install(&self.0).await.expect("watch items");
     }
 
     async fn kill_other_sessions(&self) -> u64 {
@@ -617,7 +627,11 @@ impl Db for MySql {
     }
 
     fn follower(&self, guard: &BloomGuard) -> impl Follow {
-        fast(MySqlFollower::new(guard.clone(), self.0.clone(), items()))
+        fast(bloom_guard_sqlx::mysql::Follower::new(
+            guard.clone(),
+            self.0.clone(),
+            items(),
+        ))
     }
 
     async fn exec(&self, sql: &str) {
@@ -638,7 +652,7 @@ impl Db for MySql {
         self.exec("drop trigger bloom_guard_items_inserted").await;
     }
     async fn watch_again(&self) {
-        items().install_mysql(&self.0).await.expect("watch items");
+        items().install(&self.0).await.expect("watch items");
     }
 
     async fn kill_other_sessions(&self) -> u64 {

@@ -8,9 +8,7 @@ mod common;
 use std::time::Duration;
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{
-    FEED_APPLICATION_NAME, LISTENER_APPLICATION_NAME, NOTIFIER_APPLICATION_NAME,
-};
+use bloom_guard_sqlx::postgres;
 use common::{follower, install, spawn, wait_until};
 use sqlx::PgPool;
 
@@ -53,9 +51,9 @@ async fn an_instance_holds_two_connections_per_guard_and_one_per_database(pool: 
     // The feed connections open at the first read, the notifier once
     // elected.
     let mut expected = vec![
-        (FEED_APPLICATION_NAME.to_owned(), 3),
-        (LISTENER_APPLICATION_NAME.to_owned(), 3),
-        (NOTIFIER_APPLICATION_NAME.to_owned(), 1),
+        (postgres::FEED_APPLICATION_NAME.to_owned(), 3),
+        (postgres::LISTENER_APPLICATION_NAME.to_owned(), 3),
+        (postgres::NOTIFIER_APPLICATION_NAME.to_owned(), 1),
     ];
     expected.sort();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

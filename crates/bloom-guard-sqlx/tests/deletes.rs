@@ -24,7 +24,7 @@ use bloom_guard::{
     stats::{FilterKind, FilterOrigin},
     BloomGuard,
 };
-use bloom_guard_sqlx::{FleetRebuild, MySqlFollower, PgFollower, SqliteFollower, Watch};
+use bloom_guard_sqlx::{mysql, postgres, sqlite, FleetRebuild, Watch};
 use common::*;
 use http::StatusCode;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -301,13 +301,13 @@ async fn pg_followed(pool: &PgPool, instance: &str, log: Option<&str>) -> (Bloom
     let guard = guard();
     let task = match log {
         #[cfg(feature = "log-feed")]
-        Some(url) => spawn(fast!(bloom_guard_sqlx::PgLogFollower::new(
+        Some(url) => spawn(fast!(bloom_guard_sqlx::postgres::log::Follower::new(
             guard.clone(),
             pool.clone(),
             things(),
             url
         ))),
-        _ => spawn(fast!(PgFollower::new(
+        _ => spawn(fast!(postgres::Follower::new(
             guard.clone(),
             pool.clone(),
             things()
@@ -347,7 +347,9 @@ async fn postgres_forgets_deleted_keys(pool: PgPool, log: Option<String>) {
          create index on things (key)",
     )
     .await;
-    bloom_guard_sqlx::install(&pool).await.expect("install");
+    bloom_guard_sqlx::postgres::install(&pool)
+        .await
+        .expect("install");
     match &log {
         #[cfg(feature = "log-feed")]
         Some(_) => {
@@ -482,7 +484,7 @@ async fn sqlite_step(
 
 async fn sqlite_followed(pool: &SqlitePool) -> (BloomGuard, tokio::task::JoinHandle<()>) {
     let guard = guard();
-    let follower = SqliteFollower::new(guard.clone(), pool.clone(), things())
+    let follower = sqlite::Follower::new(guard.clone(), pool.clone(), things())
         .check_interval(Duration::from_millis(200))
         .poll_interval(Duration::from_millis(200))
         .snapshot_interval(Duration::from_secs(1));
@@ -514,7 +516,7 @@ async fn sqlite_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one() 
          create index things_key on things (key)",
     )
     .await;
-    things().install_sqlite(&first).await.expect("install");
+    things().install(&first).await.expect("install");
     for i in 0..200 {
         sqlite_exec(&first, &format!("insert into things (key) values ('k{i}')")).await;
     }
@@ -697,7 +699,7 @@ async fn mysql_rebuilt_since(
 
 async fn mysql_followed(pool: &MySqlPool, instance: &str) -> (BloomGuard, Running) {
     let guard = guard();
-    let follower = MySqlFollower::new(guard.clone(), pool.clone(), mysql_things())
+    let follower = mysql::Follower::new(guard.clone(), pool.clone(), mysql_things())
         .check_interval(Duration::from_millis(200))
         .poll_interval(Duration::from_millis(200))
         .snapshot_interval(Duration::from_secs(1))
@@ -724,7 +726,7 @@ async fn mysql_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one() {
                               key things_code (code))",
     )
     .await;
-    mysql_things().install_mysql(&pool).await.expect("watch");
+    mysql_things().install(&pool).await.expect("watch");
     let values: Vec<String> = (0..200).map(|i| format!("('k{i}')")).collect();
     mysql_exec(
         &pool,

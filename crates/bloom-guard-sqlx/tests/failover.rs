@@ -185,7 +185,7 @@ async fn trigger_feed_a_failover_that_lost_commits_refuses_no_key_of_the_new_pri
 #[cfg_attr(not(pg_server), ignore = "needs the Postgres server binaries (PG_BIN)")]
 async fn log_feed_a_failover_that_lost_commits_refuses_no_key_of_the_new_primary() {
     let (mut primary, standby, proxy, pool) = primary_and_standby().await;
-    bloom_guard_sqlx::install(&pool)
+    bloom_guard_sqlx::postgres::install(&pool)
         .await
         .expect("install the feed");
     exec(
@@ -247,7 +247,7 @@ async fn a_follower_on_a_standby_says_so_at_start() {
 async fn several_servers_across_a_failover(log: bool) {
     let (mut primary, standby, _proxy, setup) = primary_and_standby().await;
     if log {
-        bloom_guard_sqlx::install(&setup)
+        bloom_guard_sqlx::postgres::install(&setup)
             .await
             .expect("install the feed");
         exec(
@@ -267,7 +267,7 @@ async fn several_servers_across_a_failover(log: bool) {
         "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
         standby.port, primary.port
     );
-    let servers = bloom_guard_sqlx::PgServers::parse(&url).expect("a URL of two servers");
+    let servers = bloom_guard_sqlx::postgres::Servers::parse(&url).expect("a URL of two servers");
     let pool = servers
         .pool(
             PgPoolOptions::new()

@@ -426,7 +426,9 @@ async fn deleted_and_renamed_keys_reach_the_key_hook(pool: PgPool) {
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn composite_and_typed_keys_are_canonical_text(pool: PgPool) {
-    bloom_guard_sqlx::install(&pool).await.expect("install");
+    bloom_guard_sqlx::postgres::install(&pool)
+        .await
+        .expect("install");
     exec(
         &pool,
         "create table orders (tenant int not null, number text not null, id uuid primary key default gen_random_uuid());
@@ -445,12 +447,12 @@ async fn composite_and_typed_keys_are_canonical_text(pool: PgPool) {
     let ids = bloom_guard::BloomGuard::builder()
         .key_type(bloom_guard::KeyType::Uuid)
         .build();
-    let _a = spawn(bloom_guard_sqlx::PgFollower::new(
+    let _a = spawn(bloom_guard_sqlx::postgres::Follower::new(
         numbers.clone(),
         pool.clone(),
         by_number,
     ));
-    let _b = spawn(bloom_guard_sqlx::PgFollower::new(
+    let _b = spawn(bloom_guard_sqlx::postgres::Follower::new(
         ids.clone(),
         pool.clone(),
         by_id,
@@ -591,7 +593,7 @@ async fn two_instances_raw_writers_killed_listeners_and_rebuilds_lose_nothing(po
             }
         })
     };
-    let source = bloom_guard_sqlx::PgCopySource::new(pool.clone(), "select key from items");
+    let source = bloom_guard_sqlx::postgres::CopySource::new(pool.clone(), "select key from items");
     // Six rounds at least, and until the writers have committed enough to
     // matter, however slow the machine.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
@@ -670,7 +672,9 @@ async fn a_gap_found_at_start_holds_the_first_filter_open(pool: PgPool) {
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_long_guard_name_and_a_partitioned_table_are_watched_whole(pool: PgPool) {
-    bloom_guard_sqlx::install(&pool).await.expect("install");
+    bloom_guard_sqlx::postgres::install(&pool)
+        .await
+        .expect("install");
     // A guard name too long for a trigger or function name with its event,
     // and a partitioned table (its partitions get their own row triggers).
     let long = "g".repeat(45);

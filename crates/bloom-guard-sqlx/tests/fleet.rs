@@ -14,7 +14,7 @@ use bloom_guard::{
     stats::GuardState,
     BloomGuard, Mode,
 };
-use bloom_guard_sqlx::{Follow, PgFollower, SqliteFollower, Watch};
+use bloom_guard_sqlx::{postgres, sqlite, Follow, Watch};
 use common::{install, wait_until};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{PgPool, SqlitePool};
@@ -188,7 +188,7 @@ struct Postgres(PgPool);
 
 impl FleetDb for Postgres {
     fn follower(&self, guard: &BloomGuard, id: &str) -> impl Follow {
-        PgFollower::new(guard.clone(), self.0.clone(), common::items())
+        postgres::Follower::new(guard.clone(), self.0.clone(), common::items())
             .check_interval(Duration::from_millis(200))
             .heartbeat_interval(Duration::from_millis(200))
             .instance_id(id)
@@ -222,7 +222,7 @@ struct Sqlite(SqlitePool);
 
 impl FleetDb for Sqlite {
     fn follower(&self, guard: &BloomGuard, id: &str) -> impl Follow {
-        SqliteFollower::new(
+        sqlite::Follower::new(
             guard.clone(),
             self.0.clone(),
             Watch::table("items").key("key"),
@@ -272,7 +272,7 @@ async fn on_sqlite_one_switch_reaches_the_fleet_and_the_view_lists_it() {
     .expect("schema");
     Watch::table("items")
         .key("key")
-        .install_sqlite(&pool)
+        .install(&pool)
         .await
         .expect("install");
     a_fleet_shares_its_settings_and_lists_its_instances(Sqlite(pool.clone())).await;

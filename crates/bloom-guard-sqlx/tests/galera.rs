@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::MySqlFollower;
+use bloom_guard_sqlx::mysql;
 use common::mysql::items;
 use common::{guard, spawn, status, wait_until};
 use http::StatusCode;
@@ -86,8 +86,8 @@ impl Drop for Galera {
     }
 }
 
-fn follower(guard: &BloomGuard, pool: &MySqlPool) -> MySqlFollower {
-    MySqlFollower::new(guard.clone(), pool.clone(), items())
+fn follower(guard: &BloomGuard, pool: &MySqlPool) -> mysql::Follower {
+    mysql::Follower::new(guard.clone(), pool.clone(), items())
         .check_interval(Duration::from_millis(500))
         .poll_interval(Duration::from_millis(500))
 }
@@ -117,10 +117,7 @@ async fn guards_on_galera_refuse_no_key_written_on_any_node_through_a_node_kille
         cluster.pool(2, "galera_items").await,
         cluster.pool(3, "galera_items").await,
     ];
-    items()
-        .install_mysql(&nodes[0])
-        .await
-        .expect("install the feed");
+    items().install(&nodes[0]).await.expect("install the feed");
     sqlx::raw_sql("insert into items (code) values ('before-1'), ('before-2'), ('before-3')")
         .execute(&nodes[1])
         .await

@@ -13,7 +13,7 @@ use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use bloom_guard::{extract::PathParam, stats::GuardState, BloomGuard, KeyType};
-use bloom_guard_sqlx::{PgFollower, Watch};
+use bloom_guard_sqlx::{postgres, Watch};
 use common::{exec, spawn, spellings, wait_until, Running};
 use sqlx::PgPool;
 use tower::ServiceExt;
@@ -21,7 +21,9 @@ use tower::ServiceExt;
 /// A table of profiles whose usernames compare as `column_type` says,
 /// watched, with `usernames` written by plain SQL.
 async fn profiles(pool: &PgPool, column_type: &str, usernames: &[&str]) {
-    bloom_guard_sqlx::install(pool).await.expect("install");
+    bloom_guard_sqlx::postgres::install(pool)
+        .await
+        .expect("install");
     exec(
         pool,
         "create extension if not exists citext;
@@ -54,7 +56,7 @@ async fn followed(pool: &PgPool, key_type: KeyType) -> (BloomGuard, Running) {
         .name("profiles")
         .key_type(key_type)
         .build();
-    let follower = PgFollower::new(
+    let follower = postgres::Follower::new(
         guard.clone(),
         pool.clone(),
         Watch::table("profiles").key("username"),
@@ -350,7 +352,9 @@ async fn a_stored_key_the_key_type_cannot_compare_keeps_the_guard_open(pool: PgP
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_key_column_no_key_type_compares_is_refused_at_watch(pool: PgPool) {
-    bloom_guard_sqlx::install(&pool).await.expect("install");
+    bloom_guard_sqlx::postgres::install(&pool)
+        .await
+        .expect("install");
     exec(
         &pool,
         "create collation if not exists accent_insensitive
@@ -429,7 +433,9 @@ async fn a_key_column_altered_while_following_holds_the_guard_open(pool: PgPool)
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn every_spelling_citext_finds_is_found(pool: PgPool) {
-    bloom_guard_sqlx::install(&pool).await.expect("install");
+    bloom_guard_sqlx::postgres::install(&pool)
+        .await
+        .expect("install");
     exec(
         &pool,
         "create extension if not exists citext;
@@ -462,7 +468,7 @@ async fn every_spelling_citext_finds_is_found(pool: PgPool) {
         .false_positive_rate(0.001)
         .build();
     let _task = spawn(
-        PgFollower::new(guard.clone(), pool.clone(), watch)
+        postgres::Follower::new(guard.clone(), pool.clone(), watch)
             .check_interval(Duration::from_millis(200))
             .poll_interval(Duration::from_millis(200)),
     );

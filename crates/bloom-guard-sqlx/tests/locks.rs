@@ -84,7 +84,9 @@ async fn triggers(pool: &PgPool) -> i64 {
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn watch_behind_a_writer_and_unwatch_behind_a_reader_never_stall_writers(pool: PgPool) {
-    bloom_guard_sqlx::install(&pool).await.expect("install");
+    bloom_guard_sqlx::postgres::install(&pool)
+        .await
+        .expect("install");
     let watching = {
         let pool = pool.clone();
         async move { items().install(&pool).await.expect("watch") }
@@ -106,14 +108,18 @@ async fn the_upgrade_behind_a_reader_never_stalls_writers(pool: PgPool) {
     install_version(&pool, include_str!("fixtures/postgres_v3.sql")).await;
     let upgrading = {
         let pool = pool.clone();
-        async move { bloom_guard_sqlx::install(&pool).await.expect("the upgrade") }
+        async move {
+            bloom_guard_sqlx::postgres::install(&pool)
+                .await
+                .expect("the upgrade");
+        }
     };
     behind_an_open_transaction(&pool, "select count(*) from items", upgrading).await;
     let version: i32 = sqlx::query_scalar("select version from bloom_guard.schema_version")
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, bloom_guard_sqlx::SCHEMA_VERSION);
+    assert_eq!(version, bloom_guard_sqlx::postgres::SCHEMA_VERSION);
 }
 
 /// A partition added to a watched tree gets its triggers from `watch`
@@ -122,7 +128,9 @@ async fn the_upgrade_behind_a_reader_never_stalls_writers(pool: PgPool) {
 #[sqlx::test(migrations = "tests/migrations")]
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_new_partition_is_watched_without_locking_the_others(pool: PgPool) {
-    bloom_guard_sqlx::install(&pool).await.expect("install");
+    bloom_guard_sqlx::postgres::install(&pool)
+        .await
+        .expect("install");
     exec(
         &pool,
         "create table parts (k text not null) partition by list (k);

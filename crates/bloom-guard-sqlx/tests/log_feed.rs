@@ -102,7 +102,7 @@ async fn a_partitioned_table_is_followed_through_its_root(pool: PgPool) {
     // No check within the test: the attach must reach the guard through
     // the log, not through the check's fingerprint.
     let (guard, _task) = log_followed_as(|guard| {
-        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), parts, &url)
+        bloom_guard_sqlx::postgres::log::Follower::new(guard, pool.clone(), parts, &url)
             .check_interval(Duration::from_secs(3600))
     })
     .await;
@@ -267,7 +267,7 @@ async fn the_trigger_feeds_follower_and_rebuild_refuse_a_table_on_the_log_feed(p
     // A scan placed by the triggers' positions would not meet the log's
     // rows: the follower names the follower to use and never refuses.
     let wrong = guard();
-    let _wrong = spawn(bloom_guard_sqlx::PgFollower::new(
+    let _wrong = spawn(bloom_guard_sqlx::postgres::Follower::new(
         wrong.clone(),
         pool.clone(),
         items(),
@@ -276,7 +276,7 @@ async fn the_trigger_feeds_follower_and_rebuild_refuse_a_table_on_the_log_feed(p
         wrong
             .stats()
             .last_error
-            .is_some_and(|error| error.contains("PgLogFollower"))
+            .is_some_and(|error| error.contains("postgres::log::Follower"))
     })
     .await;
     assert_ne!(wrong.stats().state, bloom_guard::stats::GuardState::Ready);
@@ -342,7 +342,7 @@ async fn a_childs_key_passes_at_once(pool: &PgPool, ddl: &str) {
     let (url, _slot) = log_fed(pool).await;
     exec(pool, "insert into items (key) values ('parent-1')").await;
     let (guard, _task) = log_followed_as(|guard| {
-        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), items(), &*url)
+        bloom_guard_sqlx::postgres::log::Follower::new(guard, pool.clone(), items(), &*url)
             .check_interval(Duration::from_secs(600))
     })
     .await;
@@ -419,7 +419,7 @@ async fn a_made_partitions_keys_pass(pool: &PgPool, url: &str, ddl: &str, prefix
         .await
         .expect("put parts on the log feed");
     let (guard, _task) = log_followed_as(|guard| {
-        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), parts, url)
+        bloom_guard_sqlx::postgres::log::Follower::new(guard, pool.clone(), parts, url)
             .check_interval(Duration::from_secs(600))
     })
     .await;
@@ -495,7 +495,7 @@ async fn a_table_with_an_unlogged_partition_is_refused_naming_it(pool: PgPool) {
 async fn a_publication_changed_by_hand_never_has_its_keys_refused(pool: PgPool) {
     let (url, _slot) = log_fed(&pool).await;
     let (guard, _task) = log_followed_as(|guard| {
-        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), items(), &*url)
+        bloom_guard_sqlx::postgres::log::Follower::new(guard, pool.clone(), items(), &*url)
             .check_interval(Duration::from_secs(600))
     })
     .await;
@@ -552,7 +552,7 @@ async fn a_fed_table_attached_under_a_fed_root_never_has_its_keys_refused(pool: 
         .await
         .expect("parts_b on the log feed");
     let (guard, _task) = log_followed_as(|guard| {
-        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), parts_b.clone(), &*url)
+        bloom_guard_sqlx::postgres::log::Follower::new(guard, pool.clone(), parts_b.clone(), &*url)
             .check_interval(Duration::from_secs(600))
     })
     .await;

@@ -256,7 +256,7 @@ async fn a_slot_no_producer_moves_fails_the_guards_open_until_it_moves(pool: PgP
     let _server = SERVER.read().await;
     let (url, _slot) = log_fed(&pool).await;
     let (guard, _task) = log_followed_as(|guard| {
-        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), items(), &url)
+        bloom_guard_sqlx::postgres::log::Follower::new(guard, pool.clone(), items(), &url)
             .check_interval(Duration::from_millis(200))
             .stalled_after(Duration::from_secs(1))
     })
@@ -287,7 +287,7 @@ async fn a_slot_made_again_below_a_followers_position_rebuilds_it_at_its_next_re
     let (url, _slot) = log_fed(&pool).await;
     // No check within the test: the reads alone must see the new slot.
     let (guard, _task) = log_followed_as(|guard| {
-        bloom_guard_sqlx::PgLogFollower::new(guard, pool.clone(), items(), &url)
+        bloom_guard_sqlx::postgres::log::Follower::new(guard, pool.clone(), items(), &url)
             .check_interval(Duration::from_secs(3600))
     })
     .await;
@@ -347,9 +347,9 @@ async fn a_guard_warms_up_while_no_producer_streams_and_refuses_nothing_unread(p
 async fn a_replication_url_that_cannot_feed_the_pools_database_is_named_and_not_retried(
     pool: PgPool,
 ) {
-    use bloom_guard_sqlx::{check_replication, FeedError, PgLogFollower};
+    use bloom_guard_sqlx::{postgres, FeedError};
     let (url, _slot) = log_fed(&pool).await;
-    check_replication(&pool, &url)
+    postgres::log::check_replication(&pool, &url)
         .await
         .expect("the pool's own database");
     let (base, query) = url.split_once('?').unwrap_or((&url, ""));
@@ -360,27 +360,30 @@ async fn a_replication_url_that_cannot_feed_the_pools_database_is_named_and_not_
         other => panic!("not a setting's error: {other:?}"),
     };
     // Another database of the cluster: its changes are not the pool's.
-    let message = setting(check_replication(&pool, &other).await);
+    let message = setting(postgres::log::check_replication(&pool, &other).await);
     assert!(message.contains("reaches database postgres"), "{message}");
     // A role without REPLICATION.
     let role = format!("bloom_guard_no_replication_{}", fastrand::u32(..));
     exec(&pool, &format!("create role {role} login")).await;
     let without = url.replacen("://postgres@", &format!("://{role}@"), 1);
     assert_ne!(without, url, "the test's URL names the user postgres");
-    let message = setting(check_replication(&pool, &without).await);
+    let message = setting(postgres::log::check_replication(&pool, &without).await);
     exec(&pool, &format!("drop role {role}")).await;
     assert!(message.contains("42501"), "{message}");
     // A URL the log reader cannot read.
-    let message = setting(check_replication(&pool, &format!("{base}?sslmode=sometimes")).await);
+    let message = setting(
+        postgres::log::check_replication(&pool, &format!("{base}?sslmode=sometimes")).await,
+    );
     assert!(message.contains("sslmode=sometimes"), "{message}");
     // A server that does not answer may answer later: not a setting's.
-    let silent = check_replication(&pool, "postgres://postgres@127.0.0.1:1/db").await;
+    let silent =
+        postgres::log::check_replication(&pool, "postgres://postgres@127.0.0.1:1/db").await;
     assert!(matches!(silent, Err(FeedError::Database(_))), "{silent:?}");
 
     // A follower given another database's URL names it and stops: it
     // never scans, streams or refuses.
     let guard = log_guard();
-    let _task = spawn(PgLogFollower::new(
+    let _task = spawn(postgres::log::Follower::new(
         guard.clone(),
         pool.clone(),
         items(),

@@ -17,7 +17,7 @@ use bloom_guard::{
     keys::{Collation, Key},
     BloomGuard, KeyType,
 };
-use bloom_guard_sqlx::{MySqlFollower, Watch};
+use bloom_guard_sqlx::{mysql, Watch};
 use common::mysql::fresh;
 use common::{spawn, spellings, wait_until};
 use sqlx::MySqlPool;
@@ -121,8 +121,8 @@ async fn prove(pool: &MySqlPool, collation: &str, beside: bool) {
     let (scanned, fed) = corpus.split_at(corpus.len() / 2);
     insert_all(pool, "words", scanned).await;
     let watch = Watch::table("words").key("w");
-    watch.install_mysql(pool).await.expect("watch words");
-    let key_type = watch.key_type_mysql(pool).await.expect("the key type");
+    watch.install(pool).await.expect("watch words");
+    let key_type = watch.key_type(pool).await.expect("the key type");
     let KeyType::Collated(found) = key_type else {
         panic!("{collation}: {key_type:?}");
     };
@@ -133,7 +133,7 @@ async fn prove(pool: &MySqlPool, collation: &str, beside: bool) {
         .false_positive_rate(0.001)
         .build();
     let _running = spawn(
-        MySqlFollower::new(guard.clone(), pool.clone(), watch.clone())
+        mysql::Follower::new(guard.clone(), pool.clone(), watch.clone())
             .check_interval(Duration::from_millis(200))
             .poll_interval(Duration::from_millis(200)),
     );
@@ -263,7 +263,7 @@ async fn expansions_follow_the_collation() {
         .expect("create");
         let key_type = Watch::table(&table)
             .key("w")
-            .key_type_mysql(&pool)
+            .key_type(&pool)
             .await
             .expect("key type");
         let form = |text| key_type.to_canonical(Key::from(text)).ok();
@@ -279,7 +279,7 @@ async fn expansions_follow_the_collation() {
 }
 
 /// A language's collation (contractions of letters) and an accent-
-/// sensitive one are refused by `key_type_mysql`, naming the supported
+/// sensitive one are refused by `Watch::key_type`, naming the supported
 /// collations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
@@ -293,7 +293,7 @@ async fn collations_without_a_form_are_a_clear_error() {
     .expect("create");
     let error = Watch::table("spanish")
         .key("w")
-        .key_type_mysql(&pool)
+        .key_type(&pool)
         .await
         .expect_err("refused");
     let message = error.to_string();
@@ -313,7 +313,7 @@ async fn watched(pool: &MySqlPool, table: &str, collation: &str) -> Watch {
     .await
     .expect("create");
     let watch = Watch::table(table).key("w");
-    watch.install_mysql(pool).await.expect("watch");
+    watch.install(pool).await.expect("watch");
     watch
 }
 
@@ -321,10 +321,10 @@ async fn watched(pool: &MySqlPool, table: &str, collation: &str) -> Watch {
 /// ready.
 async fn followed(pool: &MySqlPool, watch: &Watch) -> (BloomGuard, common::Running) {
     let guard = BloomGuard::builder()
-        .key_type(watch.key_type_mysql(pool).await.expect("the key type"))
+        .key_type(watch.key_type(pool).await.expect("the key type"))
         .build();
     let running = spawn(
-        MySqlFollower::new(guard.clone(), pool.clone(), watch.clone())
+        mysql::Follower::new(guard.clone(), pool.clone(), watch.clone())
             .check_interval(Duration::from_millis(200))
             .poll_interval(Duration::from_millis(200)),
     );

@@ -1,5 +1,5 @@
-//! The feed's DDL on a MySQL or MariaDB table (`install_mysql`, and
-//! `uninstall_mysql`) behind a transaction that holds the table: writers
+//! The feed's DDL on a MySQL or MariaDB table (`Watch::install`, and
+//! `mysql::uninstall`) behind a transaction that holds the table: writers
 //! are held back at most about the lock wait (1 s) at a time, and the DDL
 //! completes once that transaction ends. And the uninstall: a table's
 //! triggers, then the whole feed.
@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use bloom_guard_sqlx::{uninstall_mysql, Watch};
+use bloom_guard_sqlx::{mysql, Watch};
 use common::mysql::{fresh, items};
 use sqlx::{Connection, MySqlPool};
 
@@ -91,14 +91,14 @@ async fn watching_and_unwatching_behind_a_writer_never_stall_writers() {
     let other = Watch::table("items").key("code").name("other");
     let watching = {
         let (pool, other) = (pool.clone(), other.clone());
-        async move { other.install_mysql(&pool).await.expect("watch") }
+        async move { other.install(&pool).await.expect("watch") }
     };
     behind_an_open_writer(&pool, watching).await;
     assert_eq!(triggers(&pool, "bloom_guard_other_").await, 3);
 
     let unwatching = {
         let (pool, other) = (pool.clone(), other.clone());
-        async move { other.uninstall_mysql(&pool).await.expect("unwatch") }
+        async move { other.uninstall(&pool).await.expect("unwatch") }
     };
     behind_an_open_writer(&pool, unwatching).await;
     assert_eq!(triggers(&pool, "bloom_guard_other_").await, 0);
@@ -121,7 +121,7 @@ async fn uninstall_removes_a_tables_triggers_then_the_whole_feed() {
         .expect("insert");
     let recorded = feed_rows().await;
     assert!(recorded > 0);
-    items().uninstall_mysql(&pool).await.expect("unwatch");
+    items().uninstall(&pool).await.expect("unwatch");
     assert_eq!(triggers(&pool, "bloom_guard_").await, 0);
     sqlx::raw_sql("insert into items (code) values ('unrecorded')")
         .execute(&pool)
@@ -129,9 +129,9 @@ async fn uninstall_removes_a_tables_triggers_then_the_whole_feed() {
         .expect("insert");
     assert_eq!(feed_rows().await, recorded, "a write reached the feed");
 
-    items().install_mysql(&pool).await.expect("watch again");
+    items().install(&pool).await.expect("watch again");
     assert_eq!(triggers(&pool, "bloom_guard_").await, 3);
-    uninstall_mysql(&pool).await.expect("uninstall");
+    mysql::uninstall(&pool).await.expect("uninstall");
     let left: i64 = sqlx::query_scalar(
         "select (select count(*) from information_schema.tables
                   where table_schema = database() and table_name like 'bloom\\_guard\\_%')
@@ -148,7 +148,7 @@ async fn uninstall_removes_a_tables_triggers_then_the_whole_feed() {
         .await
         .expect("insert after the uninstall");
     // Installing again starts afresh.
-    items().install_mysql(&pool).await.expect("install again");
+    items().install(&pool).await.expect("install again");
     assert_eq!(triggers(&pool, "bloom_guard_").await, 3);
 }
 
@@ -167,7 +167,7 @@ async fn a_key_column_no_key_type_compares_is_refused_at_watch() {
     .execute(&pool)
     .await
     .expect("create names");
-    let watched = Watch::table("names").key("name").install_mysql(&pool).await;
+    let watched = Watch::table("names").key("name").install(&pool).await;
     let Err(bloom_guard_sqlx::FeedError::Uncomparable(why)) = watched else {
         panic!("{watched:?}");
     };

@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use bloom_guard::{stats::GuardState, BloomGuard};
-use bloom_guard_sqlx::{MySqlFollower, Watch};
+use bloom_guard_sqlx::{mysql, Watch};
 use common::mysql::{busy_transaction_list, client, database, fresh, items, position};
 use common::{spawn, status, wait_until, Running};
 use http::StatusCode;
@@ -22,8 +22,8 @@ fn guard() -> BloomGuard {
         .build()
 }
 
-fn follower(guard: &BloomGuard, pool: &MySqlPool, watch: Watch) -> MySqlFollower {
-    MySqlFollower::new(guard.clone(), pool.clone(), watch)
+fn follower(guard: &BloomGuard, pool: &MySqlPool, watch: Watch) -> mysql::Follower {
+    mysql::Follower::new(guard.clone(), pool.clone(), watch)
         .check_interval(Duration::from_millis(200))
         .poll_interval(Duration::from_millis(200))
 }
@@ -179,7 +179,7 @@ async fn a_trigger_rewritten_by_hand_holds_the_guard_open_until_reinstalled() {
     .execute(&pool)
     .await;
     if replaced.is_ok() {
-        held_open_because(&guard, "is not as Watch::install_mysql puts it").await;
+        held_open_because(&guard, "is not as Watch::install puts it").await;
     } else {
         exec(&pool, &format!("drop trigger {name}; create {rewritten}")).await;
         held_open_because(&guard, &name).await;
@@ -267,7 +267,7 @@ async fn a_table_outside_innodb_holds_the_guard_open() {
         "MyISAM"
     };
     let watch = Watch::table("plain").key("code");
-    watch.install_mysql(&pool).await.expect("install");
+    watch.install(&pool).await.expect("install");
     exec(&pool, "insert into plain values ('kept')").await;
     let guard = guard();
     let _running = spawn(follower(&guard, &pool, watch));
@@ -289,7 +289,7 @@ async fn a_partition_exchanged_into_the_table_is_noticed_and_rebuilt() {
     )
     .await;
     let watch = Watch::table("parted").key("code");
-    watch.install_mysql(&pool).await.expect("install");
+    watch.install(&pool).await.expect("install");
     let (guard, _running) = followed(&pool, watch).await;
     assert!(guard.may_contain("low") && guard.may_contain("high"));
     // Rows that never passed a trigger take partition p0's place.
@@ -332,7 +332,7 @@ async fn every_way_mysql_writes_rows_reaches_the_filter() {
     )
     .await;
     let watch = Watch::table("tags").key("code");
-    watch.install_mysql(&pool).await.expect("install");
+    watch.install(&pool).await.expect("install");
     exec(
         &pool,
         "insert into tags (id, code) values (1, 'one'), (2, 'two'), (3, 'three')",
@@ -543,7 +543,7 @@ async fn pad_space_binary_columns_under_space_padded_text_refuse_only_absent_spe
         )
         .await;
         let watch = Watch::table(table).key("code");
-        watch.install_mysql(&pool).await.expect("install");
+        watch.install(&pool).await.expect("install");
         let insert = async |key: String| {
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "insert into {table} (code) values (?)"

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bloom_guard::{stats::GuardState, BloomGuard};
-use bloom_guard_sqlx::{MySqlFollower, Watch};
+use bloom_guard_sqlx::{mysql, Watch};
 use common::mysql::{
     busy_transaction_list, client, database, fresh, items, position, with_isolation,
 };
@@ -26,7 +26,7 @@ fn guard() -> BloomGuard {
 
 async fn followed(pool: &MySqlPool) -> (BloomGuard, Running) {
     let guard = guard();
-    let follower = MySqlFollower::new(guard.clone(), pool.clone(), items())
+    let follower = mysql::Follower::new(guard.clone(), pool.clone(), items())
         .check_interval(Duration::from_millis(200))
         .poll_interval(Duration::from_millis(200));
     let running = spawn(follower);
@@ -494,8 +494,8 @@ async fn integer_and_uuid_keys_are_held_in_their_text_form() {
     }
     let by_id = Watch::table("users").key("id");
     let by_number = Watch::table("users").key("n").name("numbers");
-    by_id.install_mysql(&pool).await.expect("install");
-    by_number.install_mysql(&pool).await.expect("install");
+    by_id.install(&pool).await.expect("install");
+    by_number.install(&pool).await.expect("install");
     sqlx::raw_sql("insert into users (id, n) values ('0b6ac9b4-1f4c-4a0e-9b0f-6a1c2e3d4f50', 7)")
         .execute(&pool)
         .await
@@ -510,7 +510,7 @@ async fn integer_and_uuid_keys_are_held_in_their_text_form() {
         .build();
     let mut running = Vec::new();
     for (guard, watch) in [(&numbers, &by_number), (&ids, &by_id)] {
-        let follower = MySqlFollower::new(guard.clone(), pool.clone(), watch.clone())
+        let follower = mysql::Follower::new(guard.clone(), pool.clone(), watch.clone())
             .check_interval(Duration::from_millis(200));
         running.push(spawn(follower));
     }

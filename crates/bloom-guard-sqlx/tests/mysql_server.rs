@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use bloom_guard::{stats::GuardState, BloomGuard};
-use bloom_guard_sqlx::MySqlFollower;
+use bloom_guard_sqlx::mysql;
 use common::mysql::{fresh, items};
 use common::{spawn, status, wait_until};
 use http::StatusCode;
@@ -21,7 +21,7 @@ async fn a_read_only_server_holds_the_guard_open() {
     let pool = fresh(8).await;
     let guard = BloomGuard::builder().expected_items(1000).build();
     let _running = spawn(
-        MySqlFollower::new(guard.clone(), pool.clone(), items())
+        mysql::Follower::new(guard.clone(), pool.clone(), items())
             .check_interval(Duration::from_millis(200)),
     );
     wait_until("the warm-up", Duration::from_secs(20), || guard.is_ready()).await;

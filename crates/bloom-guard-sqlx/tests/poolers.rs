@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{check_session, FeedError, PgFollower};
+use bloom_guard_sqlx::{postgres, FeedError};
 use common::*;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -138,7 +138,7 @@ impl Bouncer {
 /// `why`, and a follower stops by itself.
 async fn refused(pool: &PgPool, bouncer: Bouncer, why: &str) {
     let through = bouncer.pool(pool);
-    match check_session(&through).await {
+    match postgres::check_session(&through).await {
         Err(FeedError::Pooler(reason)) => assert!(reason.contains(why), "{reason}"),
         other => panic!("{other:?}"),
     }
@@ -151,7 +151,7 @@ async fn refused(pool: &PgPool, bouncer: Bouncer, why: &str) {
 /// pooler.
 async fn follower_stops(through: &PgPool) {
     let guard = BloomGuard::builder().expected_items(100).build();
-    let run = tokio::spawn(PgFollower::new(guard.clone(), through.clone(), items()).run());
+    let run = tokio::spawn(postgres::Follower::new(guard.clone(), through.clone(), items()).run());
     tokio::time::timeout(Duration::from_secs(30), run)
         .await
         .expect("the follower stopped")
@@ -194,7 +194,9 @@ async fn in_session_mode_a_follower_follows(pool: PgPool) {
     install(&pool).await;
     let bouncer = Bouncer::start(&pool, "session", "extra_float_digits,options");
     let through = bouncer.pool(&pool);
-    check_session(&through).await.expect("sessions kept");
+    postgres::check_session(&through)
+        .await
+        .expect("sessions kept");
     let guard = guard();
     let task = spawn(follower(&guard, &through));
     wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;

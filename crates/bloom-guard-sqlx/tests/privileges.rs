@@ -1,5 +1,5 @@
 //! Least privilege on Postgres: an owner role (not a superuser) installs
-//! the feed and watches the table; the runtime role `grant_runtime` names
+//! the feed and watches the table; the runtime role `postgres::grant_runtime` names
 //! follows, writes, publishes and adopts snapshots, and cannot change the
 //! feed or a watched table's triggers. A superuser's install adds the event
 //! trigger to a feed installed without one.
@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use bloom_guard::{stats::FilterOrigin, BloomGuard};
-use bloom_guard_sqlx::{grant_runtime, install, PgFollower};
+use bloom_guard_sqlx::postgres;
 use common::*;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -46,7 +46,7 @@ async fn refused(pool: &PgPool, sql: &str) -> Option<String> {
 }
 
 /// As a DBA who revokes EXECUTE from PUBLIC would have it (the grant
-/// names every function the runtime role calls): `grant_runtime` to
+/// names every function the runtime role calls): `postgres::grant_runtime` to
 /// `role`, and the application's rights on `items`.
 async fn grant_as_a_dba_would(owner: &PgPool, role: &str) {
     exec(
@@ -54,7 +54,7 @@ async fn grant_as_a_dba_would(owner: &PgPool, role: &str) {
         "revoke execute on all functions in schema bloom_guard from public",
     )
     .await;
-    grant_runtime(owner, role).await.expect("grant");
+    postgres::grant_runtime(owner, role).await.expect("grant");
     exec(
         owner,
         &format!("grant select, insert, update, delete on items to {role}"),
@@ -73,7 +73,7 @@ async fn owner_installs(pool: &PgPool) -> PgPool {
         ),
     )
     .await;
-    install(&owner).await.expect("the owner installs");
+    postgres::install(&owner).await.expect("the owner installs");
     items().install(&owner).await.expect("the owner watches");
     owner
 }
@@ -88,11 +88,13 @@ async fn the_runtime_role_follows_writes_and_publishes_but_cannot_change_the_fee
 
     // At start the application installs and watches as every instance
     // does: with the feed current, neither needs a right it lacks.
-    install(&runtime).await.expect("install is a no-op");
+    postgres::install(&runtime)
+        .await
+        .expect("install is a no-op");
     items().install(&runtime).await.expect("watch is a no-op");
     let guard = guard();
     let task = spawn(
-        PgFollower::new(guard.clone(), runtime.clone(), items())
+        postgres::Follower::new(guard.clone(), runtime.clone(), items())
             .check_interval(Duration::from_millis(200))
             .snapshot_interval(Duration::ZERO),
     );
@@ -111,7 +113,11 @@ async fn the_runtime_role_follows_writes_and_publishes_but_cannot_change_the_fee
     exec(&runtime, "select bloom_guard.prune('1 hour')").await;
     published(&pool).await;
     let adopted = BloomGuard::builder().expected_items(1000).build();
-    let _other = spawn(PgFollower::new(adopted.clone(), runtime.clone(), items()));
+    let _other = spawn(postgres::Follower::new(
+        adopted.clone(),
+        runtime.clone(),
+        items(),
+    ));
     wait_until("the adoption", Duration::from_secs(20), || {
         adopted.is_ready()
     })
@@ -180,7 +186,9 @@ async fn a_superusers_install_adds_the_event_trigger_to_a_current_feed(pool: PgP
             .expect("count")
     };
     assert_eq!(count(pool.clone()).await, 0, "a non-superuser added one");
-    install(&pool).await.expect("the superuser's install");
+    postgres::install(&pool)
+        .await
+        .expect("the superuser's install");
     assert_eq!(count(pool.clone()).await, 1);
     // The feed is still the owner's, and whole.
     let owner: String = sqlx::query_scalar(
@@ -199,7 +207,7 @@ async fn a_superusers_install_adds_the_event_trigger_to_a_current_feed(pool: PgP
 async fn the_runtime_role_streams_follows_and_remakes_the_log_feed_but_cannot_change_it(
     pool: PgPool,
 ) {
-    use bloom_guard_sqlx::PgLogFollower;
+    use bloom_guard_sqlx::postgres;
     use common::log::{
         holds_what_the_table_holds, log_followed_as, random_write, url_of, SlotGuard,
     };
@@ -221,7 +229,7 @@ async fn the_runtime_role_streams_follows_and_remakes_the_log_feed_but_cannot_ch
     .await;
     let url = url_of(&pool).await;
     let _slot = SlotGuard { url: url.clone() };
-    install(&owner).await.expect("the owner installs");
+    postgres::install(&owner).await.expect("the owner installs");
     exec(
         &owner,
         "alter table items replica identity using index items_key_key",
@@ -238,13 +246,15 @@ async fn the_runtime_role_streams_follows_and_remakes_the_log_feed_but_cannot_ch
     let mut runtime_url = url::Url::parse(&url).expect("the database's URL");
     runtime_url.set_username(LOG_RUNTIME).expect("a user name");
     let runtime_url = runtime_url.to_string();
-    install(&runtime).await.expect("install is a no-op");
+    postgres::install(&runtime)
+        .await
+        .expect("install is a no-op");
     items()
         .install_log(&runtime)
         .await
         .expect("install_log is a no-op");
     let (guard, _task) = log_followed_as(|guard| {
-        PgLogFollower::new(guard, runtime.clone(), items(), runtime_url.clone())
+        postgres::log::Follower::new(guard, runtime.clone(), items(), runtime_url.clone())
             .check_interval(Duration::from_millis(200))
     })
     .await;

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use bloom_guard_sqlx::{PgFollower, FEED_APPLICATION_NAME};
+use bloom_guard_sqlx::postgres;
 use common::cluster::Server;
 use common::*;
 use http::StatusCode;
@@ -42,7 +42,7 @@ async fn reads_on_a_replica_refuse_no_key_the_primary_committed_before_the_reque
 
     let guard = guard();
     let _running = spawn(
-        PgFollower::new(guard.clone(), pool.clone(), items())
+        postgres::Follower::new(guard.clone(), pool.clone(), items())
             .replica(replica.clone())
             .check_interval(Duration::from_millis(200))
             .poll_interval(Duration::from_millis(500)),
@@ -62,7 +62,8 @@ async fn reads_on_a_replica_refuse_no_key_the_primary_committed_before_the_reque
     // The reads went to the replica.
     let reading: i64 = standby
         .scalar(&format!(
-            "select count(*) from pg_stat_activity where application_name = '{FEED_APPLICATION_NAME}'"
+            "select count(*) from pg_stat_activity where application_name = '{}'",
+            postgres::FEED_APPLICATION_NAME
         ))
         .await;
     assert_eq!(reading, 1, "no feed connection on the replica");

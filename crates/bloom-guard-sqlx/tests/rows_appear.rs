@@ -157,7 +157,9 @@ async fn a_key_column_dropped_by_a_cascade_fails_no_write(pool: PgPool) {
          create table things (id bigint generated always as identity primary key, code item_key unique)",
     )
     .await;
-    bloom_guard_sqlx::install(&pool).await.expect("install");
+    bloom_guard_sqlx::postgres::install(&pool)
+        .await
+        .expect("install");
     bloom_guard_sqlx::Watch::table("things")
         .key("code")
         .install(&pool)

@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use bloom_guard::{stats::FilterOrigin, BloomGuard, KeyType};
-use bloom_guard_sqlx::PgFollower;
+use bloom_guard_sqlx::postgres;
 use common::*;
 use sqlx::PgPool;
 
@@ -162,7 +162,7 @@ async fn a_snapshot_of_another_key_type_or_query_is_refused(pool: PgPool) {
     drop(task);
     // Another key query on the same guard name: the snapshot is not its.
     let by_value = BloomGuard::builder().expected_items(1000).build();
-    let task = spawn(PgFollower::new(
+    let task = spawn(postgres::Follower::new(
         by_value.clone(),
         pool.clone(),
         bloom_guard_sqlx::Watch::table("items")

@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use bloom_guard::{stats::GuardState, BloomGuard};
-use bloom_guard_sqlx::{SqliteFollower, Watch};
+use bloom_guard_sqlx::{sqlite, Watch};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::SqlitePool;
 
@@ -60,12 +60,12 @@ async fn two_instances_and_the_sqlite3_shell_see_each_others_keys() {
     .await
     .expect("schema");
     let items = Watch::table("items").key("key");
-    items.install_sqlite(&one).await.expect("install");
-    items.install_sqlite(&two).await.expect("install twice");
+    items.install(&one).await.expect("install");
+    items.install(&two).await.expect("install twice");
 
     let guards = [BloomGuard::builder().build(), BloomGuard::builder().build()];
     for (guard, pool) in guards.iter().zip([&one, &two]) {
-        tokio::spawn(SqliteFollower::new(guard.clone(), pool.clone(), items.clone()).run());
+        tokio::spawn(sqlite::Follower::new(guard.clone(), pool.clone(), items.clone()).run());
     }
     for guard in &guards {
         wait_for(guard, "seeded").await;
@@ -102,7 +102,7 @@ async fn two_instances_and_the_sqlite3_shell_see_each_others_keys() {
 /// Runs a follower until the returned sender is dropped.
 fn follow(guard: &BloomGuard, pool: &SqlitePool) -> tokio::sync::oneshot::Sender<()> {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let follower = SqliteFollower::new(
+    let follower = sqlite::Follower::new(
         guard.clone(),
         pool.clone(),
         Watch::table("items").key("key"),
@@ -138,7 +138,7 @@ async fn instances_on_one_file_share_snapshots_and_refuse_damaged_ones() {
     .expect("schema");
     Watch::table("items")
         .key("key")
-        .install_sqlite(&pool)
+        .install(&pool)
         .await
         .expect("install");
 
@@ -212,13 +212,13 @@ async fn a_key_type_stricter_than_its_column_keeps_the_guard_open() {
     .await
     .expect("schema");
     let profiles = Watch::table("profiles").key("username");
-    profiles.install_sqlite(&pool).await.expect("install");
+    profiles.install(&pool).await.expect("install");
     let text = BloomGuard::builder().build();
     let case_insensitive = BloomGuard::builder()
         .key_type(bloom_guard::KeyType::CaseInsensitiveText)
         .build();
     for guard in [&text, &case_insensitive] {
-        tokio::spawn(SqliteFollower::new(guard.clone(), pool.clone(), profiles.clone()).run());
+        tokio::spawn(sqlite::Follower::new(guard.clone(), pool.clone(), profiles.clone()).run());
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while text.stats().generation == 0 || !case_insensitive.is_ready() {
@@ -251,10 +251,10 @@ async fn a_dropped_trigger_fails_the_guard_open_until_the_watch_is_repaired() {
     .await
     .expect("schema");
     let items = Watch::table("items").key("key");
-    items.install_sqlite(&pool).await.expect("install");
+    items.install(&pool).await.expect("install");
     let guard = BloomGuard::builder().build();
     tokio::spawn(
-        SqliteFollower::new(guard.clone(), pool.clone(), items.clone())
+        sqlite::Follower::new(guard.clone(), pool.clone(), items.clone())
             .check_interval(Duration::from_millis(20))
             .run(),
     );
@@ -280,7 +280,7 @@ async fn a_dropped_trigger_fails_the_guard_open_until_the_watch_is_repaired() {
     let error = guard.stats().last_error.unwrap_or_default();
     assert!(error.contains("bloom_guard_items_inserted"), "{error}");
     assert!(guard.may_contain("unseen"), "failing open");
-    items.install_sqlite(&pool).await.expect("repair");
+    items.install(&pool).await.expect("repair");
     wait_for(&guard, "unseen").await;
     assert!(!guard.may_contain("never-written"));
 }
@@ -301,11 +301,11 @@ async fn a_fleet_rebuild_on_one_instance_reaches_the_other() {
     .await
     .expect("schema");
     let items = Watch::table("items").key("key");
-    items.install_sqlite(&one).await.expect("install");
+    items.install(&one).await.expect("install");
     let guards = [BloomGuard::builder().build(), BloomGuard::builder().build()];
     for (guard, pool) in guards.iter().zip([&one, &two]) {
         tokio::spawn(
-            SqliteFollower::new(guard.clone(), pool.clone(), items.clone())
+            sqlite::Follower::new(guard.clone(), pool.clone(), items.clone())
                 .check_interval(Duration::from_millis(20))
                 .run(),
         );
@@ -347,7 +347,7 @@ async fn an_instance_started_after_a_bulk_load_protects_from_its_first_filter() 
         .expect("schema");
     Watch::table("items")
         .key("key")
-        .install_sqlite(&pool)
+        .install(&pool)
         .await
         .expect("install");
     // The instance that ran the migrations published the empty table.
@@ -399,7 +399,7 @@ async fn watched_file(seeded: usize) -> (std::path::PathBuf, SqlitePool) {
     .expect("schema");
     Watch::table("items")
         .key("key")
-        .install_sqlite(&pool)
+        .install(&pool)
         .await
         .expect("install");
     (path, pool)
@@ -574,7 +574,7 @@ async fn rtrim_under_space_padded_text_refuses_only_absent_spellings() {
         .expect("schema");
     Watch::table("items")
         .key("key")
-        .install_sqlite(&pool)
+        .install(&pool)
         .await
         .expect("install");
     let insert = async |key: String| {
@@ -610,15 +610,15 @@ async fn rtrim_under_space_padded_text_refuses_only_absent_spellings() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `Watch::uninstall_sqlite` drops a table's triggers (its writes no
-/// longer reach the feed), and `uninstall_sqlite` everything the feed
+/// `Watch::uninstall` drops a table's triggers (its writes no
+/// longer reach the feed), and `sqlite::uninstall` everything the feed
 /// installed, leaving the application's tables as they were.
 #[tokio::test]
 async fn uninstall_removes_a_tables_triggers_then_the_whole_feed() {
     let (dir, pool) =
         fresh("create table items (id integer primary key, key not null unique)").await;
     let items = Watch::table("items").key("key");
-    items.install_sqlite(&pool).await.expect("install");
+    items.install(&pool).await.expect("install");
     let count = |sql: &'static str| {
         let pool = pool.clone();
         async move {
@@ -638,7 +638,7 @@ async fn uninstall_removes_a_tables_triggers_then_the_whole_feed() {
     let recorded = count(feed_rows).await;
     assert_eq!(count(triggers).await, 3);
 
-    items.uninstall_sqlite(&pool).await.expect("unwatch");
+    items.uninstall(&pool).await.expect("unwatch");
     assert_eq!(count(triggers).await, 0);
     sqlx::raw_sql("insert into items (key) values ('unrecorded')")
         .execute(&pool)
@@ -646,13 +646,13 @@ async fn uninstall_removes_a_tables_triggers_then_the_whole_feed() {
         .expect("insert");
     assert_eq!(count(feed_rows).await, recorded, "a write reached the feed");
 
-    items.install_sqlite(&pool).await.expect("watch again");
-    bloom_guard_sqlx::uninstall_sqlite(&pool)
+    items.install(&pool).await.expect("watch again");
+    bloom_guard_sqlx::sqlite::uninstall(&pool)
         .await
         .expect("uninstall");
     assert_eq!(count(ours).await, 0);
     assert_eq!(count("select count(*) from items").await, 2);
-    items.install_sqlite(&pool).await.expect("install again");
+    items.install(&pool).await.expect("install again");
     assert_eq!(count(triggers).await, 3);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -662,10 +662,7 @@ async fn uninstall_removes_a_tables_triggers_then_the_whole_feed() {
 #[tokio::test]
 async fn a_key_column_no_key_type_compares_is_refused_at_watch() {
     let (dir, pool) = fresh("create table prices (amount numeric not null)").await;
-    let watched = Watch::table("prices")
-        .key("amount")
-        .install_sqlite(&pool)
-        .await;
+    let watched = Watch::table("prices").key("amount").install(&pool).await;
     let Err(bloom_guard_sqlx::FeedError::Uncomparable(why)) = watched else {
         panic!("{watched:?}");
     };
@@ -690,7 +687,7 @@ async fn installing_again_over_a_current_feed_writes_nothing() {
     let (dir, pool) =
         fresh("create table items (id integer primary key, key not null unique)").await;
     let items = Watch::table("items").key("key");
-    items.install_sqlite(&pool).await.expect("install");
+    items.install(&pool).await.expect("install");
     let version = || async {
         sqlx::query_scalar::<_, i64>("pragma schema_version")
             .fetch_one(&pool)
@@ -698,7 +695,7 @@ async fn installing_again_over_a_current_feed_writes_nothing() {
             .expect("schema version")
     };
     let installed = version().await;
-    items.install_sqlite(&pool).await.expect("install again");
+    items.install(&pool).await.expect("install again");
     assert_eq!(
         version().await,
         installed,
@@ -708,7 +705,7 @@ async fn installing_again_over_a_current_feed_writes_nothing() {
         .execute(&pool)
         .await
         .expect("drop a trigger");
-    items.install_sqlite(&pool).await.expect("repair");
+    items.install(&pool).await.expect("repair");
     let triggers: i64 =
         sqlx::query_scalar("select count(*) from sqlite_master where type = 'trigger'")
             .fetch_one(&pool)
@@ -721,7 +718,7 @@ async fn installing_again_over_a_current_feed_writes_nothing() {
 /// Every code point of the Basic Multilingual Plane alone, after and
 /// before an ASCII letter, and with trailing spaces, stored under
 /// `COLLATE NOCASE` and under `COLLATE RTRIM` (half scanned, half through
-/// the feed), with the key type `key_type_sqlite` picks; every probe (each
+/// the feed), with the key type `Watch::key_type` picks; every probe (each
 /// stored string, its upper and lower case, trailing spaces) that SQLite
 /// finds there (`join ... on p.w = t.w`, its own equality) must be found
 /// by the guard, and absent keys are refused.
@@ -735,8 +732,8 @@ async fn every_spelling_nocase_and_rtrim_find_is_found() {
         ))
         .await;
         let watch = Watch::table("words").key("w");
-        watch.install_sqlite(&pool).await.expect("install");
-        let key_type = watch.key_type_sqlite(&pool).await.expect("the key type");
+        watch.install(&pool).await.expect("install");
+        let key_type = watch.key_type(&pool).await.expect("the key type");
         let expected = match collation {
             "nocase" => bloom_guard::KeyType::CaseInsensitiveText,
             _ => bloom_guard::KeyType::SpacePaddedText,
@@ -763,7 +760,7 @@ async fn every_spelling_nocase_and_rtrim_find_is_found() {
             .expected_items(corpus.len() as u64 * 2)
             .false_positive_rate(0.001)
             .build();
-        let follower = SqliteFollower::new(guard.clone(), pool.clone(), watch);
+        let follower = sqlite::Follower::new(guard.clone(), pool.clone(), watch);
         let task = tokio::spawn(follower.run());
         insert("words", fed).await;
         insert("words", &["zz-last".to_owned()]).await;

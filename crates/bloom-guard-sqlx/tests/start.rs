@@ -107,7 +107,9 @@ async fn a_second_start_of_an_unchanged_schema_sends_no_ddl_and_few_statements(p
 
     // The second start, recorded up to readiness.
     *statements.recording.lock().expect("recording") = Some(Vec::new());
-    bloom_guard_sqlx::install(&pool).await.expect("install");
+    bloom_guard_sqlx::postgres::install(&pool)
+        .await
+        .expect("install");
     items().install(&pool).await.expect("watch");
     let second = guard();
     let _running = spawn(follower(&second, &pool).snapshots(true));

@@ -5,7 +5,7 @@ use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
 use bloom_guard::{extract::PathParam, BloomGuard, KeySource};
-use bloom_guard_sqlx::{PgCopySource, QuerySource};
+use bloom_guard_sqlx::{postgres, QuerySource};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use proptest::prelude::*;
 use sqlx::{PgPool, SqlitePool};
@@ -144,7 +144,11 @@ async fn sqlite_with(keys: &[String]) -> SqlitePool {
 async fn postgres_copy_warm_up_has_no_false_negatives(pool: PgPool) {
     let keys = all_keys();
     fill_postgres(&pool, &keys).await;
-    check_warm_up(PgCopySource::new(pool, "select key from items"), keys).await;
+    check_warm_up(
+        postgres::CopySource::new(pool, "select key from items"),
+        keys,
+    )
+    .await;
 }
 
 #[sqlx::test(migrations = "tests/migrations")]
@@ -159,7 +163,7 @@ async fn postgres_query_warm_up_has_no_false_negatives(pool: PgPool) {
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn postgres_count_hints_size_the_filter(pool: PgPool) {
     fill_postgres(&pool, &all_keys()).await;
-    let estimate = PgCopySource::new(pool.clone(), "select key from items")
+    let estimate = postgres::CopySource::new(pool.clone(), "select key from items")
         .count_hint()
         .await;
     let estimate = estimate.expect("explain").expect("a row estimate");
@@ -167,7 +171,7 @@ async fn postgres_count_hints_size_the_filter(pool: PgPool) {
         estimate.abs_diff(all_keys().len() as u64) < 5_000,
         "{estimate}"
     );
-    let exact = PgCopySource::new(pool, "select key from items")
+    let exact = postgres::CopySource::new(pool, "select key from items")
         .count_query("select count(*) from items")
         .count_hint()
         .await;
@@ -180,7 +184,10 @@ async fn postgres_bad_key_query_fails_and_the_guard_stays_open(pool: PgPool) {
     fill_postgres(&pool, &["a".to_owned()]).await;
     let guard = guard();
     let result = guard
-        .rebuild(&PgCopySource::new(pool, "select key, value from items"))
+        .rebuild(&postgres::CopySource::new(
+            pool,
+            "select key, value from items",
+        ))
         .await;
     assert!(result.is_err());
     assert!(!guard.is_ready() && guard.may_contain("anything"));
@@ -247,7 +254,10 @@ async fn postgres_copy_loads_any_key_the_request_path_accepts(pool: PgPool) {
         let guard = guard();
         guard
             .clone()
-            .warm(PgCopySource::new(pool.clone(), "select key from items"))
+            .warm(postgres::CopySource::new(
+                pool.clone(),
+                "select key from items",
+            ))
             .await;
         let app = app(&guard);
         for key in &keys {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bloom_guard_sqlx::NOTIFIER_APPLICATION_NAME;
+use bloom_guard_sqlx::postgres;
 use common::{arrives, exec, follower, guard, install, install_version, spawn, wait_until};
 use sqlx::PgPool;
 
@@ -244,7 +244,7 @@ async fn elected(pool: &PgPool, killed: &[i32]) -> i32 {
             "select pid from pg_stat_activity where application_name = $1
                 and datname = current_database() and not (pid = any($2))",
         )
-        .bind(NOTIFIER_APPLICATION_NAME)
+        .bind(postgres::NOTIFIER_APPLICATION_NAME)
         .bind(killed)
         .fetch_all(pool)
         .await
@@ -533,7 +533,9 @@ async fn an_index_build_that_stopped_half_way_is_finished_by_the_next_install(po
     )
     .await;
     assert!(!feed_indexed_by_guard(&pool).await);
-    bloom_guard_sqlx::install(&pool).await.expect("install");
+    bloom_guard_sqlx::postgres::install(&pool)
+        .await
+        .expect("install");
     assert!(feed_indexed_by_guard(&pool).await);
 }
 
@@ -567,7 +569,9 @@ async fn upgrade_under_writers(pool: &PgPool, earlier: &str) {
     // The upgrade's DDL makes writers wait (not fail) for its transaction.
     let writers = Writers::start(&pool, "u", 4, "0");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    bloom_guard_sqlx::install(&pool).await.expect("the upgrade");
+    bloom_guard_sqlx::postgres::install(&pool)
+        .await
+        .expect("the upgrade");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (committed, failed) = writers.finish().await;
     assert!(failed.is_empty(), "{failed:?}");
@@ -575,14 +579,16 @@ async fn upgrade_under_writers(pool: &PgPool, earlier: &str) {
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, bloom_guard_sqlx::SCHEMA_VERSION);
+    assert_eq!(version, bloom_guard_sqlx::postgres::SCHEMA_VERSION);
     let mut keys: Vec<&str> = committed.iter().map(String::as_str).collect();
     keys.push("before");
     wait_until("every key", Duration::from_secs(10), || {
         common::holds_all(&guard, &keys)
     })
     .await;
-    bloom_guard_sqlx::install(&pool).await.expect("a no-op");
+    bloom_guard_sqlx::postgres::install(&pool)
+        .await
+        .expect("a no-op");
     let partitions: i64 = sqlx::query_scalar(
         "select count(*) from pg_inherits where inhparent = 'bloom_guard.changes'::regclass",
     )
@@ -608,7 +614,9 @@ async fn unwatching_and_uninstalling_leave_writes_working(pool: PgPool) {
     assert_eq!(triggers, 0);
     exec(&pool, "insert into items (key) values ('unwatched')").await;
     common::items().install(&pool).await.expect("watch again");
-    bloom_guard_sqlx::uninstall(&pool).await.expect("uninstall");
+    bloom_guard_sqlx::postgres::uninstall(&pool)
+        .await
+        .expect("uninstall");
     exec(&pool, "insert into items (key) values ('uninstalled')").await;
     let schema: Option<String> =
         sqlx::query_scalar("select nspname::text from pg_namespace where nspname = 'bloom_guard'")

@@ -62,7 +62,7 @@ pub fn guards(config: &Config) -> Guards {
 /// (the database down, or the table not created yet).
 pub async fn guards_for(config: &Config, db: &Database) -> Result<Guards, FeedError> {
     let items = match db.pool() {
-        Pool::MySql(pool) => crate::items_feed().key_type_mysql(pool).await?,
+        Pool::MySql(pool) => crate::items_feed().key_type(pool).await?,
         Pool::Postgres(_) | Pool::Sqlite(_) => KeyType::Text,
     };
     Ok(guards_with(config, items))

@@ -93,10 +93,13 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         // The start's connections open together (the session check's, the
         // install's, the followers' first statements and locks): over TLS
         // each new one costs a handshake.
-        tokio::spawn(bloom_guard_sqlx::warm_pool(pool.clone(), START_CONNECTIONS));
+        tokio::spawn(bloom_guard_sqlx::postgres::warm_pool(
+            pool.clone(),
+            START_CONNECTIONS,
+        ));
         if let Err(
             error @ (bloom_guard_sqlx::FeedError::Pooler(_) | bloom_guard_sqlx::FeedError::Standby),
-        ) = bloom_guard_sqlx::check_session(pool).await
+        ) = bloom_guard_sqlx::postgres::check_session(pool).await
         {
             return Err(error.into());
         }

@@ -4,9 +4,7 @@
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use bloom_guard_sqlx::{
-    FeedError, Follow, MySqlFollower, PgFollower, PgLogFollower, SqliteFollower,
-};
+use bloom_guard_sqlx::{mysql, postgres, sqlite, FeedError, Follow};
 
 use crate::config::Config;
 use crate::db::{Database, MigrateError, Pool};
@@ -45,9 +43,9 @@ pub async fn guards_at_start(config: &Config, db: &Database) -> Result<Guards, F
 
 /// Brings the database up and the guard warm: applies the migrations and
 /// installs the change feed (retrying while the database is unreachable),
-/// starts the follower that keeps the filter complete ([`PgFollower`], or
-/// [`PgLogFollower`] with `BLOOM_FEED=log`, [`MySqlFollower`] or
-/// [`SqliteFollower`]: warm-up, every key written by any instance or SQL
+/// starts the follower that keeps the filter complete ([`postgres::Follower`], or
+/// [`postgres::log::Follower`] with `BLOOM_FEED=log`, [`mysql::Follower`] or
+/// [`sqlite::Follower`]: warm-up, every key written by any instance or SQL
 /// client, scheduled rebuilds), and returns once the guard is ready. The
 /// service fails open until then.
 pub async fn prepare(state: AppState) {
@@ -109,14 +107,14 @@ pub async fn prepare(state: AppState) {
         (Pool::Postgres(pool), Some(url)) => follow(
             &state,
             &guards,
-            PgLogFollower::new(items, pool.clone(), items_feed(), url.clone()),
-            PgLogFollower::new(users, pool, users_feed(), url),
+            postgres::log::Follower::new(items, pool.clone(), items_feed(), url.clone()),
+            postgres::log::Follower::new(users, pool, users_feed(), url),
             invalidate,
             drop_all,
         ),
         (Pool::Postgres(pool), None) => {
             let follower = |guard, watch| {
-                let follower = PgFollower::new(guard, pool.clone(), watch);
+                let follower = postgres::Follower::new(guard, pool.clone(), watch);
                 match state.db.replica() {
                     Some(replica) => follower.replica(replica.clone()),
                     None => follower,
@@ -134,16 +132,16 @@ pub async fn prepare(state: AppState) {
         (Pool::Sqlite(pool), _) => follow(
             &state,
             &guards,
-            SqliteFollower::new(items, pool.clone(), items_feed()),
-            SqliteFollower::new(users, pool, users_feed()),
+            sqlite::Follower::new(items, pool.clone(), items_feed()),
+            sqlite::Follower::new(users, pool, users_feed()),
             invalidate,
             drop_all,
         ),
         (Pool::MySql(pool), _) => follow(
             &state,
             &guards,
-            MySqlFollower::new(items, pool.clone(), items_feed()),
-            MySqlFollower::new(users, pool, users_feed()),
+            mysql::Follower::new(items, pool.clone(), items_feed()),
+            mysql::Follower::new(users, pool, users_feed()),
             invalidate,
             drop_all,
         ),

@@ -231,8 +231,10 @@ async fn a_rebuild_that_loses_the_database_keeps_the_old_filter(pool: PgPool) {
     let guard = state.guards.clone().expect("guarded").items;
     let before = guard.stats();
 
-    let source =
-        bloom_guard_sqlx::PgCopySource::new(proxy.pool_like(&pool), "select key from items");
+    let source = bloom_guard_sqlx::postgres::CopySource::new(
+        proxy.pool_like(&pool),
+        "select key from items",
+    );
     let rebuild = {
         let guard = guard.clone();
         tokio::spawn(async move { guard.rebuild(&source).await })
@@ -306,7 +308,7 @@ async fn shutdown_closes_the_listener_and_feed_connections(pool: PgPool) {
         sqlx::query_scalar::<_, i64>(
             "select count(*) from pg_stat_activity where application_name = $1 and datname = current_database()",
         )
-        .bind(bloom_guard_sqlx::LISTENER_APPLICATION_NAME)
+        .bind(bloom_guard_sqlx::postgres::LISTENER_APPLICATION_NAME)
         .fetch_one(&pool)
     };
     // One per guard: items and users.
@@ -316,7 +318,7 @@ async fn shutdown_closes_the_listener_and_feed_connections(pool: PgPool) {
         sqlx::query_scalar::<_, i64>(
             "select count(*) from pg_stat_activity where application_name = $1 and datname = current_database()",
         )
-        .bind(bloom_guard_sqlx::FEED_APPLICATION_NAME)
+        .bind(bloom_guard_sqlx::postgres::FEED_APPLICATION_NAME)
         .fetch_one(&pool)
     };
     let mut kept = feed_connections().await.expect("count");

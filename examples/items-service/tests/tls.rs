@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::PgLogFollower;
+use bloom_guard_sqlx::postgres;
 use items_service::config::Feed;
 use items_service::{app, prepare, AppState, Config, Database, Pool};
 use rcgen::{
@@ -417,7 +417,7 @@ async fn the_log_reader_refuses_a_server_from_another_ca() {
         panic!("a Postgres pool");
     };
     let guard = BloomGuard::builder().expected_items(1_000).build();
-    let follower = PgLogFollower::new(
+    let follower = postgres::log::Follower::new(
         guard.clone(),
         pool.clone(),
         items_service::items_feed(),
@@ -454,13 +454,13 @@ async fn the_log_reader_refuses_a_server_from_another_ca() {
     let elsewhere = sqlx::PgPool::connect(&std::env::var("DATABASE_URL").expect("DATABASE_URL"))
         .await
         .expect("connect to DATABASE_URL");
-    let checked = bloom_guard_sqlx::check_replication(&elsewhere, &good).await;
+    let checked = bloom_guard_sqlx::postgres::log::check_replication(&elsewhere, &good).await;
     assert!(
         matches!(&checked, Err(bloom_guard_sqlx::FeedError::ReplicationUrl(message))
             if message.contains("of cluster")),
         "{checked:?}"
     );
-    bloom_guard_sqlx::check_replication(pool, &good)
+    bloom_guard_sqlx::postgres::log::check_replication(pool, &good)
         .await
         .expect("the server's own database over TLS");
     elsewhere.close().await;

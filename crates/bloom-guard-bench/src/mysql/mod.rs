@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{MySqlFollower, Watch};
+use bloom_guard_sqlx::{mysql, Watch};
 use serde::Serialize;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{ConnectOptions, Connection, MySqlPool};
@@ -156,10 +156,7 @@ async fn database(server_url: &str, name: &str) -> Result<MySqlPool, Box<dyn std
         .execute(&pool)
         .await?;
     }
-    Watch::table("items")
-        .key("code")
-        .install_mysql(&pool)
-        .await?;
+    Watch::table("items").key("code").install(&pool).await?;
     Ok(pool)
 }
 
@@ -273,7 +270,7 @@ async fn propagation(
     let guard = BloomGuard::builder().expected_items(5_000_000).build();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(
-        MySqlFollower::new(guard.clone(), other, Watch::table("items").key("code")).run_until(
+        mysql::Follower::new(guard.clone(), other, Watch::table("items").key("code")).run_until(
             async move {
                 let _ = stopped.await;
             },

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::{MySqlFollower, Watch};
+use bloom_guard_sqlx::{mysql, Watch};
 use futures_util::TryStreamExt;
 use sqlx::MySqlPool;
 
@@ -20,10 +20,7 @@ pub(super) async fn warmup(
     sqlx::raw_sql("drop table items; create table items (id bigint auto_increment primary key, code varbinary(200) not null, unique key (code))")
         .execute(pool)
         .await?;
-    Watch::table("items")
-        .key("code")
-        .install_mysql(pool)
-        .await?;
+    Watch::table("items").key("code").install(pool).await?;
     fill(pool, "items", 1, keys).await?;
     let (mut follower_secs, mut select_secs) = (0.0, 0.0);
     let rounds = 3;
@@ -34,7 +31,7 @@ pub(super) async fn warmup(
         let started = Instant::now();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(
-            MySqlFollower::new(
+            mysql::Follower::new(
                 guard.clone(),
                 pool.clone(),
                 Watch::table("items").key("code"),
@@ -95,11 +92,11 @@ pub(super) async fn deploy(
     .execute(pool)
     .await?;
     let watch = || Watch::table("items").key("code");
-    watch().install_mysql(pool).await?;
+    watch().install(pool).await?;
     let first = BloomGuard::builder().name("items").build();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(
-        MySqlFollower::new(first.clone(), pool.clone(), watch()).run_until(async {
+        mysql::Follower::new(first.clone(), pool.clone(), watch()).run_until(async {
             let _ = stopped.await;
         }),
     );
@@ -135,7 +132,7 @@ pub(super) async fn deploy(
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let started = Instant::now();
     let task = tokio::spawn(
-        MySqlFollower::new(guard.clone(), pool.clone(), watch()).run_until(async {
+        mysql::Follower::new(guard.clone(), pool.clone(), watch()).run_until(async {
             let _ = stopped.await;
         }),
     );

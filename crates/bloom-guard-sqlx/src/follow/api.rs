@@ -6,8 +6,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-/// What every follower ([`PgFollower`](crate::PgFollower),
-/// [`SqliteFollower`](crate::SqliteFollower)) can be told and do, for code
+/// What every follower ([`postgres::Follower`](crate::postgres::Follower),
+/// [`sqlite::Follower`](crate::sqlite::Follower)) can be told and do, for code
 /// that starts followers whatever the database. Each method is also the
 /// follower's own (no import needed); see them there.
 ///
@@ -25,34 +25,34 @@ use std::time::Duration;
 ///
 #[doc = include_str!("../../docs/snapshots.md")]
 pub trait Follow: Sized + Send + 'static {
-    /// See [`PgFollower::snapshots`](crate::PgFollower::snapshots).
+    /// See [`postgres::Follower::snapshots`](crate::postgres::Follower::snapshots).
     #[must_use]
     fn snapshots(self, enabled: bool) -> Self;
-    /// See [`PgFollower::snapshot_interval`](crate::PgFollower::snapshot_interval).
+    /// See [`postgres::Follower::snapshot_interval`](crate::postgres::Follower::snapshot_interval).
     #[must_use]
     fn snapshot_interval(self, every: Duration) -> Self;
-    /// See [`PgFollower::poll_interval`](crate::PgFollower::poll_interval).
+    /// See [`postgres::Follower::poll_interval`](crate::postgres::Follower::poll_interval).
     #[must_use]
     fn poll_interval(self, every: Duration) -> Self;
-    /// See [`PgFollower::check_interval`](crate::PgFollower::check_interval).
+    /// See [`postgres::Follower::check_interval`](crate::postgres::Follower::check_interval).
     #[must_use]
     fn check_interval(self, every: Duration) -> Self;
-    /// See [`PgFollower::retention`](crate::PgFollower::retention).
+    /// See [`postgres::Follower::retention`](crate::postgres::Follower::retention).
     #[must_use]
     fn retention(self, retention: Duration) -> Self;
-    /// See [`PgFollower::instance_id`](crate::PgFollower::instance_id).
+    /// See [`postgres::Follower::instance_id`](crate::postgres::Follower::instance_id).
     #[must_use]
     fn instance_id(self, id: impl Into<String>) -> Self;
-    /// See [`PgFollower::heartbeat_interval`](crate::PgFollower::heartbeat_interval).
+    /// See [`postgres::Follower::heartbeat_interval`](crate::postgres::Follower::heartbeat_interval).
     #[must_use]
     fn heartbeat_interval(self, every: Duration) -> Self;
-    /// See [`PgFollower::on_key`](crate::PgFollower::on_key).
+    /// See [`postgres::Follower::on_key`](crate::postgres::Follower::on_key).
     #[must_use]
     fn on_key(self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self;
-    /// See [`PgFollower::on_catch_up`](crate::PgFollower::on_catch_up).
+    /// See [`postgres::Follower::on_catch_up`](crate::postgres::Follower::on_catch_up).
     #[must_use]
     fn on_catch_up(self, hook: impl Fn() + Send + Sync + 'static) -> Self;
-    /// See [`PgFollower::run_until`](crate::PgFollower::run_until).
+    /// See [`postgres::Follower::run_until`](crate::postgres::Follower::run_until).
     fn run_until(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,

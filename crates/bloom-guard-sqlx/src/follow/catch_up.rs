@@ -11,7 +11,7 @@ use bloom_guard::{
 use futures_util::future::BoxFuture;
 
 use super::changes::{warn_skipped, Changes};
-use super::{Database, Follower, Read};
+use super::{Database, Engine, Read};
 
 /// Why a new filter could not be brought up to date.
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +36,7 @@ impl From<CatchUpError> for BuildError {
 
 /// The follower's [`CatchUp`], registered with its feed reader. Weak: the
 /// guard holds it, and must not keep the follower alive.
-pub(super) struct CatchUpFrom<B: Database>(pub(super) Weak<Follower<B>>);
+pub(super) struct CatchUpFrom<B: Database>(pub(super) Weak<Engine<B>>);
 
 impl<B: Database> CatchUp for CatchUpFrom<B> {
     fn catch_up(&self, pending: PendingFilter) -> BoxFuture<'_, Result<u64, BuildError>> {
@@ -59,7 +59,7 @@ impl<B: Database> CatchUp for CatchUpFrom<B> {
     }
 }
 
-impl<B: Database> Follower<B> {
+impl<B: Database> Engine<B> {
     /// Holding the feed: applies to the filter in use what the reader loop
     /// would (so the hooks see every change), reads the feed from `from`
     /// and hands that read to `put_in_use`, which applies it to the new

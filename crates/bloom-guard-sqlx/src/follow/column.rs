@@ -199,7 +199,7 @@ fn check_one(table: &str, key_type: KeyType, column: &KeyColumn) -> Verdict {
                     Verdict::Fits
                 }
                 other => Verdict::Refused(format!(
-                    "{table}.{} compares keys under collation {name}, but the guard's key type is {other:?}: it would refuse stored keys spelt otherwise; build the guard with the key type Watch::key_type_mysql returns",
+                    "{table}.{} compares keys under collation {name}, but the guard's key type is {other:?}: it would refuse stored keys spelt otherwise; build the guard with the key type Watch::key_type returns",
                     column.name
                 )),
             };

@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Checks, Clock, Database, FeedReads, FeedUpkeep, FleetTable, Follower, KeySet, LoadError, Read,
+    Checks, Clock, Database, Engine, FeedReads, FeedUpkeep, FleetTable, KeySet, LoadError, Read,
     Scans, SnapshotStore, Stored, Stores, WakeUps, Wakes,
 };
 use crate::error::SourceError;
@@ -372,7 +372,7 @@ fn run(fake: &Fake, snapshots: bool) -> Running {
 }
 
 fn run_guard(fake: &Fake, snapshots: bool, guard: BloomGuard) -> Running {
-    let mut engine = Follower::new(guard.clone(), fake.clone());
+    let mut engine = Engine::new(guard.clone(), fake.clone());
     engine.snapshots = snapshots;
     engine.check_interval = Duration::from_millis(10);
     engine.poll_interval = Duration::from_secs(5);
@@ -511,7 +511,7 @@ async fn a_snapshot_published_between_a_reads_keys_and_its_position_has_them() {
     let fake = Fake::new();
     fake.commit("a");
     let guard = BloomGuard::builder().name("items").build();
-    let mut engine = Follower::new(guard.clone(), fake.clone());
+    let mut engine = Engine::new(guard.clone(), fake.clone());
     engine.check_interval = Duration::from_millis(5);
     engine.poll_interval = Duration::from_millis(5);
     // Republished at every check.

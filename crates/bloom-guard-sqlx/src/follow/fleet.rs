@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::catch_up::CatchUpError;
 use super::cost::Rates;
 use super::prefetch::Loaded;
-use super::{Clock, Database, Follower, LoadError, SnapshotStore, Stored, Stores};
+use super::{Clock, Database, Engine, LoadError, SnapshotStore, Stored, Stores};
 
 /// What the follower knows of the fleet's snapshots.
 #[derive(Debug)]
@@ -84,7 +84,7 @@ impl From<CatchUpError> for AdoptFailure {
     }
 }
 
-impl<B: Database> Follower<B> {
+impl<B: Database> Engine<B> {
     /// The guard's first filter: the newest usable snapshot, completed from
     /// the feed; else a scan, one instance of the fleet at a time, whose
     /// result is published for the others.

@@ -15,12 +15,12 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 use bloom_guard::feed::ReadStart;
 use tokio::sync::OwnedMutexGuard;
 
-use super::{Database, Follower, Read};
+use super::{Database, Engine, Read};
 use crate::lock::lock;
 
 /// The followers of one instance that read one database's feeds.
 pub(super) struct ReadGroup<B: Database> {
-    members: Mutex<Vec<Weak<Follower<B>>>>,
+    members: Mutex<Vec<Weak<Engine<B>>>>,
 }
 
 /// The groups of this process, by backend, instance and database.
@@ -31,13 +31,13 @@ static GROUPS: LazyLock<Mutex<Groups>> = LazyLock::new(Mutex::default);
 /// A follower's place in its group, for as long as its loop reads.
 pub(super) struct Membership<B: Database> {
     group: Arc<ReadGroup<B>>,
-    follower: Weak<Follower<B>>,
+    follower: Weak<Engine<B>>,
 }
 
 /// Another guard's follower whose read the statement makes: its feed held
 /// from before its read began until the read is applied.
 pub(super) struct Companion<B: Database> {
-    pub(super) follower: Arc<Follower<B>>,
+    pub(super) follower: Arc<Engine<B>>,
     feed: OwnedMutexGuard<Option<B::Position>>,
     pub(super) position: B::Position,
     started: ReadStart,
@@ -49,7 +49,7 @@ pub(super) struct Companion<B: Database> {
 impl<B: Database> Membership<B> {
     /// Puts `follower` in the group of its instance and database, if its
     /// database reads several feeds in one statement.
-    pub(super) fn join(follower: &Arc<Follower<B>>) -> Option<Self> {
+    pub(super) fn join(follower: &Arc<Engine<B>>) -> Option<Self> {
         let database = follower.backend.shared_reads()?;
         let key = (
             TypeId::of::<B>(),
@@ -80,7 +80,7 @@ impl<B: Database> Membership<B> {
 
     /// The other members: their waiting refusals count toward the company
     /// of this member's reads.
-    pub(super) fn others(&self) -> Vec<Arc<Follower<B>>> {
+    pub(super) fn others(&self) -> Vec<Arc<Engine<B>>> {
         lock(&self.group.members)
             .iter()
             .filter(|member| !member.ptr_eq(&self.follower))

@@ -8,7 +8,7 @@ use bloom_guard::FailOpen;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Database, Follower};
+use super::{Database, Engine};
 use crate::follow::column;
 
 /// How late the feed's pruning may be before it is logged: a few of its
@@ -26,7 +26,7 @@ const PRUNE_EVERY: Duration = Duration::from_secs(60);
 #[error("writes can bypass the change feed: {0}")]
 struct GapError(String);
 
-impl<B: Database> Follower<B> {
+impl<B: Database> Engine<B> {
     /// Checks the triggers, prunes the feed, and rebuilds when due.
     pub(super) async fn maintain(
         self: Arc<Self>,

@@ -49,7 +49,7 @@ use crate::follow::changes::{Changes, Hooks};
 use fleet::Fleet;
 
 /// The follower engine over one backend; the public followers wrap it.
-pub(crate) struct Follower<B: Database> {
+pub(crate) struct Engine<B: Database> {
     pub(crate) guard: BloomGuard,
     pub(crate) backend: B,
     pub(crate) poll_interval: Duration,
@@ -120,9 +120,9 @@ pub(crate) struct Follower<B: Database> {
     pub(super) between_keys_and_position: Option<Arc<(Notify, Notify)>>,
 }
 
-impl<B: Database> std::fmt::Debug for Follower<B> {
+impl<B: Database> std::fmt::Debug for Engine<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Follower")
+        f.debug_struct("Engine")
             .field("guard", &self.guard.name())
             .field("feed", &self.backend.feed())
             .field("poll_interval", &self.poll_interval)
@@ -136,7 +136,7 @@ impl<B: Database> std::fmt::Debug for Follower<B> {
     }
 }
 
-impl<B: Database> Follower<B> {
+impl<B: Database> Engine<B> {
     /// The engine for `guard` over `backend`, with the defaults.
     pub(crate) fn new(guard: BloomGuard, backend: B) -> Self {
         Self {

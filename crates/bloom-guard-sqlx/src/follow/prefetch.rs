@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
-use super::{Database, Follower, LoadError, SnapshotStore, Stored, Stores};
+use super::{Database, Engine, LoadError, SnapshotStore, Stored, Stores};
 
 /// A snapshot listed and read ahead of its adoption.
 pub(super) struct Loaded {
@@ -33,7 +33,7 @@ pub(super) struct Prefetch {
     read: AbortOnDropHandle<Option<Loaded>>,
 }
 
-impl<B: Database> Follower<B> {
+impl<B: Database> Engine<B> {
     /// Starts reading the newest snapshot for `fingerprint`, unless one is
     /// already being read for it (a start that tries again) or snapshots
     /// are off.

@@ -14,7 +14,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Database, FleetTable, Follower, Stores};
+use super::{Database, Engine, FleetTable, Stores};
 use crate::error::error_chain;
 
 /// How often the stored settings are read: a change is in force on every
@@ -35,7 +35,7 @@ const MIN_HEARTBEAT: Duration = Duration::from_millis(50);
 /// 30 s after its last one.
 const MAX_HEARTBEAT: Duration = Duration::from_secs(10);
 
-impl<B: Database> Follower<B> {
+impl<B: Database> Engine<B> {
     /// Puts the fleet's settings in force every second and records a
     /// heartbeat at the heartbeat interval, or at once when the guard's
     /// state, mode or filter changed; runs until dropped.

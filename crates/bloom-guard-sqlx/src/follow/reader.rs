@@ -8,13 +8,13 @@ use tokio::time::{sleep, sleep_until, Instant};
 
 use super::changes::Changes;
 use super::group::{Companion, Membership};
-use super::{retry_pauses, Database, Follower, Read, MAX_PAUSE};
+use super::{retry_pauses, Database, Engine, Read, MAX_PAUSE};
 
 /// How often a reader loop waiting for refusals looks up again the
 /// guards that share its reads.
 const OTHERS_AGAIN: Duration = Duration::from_secs(1);
 
-impl<B: Database> Follower<B> {
+impl<B: Database> Engine<B> {
     /// Reads the feed from the follower's position on every wake-up and
     /// interval, applying each read to the filter in use. A read refusals
     /// asked for also reads for the waiting refusals of `group`'s other

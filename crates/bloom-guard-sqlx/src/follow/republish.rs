@@ -5,9 +5,9 @@
 use tokio::time::Instant;
 
 use super::fleet::publish;
-use super::{Clock, Database, Follower, SnapshotStore, Stores};
+use super::{Clock, Database, Engine, SnapshotStore, Stores};
 
-impl<B: Database> Follower<B> {
+impl<B: Database> Engine<B> {
     /// Republishes the filter in use when the newest snapshot is older than
     /// the interval and the filter changed enough since (or the snapshot
     /// is half the retention old), on one instance.

@@ -95,7 +95,7 @@ pub(super) async fn gaps(pool: &MySqlPool, watch: &Watch) -> Result<Vec<Gap>, sq
     .await?;
     if installed == 0 {
         return Ok(vec![Gap::repairable(
-            "the change feed is not installed: call Watch::install_mysql".to_owned(),
+            "the change feed is not installed: call Watch::install".to_owned(),
         )]);
     }
     let mut gaps = server_gaps(pool).await?;
@@ -126,7 +126,7 @@ pub(super) async fn gaps(pool: &MySqlPool, watch: &Watch) -> Result<Vec<Gap>, sq
                 expected.name
             ))),
             Some(found) if *found != expected => gaps.push(Gap::repairable(format!(
-                "{}: trigger {} is not as Watch::install_mysql puts it (rewritten, or a key column's type changed)",
+                "{}: trigger {} is not as Watch::install puts it (rewritten, or a key column's type changed)",
                 ident(&table),
                 expected.name
             ))),

@@ -9,8 +9,8 @@ use futures_util::TryStreamExt;
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, MySqlPool, Row as _};
 
-use super::cursor::{Cursor, OpenIds};
 use super::names::hex;
+use super::position::{Cursor, OpenIds};
 use super::settle::Settled;
 use crate::digest::row_digest;
 use crate::follow::changes::Changes;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use sqlx::{AssertSqlSafe, MySqlPool};
 
 use super::catalog::{self, Trigger};
-use super::columns;
+use super::key_type;
 use super::names::{ident, literal, table_ident, table_parts};
 use super::uninstall::{ddl_connection, lock_wait_timed_out, DDL_LOCK_WAIT, TABLE_NAMES};
 use crate::error::FeedError;
@@ -146,7 +146,7 @@ impl Watch {
         &self,
         pool: &MySqlPool,
     ) -> Result<Vec<Option<bool>>, sqlx::Error> {
-        let columns = columns::columns(pool, self).await?;
+        let columns = key_type::columns(pool, self).await?;
         Ok(self
             .key_columns
             .iter()
@@ -224,7 +224,7 @@ end if",
     /// Installs the feed's tables and this table's triggers in a MySQL (8.0
     /// or later) or MariaDB (10.6 or later) database: every key written by
     /// any client (another instance, the `mysql` shell, `LOAD DATA`)
-    /// reaches [`MySqlFollower`](crate::MySqlFollower)s. Idempotent: a
+    /// reaches [`mysql::Follower`](crate::mysql::Follower)s. Idempotent: a
     /// trigger already as it should be is left alone; one of another
     /// version is replaced, and every follower rebuilds (writes between
     /// the drop and the create are in no feed).
@@ -246,8 +246,8 @@ end if",
     /// metadata lock (`lock_wait_timeout`), so writers never queue behind
     /// it longer, and is tried again until the transaction in its way
     /// ends.
-    pub async fn install_mysql(&self, pool: &MySqlPool) -> Result<(), FeedError> {
-        crate::follow::column::comparable(&self.table, &columns::key_columns(pool, self).await?)?;
+    pub(crate) async fn install_mysql(&self, pool: &MySqlPool) -> Result<(), FeedError> {
+        crate::follow::column::comparable(&self.table, &key_type::key_columns(pool, self).await?)?;
         // One resync before the first drop, however many tries it takes.
         let resynced = AtomicBool::new(false);
         crate::ddl::retrying_locks("watch", DDL_LOCK_WAIT, lock_wait_timed_out, || {

@@ -1,23 +1,27 @@
-//! The follower engine's MySQL and MariaDB backend: the feed read by row
+//! MySQL 8 and MariaDB 10.6 or later: the [`Follower`] of a table on the
+//! trigger feed, and [`uninstall`] for the feed's tables.
+//!
+//! Inside: the follower engine's MySQL and MariaDB backend: the feed read by row
 //! id with the ids of open transactions kept open, wake-ups by a look at
 //! the feed's highest id, the trigger check, snapshots under `GET_LOCK`,
 //! the feed's tables and triggers, and the scan.
 
 mod catalog;
 mod collation;
-mod columns;
-mod cursor;
 mod feed;
 mod galera;
 mod install;
+mod key_type;
 mod names;
+mod position;
 mod scan;
 mod settle;
 mod store;
 mod uninstall;
-
-pub use uninstall::uninstall_mysql;
 mod wake;
+mod watch;
+
+pub use uninstall::uninstall;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,13 +32,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::follow::column::KeyColumn;
 use crate::follow::{
-    follower_api, Checks, Clock, Database, FeedReads, FeedUpkeep, Follower, KeySet, Read, Scans,
+    follower_api, Checks, Clock, Database, Engine, FeedReads, FeedUpkeep, KeySet, Read, Scans,
     Stores, WakeUps, Wakes,
 };
 use crate::store::fleet::FleetTables;
 use crate::store::snapshots::Tables;
 use crate::watch::Watch;
-use cursor::Cursor;
+use position::Cursor;
 use scan::MySqlScan;
 use settle::Settled;
 
@@ -48,7 +52,7 @@ const REVISIT: Duration = Duration::from_millis(25);
 /// moves (looked at every 10 ms while it does, backing off to once a
 /// second at rest), at every refusal's read barrier, and at least every
 /// [`poll_interval`](Self::poll_interval). Needs
-/// [`Watch::install_mysql`] first.
+/// [`Watch::install`] first.
 ///
 #[doc = include_str!("../../docs/mysql.md")]
 ///
@@ -56,31 +60,31 @@ const REVISIT: Duration = Duration::from_millis(25);
 ///
 /// ```no_run
 /// use bloom_guard::BloomGuard;
-/// use bloom_guard_sqlx::{MySqlFollower, Watch};
+/// use bloom_guard_sqlx::{mysql, Watch};
 ///
 /// # async fn run(pool: sqlx::MySqlPool) -> Result<(), bloom_guard_sqlx::FeedError> {
 /// let items = Watch::table("items").key("key");
-/// items.install_mysql(&pool).await?;
+/// items.install(&pool).await?;
 /// // The key type the column needs: under MariaDB's default collation,
 /// // `Apple-Pie` is found as `apple-pie`.
 /// let guard = BloomGuard::builder()
-///     .key_type(items.key_type_mysql(&pool).await?)
+///     .key_type(items.key_type(&pool).await?)
 ///     .build();
-/// tokio::spawn(MySqlFollower::new(guard.clone(), pool, items).run());
+/// tokio::spawn(mysql::Follower::new(guard.clone(), pool, items).run());
 /// # Ok(()) }
 /// ```
-pub struct MySqlFollower {
-    engine: Follower<MySqlBackend>,
+pub struct Follower {
+    engine: Engine<MySqlBackend>,
 }
 
-follower_api!(MySqlFollower);
+follower_api!(Follower);
 
-impl MySqlFollower {
+impl Follower {
     /// A follower for `guard`, holding the keys of `watch`'s table.
     pub fn new(guard: BloomGuard, pool: MySqlPool, watch: Watch) -> Self {
         let backend = MySqlBackend::new(&guard, pool, watch);
         Self {
-            engine: Follower::new(guard, backend),
+            engine: Engine::new(guard, backend),
         }
     }
 }
@@ -153,7 +157,7 @@ impl Scans for MySqlBackend {
     }
 
     async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
-        columns::key_columns(&self.pool, &self.watch).await
+        key_type::key_columns(&self.pool, &self.watch).await
     }
 
     async fn has_unsafe_keys(&self, source: &MySqlScan) -> Result<bool, sqlx::Error> {
@@ -248,7 +252,7 @@ impl Checks for MySqlBackend {
         // (a replica, a cascading foreign key) wait for a person.
         let gaps = catalog::gaps(&self.pool, &self.watch).await?;
         if !gaps.iter().any(|gap| gap.repairable)
-            || !columns::has_key_columns(&self.pool, &self.watch).await?
+            || !key_type::has_key_columns(&self.pool, &self.watch).await?
         {
             return Ok(false);
         }

@@ -65,10 +65,10 @@ pub(super) const TABLE_NAMES: [&str; 7] = [
 ///
 /// ```no_run
 /// # async fn run(pool: sqlx::MySqlPool) -> Result<(), bloom_guard_sqlx::FeedError> {
-/// bloom_guard_sqlx::uninstall_mysql(&pool).await?;
+/// bloom_guard_sqlx::mysql::uninstall(&pool).await?;
 /// # Ok(()) }
 /// ```
-pub async fn uninstall_mysql(pool: &MySqlPool) -> Result<(), FeedError> {
+pub async fn uninstall(pool: &MySqlPool) -> Result<(), FeedError> {
     let triggers: Vec<String> = sqlx::query_scalar(
         "select cast(trigger_name as char) from information_schema.triggers
           where trigger_schema = database() and trigger_name like 'bloom\\_guard\\_%'",
@@ -125,10 +125,10 @@ impl Watch {
     ///
     /// ```no_run
     /// # async fn run(pool: sqlx::MySqlPool) -> Result<(), bloom_guard_sqlx::FeedError> {
-    /// bloom_guard_sqlx::Watch::table("items").key("key").uninstall_mysql(&pool).await?;
+    /// bloom_guard_sqlx::Watch::table("items").key("key").uninstall(&pool).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn uninstall_mysql(&self, pool: &MySqlPool) -> Result<(), FeedError> {
+    pub(crate) async fn uninstall_mysql(&self, pool: &MySqlPool) -> Result<(), FeedError> {
         let triggers: Vec<String> = self
             .mysql_triggers(&vec![false; self.key_columns.len()])
             .iter()

@@ -28,7 +28,7 @@ pub(super) async fn gaps(pool: &PgPool, watch: &Watch) -> Result<Vec<String>, sq
                 .code()
                 .is_some_and(|code| code == "42P01" || code == "42883" || code == "3F000") =>
         {
-            Ok(vec![format!("the change feed is not installed ({error}): call bloom_guard_sqlx::install and Watch::install")])
+            Ok(vec![format!("the change feed is not installed ({error}): call bloom_guard_sqlx::postgres::install and Watch::install")])
         }
         gaps => gaps,
     }

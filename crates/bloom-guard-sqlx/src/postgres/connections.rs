@@ -25,8 +25,8 @@ use sqlx::{Connection as _, PgConnection, PgPool};
 /// ```no_run
 /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
 /// // Two followers and the session check need about six connections.
-/// let warm = tokio::spawn(bloom_guard_sqlx::warm_pool(pool.clone(), 6));
-/// bloom_guard_sqlx::check_session(&pool).await?;
+/// let warm = tokio::spawn(bloom_guard_sqlx::postgres::warm_pool(pool.clone(), 6));
+/// bloom_guard_sqlx::postgres::check_session(&pool).await?;
 /// let _ = warm.await;
 /// # Ok(()) }
 /// ```

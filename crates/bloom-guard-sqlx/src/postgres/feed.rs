@@ -460,7 +460,9 @@ mod tests {
         assert!(
             !READ_BEHIND.contains("c.guard = m.guard") && !READ_BEHIND.contains("xmin(m.seen)")
         );
-        crate::install(&pool).await.expect("install the feed");
+        crate::postgres::install(&pool)
+            .await
+            .expect("install the feed");
         for table in ["items", "users"] {
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "create table {table} (key text primary key)"
@@ -474,7 +476,7 @@ mod tests {
                 .await
                 .expect("watch");
         }
-        let before = crate::postgres::snapshot::position_now(&pool)
+        let before = crate::postgres::store::snapshot::position_now(&pool)
             .await
             .expect("a position")
             .position;
@@ -514,7 +516,9 @@ mod tests {
     #[sqlx::test(migrations = false)]
     #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
     async fn a_position_from_another_history_is_not_read_from(pool: PgPool) {
-        crate::install(&pool).await.expect("install the feed");
+        crate::postgres::install(&pool)
+            .await
+            .expect("install the feed");
         sqlx::query("create table items (key text primary key)")
             .execute(&pool)
             .await
@@ -524,7 +528,7 @@ mod tests {
             .install(&pool)
             .await
             .expect("watch");
-        let now = crate::postgres::snapshot::position_now(&pool)
+        let now = crate::postgres::store::snapshot::position_now(&pool)
             .await
             .expect("a position")
             .position;

@@ -17,7 +17,7 @@ pub const SCHEMA_VERSION: i32 = 11;
 
 /// The feed's SQL: schema `bloom_guard`, its tables, trigger functions and
 /// `bloom_guard.watch(table, key_columns, name)`. Idempotent.
-pub const POSTGRES_SQL: &str = include_str!("../../sql/postgres.sql");
+pub const SQL: &str = include_str!("../../sql/postgres.sql");
 
 /// Installs (or upgrades) the change feed in the database: schema
 /// `bloom_guard` with the change table and the functions its triggers run.
@@ -37,10 +37,10 @@ pub const POSTGRES_SQL: &str = include_str!("../../sql/postgres.sql");
 /// # Example
 ///
 /// ```no_run
-/// use bloom_guard_sqlx::{install, Watch};
+/// use bloom_guard_sqlx::{postgres, Watch};
 ///
 /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
-/// install(&pool).await?;
+/// postgres::install(&pool).await?;
 /// Watch::table("items").key("key").install(&pool).await?;
 /// # Ok(()) }
 /// ```
@@ -59,7 +59,7 @@ pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
     // earlier install ran as another role) runs the script again: it is
     // idempotent, and adds the event trigger.
     if !current || (installed.event_trigger_missing && installed.version == Some(SCHEMA_VERSION)) {
-        schema_script(pool, "install", POSTGRES_SQL).await?;
+        schema_script(pool, "install", SQL).await?;
         tracing::info!(
             version = SCHEMA_VERSION,
             from = ?installed.version,
@@ -70,57 +70,6 @@ pub async fn install(pool: &PgPool) -> Result<(), FeedError> {
         index_feed(pool).await;
     }
     Ok(())
-}
-
-/// Removes the change feed from the database: schema `bloom_guard` with
-/// its tables, functions and snapshots, and (through them) the feed's
-/// triggers on every watched table; and the log feed's publication and
-/// slot, if it had them (stopping the slot's reader). Followers still running report a gap
-/// and let every request through. Run it with the feed's owner.
-///
-/// # Errors
-///
-/// [`FeedError::Database`] if the database refuses the DDL.
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
-/// bloom_guard_sqlx::uninstall(&pool).await?;
-/// # Ok(()) }
-/// ```
-pub async fn uninstall(pool: &PgPool) -> Result<(), FeedError> {
-    // Under the log feed's slot lock, on a connection of its own (the lock
-    // goes with it): a slot made meanwhile would outlive the feed.
-    let mut slot_lock = sqlx::ConnectOptions::connect(&*pool.connect_options()).await?;
-    sqlx::query("select pg_catalog.pg_advisory_lock(pg_catalog.hashtext('bloom_guard.log_slot'))")
-        .execute(&mut slot_lock)
-        .await?;
-    schema_script(
-        pool,
-        "uninstall",
-        "drop schema if exists bloom_guard cascade;
-         drop publication if exists bloom_guard;",
-    )
-    .await?;
-    drop_log_slot(pool).await?;
-    let _ = sqlx::Connection::close(slot_lock).await;
-    tracing::info!("removed the bloom-guard change feed");
-    Ok(())
-}
-
-/// Drops the database's log feed slot, if there is one: a slot no one
-/// reads keeps the server's write-ahead log. Its reader, if any, is
-/// stopped first.
-async fn drop_log_slot(pool: &PgPool) -> Result<(), sqlx::Error> {
-    let mut connection = pool.acquire().await?;
-    let slot: String = sqlx::query_scalar(
-        "select 'bloom_guard_' operator(pg_catalog.||) d.oid::text from pg_catalog.pg_database d
-          where d.datname = pg_catalog.current_database()",
-    )
-    .fetch_one(&mut *connection)
-    .await?;
-    drop_slot(&mut connection, &slot).await.map(drop)
 }
 
 /// The log feed's publication, one per database.
@@ -182,7 +131,7 @@ pub(crate) async fn drop_slot(
 /// the advisory lock makes instances run it one after the other. Notices
 /// stay quiet, and a lock on a user's table is waited for as
 /// [`retrying_locks`] does.
-async fn schema_script(pool: &PgPool, what: &str, sql: &str) -> Result<(), sqlx::Error> {
+pub(super) async fn schema_script(pool: &PgPool, what: &str, sql: &str) -> Result<(), sqlx::Error> {
     let script = format!(
         "set local client_min_messages = warning;
          select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('bloom_guard.install'));
@@ -197,7 +146,7 @@ async fn schema_script(pool: &PgPool, what: &str, sql: &str) -> Result<(), sqlx:
     .await
 }
 
-/// What [`install`] finds in the database, in one round trip.
+/// What [`postgres::install`] finds in the database, in one round trip.
 struct Installed {
     /// The feed's schema version, if it is installed.
     version: Option<i32>,

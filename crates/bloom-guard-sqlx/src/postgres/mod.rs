@@ -1,24 +1,29 @@
-//! The follower engine's Postgres backend: the feed read by snapshot
-//! visibility, LISTEN wake-ups, the trigger check, snapshots under an
-//! advisory lock, the feed's SQL, and the COPY warm-up.
+//! Postgres: the feed's schema ([`install`], [`uninstall`], [`SQL`]), the
+//! [`Follower`] of a table on the trigger feed, the [`CopySource`] a warm-up
+//! scans, the servers of a multi-host URL ([`Servers`]), and the log feed
+//! ([`log`], feature `log-feed`).
+//!
+//! Inside: the follower engine's Postgres backend: the feed read by
+//! snapshot visibility, LISTEN wake-ups, the trigger check, snapshots
+//! under an advisory lock, the feed's SQL, and the COPY warm-up.
 
 mod catalog;
 mod connections;
-mod copy;
 mod feed;
-mod fleet;
 mod install;
-mod listen;
 #[cfg(feature = "log-feed")]
-mod log;
+pub mod log;
 mod notifier;
 mod position;
 mod privileges;
 mod replica;
+mod scan;
 pub(crate) mod servers;
 mod session;
-mod snapshot;
-mod watched;
+pub(crate) mod store;
+mod uninstall;
+mod wake;
+mod watch;
 
 use std::time::Duration;
 
@@ -27,22 +32,22 @@ use sqlx::{PgPool, Postgres};
 use tokio_util::sync::CancellationToken;
 
 pub use connections::warm_pool;
-pub use copy::PgCopySource;
 pub use feed::FEED_APPLICATION_NAME;
-pub use install::{install, uninstall, POSTGRES_SQL, SCHEMA_VERSION};
-pub use listen::LISTENER_APPLICATION_NAME;
+pub use install::{install, SCHEMA_VERSION, SQL};
 #[cfg(feature = "log-feed")]
 pub(crate) use log::PgLogBackend;
-#[cfg(feature = "log-feed")]
-pub use log::{check_replication, PgLogFollower};
 pub use notifier::NOTIFIER_APPLICATION_NAME;
 pub use privileges::grant_runtime;
-pub use servers::{PgServers, ServersError, TargetSession};
+pub use scan::CopySource;
+pub use servers::{Servers, ServersError, TargetSession};
 pub use session::check_session;
+use store::{fleet, snapshot};
+pub use uninstall::uninstall;
+pub use wake::LISTENER_APPLICATION_NAME;
 
 use crate::follow::column::KeyColumn;
 use crate::follow::{
-    follower_api, Catalog, Checks, Clock, Database, FeedReads, FeedUpkeep, Follower, KeySet, Read,
+    follower_api, Catalog, Checks, Clock, Database, Engine, FeedReads, FeedUpkeep, KeySet, Read,
     Scans, Stores, WakeUps, Wakes,
 };
 use crate::source::query::any_key_where;
@@ -57,32 +62,32 @@ use position::PgPosition;
 ///
 /// ```no_run
 /// use bloom_guard::BloomGuard;
-/// use bloom_guard_sqlx::{PgFollower, Watch};
+/// use bloom_guard_sqlx::{postgres, Watch};
 ///
 /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
 /// let items = Watch::table("items").key("key");
-/// bloom_guard_sqlx::install(&pool).await?; // at migration time
+/// bloom_guard_sqlx::postgres::install(&pool).await?; // at migration time
 /// items.install(&pool).await?;
 ///
 /// let guard = BloomGuard::builder().expected_items(1_000_000).build();
-/// tokio::spawn(PgFollower::new(guard.clone(), pool, items).run());
+/// tokio::spawn(postgres::Follower::new(guard.clone(), pool, items).run());
 /// # Ok(()) }
 /// ```
 ///
 #[doc = include_str!("../../docs/consistency.md")]
-pub struct PgFollower {
-    engine: Follower<PgBackend>,
+pub struct Follower {
+    engine: Engine<PgBackend>,
 }
 
-follower_api!(PgFollower);
+follower_api!(Follower);
 
-impl PgFollower {
+impl Follower {
     /// A follower for `guard`, holding the keys of `watch`'s table, reading
     /// through `pool`.
     pub fn new(guard: BloomGuard, pool: PgPool, watch: Watch) -> Self {
         let backend = PgBackend::new(&guard, pool, watch);
         Self {
-            engine: Follower::new(guard, backend),
+            engine: Engine::new(guard, backend),
         }
     }
 
@@ -100,11 +105,11 @@ impl PgFollower {
     ///
     /// ```no_run
     /// use bloom_guard::BloomGuard;
-    /// use bloom_guard_sqlx::{PgFollower, Watch};
+    /// use bloom_guard_sqlx::{postgres, Watch};
     ///
     /// # async fn run(primary: sqlx::PgPool, replica: sqlx::PgPool) {
     /// let guard = BloomGuard::builder().expected_items(1_000_000).build();
-    /// let follower = PgFollower::new(guard, primary, Watch::table("items").key("key"))
+    /// let follower = postgres::Follower::new(guard, primary, Watch::table("items").key("key"))
     ///     .replica(replica);
     /// tokio::spawn(follower.run());
     /// # }
@@ -219,14 +224,14 @@ impl Database for PgBackend {
 }
 
 impl Scans for PgBackend {
-    type Source = PgCopySource;
+    type Source = CopySource;
 
-    async fn key_source(&self) -> Result<KeySet<PgCopySource>, sqlx::Error> {
+    async fn key_source(&self) -> Result<KeySet<CopySource>, sqlx::Error> {
         // A scan placed by the triggers' positions would not meet the log
         // feed's rows at its point.
         if install::published(&self.pool, &self.watch.table).await? {
             return Err(sqlx::Error::Protocol(format!(
-                "{} is on the log feed: follow it with PgLogFollower, rebuild it with FleetRebuild::log",
+                "{} is on the log feed: follow it with postgres::log::Follower, rebuild it with FleetRebuild::log",
                 self.watch.table
             )));
         }
@@ -237,7 +242,7 @@ impl Scans for PgBackend {
         let trigger_versions = self.trigger_versions().await?;
         let fingerprint = snapshot::fingerprint(&self.pool, &query, &trigger_versions).await?;
         Ok(KeySet {
-            source: PgCopySource::new(self.pool.clone(), query).with_feed_position(),
+            source: CopySource::new(self.pool.clone(), query).with_feed_position(),
             fingerprint,
             trigger_versions,
         })
@@ -247,7 +252,7 @@ impl Scans for PgBackend {
         catalog::key_columns(&self.pool, &self.watch).await
     }
 
-    async fn has_unsafe_keys(&self, source: &PgCopySource) -> Result<bool, sqlx::Error> {
+    async fn has_unsafe_keys(&self, source: &CopySource) -> Result<bool, sqlx::Error> {
         any_key_where(
             &self.pool,
             source.query(),
@@ -407,7 +412,7 @@ impl Wakes for PgBackend {
         stop: CancellationToken,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let notify = notifier::shared(self.pool.clone(), self.notify_interval, stop.clone());
-        let listen = listen::listen(self.pool.clone(), wake, stop);
+        let listen = wake::listen(self.pool.clone(), wake, stop);
         async move {
             tokio::join!(listen, notify);
         }

@@ -22,7 +22,7 @@ use sqlx::PgPool;
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
-use super::listen::CHANNEL;
+use super::wake::CHANNEL;
 use crate::per_database::{database_key, PerDatabase};
 
 /// The `application_name` of the elected notifier's connection.
@@ -86,7 +86,7 @@ pub(super) async fn shared(pool: PgPool, every: Duration, stop: CancellationToke
 /// and read all of them at every look (10M rows: 0.7 s of the server's CPU
 /// once a second). Startup parameters, no round trip of their own.
 fn candidate_options(pool: &PgPool) -> sqlx::postgres::PgConnectOptions {
-    super::listen::options(&pool.connect_options())
+    super::wake::options(&pool.connect_options())
         .application_name(CANDIDATE_APPLICATION_NAME)
         .options(super::feed::READ_SESSION)
         .options([("enable_seqscan", "off")])
@@ -208,7 +208,9 @@ mod tests {
     #[sqlx::test(migrations = false)]
     #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
     async fn after_a_bulk_load_a_look_reads_the_feed_by_its_index(pool: PgPool) {
-        crate::install(&pool).await.expect("install the feed");
+        crate::postgres::install(&pool)
+            .await
+            .expect("install the feed");
         sqlx::query("create table items (key text primary key)")
             .execute(&pool)
             .await

@@ -9,8 +9,8 @@ use crate::error::FeedError;
 /// or unwatch a table, or change a watched table's triggers. Writers need
 /// nothing from it: the trigger functions run as the feed's owner.
 ///
-/// Run it as the feed's owner (the role that ran [`install`](crate::install)),
-/// after `install`, and again after an upgrade that names new tables. The
+/// Run it as the feed's owner (the role that ran [`postgres::install`](crate::postgres::install)),
+/// after `postgres::install`, and again after an upgrade that names new tables. The
 /// same as `select bloom_guard.grant_runtime('role')` in psql. The
 /// application's own rights on its tables (`SELECT` for the warm-up's
 /// scan) are the application's to grant.
@@ -23,13 +23,13 @@ use crate::error::FeedError;
 /// # Example
 ///
 /// ```no_run
-/// use bloom_guard_sqlx::{grant_runtime, install, Watch};
+/// use bloom_guard_sqlx::{postgres, Watch};
 ///
 /// # async fn run(owner: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
 /// // As the owner, once per deploy (a migration job):
-/// install(&owner).await?;
+/// postgres::install(&owner).await?;
 /// Watch::table("items").key("key").install(&owner).await?;
-/// grant_runtime(&owner, "app").await?;
+/// postgres::grant_runtime(&owner, "app").await?;
 /// // The application connects as `app` and only follows.
 /// # Ok(()) }
 /// ```

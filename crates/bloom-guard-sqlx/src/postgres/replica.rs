@@ -18,7 +18,7 @@ use crate::kept::KeptConnection;
 
 /// How long a read waits for the replica to replay past the primary's
 /// position before it reads on the primary (default of
-/// [`PgFollower::replica_lag`](super::PgFollower::replica_lag)).
+/// [`postgres::Follower::replica_lag`](super::Follower::replica_lag)).
 pub(super) const MAX_LAG: Duration = Duration::from_millis(100);
 
 /// The longest pause between two looks at a replica replaying.

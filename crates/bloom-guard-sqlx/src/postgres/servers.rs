@@ -130,11 +130,11 @@ impl TargetSession {
 /// # Example
 ///
 /// ```no_run
-/// use bloom_guard_sqlx::PgServers;
+/// use bloom_guard_sqlx::postgres;
 /// use sqlx::postgres::PgPoolOptions;
 ///
-/// # async fn run() -> Result<(), bloom_guard_sqlx::ServersError> {
-/// let servers = PgServers::parse(
+/// # async fn run() -> Result<(), bloom_guard_sqlx::postgres::ServersError> {
+/// let servers = postgres::Servers::parse(
 ///     "postgres://app@db1:5432,db2:5432/shop?target_session_attrs=read-write",
 /// )?;
 /// let pool = servers.pool(PgPoolOptions::new().max_connections(16)).await;
@@ -144,12 +144,12 @@ impl TargetSession {
 ///
 #[doc = include_str!("../../docs/servers.md")]
 #[derive(Debug, Clone)]
-pub struct PgServers {
+pub struct Servers {
     servers: Vec<PgConnectOptions>,
     target: TargetSession,
 }
 
-impl PgServers {
+impl Servers {
     /// Reads `url`: one server or several.
     ///
     /// # Errors
@@ -382,7 +382,7 @@ fn nanos(duration: Duration) -> u64 {
 /// Checks every [`FOLLOW_INTERVAL`] that the pool's server is still of the
 /// kind asked for, on a connection of its own; when not, moves the pool to
 /// the one that is. Ends when the pool is closed.
-async fn follow(servers: PgServers, pool: PgPool, moved: Arc<AtomicU64>) {
+async fn follow(servers: Servers, pool: PgPool, moved: Arc<AtomicU64>) {
     let mut watching: Option<PgConnection> = None;
     while !pool.is_closed() {
         tokio::time::sleep(FOLLOW_INTERVAL).await;
@@ -432,7 +432,7 @@ mod tests {
 
     #[test]
     fn reads_each_server_and_the_session_asked_for() {
-        let servers = PgServers::parse(
+        let servers = Servers::parse(
             "postgres://app:s%40cret@db1:5433,[::1]:5434,db3/shop?sslmode=disable&target_session_attrs=read-write&application_name=x",
         )
         .expect("a URL");
@@ -476,7 +476,7 @@ mod tests {
 
     #[test]
     fn one_server_asks_for_any_session() {
-        let servers = PgServers::parse("postgresql://db/shop").expect("a URL");
+        let servers = Servers::parse("postgresql://db/shop").expect("a URL");
         assert_eq!(servers.servers().len(), 1);
         assert_eq!(servers.target(), TargetSession::Any);
         // As sqlx reads them: any case of the scheme, a socket folder.
@@ -484,7 +484,7 @@ mod tests {
             "Postgres://app@db/shop",
             "postgres:///shop?host=/var/run/postgresql",
         ] {
-            let servers = PgServers::parse(url).expect(url);
+            let servers = Servers::parse(url).expect(url);
             assert_eq!(servers.servers().len(), 1, "{url}");
         }
     }
@@ -498,7 +498,7 @@ mod tests {
             "postgres://db1:port,db2/shop",
         ] {
             assert!(
-                matches!(PgServers::parse(url), Err(ServersError::Url(_))),
+                matches!(Servers::parse(url), Err(ServersError::Url(_))),
                 "{url}"
             );
         }

@@ -47,14 +47,14 @@ const CHECK_WAIT: Duration = Duration::from_secs(30);
 /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
 /// // Before starting followers: fails at once behind PgBouncer in
 /// // transaction mode, naming the fix.
-/// bloom_guard_sqlx::check_session(&pool).await?;
+/// bloom_guard_sqlx::postgres::check_session(&pool).await?;
 /// # Ok(()) }
 /// ```
 pub async fn check_session(pool: &PgPool) -> Result<(), FeedError> {
     // A simple query, as the probe's: behind a pooler in transaction mode
     // a prepared statement's name can meet another client's statement on
     // the server connection, and its answer would name the wrong fix.
-    let options = super::listen::options(pool.connect_options().as_ref());
+    let options = super::wake::options(pool.connect_options().as_ref());
     let listening = PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(PROBE_WAIT)

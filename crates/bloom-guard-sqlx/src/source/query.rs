@@ -10,7 +10,7 @@ use crate::source::batches::{spawn_scan, BatchSender};
 /// Every key of a query, fetched row by row through any sqlx pool.
 ///
 /// Works wherever sqlx does (SQLite, Postgres, MySQL); on Postgres,
-/// [`PgCopySource`](crate::PgCopySource) is faster. The count hint runs
+/// [`postgres::CopySource`](crate::postgres::CopySource) is faster. The count hint runs
 /// `select count(*) from (query)`, or [`count_query`](Self::count_query).
 ///
 /// # Example

@@ -7,8 +7,8 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use sqlx::{AssertSqlSafe, Row, SqlitePool, TypeInfo, ValueRef};
 
-use super::mark::Mark;
 use super::names::ident;
+use super::position::Mark;
 use crate::follow::changes::Changes;
 use crate::follow::column::KeyColumn;
 use crate::follow::dialects::{sqlite_column_definition, sqlite_comparison};
@@ -167,7 +167,7 @@ pub(super) async fn prune(pool: &SqlitePool, retention: Duration) -> Result<i64,
     Ok(i64::try_from(deleted).unwrap_or(i64::MAX))
 }
 
-/// The triggers `Watch::install_sqlite` puts on the watched table, by name.
+/// The triggers `Watch::install` puts on the watched table, by name.
 pub(super) fn trigger_names(watch: &Watch) -> [String; 3] {
     ["inserted", "updated", "deleted"]
         .map(|event| format!("bloom_guard_{}_{event}", watch.feed_name()))
@@ -184,7 +184,7 @@ pub(super) async fn gaps(pool: &SqlitePool, watch: &Watch) -> Result<Vec<String>
     .await?;
     if !installed {
         return Ok(vec![
-            "the change feed is not installed: call Watch::install_sqlite".to_owned(),
+            "the change feed is not installed: call Watch::install".to_owned(),
         ]);
     }
     let table = unquoted(&watch.table);

@@ -4,7 +4,7 @@
 use sqlx::{AssertSqlSafe, SqlitePool};
 
 use super::names::{ident, literal};
-use super::{fleet, snapshot};
+use super::store::{fleet, snapshot};
 use crate::error::FeedError;
 use crate::watch::Watch;
 
@@ -73,7 +73,7 @@ impl Watch {
     /// SQLite does (numeric affinity, an application's collation);
     /// [`FeedError::Database`] if the table cannot be read or lacks a key
     /// column.
-    pub async fn key_type_sqlite(
+    pub(crate) async fn key_type_sqlite(
         &self,
         pool: &SqlitePool,
     ) -> Result<bloom_guard::KeyType, FeedError> {
@@ -85,7 +85,7 @@ impl Watch {
 
     /// Installs the feed's table and this table's triggers in a SQLite
     /// database: every key written by any client (another instance, the
-    /// `sqlite3` shell) reaches [`SqliteFollower`](crate::SqliteFollower)s. Idempotent:
+    /// `sqlite3` shell) reaches [`sqlite::Follower`](crate::sqlite::Follower)s. Idempotent:
     /// over a feed whose tables and triggers are current it is one read,
     /// with no write lock and no schema change, so every instance may call
     /// it at start.
@@ -93,7 +93,7 @@ impl Watch {
     /// # Errors
     ///
     /// [`FeedError::Database`] if the table or a column does not exist.
-    pub async fn install_sqlite(&self, pool: &SqlitePool) -> Result<(), FeedError> {
+    pub(crate) async fn install_sqlite(&self, pool: &SqlitePool) -> Result<(), FeedError> {
         crate::follow::column::comparable(
             &self.table,
             &super::feed::key_columns(pool, self).await?,
@@ -174,10 +174,10 @@ impl Watch {
     ///
     /// ```no_run
     /// # async fn run(pool: sqlx::SqlitePool) -> Result<(), bloom_guard_sqlx::FeedError> {
-    /// bloom_guard_sqlx::Watch::table("items").key("key").uninstall_sqlite(&pool).await?;
+    /// bloom_guard_sqlx::Watch::table("items").key("key").uninstall(&pool).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn uninstall_sqlite(&self, pool: &SqlitePool) -> Result<(), FeedError> {
+    pub(crate) async fn uninstall_sqlite(&self, pool: &SqlitePool) -> Result<(), FeedError> {
         let script: String = super::feed::trigger_names(self)
             .iter()
             .map(|name| format!("drop trigger if exists {};", ident(name)))
@@ -240,42 +240,4 @@ async fn run_script(pool: &SqlitePool, script: String) -> Result<(), sqlx::Error
         .execute(&mut *tx)
         .await?;
     tx.commit().await
-}
-
-/// Removes the change feed from a SQLite database: every feed trigger on
-/// every table, and the feed's, snapshots' and fleet's tables (every
-/// object named `bloom_guard_*`), in one transaction. Stop the followers
-/// first: a running one puts its table's triggers back at its next check.
-///
-/// # Errors
-///
-/// [`FeedError::Database`] if the database refuses the DDL.
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run(pool: sqlx::SqlitePool) -> Result<(), bloom_guard_sqlx::FeedError> {
-/// bloom_guard_sqlx::uninstall_sqlite(&pool).await?;
-/// # Ok(()) }
-/// ```
-pub async fn uninstall_sqlite(pool: &SqlitePool) -> Result<(), FeedError> {
-    let mut tx = pool.begin_with("begin immediate").await?;
-    // Triggers first: a trigger's table may be dropped after it.
-    let objects: Vec<(String, String)> = sqlx::query_as(
-        "select type, name from sqlite_master
-          where type in ('trigger', 'table') and name like 'bloom\\_guard\\_%' escape '\\'
-          order by type = 'table', name",
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    let script: String = objects
-        .iter()
-        .map(|(kind, name)| format!("drop {kind} if exists {};", ident(name)))
-        .collect();
-    sqlx::raw_sql(AssertSqlSafe(script))
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    tracing::info!("removed the bloom-guard change feed");
-    Ok(())
 }

@@ -1,17 +1,22 @@
-//! The follower engine's SQLite backend: the feed read by row id,
+//! SQLite: the [`Follower`] of a table on the trigger feed, and
+//! [`uninstall`] for the feed's tables.
+//!
+//! Inside: the follower engine's SQLite backend: the feed read by row id,
 //! `PRAGMA data_version` wake-ups, the trigger check, snapshots under a
 //! leased lock row, the feed's tables and triggers, and the scan.
 
 mod feed;
-mod fleet;
 mod install;
-mod mark;
 mod names;
+mod position;
 mod scan;
-mod snapshot;
+mod store;
+mod uninstall;
 mod wake;
+mod watch;
 
-pub use install::uninstall_sqlite;
+use store::{fleet, snapshot};
+pub use uninstall::uninstall;
 
 use std::time::Duration;
 
@@ -21,14 +26,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::follow::column::KeyColumn;
 use crate::follow::{
-    follower_api, Checks, Clock, Database, FeedReads, FeedUpkeep, Follower, KeySet, Read, Scans,
+    follower_api, Checks, Clock, Database, Engine, FeedReads, FeedUpkeep, KeySet, Read, Scans,
     Stores, WakeUps, Wakes,
 };
 use crate::source::query::any_key_where;
 use crate::store::fleet::FleetTables;
 use crate::store::snapshots::Tables;
 use crate::watch::Watch;
-use mark::Mark;
+use position::Mark;
 use scan::SqliteScan;
 
 #[doc = include_str!("../follow/protocol.md")]
@@ -36,33 +41,33 @@ use scan::SqliteScan;
 /// On SQLite the feed's rows after the position are read whenever
 /// `PRAGMA data_version` (on a connection of its own) says another
 /// connection committed, and at least every
-/// [`poll_interval`](Self::poll_interval). Needs [`Watch::install_sqlite`]
+/// [`poll_interval`](Self::poll_interval). Needs [`Watch::install`]
 /// first.
 ///
 /// # Example
 ///
 /// ```no_run
 /// use bloom_guard::BloomGuard;
-/// use bloom_guard_sqlx::{SqliteFollower, Watch};
+/// use bloom_guard_sqlx::{sqlite, Watch};
 ///
 /// # async fn run(pool: sqlx::SqlitePool) -> Result<(), bloom_guard_sqlx::FeedError> {
 /// let items = Watch::table("items").key("key");
-/// items.install_sqlite(&pool).await?;
+/// items.install(&pool).await?;
 /// let guard = BloomGuard::builder().build();
-/// tokio::spawn(SqliteFollower::new(guard.clone(), pool, items).run());
+/// tokio::spawn(sqlite::Follower::new(guard.clone(), pool, items).run());
 /// # Ok(()) }
 /// ```
-pub struct SqliteFollower {
-    engine: Follower<SqliteBackend>,
+pub struct Follower {
+    engine: Engine<SqliteBackend>,
 }
 
-follower_api!(SqliteFollower);
+follower_api!(Follower);
 
-impl SqliteFollower {
+impl Follower {
     /// A follower for `guard`, holding the keys of `watch`'s table.
     pub fn new(guard: BloomGuard, pool: SqlitePool, watch: Watch) -> Self {
         Self {
-            engine: Follower::new(guard, SqliteBackend::new(pool, watch)),
+            engine: Engine::new(guard, SqliteBackend::new(pool, watch)),
         }
     }
 }

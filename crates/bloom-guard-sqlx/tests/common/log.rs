@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use bloom_guard::BloomGuard;
-use bloom_guard_sqlx::PgLogFollower;
+use bloom_guard_sqlx::postgres;
 use http::StatusCode;
 use sqlx::PgPool;
 
@@ -53,7 +53,7 @@ pub(crate) async fn url_of(pool: &PgPool) -> String {
 /// The feed installed and `items` on the log feed.
 pub(crate) async fn log_fed(pool: &PgPool) -> (String, SlotGuard) {
     let url = url_of(pool).await;
-    bloom_guard_sqlx::install(pool)
+    bloom_guard_sqlx::postgres::install(pool)
         .await
         .expect("install the feed");
     exec(
@@ -81,7 +81,7 @@ pub(crate) fn log_guard() -> BloomGuard {
 /// A guard kept complete by a log feed follower of `items`, once warm.
 pub(crate) async fn log_followed(pool: &PgPool, url: &str) -> (BloomGuard, Running) {
     log_followed_as(|guard| {
-        PgLogFollower::new(guard, pool.clone(), items(), url)
+        postgres::log::Follower::new(guard, pool.clone(), items(), url)
             .check_interval(Duration::from_millis(200))
             .poll_interval(Duration::from_millis(500))
     })
@@ -91,7 +91,7 @@ pub(crate) async fn log_followed(pool: &PgPool, url: &str) -> (BloomGuard, Runni
 /// A guard kept complete by the log feed follower `follower` makes of
 /// it, once warm.
 pub(crate) async fn log_followed_as(
-    follower: impl FnOnce(BloomGuard) -> PgLogFollower,
+    follower: impl FnOnce(BloomGuard) -> postgres::log::Follower,
 ) -> (BloomGuard, Running) {
     let guard = log_guard();
     let task = spawn(follower(guard.clone()));

@@ -12,7 +12,7 @@ pub(crate) mod spellings;
 use std::time::Duration;
 
 use bloom_guard::{stats::GuardState, BloomGuard};
-use bloom_guard_sqlx::{PgFollower, Watch, LISTENER_APPLICATION_NAME};
+use bloom_guard_sqlx::{postgres, Watch};
 use sqlx::PgPool;
 
 pub(crate) fn guard() -> BloomGuard {
@@ -25,7 +25,7 @@ pub(crate) fn items() -> Watch {
 
 /// Installs the feed and watches `items`.
 pub(crate) async fn install(pool: &PgPool) {
-    bloom_guard_sqlx::install(pool)
+    bloom_guard_sqlx::postgres::install(pool)
         .await
         .expect("install the feed");
     items().install(pool).await.expect("watch items");
@@ -46,8 +46,8 @@ pub(crate) async fn install_version(pool: &PgPool, script: &str) {
 }
 
 /// A follower with fast checks, as a test wants it.
-pub(crate) fn follower(guard: &BloomGuard, pool: &PgPool) -> PgFollower {
-    PgFollower::new(guard.clone(), pool.clone(), items())
+pub(crate) fn follower(guard: &BloomGuard, pool: &PgPool) -> postgres::Follower {
+    postgres::Follower::new(guard.clone(), pool.clone(), items())
         .check_interval(Duration::from_millis(200))
         .poll_interval(Duration::from_millis(500))
         .min_read_gap(Duration::from_millis(5))
@@ -120,7 +120,7 @@ pub(crate) async fn kill_listeners(pool: &PgPool) -> u64 {
         "select pg_terminate_backend(pid) from pg_stat_activity
          where application_name = $1 and datname = current_database()",
     )
-    .bind(LISTENER_APPLICATION_NAME)
+    .bind(postgres::LISTENER_APPLICATION_NAME)
     .execute(pool)
     .await
     .expect("terminate listeners")

@@ -35,7 +35,7 @@ pub(crate) async fn fresh(max_connections: u32) -> MySqlPool {
     .execute(&pool)
     .await
     .expect("create items");
-    items().install_mysql(&pool).await.expect("install");
+    items().install(&pool).await.expect("install");
     pool
 }
 

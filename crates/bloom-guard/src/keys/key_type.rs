@@ -29,7 +29,7 @@ pub enum KeyType {
     /// (MariaDB's `utf8mb4_general_ci`, `utf8mb4_unicode_ci`): keys are
     /// held and looked up by their weights under the collation, so every
     /// spelling the database calls equal finds the stored key.
-    /// `bloom_guard_sqlx::Watch::key_type_mysql` reads the collation of a
+    /// `bloom_guard_sqlx::Watch::key_type` reads the collation of a
     /// watched column and returns this key type with its weights.
     Collated(Collation),
 }

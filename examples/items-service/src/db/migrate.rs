@@ -38,7 +38,7 @@ impl Database {
         match self.pool.clone() {
             Pool::Postgres(pool) => {
                 run_if_needed(&POSTGRES, &pool).await?;
-                bloom_guard_sqlx::install(&pool).await?;
+                bloom_guard_sqlx::postgres::install(&pool).await?;
                 // Each checks its table in one statement; side by side.
                 match feed {
                     Feed::Triggers => {
@@ -51,13 +51,13 @@ impl Database {
             }
             Pool::Sqlite(pool) => {
                 run_if_needed(&SQLITE, &pool).await?;
-                items.install_sqlite(&pool).await?;
-                users.install_sqlite(&pool).await?;
+                items.install(&pool).await?;
+                users.install(&pool).await?;
             }
             Pool::MySql(pool) => {
                 run_if_needed(&MYSQL, &pool).await?;
-                items.install_mysql(&pool).await?;
-                users.install_mysql(&pool).await?;
+                items.install(&pool).await?;
+                users.install(&pool).await?;
             }
         }
         Ok(())

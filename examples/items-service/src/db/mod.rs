@@ -90,7 +90,7 @@ pub enum UrlError {
     /// with several servers
     /// `postgres://user@host1:port1,host2:port2/database?target_session_attrs=read-write`.
     #[error(transparent)]
-    Invalid(bloom_guard_sqlx::ServersError),
+    Invalid(bloom_guard_sqlx::postgres::ServersError),
     /// `DATABASE_REPLICA_URL` is read with a Postgres `DATABASE_URL` only,
     /// and must itself be a Postgres URL.
     #[error(
@@ -129,14 +129,14 @@ impl Database {
     /// A URL may list several servers, as libpq's does
     /// (`postgres://app@db1,db2/shop?target_session_attrs=read-write`): the
     /// pool connects to the first of the kind asked for and follows it
-    /// across failovers ([`PgServers`](bloom_guard_sqlx::PgServers)).
+    /// across failovers ([`postgres::Servers`](bloom_guard_sqlx::postgres::Servers)).
     ///
     /// # Errors
     ///
     /// If `url` is not a valid Postgres URL, or it asks for TLS and the build
     /// has none.
     pub async fn postgres(url: &str) -> Result<Self, UrlError> {
-        let servers = bloom_guard_sqlx::PgServers::parse(url).map_err(UrlError::Invalid)?;
+        let servers = bloom_guard_sqlx::postgres::Servers::parse(url).map_err(UrlError::Invalid)?;
         for server in servers.servers() {
             check_tls(server.get_ssl_mode(), cfg!(feature = "tls"))?;
         }
@@ -174,7 +174,7 @@ impl Database {
     /// A MySQL or MariaDB database. Connects lazily, so the service starts
     /// while the server is down; call [`migrate`](Self::migrate) before
     /// use. The followers need the `PROCESS` privilege (see the library's
-    /// `MySqlFollower`).
+    /// `mysql::Follower`).
     ///
     /// # Errors
     ///

@@ -19,7 +19,7 @@ use crate::follow::{
     Checks, Clock, Database, FeedReads, FeedUpkeep, KeySet, Read, Scans, WakeUps, Wakes,
 };
 use crate::per_database::{database_key, PerDatabase};
-use crate::postgres::{listen, snapshot, PgBackend, PgCopySource};
+use crate::postgres::{store::snapshot, wake, CopySource, PgBackend};
 use crate::watch::Watch;
 
 /// How long a read waits for the producer to reach the log's position
@@ -28,7 +28,7 @@ const PRODUCER_BOUND: Duration = Duration::from_secs(5);
 
 /// How long the slot may stay behind the log with no reader moving it
 /// before the guards fail open (default of
-/// [`PgLogFollower::stalled_after`](super::PgLogFollower::stalled_after)).
+/// [`postgres::log::Follower::stalled_after`](super::Follower::stalled_after)).
 pub(super) const STALLED_AFTER: Duration = Duration::from_secs(30);
 
 /// One producer per database in this process, whatever the number of
@@ -147,7 +147,7 @@ impl PgLogBackend {
         let slot = first.slot().await?.to_owned();
         let feeds: Vec<_> = reads
             .iter()
-            .map(|(backend, since)| super::read::FeedAt {
+            .map(|(backend, since)| super::feed::FeedAt {
                 guard: backend.inner.watch.feed_name(),
                 after: since.lsn,
                 lowered: backend.inner.lowered,
@@ -156,7 +156,7 @@ impl PgLogBackend {
         let read = crate::kept::again_if_lost(|| async {
             let mut lease = first.inner.feed.lease().await?;
             let read = crate::kept::within_timeout(async {
-                super::read::read_feeds(
+                super::feed::read_feeds(
                     lease.connection(),
                     &slot,
                     &feeds,
@@ -164,7 +164,7 @@ impl PgLogBackend {
                 )
                 .await
                 .map_err(|error| match error {
-                    super::read::LogReadError::Database(error) => error,
+                    super::feed::LogReadError::Database(error) => error,
                     other => sqlx::Error::Protocol(other.to_string()),
                 })
             })
@@ -187,7 +187,7 @@ impl PgLogBackend {
 /// (a slot made since, whose start may lie below it). The epoch travels
 /// with the position, so a read made for another guard cannot take this
 /// one's rebuild from it.
-fn changes(since: &LogPosition, read: &super::read::LogRead) -> Read<LogPosition> {
+fn changes(since: &LogPosition, read: &super::feed::LogRead) -> Read<LogPosition> {
     if since.epoch != read.epoch || since.lsn < read.horizon {
         return Read::Pruned;
     }
@@ -224,15 +224,15 @@ impl Database for PgLogBackend {
 }
 
 impl Scans for PgLogBackend {
-    type Source = PgCopySource;
+    type Source = CopySource;
 
-    async fn key_source(&self) -> Result<KeySet<PgCopySource>, sqlx::Error> {
+    async fn key_source(&self) -> Result<KeySet<CopySource>, sqlx::Error> {
         let watch = &self.inner.watch;
         let query = watch.key_query(self.pool(), self.inner.lowered).await?;
         let versions = self.trigger_versions().await?;
         let fingerprint = snapshot::fingerprint(self.pool(), &query, &versions).await?;
         Ok(KeySet {
-            source: PgCopySource::new(self.pool().clone(), query).at_log_point(self.url.clone()),
+            source: CopySource::new(self.pool().clone(), query).at_log_point(self.url.clone()),
             fingerprint,
             trigger_versions: versions,
         })
@@ -242,7 +242,7 @@ impl Scans for PgLogBackend {
         self.inner.key_columns().await
     }
 
-    async fn has_unsafe_keys(&self, source: &PgCopySource) -> Result<bool, sqlx::Error> {
+    async fn has_unsafe_keys(&self, source: &CopySource) -> Result<bool, sqlx::Error> {
         self.inner.has_unsafe_keys(source).await
     }
 }
@@ -257,7 +257,7 @@ impl FeedReads for PgLogBackend {
     async fn position(&self) -> Result<Clock<LogPosition>, sqlx::Error> {
         let slot = self.slot().await?.to_owned();
         let at = self.inner.position().await?.at;
-        let (lsn, epoch) = super::read::written(self.pool(), &slot).await?;
+        let (lsn, epoch) = super::feed::written(self.pool(), &slot).await?;
         Ok(Clock {
             position: LogPosition { lsn, epoch },
             at,
@@ -292,11 +292,11 @@ impl FeedReads for PgLogBackend {
 
 impl FeedUpkeep for PgLogBackend {
     async fn pending(&self, since: &LogPosition, limit: u64) -> Result<u64, sqlx::Error> {
-        super::read::pending(self.pool(), self.inner.watch.feed_name(), since.lsn, limit).await
+        super::feed::pending(self.pool(), self.inner.watch.feed_name(), since.lsn, limit).await
     }
 
     async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
-        super::read::prune(self.pool(), retention).await
+        super::feed::prune(self.pool(), retention).await
     }
 }
 
@@ -345,7 +345,7 @@ impl Wakes for PgLogBackend {
             options.get_database().unwrap_or_default(),
             options.get_username(),
         );
-        let listen = listen::listen(self.pool().clone(), wake, stop.clone());
+        let listen = wake::listen(self.pool().clone(), wake, stop.clone());
         let (pool, url) = (self.pool().clone(), self.url.clone());
         async move {
             // The process's producer for this database, for as long as a
@@ -381,7 +381,7 @@ impl Wakes for PgLogBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::postgres::log::read::LogRead;
+    use crate::postgres::log::feed::LogRead;
 
     /// A read of another epoch sends the guard to a rebuild every time it
     /// is asked, whoever's read it was: one made for another guard (a

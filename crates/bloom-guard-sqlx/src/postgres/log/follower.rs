@@ -4,7 +4,7 @@ use bloom_guard::BloomGuard;
 use sqlx::PgPool;
 
 use super::backend::PgLogBackend;
-use crate::follow::{follower_api, Follower};
+use crate::follow::{follower_api, Engine};
 use crate::postgres::PgBackend;
 use crate::watch::Watch;
 
@@ -34,31 +34,31 @@ const MIN_READ_GAP: std::time::Duration = std::time::Duration::from_millis(5);
 ///
 /// ```no_run
 /// use bloom_guard::BloomGuard;
-/// use bloom_guard_sqlx::{PgLogFollower, Watch};
+/// use bloom_guard_sqlx::{postgres, Watch};
 ///
 /// # async fn run(pool: sqlx::PgPool, url: String) -> Result<(), bloom_guard_sqlx::FeedError> {
 /// let items = Watch::table("items").key("key");
-/// bloom_guard_sqlx::install(&pool).await?; // at migration time
+/// bloom_guard_sqlx::postgres::install(&pool).await?; // at migration time
 /// items.install_log(&pool).await?;
 ///
 /// let guard = BloomGuard::builder().expected_items(1_000_000).build();
-/// tokio::spawn(PgLogFollower::new(guard.clone(), pool, items, url).run());
+/// tokio::spawn(postgres::log::Follower::new(guard.clone(), pool, items, url).run());
 /// # Ok(()) }
 /// ```
 ///
 #[doc = include_str!("../../../docs/log-feed.md")]
-pub struct PgLogFollower {
-    engine: Follower<PgLogBackend>,
+pub struct Follower {
+    engine: Engine<PgLogBackend>,
 }
 
-follower_api!(PgLogFollower);
+follower_api!(Follower);
 
-impl PgLogFollower {
+impl Follower {
     /// A follower for `guard`, holding the keys of `watch`'s table, reading
     /// through `pool`; replication connections go to `url`.
     pub fn new(guard: BloomGuard, pool: PgPool, watch: Watch, url: impl Into<String>) -> Self {
         let inner = PgBackend::new(&guard, pool, watch);
-        let mut engine = Follower::new(guard, PgLogBackend::new(inner, url.into()));
+        let mut engine = Engine::new(guard, PgLogBackend::new(inner, url.into()));
         engine.min_read_gap = MIN_READ_GAP;
         Self { engine }
     }

@@ -56,8 +56,8 @@ impl Watch {
     /// Puts the table on the log feed (feature `log-feed`): from then on
     /// every committed change of its key reaches the feed through the
     /// database's logical replication slot, with no trigger on the table;
-    /// follow it with [`PgLogFollower`](crate::PgLogFollower). Needs
-    /// `wal_level=logical`, [`install`](crate::install) first, a role that
+    /// follow it with [`postgres::log::Follower`](crate::postgres::log::Follower). Needs
+    /// `wal_level=logical`, [`install`](crate::postgres::install) first, a role that
     /// may create the publication `bloom_guard` and the slot (ownership of
     /// the table, the REPLICATION attribute), and a replica identity that
     /// holds the key: the primary key, `REPLICA IDENTITY USING INDEX` a
@@ -74,7 +74,7 @@ impl Watch {
     ///
     /// ```no_run
     /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
-    /// bloom_guard_sqlx::install(&pool).await?;
+    /// bloom_guard_sqlx::postgres::install(&pool).await?;
     /// bloom_guard_sqlx::Watch::table("items").key("key").install_log(&pool).await?;
     /// # Ok(()) }
     /// ```

@@ -73,7 +73,7 @@ impl Server {
 /// `pool`'s database: the URL is one the log feed reads (its TLS settings
 /// among them, see the feature `log-feed-tls`), the role may open a
 /// replication connection, and it reaches the pool's database on the same
-/// cluster. [`PgLogFollower`](crate::PgLogFollower) runs it at start and
+/// cluster. [`postgres::log::Follower`](crate::postgres::log::Follower) runs it at start and
 /// stops with the error (the guard failing open), rather than retrying
 /// what only a setting can fix; call it to fail a start sooner.
 ///
@@ -88,7 +88,7 @@ impl Server {
 /// ```no_run
 /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
 /// let url = "postgres://app:secret@db.internal/shop?sslmode=verify-full";
-/// bloom_guard_sqlx::check_replication(&pool, url).await?;
+/// bloom_guard_sqlx::postgres::log::check_replication(&pool, url).await?;
 /// # Ok(()) }
 /// ```
 pub async fn check_replication(pool: &PgPool, url: &str) -> Result<(), FeedError> {

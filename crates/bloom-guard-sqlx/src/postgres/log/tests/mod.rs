@@ -232,7 +232,9 @@ async fn kill_reader(pool: &PgPool, slot: &str) {
 /// The feed, the log feed's tables and `items` on it.
 async fn log_fed_items(pool: &PgPool) -> (String, Slot) {
     let url = url_of(pool).await;
-    crate::install(pool).await.expect("install the feed");
+    crate::postgres::install(pool)
+        .await
+        .expect("install the feed");
     exec(
         pool,
         "create table items (id bigint primary key, key text not null unique);

@@ -2,7 +2,7 @@
 //! seen by no reader before its last rows, each row once through replays.
 
 use super::*;
-use crate::postgres::log::read::read;
+use crate::postgres::log::feed::read;
 use crate::postgres::log::stream::PART_ROWS;
 
 /// `items` on the log feed, a producer of it, the feed's epoch, and the

@@ -187,7 +187,7 @@ async fn a_table_has_one_feed_and_a_key_the_log_cannot_carry_is_refused(pool: Pg
         "{parent:?}"
     );
     // Uninstalled, nothing of the log feed is left on the server.
-    crate::uninstall(&pool).await.expect("uninstall");
+    crate::postgres::uninstall(&pool).await.expect("uninstall");
     let left: i64 = sqlx::query_scalar(
         "select (select count(*) from pg_replication_slots where database = current_database())
               + (select count(*) from pg_publication)",
@@ -296,7 +296,7 @@ async fn a_slot_made_again_sends_readers_behind_it_to_a_rebuild(pool: PgPool) {
         .expect("epoch");
     let mut connection = pool.acquire().await.expect("a connection");
     let before =
-        crate::postgres::log::read::read(&mut connection, &slot.name, &["items"], 0, None, false)
+        crate::postgres::log::feed::read(&mut connection, &slot.name, &["items"], 0, None, false)
             .await
             .expect("a read");
     exec(&pool, "insert into items (id, key) values (1, 'lost')").await;
@@ -310,7 +310,7 @@ async fn a_slot_made_again_sends_readers_behind_it_to_a_rebuild(pool: PgPool) {
         .install_log(&pool)
         .await
         .expect("make the slot again");
-    let after = crate::postgres::log::read::read(
+    let after = crate::postgres::log::feed::read(
         &mut connection,
         &slot.name,
         &["items"],

@@ -15,7 +15,7 @@ async fn a_barrier_read_after_each_commit_holds_exactly_the_table(pool: PgPool) 
     let (mut rng, mut next) = (fastrand::Rng::with_seed(7), 0);
     for _ in 0..150 {
         random_write(&pool, &mut rng, &mut next).await;
-        let read = crate::postgres::log::read::read(
+        let read = crate::postgres::log::feed::read(
             &mut connection,
             &slot.name,
             &["items"],
@@ -35,7 +35,7 @@ async fn a_barrier_read_after_each_commit_holds_exactly_the_table(pool: PgPool) 
         );
     }
     // Without the barrier, a read can be behind, never ahead or twice.
-    let quiet = crate::postgres::log::read::read(
+    let quiet = crate::postgres::log::feed::read(
         &mut connection,
         &slot.name,
         &["items"],
@@ -96,7 +96,7 @@ async fn a_scan_at_its_point_and_the_rows_after_hold_each_change_once(pool: PgPo
         for key in keys {
             *counts.entry(key).or_insert(0) += 1;
         }
-        let read = crate::postgres::log::read::read(
+        let read = crate::postgres::log::feed::read(
             &mut connection,
             &slot.name,
             &["items"],
@@ -122,8 +122,8 @@ async fn an_insert_position_after_a_page_header_reaches_back_to_the_page(pool: P
                 let sql =
                     format!(
                 "select ({} operator(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8",
-                super::super::read::record_end_at_or_before(
-                    &format!("'{}'::pg_catalog.pg_lsn", super::super::read::lsn_text(insert)),
+                super::super::feed::record_end_at_or_before(
+                    &format!("'{}'::pg_catalog.pg_lsn", super::super::feed::lsn_text(insert)),
                     "8192::pg_catalog.int8"
                 )
             );

@@ -5,7 +5,7 @@
 use crate::store::fleet::FleetStatements;
 
 /// The fleet tables. Idempotent.
-pub(super) const TABLES: &str = "
+pub(crate) const TABLES: &str = "
 create table if not exists bloom_guard_settings (
     guard text primary key,
     mode text check (mode in ('enforce', 'shadow', 'off')),
@@ -23,7 +23,7 @@ create table if not exists bloom_guard_instances (
 
 /// The fleet tables' statements; an instance is live for 30 s after its
 /// heartbeat.
-pub(super) const STATEMENTS: FleetStatements = FleetStatements {
+pub(crate) const STATEMENTS: FleetStatements = FleetStatements {
     settings: "select mode, audit_rate from bloom_guard_settings where guard = ?1",
     store: "insert into bloom_guard_settings as s (guard, mode, audit_rate, updated_at)
             values (?1, ?2, ?3, cast((julianday('now') - 2440587.5) * 86400000 as integer))

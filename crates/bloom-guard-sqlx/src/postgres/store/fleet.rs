@@ -5,7 +5,7 @@ use crate::store::fleet::FleetStatements;
 
 /// The fleet tables' statements; an instance is live for 30 s after its
 /// heartbeat, by the database's clock.
-pub(super) const STATEMENTS: FleetStatements = FleetStatements {
+pub(crate) const STATEMENTS: FleetStatements = FleetStatements {
     settings: "select mode, audit_rate from bloom_guard.settings where guard = $1",
     // A change is announced to every follower's listener (at commit), so
     // none has to poll the settings to apply it within a second.

@@ -6,14 +6,14 @@ use sha2::{Digest, Sha256};
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, PgPool};
 
-use super::position::{PgPosition, POSITION_NOW};
 use crate::follow::Clock;
+use crate::postgres::position::{PgPosition, POSITION_NOW};
 use crate::store::session_lock::SessionLock;
 use crate::store::snapshots::Statements;
 
 /// What names a guard's key set: the database (cluster and database, as a
 /// feed position means nothing elsewhere) and the key query.
-pub(super) async fn fingerprint(
+pub(crate) async fn fingerprint(
     pool: &PgPool,
     key_query: &str,
     versions: &str,
@@ -35,7 +35,7 @@ pub(super) async fn fingerprint(
 }
 
 /// The snapshot tables' statements.
-pub(super) const STATEMENTS: Statements = Statements {
+pub(crate) const STATEMENTS: Statements = Statements {
     newest: "select id, len,
                 (extract(epoch from scanned_at) * 1000000)::int8,
                 extract(epoch from pg_catalog.now() - created_at)::float8
@@ -60,7 +60,7 @@ pub(super) const STATEMENTS: Statements = Statements {
 
 /// The feed's position and the database's clock (µs since the epoch), in
 /// one statement.
-pub(super) async fn position_now(pool: &PgPool) -> Result<Clock<PgPosition>, sqlx::Error> {
+pub(crate) async fn position_now(pool: &PgPool) -> Result<Clock<PgPosition>, sqlx::Error> {
     let (text, at): (String, i64) = sqlx::query_as(AssertSqlSafe(format!(
         "select {POSITION_NOW}, (extract(epoch from pg_catalog.clock_timestamp()) * 1000000)::int8"
     )))
@@ -79,8 +79,8 @@ const LOCK_SQL: &str = "select pg_catalog.pg_advisory_lock(pg_catalog.hashtext('
 const TRY_LOCK_SQL: &str = "select pg_catalog.pg_try_advisory_lock(pg_catalog.hashtext('bloom_guard.build'), pg_catalog.hashtext($1))";
 
 /// Waits for the build lock of `guard`.
-pub(super) async fn build_lock(pool: &PgPool, guard: &str) -> Result<PgBuildLock, sqlx::Error> {
-    let mut connection = super::connections::own_connection(pool).await?;
+pub(crate) async fn build_lock(pool: &PgPool, guard: &str) -> Result<PgBuildLock, sqlx::Error> {
+    let mut connection = crate::postgres::connections::own_connection(pool).await?;
     sqlx::query(LOCK_SQL)
         .bind(guard)
         .execute(&mut connection)
@@ -89,11 +89,11 @@ pub(super) async fn build_lock(pool: &PgPool, guard: &str) -> Result<PgBuildLock
 }
 
 /// The build lock of `guard`, if nobody holds it.
-pub(super) async fn try_build_lock(
+pub(crate) async fn try_build_lock(
     pool: &PgPool,
     guard: &str,
 ) -> Result<Option<PgBuildLock>, sqlx::Error> {
-    let mut connection = super::connections::own_connection(pool).await?;
+    let mut connection = crate::postgres::connections::own_connection(pool).await?;
     let locked: bool = sqlx::query_scalar(TRY_LOCK_SQL)
         .bind(guard)
         .fetch_one(&mut connection)

@@ -29,20 +29,20 @@ impl Watch {
     ///
     /// ```no_run
     /// use bloom_guard::BloomGuard;
-    /// use bloom_guard_sqlx::{MySqlFollower, Watch};
+    /// use bloom_guard_sqlx::{mysql, Watch};
     ///
     /// # async fn run(pool: sqlx::MySqlPool) -> Result<(), bloom_guard_sqlx::FeedError> {
     /// let items = Watch::table("items").key("key");
-    /// items.install_mysql(&pool).await?;
+    /// items.install(&pool).await?;
     /// // `key varchar(255)` under utf8mb4_general_ci: `Apple-Pie` is found
     /// // as `apple-pie`, and the guard looks keys up as the server does.
     /// let guard = BloomGuard::builder()
-    ///     .key_type(items.key_type_mysql(&pool).await?)
+    ///     .key_type(items.key_type(&pool).await?)
     ///     .build();
-    /// tokio::spawn(MySqlFollower::new(guard.clone(), pool, items).run());
+    /// tokio::spawn(mysql::Follower::new(guard.clone(), pool, items).run());
     /// # Ok(()) }
     /// ```
-    pub async fn key_type_mysql(&self, pool: &MySqlPool) -> Result<KeyType, FeedError> {
+    pub(crate) async fn key_type_mysql(&self, pool: &MySqlPool) -> Result<KeyType, FeedError> {
         let columns = key_columns(pool, self).await?;
         match key_type_for(&self.table, &columns, self.key_columns.len())? {
             Ok(key_type) => Ok(key_type),

@@ -11,7 +11,7 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::store::snapshots::Statements;
 
 /// The snapshot tables and the lock table. Idempotent.
-pub(super) const TABLES: &str = "
+pub(crate) const TABLES: &str = "
 create table if not exists bloom_guard_snapshots (
     id integer primary key autoincrement,
     guard text not null,
@@ -41,7 +41,7 @@ create table if not exists bloom_guard_locks (
 const LEASE: Duration = Duration::from_secs(30);
 
 /// Microseconds since the epoch.
-pub(super) fn now_micros() -> i64 {
+pub(crate) fn now_micros() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| {
@@ -53,12 +53,12 @@ pub(super) fn now_micros() -> i64 {
 /// (a random id written into the file at install): a snapshot copied in
 /// from another file, whose feed positions mean nothing here, is not this
 /// guard's.
-pub(super) fn fingerprint(identity: &str, key_query: &str) -> String {
+pub(crate) fn fingerprint(identity: &str, key_query: &str) -> String {
     crate::digest::parts_digest(&[identity, key_query])
 }
 
 /// The snapshot tables' statements.
-pub(super) const STATEMENTS: Statements = Statements {
+pub(crate) const STATEMENTS: Statements = Statements {
     newest: "select id, len, scanned_at, cast(strftime('%s', 'now') as integer) - created_at + 0.0
            from bloom_guard_snapshots
           where guard = ?1 and format between 2 and ?2 and fingerprint = ?3
@@ -93,7 +93,7 @@ impl SqliteBuildLock {
     /// Waits for the lock.
     /// Waits for the lock. A busy database (another connection writing)
     /// is waited out too, for up to a lease.
-    pub(super) async fn acquire(pool: &SqlitePool, guard: &str) -> Result<Self, sqlx::Error> {
+    pub(crate) async fn acquire(pool: &SqlitePool, guard: &str) -> Result<Self, sqlx::Error> {
         let deadline = tokio::time::Instant::now() + LEASE;
         loop {
             match Self::try_acquire(pool, guard).await {
@@ -107,7 +107,7 @@ impl SqliteBuildLock {
     }
 
     /// The lock if nobody holds it (or its holder's lease ran out).
-    pub(super) async fn try_acquire(
+    pub(crate) async fn try_acquire(
         pool: &SqlitePool,
         guard: &str,
     ) -> Result<Option<Self>, sqlx::Error> {

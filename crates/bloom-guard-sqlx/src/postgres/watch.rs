@@ -2,20 +2,20 @@
 
 use super::install::{retrying_locks, QUIET};
 use crate::error::FeedError;
-use crate::watch::Watch;
+use crate::watch::{sealed, TriggerFeed, Watch};
 
 impl Watch {
     /// Installs the feed's triggers on the table and every child and
     /// partition it has (`select bloom_guard.watch(...)`): from then on
     /// every key written by any SQL reaches the feed. Needs
-    /// [`install`](crate::install) first and ownership of the table; run it
+    /// [`install`](crate::postgres::install) first and ownership of the table; run it
     /// again after adding a partition or a child table. Idempotent.
     ///
     /// # Errors
     ///
     /// [`FeedError::Database`](FeedError::Database) if the table or a column does not exist, the
     /// feed is not installed, or the role does not own the table.
-    pub async fn install(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
+    pub(crate) async fn install_postgres(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
         if self.is_current(pool).await {
             tracing::debug!(table = %self.table, "the table is watched");
             return Ok(());
@@ -47,17 +47,20 @@ impl Watch {
     ///
     /// ```no_run
     /// use bloom_guard::BloomGuard;
-    /// use bloom_guard_sqlx::{PgFollower, Watch};
+    /// use bloom_guard_sqlx::{postgres, Watch};
     ///
     /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
     /// let users = Watch::table("users").key("email"); // citext
     /// let guard = BloomGuard::builder()
     ///     .key_type(users.key_type(&pool).await?)
     ///     .build();
-    /// tokio::spawn(PgFollower::new(guard.clone(), pool, users).run());
+    /// tokio::spawn(postgres::Follower::new(guard.clone(), pool, users).run());
     /// # Ok(()) }
     /// ```
-    pub async fn key_type(&self, pool: &sqlx::PgPool) -> Result<bloom_guard::KeyType, FeedError> {
+    pub(crate) async fn key_type_postgres(
+        &self,
+        pool: &sqlx::PgPool,
+    ) -> Result<bloom_guard::KeyType, FeedError> {
         let columns = super::catalog::key_columns(pool, self).await?;
         crate::follow::column::key_type_for(&self.table, &columns, self.key_columns.len())?.map_err(
             |collation| FeedError::Uncomparable(format!("{}: collation {collation}", self.table)),
@@ -85,7 +88,7 @@ impl Watch {
     /// Whether the table is watched with this key, every trigger in place
     /// and this version's functions: then [`install`](Self::install) has
     /// nothing to do, and takes no lock and needs no right beyond the
-    /// runtime role's ([`grant_runtime`](crate::grant_runtime)). One
+    /// runtime role's ([`grant_runtime`](crate::postgres::grant_runtime)). One
     /// statement; `false` on any error (the feed not installed, or of an
     /// earlier version), and `watch` runs.
     async fn is_current(&self, pool: &sqlx::PgPool) -> bool {
@@ -126,7 +129,7 @@ impl Watch {
     ///
     /// [`FeedError::Database`] if the table does not exist, the feed is not
     /// installed, or the role does not own the table.
-    pub async fn uninstall(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
+    pub(crate) async fn uninstall_postgres(&self, pool: &sqlx::PgPool) -> Result<(), FeedError> {
         retrying_locks("unwatch", || async {
             let mut tx = pool.begin_with(QUIET).await?;
             sqlx::query("select bloom_guard.unwatch($1::regclass, $2)")
@@ -160,5 +163,24 @@ impl Watch {
             ));
         }
         Ok(format!("select {key} from {table} as t"))
+    }
+}
+
+impl sealed::Sealed for sqlx::Postgres {}
+
+impl TriggerFeed for sqlx::Postgres {
+    async fn install(watch: &Watch, pool: &sqlx::PgPool) -> Result<(), FeedError> {
+        watch.install_postgres(pool).await
+    }
+
+    async fn uninstall(watch: &Watch, pool: &sqlx::PgPool) -> Result<(), FeedError> {
+        watch.uninstall_postgres(pool).await
+    }
+
+    async fn key_type(
+        watch: &Watch,
+        pool: &sqlx::PgPool,
+    ) -> Result<bloom_guard::KeyType, FeedError> {
+        watch.key_type_postgres(pool).await
     }
 }

@@ -22,15 +22,15 @@ use crate::source::copy_text::CopyTextDecoder;
 ///
 /// ```no_run
 /// use bloom_guard::BloomGuard;
-/// use bloom_guard_sqlx::PgCopySource;
+/// use bloom_guard_sqlx::postgres;
 ///
 /// # async fn run(pool: sqlx::PgPool) {
 /// let guard = BloomGuard::builder().expected_items(1_000_000).build();
-/// tokio::spawn(guard.clone().warm(PgCopySource::new(pool, "select key from items")));
+/// tokio::spawn(guard.clone().warm(postgres::CopySource::new(pool, "select key from items")));
 /// # }
 /// ```
 #[derive(Debug, Clone)]
-pub struct PgCopySource {
+pub struct CopySource {
     pool: PgPool,
     query: String,
     count_query: Option<String>,
@@ -43,7 +43,7 @@ pub struct PgCopySource {
     log_point: Option<String>,
 }
 
-impl PgCopySource {
+impl CopySource {
     /// The key query.
     pub(crate) fn query(&self) -> &str {
         &self.query
@@ -90,7 +90,7 @@ impl PgCopySource {
     }
 }
 
-impl KeySource for PgCopySource {
+impl KeySource for CopySource {
     type Error = SourceError;
 
     async fn count_hint(&self) -> Result<Option<u64>, SourceError> {
