@@ -16,10 +16,11 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
 
-use crate::barrier::{tempfile_dir, wrk, ATTACK_LUA, SEEDED_LUA};
+use crate::barrier::{ATTACK_LUA, SEEDED_LUA};
 use crate::log_twin::catch_up;
 use crate::services::{admin_json, Database, Service};
 use crate::writers::drive;
+use crate::wrk::{tempfile_dir, wrk};
 
 /// What `bloom-load busy` measures.
 pub(crate) struct BusySettings {

@@ -65,11 +65,13 @@ mod load;
 mod log_twin;
 mod mysql;
 mod propagation;
+mod retention;
 mod run;
 mod services;
 mod start;
 mod warmup;
 mod writers;
+mod wrk;
 
 use std::time::Duration;
 
@@ -227,7 +229,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             switches,
         } => fleet::switches(&cli.database_url, &cli.out, instances, switches).await,
         Command::Retention { minutes } => {
-            writers::retention(&cli.database_url, &cli.out, minutes).await
+            retention::retention(&cli.database_url, &cli.out, minutes).await
         }
         Command::Mysql {
             mysql_url,

@@ -20,6 +20,7 @@ mod presence;
 mod reader;
 mod rebuild;
 mod republish;
+mod stores;
 
 #[cfg(test)]
 mod fake;
@@ -39,10 +40,10 @@ pub use api::Follow;
 #[cfg(feature = "postgres")]
 pub(crate) use backend::Catalog;
 pub(crate) use backend::{
-    Checks, Clock, Database, FeedReads, FeedUpkeep, FleetTable, KeySet, LoadError, Read, Scans,
-    SnapshotStore, Stored, Stores, WakeUps, Wakes,
+    Checks, Clock, Database, FeedReads, FeedUpkeep, KeySet, Read, Scans, WakeUps, Wakes,
 };
 pub(crate) use rebuild::Rebuild;
+pub(crate) use stores::{FleetTable, LoadError, SnapshotStore, Stored, Stores};
 
 use crate::error::error_chain;
 use crate::follow::changes::{Changes, Hooks};

@@ -39,7 +39,9 @@ use std::time::Duration;
 use sqlx::{ConnectOptions, Connection, MySqlConnection, MySqlPool};
 use tokio::time::Instant;
 
-use super::galera::{Cluster, NodeSettling};
+use super::galera::Cluster;
+
+mod node;
 
 /// The least time between two rounds of the method.
 const STEP: Duration = Duration::from_millis(100);
@@ -374,36 +376,4 @@ fn refused(error: &sqlx::Error) -> bool {
         .map(sqlx::mysql::MySqlDatabaseError::number);
     // Access denied: to a privilege, to a table, to a database.
     matches!(number, Some(1227 | 1142 | 1044))
-}
-
-impl NodeSettling for Settled {
-    /// The settling of one node of a Galera cluster, on its own.
-    fn node() -> Self {
-        Self {
-            node_only: true,
-            ..Self::default()
-        }
-    }
-
-    /// One round on one node of a Galera cluster, unless one is under way.
-    async fn node_round(&self, pool: &MySqlPool) {
-        if self.running.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let _running = Running(&self.running);
-        let stepped = tokio::time::timeout(ROUND_LIMIT, self.step(pool)).await;
-        self.record(stepped);
-    }
-
-    fn now(&self) -> i64 {
-        Settled::now(self)
-    }
-
-    fn settling(&self) -> bool {
-        Settled::settling(self)
-    }
-
-    fn unlisted(&self) -> bool {
-        Settled::unlisted(self)
-    }
 }

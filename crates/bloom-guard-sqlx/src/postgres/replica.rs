@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 use tokio::time::{sleep, Instant};
 
 use super::feed::{self, FeedRead};
@@ -52,11 +52,11 @@ impl Replica {
         primary: &KeptConnection<PgConnection>,
         feeds: &[FeedRead<'_>],
     ) -> Result<Vec<Read<PgPosition>>, sqlx::Error> {
-        let mark = feed::primary_mark(primary).await?;
+        let mark = primary_mark(primary).await?;
         let deadline = Instant::now() + self.max_lag;
         let mut pause = Duration::from_millis(1);
         loop {
-            match feed::read_replica(&self.feed, feeds, &mark).await {
+            match read_replica(&self.feed, feeds, &mark).await {
                 Ok(Some(read)) => {
                     if self.lagging.swap(false, Ordering::Relaxed) {
                         tracing::info!(
@@ -90,4 +90,48 @@ impl Replica {
     pub(super) async fn close(&self) {
         self.feed.close().await;
     }
+}
+
+/// The primary's [`PrimaryMark`](feed::PrimaryMark) now, on its kept connection.
+pub(super) async fn primary_mark(
+    kept: &KeptConnection<PgConnection>,
+) -> Result<feed::PrimaryMark, sqlx::Error> {
+    static MARK: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "select {}, pg_catalog.pg_current_wal_insert_lsn()::text",
+            super::position::TIMELINE_NOW
+        )
+    });
+    crate::kept::again_if_lost(|| async {
+        let mut lease = kept.lease().await?;
+        let (timeline, lsn) = crate::kept::within_timeout(
+            sqlx::query_as(AssertSqlSafe(MARK.as_str())).fetch_one(lease.connection()),
+        )
+        .await?;
+        lease.keep();
+        Ok(feed::PrimaryMark { timeline, lsn })
+    })
+    .await
+}
+
+/// Reads the changes of `feeds` on a replica's kept connection, once it has
+/// replayed past `mark`; `None` if it has not yet.
+pub(super) async fn read_replica(
+    kept: &KeptConnection<PgConnection>,
+    feeds: &[FeedRead<'_>],
+    mark: &feed::PrimaryMark,
+) -> Result<Option<Vec<Read<PgPosition>>>, sqlx::Error> {
+    crate::kept::again_if_lost(|| async {
+        let mut lease = kept.lease().await?;
+        let read = crate::kept::within_timeout(feed::read_marked(
+            lease.connection(),
+            (feed::READ_ON_REPLICA.as_str(), true),
+            feeds,
+            Some(mark),
+        ))
+        .await?;
+        lease.keep();
+        Ok(read)
+    })
+    .await
 }

@@ -10,104 +10,17 @@ use std::time::{Duration, Instant};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
+use target::Answer;
+pub use target::{ServersError, TargetSession};
+
 /// How long one server may take to answer before the next is tried.
+mod target;
+
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often a pool of several servers checks that its server is still
 /// the one the URL asks for.
 const FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Why a URL of several servers cannot be used.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ServersError {
-    /// The URL does not parse: write it as
-    /// `postgres://user:password@host1:port1,host2:port2/database?target_session_attrs=read-write`.
-    #[error("invalid Postgres URL: {0}")]
-    Url(String),
-    /// No server listed is the kind `target_session_attrs` asks for (or
-    /// none answered); each server is named with what it answered.
-    #[error("no server is {target}: {servers}")]
-    NoneMatches {
-        /// The `target_session_attrs` asked for.
-        target: TargetSession,
-        /// Each server and its answer.
-        servers: String,
-    },
-}
-
-/// The session a URL asks for (`target_session_attrs`), as libpq names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum TargetSession {
-    /// The first server that answers (the default).
-    #[default]
-    Any,
-    /// A server whose sessions may write (`read-write`).
-    ReadWrite,
-    /// A server whose sessions are read-only (`read-only`).
-    ReadOnly,
-    /// A server not in recovery (`primary`).
-    Primary,
-    /// A server in recovery (`standby`).
-    Standby,
-    /// A standby if one answers, any server otherwise (`prefer-standby`).
-    PreferStandby,
-}
-
-impl FromStr for TargetSession {
-    type Err = ServersError;
-
-    fn from_str(value: &str) -> Result<Self, ServersError> {
-        Ok(match value {
-            "any" => Self::Any,
-            "read-write" => Self::ReadWrite,
-            "read-only" => Self::ReadOnly,
-            "primary" => Self::Primary,
-            "standby" => Self::Standby,
-            "prefer-standby" => Self::PreferStandby,
-            other => {
-                return Err(ServersError::Url(format!(
-                    "target_session_attrs={other:?} is none of any, read-write, read-only, primary, standby, prefer-standby"
-                )))
-            }
-        })
-    }
-}
-
-impl std::fmt::Display for TargetSession {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Any => "any",
-            Self::ReadWrite => "read-write",
-            Self::ReadOnly => "read-only",
-            Self::Primary => "primary",
-            Self::Standby => "standby",
-            Self::PreferStandby => "prefer-standby",
-        })
-    }
-}
-
-/// What a server answered about its sessions.
-#[derive(Debug, Clone, Copy)]
-struct Answer {
-    in_recovery: bool,
-    read_only: bool,
-}
-
-impl TargetSession {
-    /// Whether a server that answered `answer` is one of this kind; a
-    /// `prefer-standby` takes a standby on the first pass.
-    fn takes(self, answer: Answer) -> bool {
-        match self {
-            Self::Any => true,
-            Self::ReadWrite => !answer.read_only,
-            Self::ReadOnly => answer.read_only,
-            Self::Primary => !answer.in_recovery,
-            Self::Standby | Self::PreferStandby => answer.in_recovery,
-        }
-    }
-}
 
 /// The servers a Postgres URL lists, and the session it asks for: the
 /// form libpq, Patroni and managed services hand out,
@@ -427,97 +340,4 @@ async fn follow(servers: Servers, pool: PgPool, moved: Arc<AtomicU64>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_each_server_and_the_session_asked_for() {
-        let servers = Servers::parse(
-            "postgres://app:s%40cret@db1:5433,[::1]:5434,db3/shop?sslmode=disable&target_session_attrs=read-write&application_name=x",
-        )
-        .expect("a URL");
-        assert_eq!(servers.target(), TargetSession::ReadWrite);
-        let hosts: Vec<(String, u16)> = servers
-            .servers()
-            .iter()
-            .map(|server| (server.get_host().to_owned(), server.get_port()))
-            .collect();
-        assert_eq!(
-            hosts,
-            [
-                ("db1".to_owned(), 5433),
-                ("[::1]".to_owned(), 5434),
-                ("db3".to_owned(), 5432)
-            ]
-        );
-        for server in servers.servers() {
-            assert_eq!(server.get_username(), "app");
-            assert_eq!(server.get_database(), Some("shop"));
-            assert_eq!(server.get_application_name(), Some("x"));
-        }
-    }
-
-    #[tokio::test]
-    async fn a_url_of_several_servers_narrows_to_the_pools() {
-        let pool =
-            PgPoolOptions::new().connect_lazy_with(PgConnectOptions::new().host("db2").port(5433));
-        assert_eq!(
-            narrowed(
-                "postgres://app:pw@db1:5432,db2:5433/shop?target_session_attrs=read-write&sslmode=require",
-                &pool
-            ),
-            "postgres://app:pw@db2:5433/shop?sslmode=require"
-        );
-        assert_eq!(
-            narrowed("postgres://app@db1:5432/shop", &pool),
-            "postgres://app@db1:5432/shop"
-        );
-    }
-
-    #[test]
-    fn one_server_asks_for_any_session() {
-        let servers = Servers::parse("postgresql://db/shop").expect("a URL");
-        assert_eq!(servers.servers().len(), 1);
-        assert_eq!(servers.target(), TargetSession::Any);
-        // As sqlx reads them: any case of the scheme, a socket folder.
-        for url in [
-            "Postgres://app@db/shop",
-            "postgres:///shop?host=/var/run/postgresql",
-        ] {
-            let servers = Servers::parse(url).expect(url);
-            assert_eq!(servers.servers().len(), 1, "{url}");
-        }
-    }
-
-    #[test]
-    fn refuses_what_libpq_would() {
-        for url in [
-            "mysql://db/shop",
-            "db1,db2/shop",
-            "postgres://db1,db2/shop?target_session_attrs=primary-ish",
-            "postgres://db1:port,db2/shop",
-        ] {
-            assert!(
-                matches!(Servers::parse(url), Err(ServersError::Url(_))),
-                "{url}"
-            );
-        }
-    }
-
-    #[test]
-    fn each_target_takes_its_servers() {
-        let primary = Answer {
-            in_recovery: false,
-            read_only: false,
-        };
-        let standby = Answer {
-            in_recovery: true,
-            read_only: true,
-        };
-        assert!(TargetSession::ReadWrite.takes(primary));
-        assert!(!TargetSession::ReadWrite.takes(standby));
-        assert!(TargetSession::Standby.takes(standby));
-        assert!(!TargetSession::Primary.takes(standby));
-        assert!(TargetSession::Any.takes(standby));
-    }
-}
+mod tests;

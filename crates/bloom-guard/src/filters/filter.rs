@@ -8,7 +8,8 @@
 //! its last row, for about the same memory.
 
 use crate::filters::bloom::{random_seed, BloomFilter, BloomParts};
-use crate::filters::counting::{CountingFilter, CountingParts};
+use crate::filters::counting::parts::CountingParts;
+use crate::filters::counting::CountingFilter;
 use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
 

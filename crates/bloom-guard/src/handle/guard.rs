@@ -136,7 +136,7 @@ impl BloomGuard {
         let key_type = self.shared.config.key_type;
         match key_type.to_canonical(key.clone()) {
             Ok(canonical) => self.shared.may_contain(&canonical),
-            Err(crate::keys::KeyError::Uncomparable) => true,
+            Err(crate::keys::key::KeyError::Uncomparable) => true,
             // Not text, or not of the type: a stored key's own form (a key
             // the database weighed, an integer column's text).
             Err(_) => self.shared.may_contain(&key_type.canonical_or_same(key)),

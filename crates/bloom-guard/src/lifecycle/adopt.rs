@@ -170,13 +170,17 @@ impl<'g> FeedHandle<'g> {
             return Err(mismatch("key query", fingerprint, &info.fingerprint));
         }
         let wanted = if shared.counts_rows() {
-            crate::stats::FilterKind::Counting
+            crate::report::stats::FilterKind::Counting
         } else {
-            crate::stats::FilterKind::Bloom
+            crate::report::stats::FilterKind::Bloom
         };
         let kind = match &parts {
-            crate::filters::filter::FilterParts::Bloom(_) => crate::stats::FilterKind::Bloom,
-            crate::filters::filter::FilterParts::Counting(_) => crate::stats::FilterKind::Counting,
+            crate::filters::filter::FilterParts::Bloom(_) => {
+                crate::report::stats::FilterKind::Bloom
+            }
+            crate::filters::filter::FilterParts::Counting(_) => {
+                crate::report::stats::FilterKind::Counting
+            }
         };
         if kind != wanted {
             return Err(mismatch("filter kind", wanted.as_str(), kind.as_str()));
@@ -270,8 +274,8 @@ impl Adoption<'_> {
     /// [`promote`](Self::promote).
     pub fn apply(
         &self,
-        added: &crate::keys::KeyBatch,
-        removed: &crate::keys::KeyBatch,
+        added: &crate::keys::batch::KeyBatch,
+        removed: &crate::keys::batch::KeyBatch,
         reached: &str,
     ) {
         let key_type = self.guard.shared.config.key_type;

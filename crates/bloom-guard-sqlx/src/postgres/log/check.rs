@@ -63,9 +63,9 @@ static LOOK: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
                 (select {drift} from t),
                 (select {ancestors} from t)",
         versions = *VERSIONS,
-        unseen = super::install::unseen_in("t.rel"),
-        drift = super::install::publication_drift("t.rel"),
-        ancestors = super::install::fed_ancestors("t.rel")
+        unseen = super::publication::unseen_in("t.rel"),
+        drift = super::publication::publication_drift("t.rel"),
+        ancestors = super::publication::fed_ancestors("t.rel")
     )
 });
 

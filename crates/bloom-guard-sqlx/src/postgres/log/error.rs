@@ -28,6 +28,18 @@ pub(crate) enum StreamError {
     Answer(&'static str),
 }
 
+/// Why the log feed's slot could not be made (again).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum SlotError {
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    /// The slot in the way could not be dropped: a reader still streams
+    /// it after it was asked to stop.
+    #[error("the log feed's slot {0} stays in use; it cannot be made again")]
+    InUse(String),
+}
+
 /// Why a producer's stream stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -36,6 +48,8 @@ pub(crate) enum ProducerError {
     Database(#[from] sqlx::Error),
     #[error(transparent)]
     Stream(#[from] StreamError),
+    #[error(transparent)]
+    Slot(#[from] SlotError),
     /// The slot was made again (its epoch changed) after this stream
     /// began: what it decoded belongs to the slot before.
     #[error("the log feed's slot was made again since this stream began; streaming it anew")]

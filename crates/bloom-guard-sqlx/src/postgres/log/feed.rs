@@ -202,9 +202,9 @@ static READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             "RECORD_END",
             &record_end_at_or_before("l.insert", "l.block"),
         )
-        .replace("UNSEEN", &super::install::unseen_in("l.rel"))
-        .replace("DRIFT", &super::install::publication_drift("l.rel"))
-        .replace("ANCESTORS", &super::install::fed_ancestors("l.rel"))
+        .replace("UNSEEN", &super::publication::unseen_in("l.rel"))
+        .replace("DRIFT", &super::publication::publication_drift("l.rel"))
+        .replace("ANCESTORS", &super::publication::fed_ancestors("l.rel"))
 });
 
 const READ_STATEMENT: &str = "with look as (

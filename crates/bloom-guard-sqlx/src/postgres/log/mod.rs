@@ -24,6 +24,7 @@ mod lease;
 mod pgoutput;
 mod position;
 mod producer;
+mod publication;
 mod rows;
 pub(super) mod slot;
 pub(super) mod stream;

@@ -28,8 +28,9 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::error::ProducerError;
-use super::install::{logged_tables, slot_name};
+use super::install::slot_name;
 use super::lease::Lease;
+use super::publication::logged_tables;
 use super::rows::Batch;
 use super::stream::{Event, LogStream, LoggedTable, StreamError};
 use super::url::Server;

@@ -15,6 +15,8 @@
 
 use sqlx::{ConnectOptions as _, Connection as _, PgConnection, PgPool};
 
+use super::error::SlotError;
+
 /// The feed's epoch in SQL: the slot it belongs to, how far its making
 /// got, and the slot's start. It changes each time the slot is made. A
 /// follower's reads compare it with the one its filter was built under
@@ -89,7 +91,7 @@ pub(crate) async fn state(
 /// start. Several instances may call this at once: one makes it, under a
 /// lock held by a connection of its own, and the others find it ready.
 /// Whether it made the slot.
-pub(crate) async fn ensure(pool: &PgPool, slot: &str) -> Result<bool, sqlx::Error> {
+pub(crate) async fn ensure(pool: &PgPool, slot: &str) -> Result<bool, SlotError> {
     if state(pool, slot).await? == SlotState::Ready {
         return Ok(false);
     }
@@ -102,7 +104,7 @@ pub(crate) async fn ensure(pool: &PgPool, slot: &str) -> Result<bool, sqlx::Erro
     made
 }
 
-async fn make(connection: &mut PgConnection, slot: &str) -> Result<bool, sqlx::Error> {
+async fn make(connection: &mut PgConnection, slot: &str) -> Result<bool, SlotError> {
     sqlx::query("select pg_catalog.pg_advisory_lock(pg_catalog.hashtext('bloom_guard.log_slot'))")
         .execute(&mut *connection)
         .await?;
@@ -141,18 +143,17 @@ async fn make(connection: &mut PgConnection, slot: &str) -> Result<bool, sqlx::E
         // keep the log; the next making starts from scratch anyway.
         let _ = drop_slot(connection, slot).await;
     }
-    made.map(|()| true)
+    made?;
+    Ok(true)
 }
 
 /// Drops the slot if it is there, stopping its reader first (a stream of
 /// a lost slot, or of a slot whose making stopped half way).
-async fn drop_slot(connection: &mut PgConnection, slot: &str) -> Result<(), sqlx::Error> {
+async fn drop_slot(connection: &mut PgConnection, slot: &str) -> Result<(), SlotError> {
     if crate::postgres::install::drop_slot(connection, slot).await? {
         return Ok(());
     }
-    Err(sqlx::Error::Protocol(format!(
-        "the log feed's slot {slot} stays in use; it cannot be made again"
-    )))
+    Err(SlotError::InUse(slot.to_owned()))
 }
 
 /// In one transaction: the feed's rows deleted, its progress and horizon

@@ -111,10 +111,10 @@ impl Snapshot {
     }
 
     /// The kind of filter it holds.
-    pub fn filter_kind(&self) -> crate::stats::FilterKind {
+    pub fn filter_kind(&self) -> crate::report::stats::FilterKind {
         match self.parts {
-            FilterParts::Bloom(_) => crate::stats::FilterKind::Bloom,
-            FilterParts::Counting(_) => crate::stats::FilterKind::Counting,
+            FilterParts::Bloom(_) => crate::report::stats::FilterKind::Bloom,
+            FilterParts::Counting(_) => crate::report::stats::FilterKind::Counting,
         }
     }
 }

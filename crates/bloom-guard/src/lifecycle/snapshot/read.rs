@@ -3,7 +3,8 @@
 use sha2::{Digest, Sha256};
 
 use crate::filters::bloom::BloomParts;
-use crate::filters::counting::{decode_shard, CountingParts, Shard};
+use crate::filters::counting::parts::CountingParts;
+use crate::filters::counting::{decode_shard, Shard};
 use crate::filters::filter::FilterParts;
 
 use super::format::{header_len, Header, CHECKSUM_LEN, PREFIX_LEN};

@@ -221,7 +221,7 @@ impl GuardMetrics {
     }
 
     /// The feed's room in the database and its pruning.
-    pub(crate) fn feed_storage(&self, storage: &crate::stats::FeedStorage) {
+    pub(crate) fn feed_storage(&self, storage: &crate::report::stats::FeedStorage) {
         self.feed_bytes.set(storage.bytes as f64);
         self.feed_prune_overdue
             .set(storage.prune_overdue_secs as f64);
