@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::SourceError;
 use crate::follow::changes::Changes;
 use crate::follow::column::KeyColumn;
+pub(crate) use crate::follow::error::BackendError;
 use crate::follow::stores::Stores;
 use crate::watch::Watch;
 
@@ -104,17 +105,18 @@ pub(crate) trait Scans: Send + Sync + Sized + 'static {
 
     /// The key source, the fingerprint that names its key set, and the
     /// trigger versions that fingerprint was taken under.
-    fn key_source(&self) -> impl Future<Output = Result<KeySet<Self::Source>, sqlx::Error>> + Send;
+    fn key_source(&self)
+        -> impl Future<Output = Result<KeySet<Self::Source>, BackendError>> + Send;
 
     /// The watched key columns, for the key type check.
-    fn key_columns(&self) -> impl Future<Output = Result<Vec<KeyColumn>, sqlx::Error>> + Send;
+    fn key_columns(&self) -> impl Future<Output = Result<Vec<KeyColumn>, BackendError>> + Send;
 
     /// Whether any key of `source` holds a character other than printable
     /// ASCII, tab or a line break (one scan of the key column).
     fn has_unsafe_keys(
         &self,
         source: &Self::Source,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send;
 }
 
 /// Reading the change feed: its positions, one read from a position, and
@@ -136,7 +138,7 @@ pub(crate) trait FeedReads: Send + Sync + Sized + 'static {
     fn parse_position(text: &str) -> Option<Self::Position>;
 
     /// The feed's position now, with the database's clock.
-    fn position(&self) -> impl Future<Output = Result<Clock<Self::Position>, sqlx::Error>> + Send;
+    fn position(&self) -> impl Future<Output = Result<Clock<Self::Position>, BackendError>> + Send;
 
     /// The changes committed after `since`, a position that may be far
     /// behind (a snapshot's or a scan's, at a catch-up): where the database
@@ -144,7 +146,7 @@ pub(crate) trait FeedReads: Send + Sync + Sized + 'static {
     fn read_behind(
         &self,
         since: &Self::Position,
-    ) -> impl Future<Output = Result<Read<Self::Position>, sqlx::Error>> + Send {
+    ) -> impl Future<Output = Result<Read<Self::Position>, BackendError>> + Send {
         self.read(since)
     }
 
@@ -159,7 +161,7 @@ pub(crate) trait FeedReads: Send + Sync + Sized + 'static {
     fn read_unwaited(
         &self,
         since: &Self::Position,
-    ) -> impl Future<Output = Result<Read<Self::Position>, sqlx::Error>> + Send {
+    ) -> impl Future<Output = Result<Read<Self::Position>, BackendError>> + Send {
         self.read(since)
     }
 
@@ -178,7 +180,7 @@ pub(crate) trait FeedReads: Send + Sync + Sized + 'static {
     /// `reads`. Each takes its snapshot after the call.
     fn read_together(
         reads: &[(&Self, &Self::Position)],
-    ) -> impl Future<Output = Result<Vec<Read<Self::Position>>, sqlx::Error>> + Send {
+    ) -> impl Future<Output = Result<Vec<Read<Self::Position>>, BackendError>> + Send {
         async move {
             let mut all = Vec::with_capacity(reads.len());
             for (backend, since) in reads {
@@ -193,7 +195,7 @@ pub(crate) trait FeedReads: Send + Sync + Sized + 'static {
     fn read(
         &self,
         since: &Self::Position,
-    ) -> impl Future<Output = Result<Read<Self::Position>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Read<Self::Position>, BackendError>> + Send;
 }
 
 /// The feed's room: how far a reader is behind, pruning, its size.
@@ -204,18 +206,18 @@ pub(crate) trait FeedUpkeep: FeedReads {
         &self,
         since: &Self::Position,
         limit: u64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send;
 
     /// Removes the changes every reader has had for `retention`, on one
     /// instance at a time; how many.
-    fn prune(&self, retention: Duration) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+    fn prune(&self, retention: Duration) -> impl Future<Output = Result<i64, BackendError>> + Send;
 
     /// The feed's room in the database and how late its pruning is, for
     /// the metrics; `None` where the feed cannot tell.
     fn storage(
         &self,
         retention: Duration,
-    ) -> impl Future<Output = Result<Option<bloom_guard::stats::FeedStorage>, sqlx::Error>> + Send
+    ) -> impl Future<Output = Result<Option<bloom_guard::stats::FeedStorage>, BackendError>> + Send
     {
         let _ = retention;
         async { Ok(None) }
@@ -234,12 +236,12 @@ pub(crate) trait Checks: Send + Sync + Sized + 'static {
 
     /// Why writes to a watched table could bypass the feed (missing or
     /// disabled triggers, the feed not installed); empty when none.
-    fn gaps(&self) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
+    fn gaps(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send;
 
     /// Whether the feed's triggers record one feed row per table row (so a
     /// counting filter may remove a key for each deleted row); `false` for
     /// functions an earlier schema version wrote.
-    fn counts_rows(&self) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
+    fn counts_rows(&self) -> impl Future<Output = Result<bool, BackendError>> + Send {
         async { Ok(true) }
     }
 
@@ -247,7 +249,7 @@ pub(crate) trait Checks: Send + Sync + Sized + 'static {
     /// [`trigger_versions`](Self::trigger_versions) and
     /// [`counts_rows`](Self::counts_rows), in one round trip where the
     /// backend can (an idle instance checks every guard every interval).
-    fn catalog(&self) -> impl Future<Output = Result<Catalog, sqlx::Error>> + Send {
+    fn catalog(&self) -> impl Future<Output = Result<Catalog, BackendError>> + Send {
         async {
             Ok(Catalog {
                 gaps: self.gaps().await?,
@@ -262,13 +264,13 @@ pub(crate) trait Checks: Send + Sync + Sized + 'static {
     /// one rebuilt, which drops its triggers) and the connection may; true
     /// if it did. The gap stays until the next check finds it repaired,
     /// and a rebuild follows.
-    fn repair(&self) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+    fn repair(&self) -> impl Future<Output = Result<bool, BackendError>> + Send;
 
     /// The watched tables' identities and their feed triggers' row
     /// versions: it changes when a table is recreated or a trigger altered
     /// (disabled and enabled again, even within one transaction), when
     /// writes may have bypassed the feed although no gap shows now.
-    fn trigger_versions(&self) -> impl Future<Output = Result<String, sqlx::Error>> + Send;
+    fn trigger_versions(&self) -> impl Future<Output = Result<String, BackendError>> + Send;
 }
 
 /// What wakes a follower: the database's announcements of changes,

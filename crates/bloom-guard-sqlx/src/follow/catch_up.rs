@@ -11,7 +11,7 @@ use bloom_guard::{
 use futures_util::future::BoxFuture;
 
 use super::changes::{warn_skipped, Changes};
-use super::{Database, Engine, Read};
+use super::{BackendError, Database, Engine, Read};
 
 /// Why a new filter could not be brought up to date.
 #[derive(Debug, thiserror::Error)]
@@ -25,7 +25,7 @@ pub(super) enum CatchUpError {
     #[error("a watched table was truncated after the filter's scan")]
     Truncated,
     #[error(transparent)]
-    Database(#[from] sqlx::Error),
+    Backend(#[from] BackendError),
 }
 
 impl From<CatchUpError> for BuildError {

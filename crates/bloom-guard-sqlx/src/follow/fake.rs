@@ -14,8 +14,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Checks, Clock, Database, Engine, FeedReads, FeedUpkeep, FleetTable, KeySet, LoadError, Read,
-    Scans, SnapshotStore, Stored, Stores, WakeUps, Wakes,
+    BackendError, Checks, Clock, Database, Engine, FeedReads, FeedUpkeep, FleetTable, KeySet,
+    LoadError, Read, Scans, SnapshotStore, Stored, Stores, WakeUps, Wakes,
 };
 use crate::error::SourceError;
 use crate::follow::changes::Changes;
@@ -150,7 +150,7 @@ impl Database for Fake {
 impl Scans for Fake {
     type Source = Scan;
 
-    async fn key_source(&self) -> Result<KeySet<Scan>, sqlx::Error> {
+    async fn key_source(&self) -> Result<KeySet<Scan>, BackendError> {
         Ok(KeySet {
             source: Scan(self.clone()),
             fingerprint: "fingerprint".to_owned(),
@@ -158,11 +158,11 @@ impl Scans for Fake {
         })
     }
 
-    async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
+    async fn key_columns(&self) -> Result<Vec<KeyColumn>, BackendError> {
         Ok(Vec::new())
     }
 
-    async fn has_unsafe_keys(&self, _: &Scan) -> Result<bool, sqlx::Error> {
+    async fn has_unsafe_keys(&self, _: &Scan) -> Result<bool, BackendError> {
         Ok(false)
     }
 }
@@ -174,7 +174,7 @@ impl FeedReads for Fake {
         text.parse().ok()
     }
 
-    async fn position(&self) -> Result<Clock<usize>, sqlx::Error> {
+    async fn position(&self) -> Result<Clock<usize>, BackendError> {
         while self.state().hold_positions {
             let resumed = self.db.resume_positions.notified();
             if !self.state().hold_positions {
@@ -191,11 +191,11 @@ impl FeedReads for Fake {
         })
     }
 
-    async fn read(&self, since: &usize) -> Result<Read<usize>, sqlx::Error> {
+    async fn read(&self, since: &usize) -> Result<Read<usize>, BackendError> {
         let mut state = self.state();
         state.reads += 1;
         if state.unreachable {
-            return Err(sqlx::Error::PoolTimedOut);
+            return Err(sqlx::Error::PoolTimedOut.into());
         }
         if *since < state.horizon {
             return Ok(Read::Pruned);
@@ -212,26 +212,26 @@ impl FeedReads for Fake {
 }
 
 impl FeedUpkeep for Fake {
-    async fn pending(&self, since: &usize, limit: u64) -> Result<u64, sqlx::Error> {
+    async fn pending(&self, since: &usize, limit: u64) -> Result<u64, BackendError> {
         let state = self.state();
         Ok((state.feed.len().saturating_sub(*since) as u64).min(limit))
     }
 
-    async fn prune(&self, _: Duration) -> Result<i64, sqlx::Error> {
+    async fn prune(&self, _: Duration) -> Result<i64, BackendError> {
         Ok(0)
     }
 }
 
 impl Checks for Fake {
-    async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
+    async fn gaps(&self) -> Result<Vec<String>, BackendError> {
         Ok(Vec::new())
     }
 
-    async fn repair(&self) -> Result<bool, sqlx::Error> {
+    async fn repair(&self) -> Result<bool, BackendError> {
         Ok(false)
     }
 
-    async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
+    async fn trigger_versions(&self) -> Result<String, BackendError> {
         Ok(String::new())
     }
 }
@@ -267,7 +267,7 @@ impl Stores for Fake {
         self
     }
 
-    async fn lock(&self, guard: &str) -> Result<FakeLock, sqlx::Error> {
+    async fn lock(&self, guard: &str) -> Result<FakeLock, BackendError> {
         loop {
             if let Some(lock) = self.try_lock(guard).await? {
                 return Ok(lock);
@@ -276,7 +276,7 @@ impl Stores for Fake {
         }
     }
 
-    async fn try_lock(&self, _: &str) -> Result<Option<FakeLock>, sqlx::Error> {
+    async fn try_lock(&self, _: &str) -> Result<Option<FakeLock>, BackendError> {
         let mut state = self.state();
         if state.lock_held {
             return Ok(None);

@@ -232,7 +232,7 @@ impl<B: Database> Engine<B> {
             .await;
         match adopted {
             Ok(_) => self.fleet().rates.replayed(replayed, replay.elapsed()),
-            Err(AdoptFailure::CatchUp(CatchUpError::Database(error))) => {
+            Err(AdoptFailure::CatchUp(CatchUpError::Backend(error))) => {
                 tracing::debug!(%error, "cannot replay the feed since the snapshot");
                 return false;
             }

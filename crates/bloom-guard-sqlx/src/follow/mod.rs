@@ -12,6 +12,7 @@ pub(crate) mod column;
 mod cost;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) mod dialects;
+mod error;
 mod fleet;
 mod group;
 mod maintain;
@@ -40,7 +41,8 @@ pub use api::Follow;
 #[cfg(feature = "postgres")]
 pub(crate) use backend::Catalog;
 pub(crate) use backend::{
-    Checks, Clock, Database, FeedReads, FeedUpkeep, KeySet, Read, Scans, WakeUps, Wakes,
+    BackendError, Checks, Clock, Database, FeedReads, FeedUpkeep, KeySet, Read, Scans, WakeUps,
+    Wakes,
 };
 pub(crate) use rebuild::Rebuild;
 pub(crate) use stores::{FleetTable, LoadError, SnapshotStore, Stored, Stores};
@@ -289,7 +291,7 @@ impl<B: Database> Engine<B> {
                 let counts_rows = self.backend.counts_rows().await?;
                 self.set_counts_rows(counts_rows);
                 let start = self.backend.position().await?;
-                Ok::<_, sqlx::Error>((keys.source, start))
+                Ok::<_, BackendError>((keys.source, start))
             };
             let (attempt, checked) = tokio::join!(attempt, check);
             let attempt = match checked {
@@ -297,7 +299,7 @@ impl<B: Database> Engine<B> {
                     session_checked = true;
                     attempt
                 }
-                Err(crate::FeedError::Database(error)) => Err(error),
+                Err(crate::FeedError::Database(error)) => Err(error.into()),
                 Err(error) => {
                     tracing::error!(error = %error_chain(&error), "cannot follow the change feed through this connection; the guard lets every request through");
                     self.guard.report_unavailable(&error);

@@ -8,7 +8,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 
 use super::changes::Changes;
 use super::group::{Companion, Membership};
-use super::{retry_pauses, Database, Engine, Read, MAX_PAUSE};
+use super::{retry_pauses, BackendError, Database, Engine, Read, MAX_PAUSE};
 
 /// How often a reader loop waiting for refusals looks up again the
 /// guards that share its reads.
@@ -129,7 +129,7 @@ impl<B: Database> Engine<B> {
         &self,
         position: &B::Position,
         company: Vec<Companion<B>>,
-    ) -> Result<Read<B::Position>, sqlx::Error> {
+    ) -> Result<Read<B::Position>, BackendError> {
         if company.is_empty() {
             return self.backend.read(position).await;
         }
@@ -145,7 +145,7 @@ impl<B: Database> Engine<B> {
         match read {
             Ok(all) => {
                 let mut all = all.into_iter();
-                let own = all.next().ok_or(sqlx::Error::RowNotFound);
+                let own = all.next().ok_or(sqlx::Error::RowNotFound.into());
                 for companion in company {
                     companion.finish(all.next());
                 }

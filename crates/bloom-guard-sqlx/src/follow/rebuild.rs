@@ -6,7 +6,7 @@ use bloom_guard::{BloomGuard, BuildError, Stats};
 use tokio::time::Instant;
 
 use super::fleet::publish;
-use super::{Database, KeySet, SnapshotStore, Stores};
+use super::{BackendError, Database, KeySet, SnapshotStore, Stores};
 
 /// The engine of [`FleetRebuild`](crate::FleetRebuild) over one backend.
 #[derive(Debug)]
@@ -40,7 +40,7 @@ impl<B: Database> Rebuild<B> {
     /// from a scan newer than the request is published, scans and
     /// publishes. A failure is reported to the guard too.
     pub(crate) async fn rebuild(&self) -> Result<Stats, BuildError> {
-        let failed = |error: sqlx::Error| {
+        let failed = |error: BackendError| {
             self.guard.report_unavailable(&error);
             BuildError::Source(Arc::new(error))
         };
@@ -63,7 +63,7 @@ impl<B: Database> Rebuild<B> {
             .snapshots()
             .newest(name, &fingerprint)
             .await
-            .map_err(failed)?
+            .map_err(|error| failed(error.into()))?
             .is_some_and(|stored| stored.scanned_at >= requested.at);
         if newer {
             // Another instance rebuilt after the request; this instance's

@@ -5,6 +5,8 @@ use std::future::Future;
 
 use bloom_guard::snapshot::{Snapshot, SnapshotError, SnapshotWriter};
 
+use crate::follow::error::BackendError;
+
 /// A stored snapshot, as listed.
 #[derive(Debug, Clone)]
 pub(crate) struct Stored {
@@ -46,13 +48,13 @@ pub(crate) trait Stores: Send + Sync + 'static {
     fn fleet(&self) -> &Self::Fleet;
 
     /// Waits for the fleet's build lock of `guard`.
-    fn lock(&self, guard: &str) -> impl Future<Output = Result<Self::Lock, sqlx::Error>> + Send;
+    fn lock(&self, guard: &str) -> impl Future<Output = Result<Self::Lock, BackendError>> + Send;
 
     /// The fleet's build lock of `guard`, if nobody holds it.
     fn try_lock(
         &self,
         guard: &str,
-    ) -> impl Future<Output = Result<Option<Self::Lock>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Option<Self::Lock>, BackendError>> + Send;
 }
 
 /// Where a backend keeps its snapshots.

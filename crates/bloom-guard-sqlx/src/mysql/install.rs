@@ -274,8 +274,8 @@ end if",
         let binary = match binary {
             Some(binary) if !binary.is_empty() => binary,
             _ => {
-                return Err(sqlx::Error::Protocol(format!(
-                    "{}: the table or a key column is missing (the watch names {:?})",
+                return Err(sqlx::Error::ColumnNotFound(format!(
+                    "{}: the table or a key column (the watch names {:?})",
                     self.table, self.key_columns
                 )))
             }

@@ -32,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::follow::column::KeyColumn;
 use crate::follow::{
-    follower_api, Checks, Clock, Database, Engine, FeedReads, FeedUpkeep, KeySet, Read, Scans,
-    Stores, WakeUps, Wakes,
+    follower_api, BackendError, Checks, Clock, Database, Engine, FeedReads, FeedUpkeep, KeySet,
+    Read, Scans, Stores, WakeUps, Wakes,
 };
 use crate::store::fleet::FleetTables;
 use crate::store::snapshots::Tables;
@@ -137,7 +137,7 @@ impl Database for MySqlBackend {
 impl Scans for MySqlBackend {
     type Source = MySqlScan;
 
-    async fn key_source(&self) -> Result<KeySet<MySqlScan>, sqlx::Error> {
+    async fn key_source(&self) -> Result<KeySet<MySqlScan>, BackendError> {
         let query = self
             .watch
             .mysql_key_query(&self.pool, self.collation.as_deref())
@@ -156,11 +156,11 @@ impl Scans for MySqlBackend {
         })
     }
 
-    async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
-        key_type::key_columns(&self.pool, &self.watch).await
+    async fn key_columns(&self) -> Result<Vec<KeyColumn>, BackendError> {
+        Ok(key_type::key_columns(&self.pool, &self.watch).await?)
     }
 
-    async fn has_unsafe_keys(&self, source: &MySqlScan) -> Result<bool, sqlx::Error> {
+    async fn has_unsafe_keys(&self, source: &MySqlScan) -> Result<bool, BackendError> {
         sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
             "select cast(exists (select 1 from ({}) as q where q.k regexp '[^\\t-\\r -~]') as signed)",
             source.query()
@@ -168,6 +168,7 @@ impl Scans for MySqlBackend {
         .fetch_one(&self.pool)
         .await
         .map(|found| found != 0)
+        .map_err(BackendError::from)
     }
 }
 
@@ -182,7 +183,7 @@ impl FeedReads for MySqlBackend {
         Cursor::parse(text)
     }
 
-    async fn position(&self) -> Result<Clock<Cursor>, sqlx::Error> {
+    async fn position(&self) -> Result<Clock<Cursor>, BackendError> {
         // A fresh settled id keeps the position's open ids few: settle the
         // ids handed out so far, for about a second at most (a long
         // transaction holds them longer).
@@ -205,8 +206,8 @@ impl FeedReads for MySqlBackend {
         Ok(Clock { position, at })
     }
 
-    async fn read(&self, since: &Cursor) -> Result<Read<Cursor>, sqlx::Error> {
-        feed::read_since(
+    async fn read(&self, since: &Cursor) -> Result<Read<Cursor>, BackendError> {
+        Ok(feed::read_since(
             &self.feed,
             &self.settled,
             &self.pool,
@@ -214,16 +215,16 @@ impl FeedReads for MySqlBackend {
             self.collation.as_deref(),
             since,
         )
-        .await
+        .await?)
     }
 }
 
 impl FeedUpkeep for MySqlBackend {
-    async fn pending(&self, since: &Cursor, limit: u64) -> Result<u64, sqlx::Error> {
-        feed::pending(&self.pool, self.watch.feed_name(), since, limit).await
+    async fn pending(&self, since: &Cursor, limit: u64) -> Result<u64, BackendError> {
+        Ok(feed::pending(&self.pool, self.watch.feed_name(), since, limit).await?)
     }
 
-    async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
+    async fn prune(&self, retention: Duration) -> Result<i64, BackendError> {
         // Settled as of now: without writes that leave ids open, no read
         // moves the method on.
         self.settled.round(&self.pool).await;
@@ -235,17 +236,17 @@ impl FeedUpkeep for MySqlBackend {
         } else {
             self.settled.now()
         };
-        feed::prune(&self.pool, settled, retention).await
+        Ok(feed::prune(&self.pool, settled, retention).await?)
     }
 }
 
 impl Checks for MySqlBackend {
-    async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
+    async fn gaps(&self) -> Result<Vec<String>, BackendError> {
         let gaps = catalog::gaps(&self.pool, &self.watch).await?;
         Ok(gaps.into_iter().map(|gap| gap.reason).collect())
     }
 
-    async fn repair(&self) -> Result<bool, sqlx::Error> {
+    async fn repair(&self) -> Result<bool, BackendError> {
         // A table swapped in (an online schema change's copy) has none of
         // the triggers, a rewritten one the wrong ones: this role puts them
         // back if it may, as long as the key columns are there. Other gaps
@@ -267,8 +268,8 @@ impl Checks for MySqlBackend {
         Ok(true)
     }
 
-    async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
-        catalog::trigger_versions(&self.pool, &self.watch).await
+    async fn trigger_versions(&self) -> Result<String, BackendError> {
+        Ok(catalog::trigger_versions(&self.pool, &self.watch).await?)
     }
 }
 
@@ -303,11 +304,11 @@ impl Stores for MySqlBackend {
         &self.fleet
     }
 
-    async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {
-        store::build_lock(&self.pool, guard).await
+    async fn lock(&self, guard: &str) -> Result<Self::Lock, BackendError> {
+        Ok(store::build_lock(&self.pool, guard).await?)
     }
 
-    async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, sqlx::Error> {
-        store::try_build_lock(&self.pool, guard).await
+    async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, BackendError> {
+        Ok(store::try_build_lock(&self.pool, guard).await?)
     }
 }

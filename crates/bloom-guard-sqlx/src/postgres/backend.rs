@@ -12,8 +12,8 @@ use super::store::{fleet, snapshot};
 use super::{catalog, feed, install, notifier, replica, session, wake, CopySource};
 use crate::follow::column::KeyColumn;
 use crate::follow::{
-    Catalog, Checks, Clock, Database, FeedReads, FeedUpkeep, KeySet, Read, Scans, Stores, WakeUps,
-    Wakes,
+    BackendError, Catalog, Checks, Clock, Database, FeedReads, FeedUpkeep, KeySet, Read, Scans,
+    Stores, WakeUps, Wakes,
 };
 use crate::source::query::any_key_where;
 use crate::store::fleet::FleetTables;
@@ -93,14 +93,11 @@ impl Database for PgBackend {
 impl Scans for PgBackend {
     type Source = CopySource;
 
-    async fn key_source(&self) -> Result<KeySet<CopySource>, sqlx::Error> {
+    async fn key_source(&self) -> Result<KeySet<CopySource>, BackendError> {
         // A scan placed by the triggers' positions would not meet the log
         // feed's rows at its point.
         if install::published(&self.pool, &self.watch.table).await? {
-            return Err(sqlx::Error::Protocol(format!(
-                "{} is on the log feed: follow it with postgres::log::Follower, rebuild it with FleetRebuild::log",
-                self.watch.table
-            )));
+            return Err(BackendError::OnTheLogFeed(self.watch.table.clone()));
         }
         let query = self.watch.key_query(&self.pool, self.lowered).await?;
         // A snapshot names the tables and triggers it was built under: one
@@ -115,17 +112,17 @@ impl Scans for PgBackend {
         })
     }
 
-    async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
-        catalog::key_columns(&self.pool, &self.watch).await
+    async fn key_columns(&self) -> Result<Vec<KeyColumn>, BackendError> {
+        Ok(catalog::key_columns(&self.pool, &self.watch).await?)
     }
 
-    async fn has_unsafe_keys(&self, source: &CopySource) -> Result<bool, sqlx::Error> {
-        any_key_where(
+    async fn has_unsafe_keys(&self, source: &CopySource) -> Result<bool, BackendError> {
+        Ok(any_key_where(
             &self.pool,
             source.query(),
             r#"(k.key collate pg_catalog."C") ~ '[^\t-\r -~]'"#,
         )
-        .await
+        .await?)
     }
 }
 
@@ -136,17 +133,17 @@ impl FeedReads for PgBackend {
         PgPosition::parse(text)
     }
 
-    async fn position(&self) -> Result<Clock<PgPosition>, sqlx::Error> {
-        snapshot::position_now(&self.pool).await
+    async fn position(&self) -> Result<Clock<PgPosition>, BackendError> {
+        Ok(snapshot::position_now(&self.pool).await?)
     }
 
-    async fn read(&self, since: &PgPosition) -> Result<Read<PgPosition>, sqlx::Error> {
+    async fn read(&self, since: &PgPosition) -> Result<Read<PgPosition>, BackendError> {
         let mut read = self.read_feeds(&[self.feed_read(since)]).await?;
-        read.pop().ok_or(sqlx::Error::RowNotFound)
+        Ok(read.pop().ok_or(sqlx::Error::RowNotFound)?)
     }
 
-    async fn read_behind(&self, since: &PgPosition) -> Result<Read<PgPosition>, sqlx::Error> {
-        feed::read_kept_behind(&self.feed, self.feed_read(since)).await
+    async fn read_behind(&self, since: &PgPosition) -> Result<Read<PgPosition>, BackendError> {
+        Ok(feed::read_kept_behind(&self.feed, self.feed_read(since)).await?)
     }
 
     fn shared_reads(&self) -> Option<String> {
@@ -172,7 +169,7 @@ impl FeedReads for PgBackend {
 
     async fn read_together(
         reads: &[(&Self, &PgPosition)],
-    ) -> Result<Vec<Read<PgPosition>>, sqlx::Error> {
+    ) -> Result<Vec<Read<PgPosition>>, BackendError> {
         let Some((first, _)) = reads.first() else {
             return Ok(Vec::new());
         };
@@ -180,24 +177,24 @@ impl FeedReads for PgBackend {
             .iter()
             .map(|(backend, since)| backend.feed_read(since))
             .collect();
-        first.read_feeds(&feeds).await
+        Ok(first.read_feeds(&feeds).await?)
     }
 }
 
 impl FeedUpkeep for PgBackend {
-    async fn pending(&self, since: &PgPosition, limit: u64) -> Result<u64, sqlx::Error> {
-        feed::pending(&self.pool, self.watch.feed_name(), since, limit).await
+    async fn pending(&self, since: &PgPosition, limit: u64) -> Result<u64, BackendError> {
+        Ok(feed::pending(&self.pool, self.watch.feed_name(), since, limit).await?)
     }
 
-    async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
-        feed::prune(&self.pool, retention).await
+    async fn prune(&self, retention: Duration) -> Result<i64, BackendError> {
+        Ok(feed::prune(&self.pool, retention).await?)
     }
 
     async fn storage(
         &self,
         retention: Duration,
-    ) -> Result<Option<bloom_guard::stats::FeedStorage>, sqlx::Error> {
-        feed::storage(&self.pool, retention).await.map(Some)
+    ) -> Result<Option<bloom_guard::stats::FeedStorage>, BackendError> {
+        Ok(feed::storage(&self.pool, retention).await.map(Some)?)
     }
 }
 
@@ -214,7 +211,7 @@ impl Checks for PgBackend {
         tokio::join!(session::check_session(&self.pool), open_feed).0
     }
 
-    async fn counts_rows(&self) -> Result<bool, sqlx::Error> {
+    async fn counts_rows(&self) -> Result<bool, BackendError> {
         let counts = sqlx::query_scalar("select bloom_guard.counts_rows($1)")
             .bind(self.watch.feed_name())
             .fetch_one(&self.pool)
@@ -227,15 +224,15 @@ impl Checks for PgBackend {
             {
                 Ok(false)
             }
-            counts => counts,
+            counts => Ok(counts?),
         }
     }
 
-    async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
-        catalog::gaps(&self.pool, &self.watch).await
+    async fn gaps(&self) -> Result<Vec<String>, BackendError> {
+        Ok(catalog::gaps(&self.pool, &self.watch).await?)
     }
 
-    async fn repair(&self) -> Result<bool, sqlx::Error> {
+    async fn repair(&self) -> Result<bool, BackendError> {
         // Only a table the feed does not watch: triggers a DBA disabled stay
         // as they are (a bulk load), reported until enabled again.
         if catalog::unwatched_table(&self.pool, &self.watch)
@@ -246,14 +243,15 @@ impl Checks for PgBackend {
         }
         // One try under the lock timeout: a table an open transaction holds
         // is tried again at the next check, never holding writers back.
-        self.watch.watch_once(&self.pool).await.map(|()| true)
+        self.watch.watch_once(&self.pool).await?;
+        Ok(true)
     }
 
-    async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
-        catalog::trigger_versions(&self.pool, &self.watch).await
+    async fn trigger_versions(&self) -> Result<String, BackendError> {
+        Ok(catalog::trigger_versions(&self.pool, &self.watch).await?)
     }
 
-    async fn catalog(&self) -> Result<Catalog, sqlx::Error> {
+    async fn catalog(&self) -> Result<Catalog, BackendError> {
         // One statement; any error (a feed of an earlier version, not
         // installed) and the three ask on their own, each with its answer
         // for that case.
@@ -306,11 +304,11 @@ impl Stores for PgBackend {
         &self.fleet
     }
 
-    async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {
-        snapshot::build_lock(&self.pool, guard).await
+    async fn lock(&self, guard: &str) -> Result<Self::Lock, BackendError> {
+        Ok(snapshot::build_lock(&self.pool, guard).await?)
     }
 
-    async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, sqlx::Error> {
-        snapshot::try_build_lock(&self.pool, guard).await
+    async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, BackendError> {
+        Ok(snapshot::try_build_lock(&self.pool, guard).await?)
     }
 }

@@ -26,8 +26,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::follow::column::KeyColumn;
 use crate::follow::{
-    follower_api, Checks, Clock, Database, Engine, FeedReads, FeedUpkeep, KeySet, Read, Scans,
-    Stores, WakeUps, Wakes,
+    follower_api, BackendError, Checks, Clock, Database, Engine, FeedReads, FeedUpkeep, KeySet,
+    Read, Scans, Stores, WakeUps, Wakes,
 };
 use crate::source::query::any_key_where;
 use crate::store::fleet::FleetTables;
@@ -109,7 +109,7 @@ impl Database for SqliteBackend {
 impl Scans for SqliteBackend {
     type Source = SqliteScan;
 
-    async fn key_source(&self) -> Result<KeySet<SqliteScan>, sqlx::Error> {
+    async fn key_source(&self) -> Result<KeySet<SqliteScan>, BackendError> {
         let query = self.watch.sqlite_key_query();
         let identity = install::identity(&self.pool).await?;
         Ok(KeySet {
@@ -119,12 +119,12 @@ impl Scans for SqliteBackend {
         })
     }
 
-    async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
-        feed::key_columns(&self.pool, &self.watch).await
+    async fn key_columns(&self) -> Result<Vec<KeyColumn>, BackendError> {
+        Ok(feed::key_columns(&self.pool, &self.watch).await?)
     }
 
-    async fn has_unsafe_keys(&self, source: &SqliteScan) -> Result<bool, sqlx::Error> {
-        any_key_where(&self.pool, source.query(), "k.key glob '*[^ -~]*'").await
+    async fn has_unsafe_keys(&self, source: &SqliteScan) -> Result<bool, BackendError> {
+        Ok(any_key_where(&self.pool, source.query(), "k.key glob '*[^ -~]*'").await?)
     }
 }
 
@@ -135,33 +135,33 @@ impl FeedReads for SqliteBackend {
         Mark::parse(text)
     }
 
-    async fn position(&self) -> Result<Clock<Mark>, sqlx::Error> {
+    async fn position(&self) -> Result<Clock<Mark>, BackendError> {
         let at = snapshot::now_micros();
         let position = feed::position(&self.pool).await?;
         Ok(Clock { position, at })
     }
 
-    async fn read(&self, since: &Mark) -> Result<Read<Mark>, sqlx::Error> {
-        feed::read_since(&self.pool, self.watch.feed_name(), since).await
+    async fn read(&self, since: &Mark) -> Result<Read<Mark>, BackendError> {
+        Ok(feed::read_since(&self.pool, self.watch.feed_name(), since).await?)
     }
 }
 
 impl FeedUpkeep for SqliteBackend {
-    async fn pending(&self, since: &Mark, limit: u64) -> Result<u64, sqlx::Error> {
-        feed::pending(&self.pool, self.watch.feed_name(), since, limit).await
+    async fn pending(&self, since: &Mark, limit: u64) -> Result<u64, BackendError> {
+        Ok(feed::pending(&self.pool, self.watch.feed_name(), since, limit).await?)
     }
 
-    async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
-        feed::prune(&self.pool, retention).await
+    async fn prune(&self, retention: Duration) -> Result<i64, BackendError> {
+        Ok(feed::prune(&self.pool, retention).await?)
     }
 }
 
 impl Checks for SqliteBackend {
-    async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
-        feed::gaps(&self.pool, &self.watch).await
+    async fn gaps(&self) -> Result<Vec<String>, BackendError> {
+        Ok(feed::gaps(&self.pool, &self.watch).await?)
     }
 
-    async fn repair(&self) -> Result<bool, sqlx::Error> {
+    async fn repair(&self) -> Result<bool, BackendError> {
         // A table rebuilt the SQLite way (new table, copy, drop, rename)
         // lost its triggers: any connection may put them back, as long as
         // the key columns are there (triggers naming a missing column
@@ -173,7 +173,7 @@ impl Checks for SqliteBackend {
         }
         match self.watch.install_sqlite(&self.pool).await {
             Ok(()) => {}
-            Err(crate::error::FeedError::Database(error)) => return Err(error),
+            Err(crate::error::FeedError::Database(error)) => return Err(error.into()),
             // A key column rebuilt into one no key type compares: nothing
             // installed, the gap stays (and the guard open).
             Err(error) => {
@@ -187,7 +187,7 @@ impl Checks for SqliteBackend {
         Ok(true)
     }
 
-    async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
+    async fn trigger_versions(&self) -> Result<String, BackendError> {
         // SQLite cannot disable a trigger; the trigger check sees drops.
         Ok(String::new())
     }
@@ -216,11 +216,11 @@ impl Stores for SqliteBackend {
         &self.fleet
     }
 
-    async fn lock(&self, guard: &str) -> Result<Self::Lock, sqlx::Error> {
-        snapshot::SqliteBuildLock::acquire(&self.pool, guard).await
+    async fn lock(&self, guard: &str) -> Result<Self::Lock, BackendError> {
+        Ok(snapshot::SqliteBuildLock::acquire(&self.pool, guard).await?)
     }
 
-    async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, sqlx::Error> {
-        snapshot::SqliteBuildLock::try_acquire(&self.pool, guard).await
+    async fn try_lock(&self, guard: &str) -> Result<Option<Self::Lock>, BackendError> {
+        Ok(snapshot::SqliteBuildLock::try_acquire(&self.pool, guard).await?)
     }
 }

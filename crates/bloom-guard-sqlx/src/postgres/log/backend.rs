@@ -16,7 +16,8 @@ use super::producer::Producer;
 use crate::follow::changes::Changes;
 use crate::follow::column::KeyColumn;
 use crate::follow::{
-    Checks, Clock, Database, FeedReads, FeedUpkeep, KeySet, Read, Scans, WakeUps, Wakes,
+    BackendError, Checks, Clock, Database, FeedReads, FeedUpkeep, KeySet, Read, Scans, WakeUps,
+    Wakes,
 };
 use crate::per_database::{database_key, PerDatabase};
 use crate::postgres::{store::snapshot, wake, CopySource, PgBackend};
@@ -130,9 +131,9 @@ impl PgLogBackend {
         &self,
         since: &LogPosition,
         barrier: bool,
-    ) -> Result<Read<LogPosition>, sqlx::Error> {
+    ) -> Result<Read<LogPosition>, BackendError> {
         let mut reads = Self::read_logs(&[(self, since)], barrier).await?;
-        reads.pop().ok_or(sqlx::Error::RowNotFound)
+        Ok(reads.pop().ok_or(sqlx::Error::RowNotFound)?)
     }
 
     /// Each guard's rows after its position, in one statement on the
@@ -140,7 +141,7 @@ impl PgLogBackend {
     async fn read_logs(
         reads: &[(&Self, &LogPosition)],
         barrier: bool,
-    ) -> Result<Vec<Read<LogPosition>>, sqlx::Error> {
+    ) -> Result<Vec<Read<LogPosition>>, BackendError> {
         let Some((first, _)) = reads.first() else {
             return Ok(Vec::new());
         };
@@ -163,16 +164,22 @@ impl PgLogBackend {
                     barrier.then_some(PRODUCER_BOUND),
                 )
                 .await
-                .map_err(|error| match error {
-                    super::feed::LogReadError::Database(error) => error,
-                    other => sqlx::Error::Protocol(other.to_string()),
-                })
+                // A database error goes to the retries; the feed's own
+                // (the producer behind, no slot, unseen members) passes.
+                .map_or_else(
+                    |error| match error {
+                        super::feed::LogReadError::Database(error) => Err(error),
+                        other => Ok(Err(other)),
+                    },
+                    |read| Ok(Ok(read)),
+                )
             })
             .await?;
             lease.keep();
             Ok(read)
         })
-        .await?;
+        .await?
+        .map_err(|error| BackendError::Feed(Box::new(error)))?;
         Ok(reads
             .iter()
             .zip(read)
@@ -226,7 +233,7 @@ impl Database for PgLogBackend {
 impl Scans for PgLogBackend {
     type Source = CopySource;
 
-    async fn key_source(&self) -> Result<KeySet<CopySource>, sqlx::Error> {
+    async fn key_source(&self) -> Result<KeySet<CopySource>, BackendError> {
         let watch = &self.inner.watch;
         let query = watch.key_query(self.pool(), self.inner.lowered).await?;
         let versions = self.trigger_versions().await?;
@@ -238,11 +245,11 @@ impl Scans for PgLogBackend {
         })
     }
 
-    async fn key_columns(&self) -> Result<Vec<KeyColumn>, sqlx::Error> {
+    async fn key_columns(&self) -> Result<Vec<KeyColumn>, BackendError> {
         self.inner.key_columns().await
     }
 
-    async fn has_unsafe_keys(&self, source: &CopySource) -> Result<bool, sqlx::Error> {
+    async fn has_unsafe_keys(&self, source: &CopySource) -> Result<bool, BackendError> {
         self.inner.has_unsafe_keys(source).await
     }
 }
@@ -254,7 +261,7 @@ impl FeedReads for PgLogBackend {
         LogPosition::parse(text)
     }
 
-    async fn position(&self) -> Result<Clock<LogPosition>, sqlx::Error> {
+    async fn position(&self) -> Result<Clock<LogPosition>, BackendError> {
         let slot = self.slot().await?.to_owned();
         let at = self.inner.position().await?.at;
         let (lsn, epoch) = super::feed::written(self.pool(), &slot).await?;
@@ -264,11 +271,11 @@ impl FeedReads for PgLogBackend {
         })
     }
 
-    async fn read(&self, since: &LogPosition) -> Result<Read<LogPosition>, sqlx::Error> {
+    async fn read(&self, since: &LogPosition) -> Result<Read<LogPosition>, BackendError> {
         self.read_log(since, true).await
     }
 
-    async fn read_behind(&self, since: &LogPosition) -> Result<Read<LogPosition>, sqlx::Error> {
+    async fn read_behind(&self, since: &LogPosition) -> Result<Read<LogPosition>, BackendError> {
         self.read_log(since, false).await
     }
 
@@ -281,22 +288,25 @@ impl FeedReads for PgLogBackend {
     /// Always for refusals: the producer waited for once for all.
     async fn read_together(
         reads: &[(&Self, &LogPosition)],
-    ) -> Result<Vec<Read<LogPosition>>, sqlx::Error> {
+    ) -> Result<Vec<Read<LogPosition>>, BackendError> {
         Self::read_logs(reads, true).await
     }
 
-    async fn read_unwaited(&self, since: &LogPosition) -> Result<Read<LogPosition>, sqlx::Error> {
+    async fn read_unwaited(&self, since: &LogPosition) -> Result<Read<LogPosition>, BackendError> {
         self.read_log(since, false).await
     }
 }
 
 impl FeedUpkeep for PgLogBackend {
-    async fn pending(&self, since: &LogPosition, limit: u64) -> Result<u64, sqlx::Error> {
-        super::feed::pending(self.pool(), self.inner.watch.feed_name(), since.lsn, limit).await
+    async fn pending(&self, since: &LogPosition, limit: u64) -> Result<u64, BackendError> {
+        Ok(
+            super::feed::pending(self.pool(), self.inner.watch.feed_name(), since.lsn, limit)
+                .await?,
+        )
     }
 
-    async fn prune(&self, retention: Duration) -> Result<i64, sqlx::Error> {
-        super::feed::prune(self.pool(), retention).await
+    async fn prune(&self, retention: Duration) -> Result<i64, BackendError> {
+        Ok(super::feed::prune(self.pool(), retention).await?)
     }
 }
 
@@ -311,20 +321,20 @@ impl Checks for PgLogBackend {
         session.and(replication)
     }
 
-    async fn gaps(&self) -> Result<Vec<String>, sqlx::Error> {
+    async fn gaps(&self) -> Result<Vec<String>, BackendError> {
         Ok(self.check().await?.gaps)
     }
 
-    async fn catalog(&self) -> Result<crate::follow::Catalog, sqlx::Error> {
-        self.check().await
+    async fn catalog(&self) -> Result<crate::follow::Catalog, BackendError> {
+        Ok(self.check().await?)
     }
 
-    async fn repair(&self) -> Result<bool, sqlx::Error> {
+    async fn repair(&self) -> Result<bool, BackendError> {
         Ok(false)
     }
 
-    async fn trigger_versions(&self) -> Result<String, sqlx::Error> {
-        super::check::versions(self.pool(), &self.inner.watch).await
+    async fn trigger_versions(&self) -> Result<String, BackendError> {
+        Ok(super::check::versions(self.pool(), &self.inner.watch).await?)
     }
 }
 
