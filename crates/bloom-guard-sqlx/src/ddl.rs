@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::follow::retry_pauses;
+use crate::backoff::retry_pauses;
 
 /// Runs `attempt` until it does not time out on a lock (`timed_out` says
 /// which errors are that), pausing between tries as every retry loop of

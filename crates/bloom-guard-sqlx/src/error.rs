@@ -1,6 +1,18 @@
 //! The errors of the sqlx key sources and change feeds.
 
-use crate::source::copy_text::CopyTextError;
+/// Why `COPY` output could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CopyTextError {
+    /// A row held more than one column. The key query must select exactly
+    /// one column: `SELECT key FROM items`.
+    #[error("a COPY row has more than one column; select only the key column")]
+    SeveralColumns,
+    /// A row ended inside an escape sequence, or the data ended inside a
+    /// row: the output was cut short.
+    #[error("COPY output ended in the middle of a row")]
+    Truncated,
+}
 
 /// Why a sqlx key source failed to count or to scan.
 #[derive(Debug, thiserror::Error)]

@@ -6,6 +6,8 @@
 // backend shares (snapshots, fleet), the follower engine, and its backends:
 // docs/architecture.md maps them, and the test at the bottom keeps the two
 // in step.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod backoff;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod ddl;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
@@ -32,12 +34,12 @@ pub mod sqlite;
 mod store;
 mod watch;
 
-pub use error::{FeedError, SourceError};
+pub use error::{CopyTextError, FeedError, SourceError};
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use fleet_rebuild::FleetRebuild;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use follow::Follow;
-pub use source::copy_text::{CopyTextDecoder, CopyTextError};
+pub use source::copy_text::CopyTextDecoder;
 pub use source::query::QuerySource;
 pub use watch::{TriggerFeed, Watch};
 

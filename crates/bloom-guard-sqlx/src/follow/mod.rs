@@ -36,6 +36,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
+pub(crate) use crate::backoff::{retry_pauses, MAX_PAUSE};
+pub(crate) use crate::store::fleet::FleetTable;
+pub(crate) use crate::store::snapshots::{LoadError, SnapshotStore, Stored};
 pub(crate) use api::follower_api;
 pub use api::Follow;
 #[cfg(feature = "postgres")]
@@ -45,7 +48,7 @@ pub(crate) use backend::{
     Wakes,
 };
 pub(crate) use rebuild::Rebuild;
-pub(crate) use stores::{FleetTable, LoadError, SnapshotStore, Stored, Stores};
+pub(crate) use stores::Stores;
 
 use crate::error::error_chain;
 use crate::follow::changes::{Changes, Hooks};
@@ -380,18 +383,3 @@ impl<B: Database> Engine<B> {
 /// The read start told to a counting filter while the feed's triggers may
 /// count rows wrongly: no filter stands there.
 const UNCOUNTED: &str = "(rows not counted)";
-
-/// The longest pause between two attempts of anything that fails.
-const MAX_PAUSE: Duration = Duration::from_secs(10);
-
-/// Pauses from 100 ms doubling up to 10 s, jittered so a fleet restarting
-/// together does not retry in step: every retry loop of the crate.
-pub(crate) fn retry_pauses() -> impl Iterator<Item = Duration> {
-    use backon::BackoffBuilder;
-    backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(MAX_PAUSE)
-        .with_jitter()
-        .without_max_times()
-        .build()
-}

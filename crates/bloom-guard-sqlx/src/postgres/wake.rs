@@ -8,7 +8,8 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
-use crate::follow::{retry_pauses, WakeUps};
+use crate::backoff::retry_pauses;
+use crate::follow::WakeUps;
 
 /// The `application_name` of the listener's connection, to find it in
 /// `pg_stat_activity`.

@@ -2,19 +2,7 @@
 
 use bloom_guard::keys::KeyBatch;
 
-/// Why `COPY` output could not be decoded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum CopyTextError {
-    /// A row held more than one column. The key query must select exactly
-    /// one column: `SELECT key FROM items`.
-    #[error("a COPY row has more than one column; select only the key column")]
-    SeveralColumns,
-    /// A row ended inside an escape sequence, or the data ended inside a
-    /// row: the output was cut short.
-    #[error("COPY output ended in the middle of a row")]
-    Truncated,
-}
+use crate::error::CopyTextError;
 
 /// Decodes single-column `COPY` text output into keys, chunk by chunk.
 ///

@@ -2,9 +2,50 @@
 //! every database: one settings row per guard, one heartbeat row per guard
 //! and instance. Each backend brings its own statements.
 
+use std::future::Future;
+
 use sqlx::{AssertSqlSafe, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
-use crate::follow::FleetTable;
+/// Where a backend keeps its fleets' settings and heartbeats.
+pub(crate) trait FleetTable: Clone + Send + Sync + 'static {
+    /// The stored mode name and audit rate of `guard`, each null if none
+    /// was stored.
+    fn settings(
+        &self,
+        guard: &str,
+    ) -> impl Future<Output = Result<(Option<String>, Option<f64>), sqlx::Error>> + Send;
+
+    /// Stores the mode and the audit rate given for `guard`, keeping the
+    /// stored ones of those not given.
+    fn store(
+        &self,
+        guard: &str,
+        mode: Option<&'static str>,
+        audit_rate: Option<f64>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Forgets the settings stored for `guard`.
+    fn reset(&self, guard: &str) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Records the heartbeat of instance `id` of `guard` (its report as
+    /// JSON), and forgets the instances of `guard` not heard from lately.
+    fn beat(
+        &self,
+        guard: &str,
+        id: &str,
+        report: String,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// The reports of the instances of `guard` heard from lately, with the
+    /// milliseconds since, by id.
+    fn instances(
+        &self,
+        guard: &str,
+    ) -> impl Future<Output = Result<Vec<(String, i64)>, sqlx::Error>> + Send;
+
+    /// Forgets instance `id` of `guard`: it stopped.
+    fn leave(&self, guard: &str, id: &str) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
 
 /// A backend's statements for its fleet tables.
 #[derive(Debug)]

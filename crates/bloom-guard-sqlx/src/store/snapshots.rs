@@ -3,11 +3,57 @@
 //! back chunk by chunk into the filter's memory. Each backend brings its
 //! own statements.
 
-use bloom_guard::snapshot::{Snapshot, SnapshotReader, SnapshotWriter, SNAPSHOT_FORMAT};
+use std::future::Future;
+
+use bloom_guard::snapshot::{
+    Snapshot, SnapshotError, SnapshotReader, SnapshotWriter, SNAPSHOT_FORMAT,
+};
 use futures_util::TryStreamExt;
 use sqlx::{AssertSqlSafe, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
-use crate::follow::{LoadError, SnapshotStore, Stored};
+/// A stored snapshot, as listed.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    pub(crate) id: i64,
+    pub(crate) len: i64,
+    /// When the scan its filter descends from started (µs since the epoch,
+    /// the database's clock).
+    pub(crate) scanned_at: i64,
+    /// Seconds since it was published.
+    pub(crate) age_secs: f64,
+}
+
+/// Why a stored snapshot was not used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LoadError {
+    /// The database failed: try again later.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// The snapshot is damaged or of another format: never use it.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+}
+
+/// Where a backend keeps its snapshots.
+pub(crate) trait SnapshotStore: Send + Sync + 'static {
+    /// The newest snapshot of `guard` for `fingerprint`.
+    fn newest(
+        &self,
+        guard: &str,
+        fingerprint: &str,
+    ) -> impl Future<Output = Result<Option<Stored>, sqlx::Error>> + Send;
+
+    /// A stored snapshot, read chunk by chunk and checked.
+    fn load(&self, stored: &Stored) -> impl Future<Output = Result<Snapshot, LoadError>> + Send;
+
+    /// Stores `writer`'s snapshot, keeps the newest few, wakes the other
+    /// instances; the new snapshot's id.
+    fn publish(
+        &self,
+        writer: SnapshotWriter,
+        scanned_at: i64,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+}
 
 /// Bytes per stored chunk: rows stay small, and a load or a publish holds
 /// about one chunk besides the filter (1 MiB: 4 MiB added about 6 MiB to
