@@ -12,14 +12,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::install::slot_name;
 use super::position::LogPosition;
-use super::producer::Producer;
 use crate::follow::changes::Changes;
 use crate::follow::column::KeyColumn;
 use crate::follow::{
     BackendError, Checks, Clock, Database, FeedReads, FeedUpkeep, KeySet, Read, Scans, WakeUps,
     Wakes,
 };
-use crate::per_database::{database_key, PerDatabase};
+use crate::per_database::database_key;
 use crate::postgres::{store::snapshot, wake, CopySource, PgBackend};
 use crate::watch::Watch;
 
@@ -31,10 +30,6 @@ const PRODUCER_BOUND: Duration = Duration::from_secs(5);
 /// before the guards fail open (default of
 /// [`postgres::log::Follower::stalled_after`](super::Follower::stalled_after)).
 pub(super) const STALLED_AFTER: Duration = Duration::from_secs(30);
-
-/// One producer per database in this process, whatever the number of
-/// guards on the log feed.
-static PRODUCERS: PerDatabase<()> = PerDatabase::new();
 
 /// A Postgres table on the log feed.
 #[derive(Debug, Clone)]
@@ -360,25 +355,7 @@ impl Wakes for PgLogBackend {
         async move {
             // The process's producer for this database, for as long as a
             // follower of it runs.
-            let _member = PRODUCERS.join(database, (), move |stop| {
-                tokio::spawn(async move {
-                    let mut warned = false;
-                    loop {
-                        match Producer::new(pool.clone(), &url).await {
-                            Ok(producer) => return producer.run(stop).await,
-                            Err(error) if !warned => {
-                                tracing::warn!(%error, "cannot start the log feed's producer; trying again");
-                                warned = true;
-                            }
-                            Err(_) => {}
-                        }
-                        tokio::select! {
-                            () = stop.cancelled() => return,
-                            () = tokio::time::sleep(super::producer::RETRY) => {}
-                        }
-                    }
-                })
-            });
+            let _producer = super::producer::join(database, pool, url);
             listen.await;
         }
     }

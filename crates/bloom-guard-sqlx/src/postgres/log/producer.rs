@@ -34,6 +34,7 @@ use super::publication::logged_tables;
 use super::rows::Batch;
 use super::stream::{Event, LogStream, LoggedTable, StreamError};
 use super::url::Server;
+use crate::per_database::{Membership, PerDatabase};
 
 /// The pause before a producer tries the slot again after a failure.
 pub(crate) const RETRY: Duration = Duration::from_secs(1);
@@ -42,6 +43,36 @@ pub(crate) const RETRY: Duration = Duration::from_secs(1);
 /// another reader still streams (one whose election ended, its stream
 /// not yet: a killed instance's, until the server notices).
 const BUSY: Duration = Duration::from_secs(5);
+
+/// One producer per database in this process, whatever the number of
+/// guards on the log feed.
+static PRODUCERS: PerDatabase<()> = PerDatabase::new();
+
+/// Joins the process's producer for `database`: the first follower of it
+/// starts one, the last membership dropped stops it. Until a producer can
+/// be made (the replication connection refused, the server down), it tries
+/// again every [`RETRY`], warning once.
+pub(crate) fn join(database: String, pool: PgPool, url: String) -> Membership<()> {
+    PRODUCERS.join(database, (), move |stop| {
+        tokio::spawn(async move {
+                    let mut warned = false;
+                    loop {
+                        match Producer::new(pool.clone(), &url).await {
+                            Ok(producer) => return producer.run(stop).await,
+                            Err(error) if !warned => {
+                                tracing::warn!(%error, "cannot start the log feed's producer; trying again");
+                                warned = true;
+                            }
+                            Err(_) => {}
+                        }
+                        tokio::select! {
+                            () = stop.cancelled() => return,
+                            () = tokio::time::sleep(RETRY) => {}
+                        }
+                    }
+                })
+    })
+}
 
 /// A database's log feed producer.
 pub(crate) struct Producer {
