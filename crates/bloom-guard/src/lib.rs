@@ -15,10 +15,10 @@ mod lifecycle;
 mod lock;
 mod report;
 mod request;
+mod switches;
 
 #[cfg(feature = "admin")]
 pub use control::admin;
-pub use control::mode::Mode;
 #[cfg(feature = "axum")]
 pub use control::readiness::readiness;
 pub use error::BuildError;
@@ -29,6 +29,7 @@ pub use lifecycle::source::{KeyList, KeySource};
 pub use report::stats::Stats;
 pub use request::layer::BloomGuardLayer;
 pub use request::response::not_found_response;
+pub use switches::mode::Mode;
 
 pub mod extract {
     //! Where a request's key is: the [`KeyExtractor`] trait, the extractors
@@ -104,8 +105,8 @@ pub mod settings {
     //! ([`SetBy`]), and their errors.
 
     pub use crate::control::fleet::SettingsError;
-    pub use crate::control::mode::UnknownMode;
-    pub use crate::control::settings::{InvalidAuditRate, SetBy, Settings};
+    pub use crate::switches::mode::UnknownMode;
+    pub use crate::switches::settings::{InvalidAuditRate, SetBy, Settings};
 }
 
 #[cfg(feature = "metrics")]

@@ -3,9 +3,9 @@
 
 use futures_util::future::BoxFuture;
 
-use crate::control::mode::Mode;
-use crate::control::settings::{InvalidAuditRate, SetBy, Settings};
 use crate::report::stats::{FilterOrigin, GuardState, Stats};
+use crate::switches::mode::Mode;
+use crate::switches::settings::{InvalidAuditRate, SetBy, Settings};
 
 /// Any error of a [`Fleet`]'s database.
 pub type FleetStoreError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use crate::control::fleet::{instance_id, Fleet, FleetStoreError, Instance, SettingsError};
-use crate::control::mode::Mode;
-use crate::control::settings::{InvalidAuditRate, Settings};
 use crate::handle::feed::FeedHandle;
 use crate::handle::guard::BloomGuard;
+use crate::switches::mode::Mode;
+use crate::switches::settings::{InvalidAuditRate, Settings};
 
 /// The guard's membership of a fleet, from
 /// [`FeedHandle::join_fleet`](crate::feed::FeedHandle::join_fleet): it leaves

@@ -4,10 +4,10 @@
 use std::sync::{Arc, Mutex};
 
 use crate::control::fleet::Fleet;
-use crate::control::mode::Mode;
-use crate::control::settings::{Change, Layers, SetBy, Settings};
 use crate::lock::lock;
 use crate::report::metrics::mode_in_force;
+use crate::switches::mode::Mode;
+use crate::switches::settings::{Change, Layers, SetBy, Settings};
 
 /// A guard's fleet, in a slot `Debug` can show.
 struct FleetSlot(Arc<dyn Fleet>);

@@ -65,7 +65,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::KeyList;
+    use crate::lifecycle::source::KeyList;
 
     async fn probe(app: &Router) -> (StatusCode, String) {
         let request = Request::get("/readyz")

@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use crate::control::mode::Mode;
 use crate::keys::key_type::KeyType;
 use crate::lifecycle::barrier::ReadPace;
 use crate::request::found::Found;
 use crate::request::response::CannedResponse;
+use crate::switches::mode::Mode;
 
 /// What [`Builder`](crate::Builder) sets; read by every other part.
 #[derive(Debug, Clone)]

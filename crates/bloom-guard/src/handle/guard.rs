@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use crate::control::mode::Mode;
 use crate::handle::shared::Shared;
 use crate::keys::batch::KeyBatch;
 use crate::keys::key::Key;
 use crate::keys::key_type::KeyType;
 use crate::report::stats::Stats;
+use crate::switches::mode::Mode;
 
 /// A Bloom filter of every key of a database table, shared by the layers
 /// that answer requests for keys it does not hold.

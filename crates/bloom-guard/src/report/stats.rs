@@ -2,8 +2,8 @@
 
 use std::fmt;
 
-use crate::control::mode::Mode;
-use crate::control::settings::SetBy;
+use crate::switches::mode::Mode;
+use crate::switches::settings::SetBy;
 
 /// Where the guard is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -204,7 +204,8 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::{extract::PathParam, KeyList};
+    use crate::lifecycle::source::KeyList;
+    use crate::request::path_param::PathParam;
 
     /// Answers 401 without a bearer token, before the handler reads its key.
     struct Auth;

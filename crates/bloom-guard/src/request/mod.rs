@@ -8,7 +8,7 @@
 //! check in extractor form, after the app's own extractors.
 //!
 //! Uses `keys/` (canonical keys), the guard's shared state (`handle/`) and
-//! `control::mode`; nothing in the filter's life or the control plane
+//! `switches::mode`; nothing in the filter's life or the control plane
 //! depends on this folder.
 
 pub(crate) mod body;

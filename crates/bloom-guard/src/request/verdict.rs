@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use http::{HeaderMap, StatusCode};
 
-use crate::control::mode::Mode;
 use crate::handle::shared::Shared;
 use crate::keys::key::{Key, KeyError};
 use crate::lifecycle::barrier::Ticket;
 use crate::request::response::CannedResponse;
+use crate::switches::mode::Mode;
 
 /// What the guard decided for one request.
 pub(crate) enum Verdict<'a> {

@@ -10,8 +10,8 @@ use serde_json::json;
 
 use super::{error, no_such_guard, AdminState};
 use crate::control::fleet::SettingsError;
-use crate::control::mode::Mode;
-use crate::control::settings::Settings;
+use crate::switches::mode::Mode;
+use crate::switches::settings::Settings;
 
 /// The body of `PUT /admin/bloom/{guard}/mode`.
 #[derive(serde::Deserialize)]
@@ -142,7 +142,8 @@ mod tests {
     use super::super::tests::json as get;
     use crate::control::admin::Admin;
     use crate::control::fleet::{Fleet, FleetStoreError, Instance};
-    use crate::{settings::SetBy, BloomGuard};
+    use crate::handle::guard::BloomGuard;
+    use crate::switches::settings::SetBy;
 
     /// A fleet in memory whose database can be made to fail.
     #[derive(Default)]

@@ -9,12 +9,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 
-use crate::control::mode::Mode;
 use crate::handle::config::Config;
 use crate::handle::guard::BloomGuard;
 use crate::handle::shared::Shared;
 use crate::keys::key_type::KeyType;
 use crate::request::response::CannedResponse;
+use crate::switches::mode::Mode;
 
 /// Configures and builds a [`BloomGuard`].
 ///
@@ -331,7 +331,9 @@ mod tests {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    use crate::{extract::PathParam, BloomGuard, KeyList};
+    use crate::handle::guard::BloomGuard;
+    use crate::lifecycle::source::KeyList;
+    use crate::request::path_param::PathParam;
 
     #[tokio::test]
     async fn the_absent_answer_can_be_any_axum_response() {

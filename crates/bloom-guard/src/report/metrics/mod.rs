@@ -8,8 +8,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::control::mode::Mode;
 use crate::report::stats::GuardState;
+use crate::switches::mode::Mode;
 
 #[cfg(feature = "metrics")]
 pub(crate) use ::metrics::{Counter, Gauge};

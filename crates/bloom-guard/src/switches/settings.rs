@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 
-use crate::control::mode::Mode;
 use crate::lock::lock;
+use crate::switches::mode::Mode;
 
 /// Where a setting in force comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
