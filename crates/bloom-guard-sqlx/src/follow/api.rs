@@ -81,7 +81,7 @@ macro_rules! follower_api {
             /// service's role should read the snapshot tables.
             #[must_use]
             pub fn snapshots(mut self, enabled: bool) -> Self {
-                self.engine.snapshots = enabled;
+                self.engine.schedule.snapshots = enabled;
                 self
             }
 
@@ -97,7 +97,7 @@ macro_rules! follower_api {
             /// feed's pruned horizon is refused.
             #[must_use]
             pub fn snapshot_interval(mut self, every: std::time::Duration) -> Self {
-                self.engine.snapshot_interval = every;
+                self.engine.schedule.snapshot_interval = every;
                 self
             }
 
@@ -111,7 +111,7 @@ macro_rules! follower_api {
             /// [`Builder::read_barrier`](bloom_guard::Builder::read_barrier)).
             #[must_use]
             pub fn poll_interval(mut self, every: std::time::Duration) -> Self {
-                self.engine.poll_interval = every;
+                self.engine.schedule.poll_interval = every;
                 self
             }
 
@@ -120,7 +120,7 @@ macro_rules! follower_api {
             /// looked at (default 10 s).
             #[must_use]
             pub fn check_interval(mut self, every: std::time::Duration) -> Self {
-                self.engine.check_interval = every;
+                self.engine.schedule.check_interval = every;
                 self
             }
 
@@ -130,7 +130,7 @@ macro_rules! follower_api {
             /// also take less than this.
             #[must_use]
             pub fn retention(mut self, retention: std::time::Duration) -> Self {
-                self.engine.retention = retention;
+                self.engine.schedule.retention = retention;
                 self
             }
 
@@ -140,7 +140,7 @@ macro_rules! follower_api {
             /// instance its own: two with one name show as one.
             #[must_use]
             pub fn instance_id(mut self, id: impl Into<String>) -> Self {
-                self.engine.instance_id = id.into();
+                self.engine.schedule.instance_id = id.into();
                 self
             }
 
@@ -152,7 +152,7 @@ macro_rules! follower_api {
             /// (Postgres) or every second (SQLite), whatever this is.
             #[must_use]
             pub fn heartbeat_interval(mut self, every: std::time::Duration) -> Self {
-                self.engine.heartbeat_interval = every;
+                self.engine.schedule.heartbeat_interval = every;
                 self
             }
 

@@ -230,7 +230,7 @@ pub(crate) trait Checks: Send + Sync + Sized + 'static {
     /// Whether the follower's connections keep their sessions (no pooler in
     /// transaction mode between): checked once at start; an error stops
     /// the follower, since only a setting can fix it.
-    fn check_session(&self) -> impl Future<Output = Result<(), crate::FeedError>> + Send {
+    fn check_session(&self) -> impl Future<Output = Result<(), crate::error::FeedError>> + Send {
         async { Ok(()) }
     }
 

@@ -75,7 +75,7 @@ impl<B: Database> Engine<B> {
         E: From<CatchUpError>,
     {
         let feed_name = self.backend.feed();
-        let mut feed = self.feed.lock().await;
+        let mut feed = self.reading.position.lock().await;
         if let Some(position) = feed.clone() {
             // No refusal goes on by this read: as far as the feed is
             // written (the log feed's producer not waited for).
@@ -120,7 +120,8 @@ impl<B: Database> Engine<B> {
         self.hooks.tell(&changes);
         self.fleet().position = Some(reached.clone());
         *feed = Some(reached);
-        self.catch_ups
+        self.reading
+            .catch_ups
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(in_use)
     }

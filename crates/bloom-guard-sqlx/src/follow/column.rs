@@ -87,7 +87,10 @@ pub(crate) fn enforce(
 /// The watched `columns` of `table` that no key type compares as the
 /// database does: an error naming each with why (its type or collation and
 /// what to change), for `watch` to refuse before it installs anything.
-pub(crate) fn comparable(table: &str, columns: &[KeyColumn]) -> Result<(), crate::FeedError> {
+pub(crate) fn comparable(
+    table: &str,
+    columns: &[KeyColumn],
+) -> Result<(), crate::error::FeedError> {
     let uncomparable: Vec<String> = columns
         .iter()
         .filter_map(|column| match &column.comparison {
@@ -98,7 +101,9 @@ pub(crate) fn comparable(table: &str, columns: &[KeyColumn]) -> Result<(), crate
     if uncomparable.is_empty() {
         Ok(())
     } else {
-        Err(crate::FeedError::Uncomparable(uncomparable.join("; ")))
+        Err(crate::error::FeedError::Uncomparable(
+            uncomparable.join("; "),
+        ))
     }
 }
 
@@ -109,7 +114,7 @@ pub(crate) fn key_type_for(
     table: &str,
     columns: &[KeyColumn],
     watched: usize,
-) -> Result<Result<KeyType, String>, crate::FeedError> {
+) -> Result<Result<KeyType, String>, crate::error::FeedError> {
     comparable(table, columns)?;
     if columns.len() != watched {
         // Not created yet, perhaps: a database error, not a column to change.
@@ -117,14 +122,14 @@ pub(crate) fn key_type_for(
     }
     let [column] = columns else {
         return match check_composite(table, columns) {
-            Verdict::Refused(why) => Err(crate::FeedError::Uncomparable(why)),
+            Verdict::Refused(why) => Err(crate::error::FeedError::Uncomparable(why)),
             _ => Ok(Ok(KeyType::Text)),
         };
     };
     match &column.comparison {
         Comparison::Exact => Ok(Ok(KeyType::Text)),
         Comparison::Collated(name) => Ok(Err(name.clone())),
-        Comparison::Unmatched(why) => Err(crate::FeedError::Uncomparable(format!(
+        Comparison::Unmatched(why) => Err(crate::error::FeedError::Uncomparable(format!(
             "{table}.{}: {why}",
             column.name
         ))),

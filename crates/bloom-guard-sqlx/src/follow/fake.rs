@@ -373,9 +373,9 @@ fn run(fake: &Fake, snapshots: bool) -> Running {
 
 fn run_guard(fake: &Fake, snapshots: bool, guard: BloomGuard) -> Running {
     let mut engine = Engine::new(guard.clone(), fake.clone());
-    engine.snapshots = snapshots;
-    engine.check_interval = Duration::from_millis(10);
-    engine.poll_interval = Duration::from_secs(5);
+    engine.schedule.snapshots = snapshots;
+    engine.schedule.check_interval = Duration::from_millis(10);
+    engine.schedule.poll_interval = Duration::from_secs(5);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(engine.run_until(async move {
         let _ = stopped.await;
@@ -512,10 +512,10 @@ async fn a_snapshot_published_between_a_reads_keys_and_its_position_has_them() {
     fake.commit("a");
     let guard = BloomGuard::builder().name("items").build();
     let mut engine = Engine::new(guard.clone(), fake.clone());
-    engine.check_interval = Duration::from_millis(5);
-    engine.poll_interval = Duration::from_millis(5);
+    engine.schedule.check_interval = Duration::from_millis(5);
+    engine.schedule.poll_interval = Duration::from_millis(5);
     // Republished at every check.
-    engine.snapshot_interval = Duration::ZERO;
+    engine.schedule.snapshot_interval = Duration::ZERO;
     let pause = Arc::new((Notify::new(), Notify::new()));
     engine.between_keys_and_position = Some(Arc::clone(&pause));
     let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();

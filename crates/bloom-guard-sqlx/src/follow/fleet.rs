@@ -93,7 +93,7 @@ impl<B: Database> Engine<B> {
         source: B::Source,
         start: Clock<B::Position>,
     ) {
-        if !self.snapshots {
+        if !self.schedule.snapshots {
             self.scan_first(source).await;
             self.fleet().scanned_at = Some(start.at);
             return;

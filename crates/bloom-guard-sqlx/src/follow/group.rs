@@ -53,7 +53,7 @@ impl<B: Database> Membership<B> {
         let database = follower.backend.shared_reads()?;
         let key = (
             TypeId::of::<B>(),
-            format!("{} {database}", follower.instance_id),
+            format!("{} {database}", follower.schedule.instance_id),
         );
         let group = {
             let mut groups = lock(&GROUPS);
@@ -102,14 +102,14 @@ impl<B: Database> Membership<B> {
             let Some(follower) = member.upgrade() else {
                 continue;
             };
-            let Ok(feed) = Arc::clone(&follower.feed).try_lock_owned() else {
+            let Ok(feed) = Arc::clone(&follower.reading.position).try_lock_owned() else {
                 continue;
             };
             let Some(position) = feed.clone() else {
                 continue;
             };
             // Numbered after the feed is held, before the statement.
-            let Some(started) = follower.reads.begin_if_asked() else {
+            let Some(started) = follower.reading.barrier.begin_if_asked() else {
                 continue;
             };
             company.push(Companion {
@@ -163,7 +163,7 @@ impl<B: Database> Companion<B> {
                     );
                 }
             }
-            Some(Read::Pruned) | None => self.follower.reads.failed(),
+            Some(Read::Pruned) | None => self.follower.reading.barrier.failed(),
         }
     }
 }
@@ -172,7 +172,7 @@ impl<B: Database> Drop for Companion<B> {
     fn drop(&mut self) {
         if !self.applied {
             // Its refusals asked for a read this one did not bring.
-            self.follower.read_now.notify_one();
+            self.follower.reading.now.notify_one();
         }
     }
 }

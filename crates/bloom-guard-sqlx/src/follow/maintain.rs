@@ -39,11 +39,11 @@ impl<B: Database> Engine<B> {
         // A check the start ran is not repeated at once: the first tick is
         // one interval away. A check that could not run is tried again now.
         let first = if checked {
-            tokio::time::Instant::now() + self.check_interval
+            tokio::time::Instant::now() + self.schedule.check_interval
         } else {
             tokio::time::Instant::now()
         };
-        let mut ticks = tokio::time::interval_at(first, self.check_interval);
+        let mut ticks = tokio::time::interval_at(first, self.schedule.check_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_prune: Option<Instant> = None;
         let mut last_look: Option<Instant> = None;
@@ -56,11 +56,11 @@ impl<B: Database> Engine<B> {
             let resync_requested = tokio::select! {
                 _ = ticks.tick() => false,
                 () = resync.notified() => true,
-                () = self.rebuild_soon.notified() => false,
+                () = self.rebuilds.soon.notified() => false,
                 () = published.notified() => {
                     // Anyone may NOTIFY: one look per second at most, and
                     // the checks go on meanwhile.
-                    if self.snapshots
+                    if self.schedule.snapshots
                         && gap.is_none()
                         && last_look.is_none_or(|at| at.elapsed() >= Duration::from_secs(1))
                     {
@@ -77,7 +77,7 @@ impl<B: Database> Engine<B> {
             // event trigger records one): looked at before the rebuild
             // that ends the resync's hold.
             if resync_requested
-                || columns_looked_at.elapsed() >= self.check_interval * COLUMNS_EVERY
+                || columns_looked_at.elapsed() >= self.schedule.check_interval * COLUMNS_EVERY
             {
                 columns_looked_at = Instant::now();
                 self.look_at_key_columns(&mut columns_hold).await;
@@ -87,8 +87,11 @@ impl<B: Database> Engine<B> {
             // Writes the feed could not record keep the guard open until a
             // rebuild has them, retried at every check that found no gap
             // (a check that could not run proves nothing).
-            let unrecorded = crate::lock::lock(&self.unrecorded).is_some();
-            let resyncs = self.resyncs.load(std::sync::atomic::Ordering::Acquire);
+            let unrecorded = crate::lock::lock(&self.holds.unrecorded).is_some();
+            let resyncs = self
+                .rebuilds
+                .resyncs
+                .load(std::sync::atomic::Ordering::Acquire);
             if unrecorded
                 && checked
                 && gap.is_none()
@@ -98,17 +101,18 @@ impl<B: Database> Engine<B> {
                     .await
                     .is_ok()
                 // A resync read while the rebuild ran may postdate its scan.
-                && self.resyncs.load(std::sync::atomic::Ordering::Acquire) == resyncs
+                && self.rebuilds.resyncs.load(std::sync::atomic::Ordering::Acquire) == resyncs
             {
-                crate::lock::lock(&self.unrecorded).take();
+                crate::lock::lock(&self.holds.unrecorded).take();
             }
-            if last_prune.is_none_or(|at| at.elapsed() >= self.retention.min(PRUNE_EVERY)) {
-                match self.backend.prune(self.retention).await {
+            if last_prune.is_none_or(|at| at.elapsed() >= self.schedule.retention.min(PRUNE_EVERY))
+            {
+                match self.backend.prune(self.schedule.retention).await {
                     Ok(0) => {}
                     Ok(pruned) => tracing::debug!(feed, pruned, "pruned the change feed"),
                     Err(error) => tracing::debug!(%error, "cannot prune the change feed"),
                 }
-                if let Ok(Some(storage)) = self.backend.storage(self.retention).await {
+                if let Ok(Some(storage)) = self.backend.storage(self.schedule.retention).await {
                     // Logged once per spell; the metric shows it throughout.
                     let late = storage.prune_overdue_secs > OVERDUE_AFTER.as_secs();
                     if late && !overdue {
@@ -119,7 +123,7 @@ impl<B: Database> Engine<B> {
                 }
                 last_prune = Some(Instant::now());
             }
-            if self.snapshots && gap.is_none() {
+            if self.schedule.snapshots && gap.is_none() {
                 // Where publications are announced, the wake-up above
                 // adopts them (and a listener that reconnects is woken).
                 if !self.backend.announces_changes() {
@@ -131,7 +135,8 @@ impl<B: Database> Engine<B> {
             // whatever the fleet does: a snapshot from before it would
             // bring its keys back.
             if self
-                .rebuild_here
+                .rebuilds
+                .here
                 .swap(false, std::sync::atomic::Ordering::AcqRel)
                 && self
                     .guard
@@ -140,11 +145,12 @@ impl<B: Database> Engine<B> {
                     .await
                     .is_err()
             {
-                self.rebuild_here
+                self.rebuilds
+                    .here
                     .store(true, std::sync::atomic::Ordering::Release);
             }
             if let Some(reason) = self.guard.feed().rebuild_due() {
-                if self.snapshots {
+                if self.schedule.snapshots {
                     self.fleet_rebuild(&source, reason).await;
                 } else {
                     tracing::info!(feed, reason, "rebuilding the bloom filter");
@@ -286,7 +292,8 @@ impl<B: Database> Engine<B> {
             return Some(hold);
         }
         if column::needs_ascii_keys(self.guard.key_type(), &columns) {
-            self.ascii_only
+            self.holds
+                .ascii_only
                 .store(true, std::sync::atomic::Ordering::Release);
             // Until the check has answered, no key is known to be safe.
             let checking = self
@@ -330,9 +337,10 @@ impl<B: Database> Engine<B> {
     /// Holds the guard open for writes the feed could not record, until a
     /// rebuild that started after the last of them has them.
     pub(super) fn hold_for_unrecorded(&self) {
-        self.resyncs
+        self.rebuilds
+            .resyncs
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        let mut held = crate::lock::lock(&self.unrecorded);
+        let mut held = crate::lock::lock(&self.holds.unrecorded);
         if held.is_none() {
             tracing::warn!(
                 guard = self.guard.name(),
@@ -347,7 +355,7 @@ impl<B: Database> Engine<B> {
     /// Keeps the guard open from now on: a stored key may be equal, for the
     /// database, to spellings the key type cannot reproduce.
     pub(super) fn hold_for_unsafe_key(&self) {
-        let mut held = crate::lock::lock(&self.unsafe_key);
+        let mut held = crate::lock::lock(&self.holds.unsafe_key);
         if held.is_none() {
             tracing::error!(
                 guard = self.guard.name(),

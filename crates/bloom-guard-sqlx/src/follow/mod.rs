@@ -15,12 +15,14 @@ pub(crate) mod dialects;
 mod error;
 mod fleet;
 mod group;
+mod holds;
 mod maintain;
 mod prefetch;
 mod presence;
 mod reader;
 mod rebuild;
 mod republish;
+mod schedule;
 mod stores;
 
 #[cfg(test)]
@@ -28,9 +30,8 @@ mod fake;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use bloom_guard::{feed::FeedReader, BloomGuard, FailOpen};
+use bloom_guard::BloomGuard;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -53,73 +54,27 @@ pub(crate) use stores::Stores;
 use crate::error::error_chain;
 use crate::follow::changes::{Changes, Hooks};
 use fleet::Fleet;
+use holds::{Holds, Rebuilds};
+use reader::Reading;
+use schedule::Schedule;
 
 /// The follower engine over one backend; the public followers wrap it.
 pub(crate) struct Engine<B: Database> {
     pub(crate) guard: BloomGuard,
     pub(crate) backend: B,
-    pub(crate) poll_interval: Duration,
-    pub(crate) min_read_gap: Duration,
-    pub(crate) check_interval: Duration,
-    pub(crate) retention: Duration,
-    pub(crate) snapshots: bool,
-    pub(crate) snapshot_interval: Duration,
+    /// When it reads, checks, keeps and publishes.
+    pub(crate) schedule: Schedule,
     pub(crate) hooks: Hooks,
-    /// This instance's name in the fleet view.
-    pub(crate) instance_id: String,
-    /// How often this instance's heartbeat is recorded.
-    pub(crate) heartbeat_interval: Duration,
+    /// Its reads: the barrier's side, the position, the counts.
+    pub(crate) reading: Reading<B::Position>,
+    /// The feed's exactness and the holds that follow from it.
+    pub(crate) holds: Holds,
+    /// The rebuilds it owes.
+    pub(crate) rebuilds: Rebuilds,
+    /// The fleet's positions, snapshots and heartbeats as last seen.
     fleet: Mutex<Fleet<B::Position>>,
-    /// The follower's side of the read barrier, joined when the follower
-    /// is made: a refusal waits for this follower's first read too, even
-    /// while it is still starting.
-    reads: FeedReader,
-    /// The feed position of the last read applied to the filter in use;
-    /// held from a read's start until it is applied (by the reader loop,
-    /// or by a catch-up that puts a new filter in use), so no read is
-    /// applied twice or skipped. Shared: another guard's read on the same
-    /// database may hold it to read for this one (`group.rs`).
-    feed: Arc<tokio::sync::Mutex<Option<B::Position>>>,
-    /// Wakes the reader loop: a read another guard's statement began for
-    /// this one failed.
-    read_now: Notify,
-    /// Wakes the maintenance for a rebuild: a read found the feed's
-    /// triggers (re)installed.
-    resync: Arc<Notify>,
-    /// Feed rows read since the follower started.
-    rows_read: std::sync::atomic::AtomicU64,
-    /// Feed reads applied since the follower started, and how many of them
-    /// were made by another guard's statement.
-    reads_made: std::sync::atomic::AtomicU64,
-    shared_reads: std::sync::atomic::AtomicU64,
-    /// Catch-ups that put a filter in use (and moved `feed` past it).
-    catch_ups: std::sync::atomic::AtomicU64,
-    /// Whether the feed's triggers count rows as a counting filter needs:
-    /// until a check says so, deletes are not passed on (the filter keeps
-    /// their keys, harmless false positives).
-    counts_rows: std::sync::atomic::AtomicBool,
-    /// An empty batch, passed for the deletes while `counts_rows` is false.
-    no_keys: bloom_guard::keys::KeyBatch,
-    /// Whether the warning about old trigger functions was logged.
-    warned_counts: std::sync::atomic::AtomicBool,
-    /// A rebuild on this instance is due: a table was truncated, or the
-    /// triggers count rows again after a spell when they did not.
-    rebuild_here: std::sync::atomic::AtomicBool,
-    /// Wakes the maintenance for a rebuild now.
-    rebuild_soon: Notify,
-    /// Set at start when the key type is exact only for ASCII keys; the
-    /// hold once a stored key is not.
-    ascii_only: std::sync::atomic::AtomicBool,
-    unsafe_key: Mutex<Option<FailOpen>>,
-    /// Held from the read that found writes the feed could not record (its
-    /// triggers installed again, a key column gone) until a rebuild has
-    /// them.
-    unrecorded: Mutex<Option<FailOpen>>,
     /// The start's snapshot, read while its other statements run.
     prefetched: Mutex<Option<prefetch::Prefetch>>,
-    /// Resyncs read so far: a rebuild releases `unrecorded` only if none
-    /// came while it ran.
-    resyncs: std::sync::atomic::AtomicU64,
     /// A test's pause between a read's keys and its position: signals the
     /// first, waits for the second.
     #[cfg(test)]
@@ -131,13 +86,7 @@ impl<B: Database> std::fmt::Debug for Engine<B> {
         f.debug_struct("Engine")
             .field("guard", &self.guard.name())
             .field("feed", &self.backend.feed())
-            .field("poll_interval", &self.poll_interval)
-            .field("min_read_gap", &self.min_read_gap)
-            .field("check_interval", &self.check_interval)
-            .field("retention", &self.retention)
-            .field("snapshots", &self.snapshots)
-            .field("instance_id", &self.instance_id)
-            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("schedule", &self.schedule)
             .finish_non_exhaustive()
     }
 }
@@ -146,36 +95,15 @@ impl<B: Database> Engine<B> {
     /// The engine for `guard` over `backend`, with the defaults.
     pub(crate) fn new(guard: BloomGuard, backend: B) -> Self {
         Self {
-            reads: guard.feed().reader(),
-            feed: Arc::new(tokio::sync::Mutex::new(None)),
-            read_now: Notify::new(),
-            resync: Arc::new(Notify::new()),
-            rows_read: std::sync::atomic::AtomicU64::new(0),
-            reads_made: std::sync::atomic::AtomicU64::new(0),
-            shared_reads: std::sync::atomic::AtomicU64::new(0),
-            catch_ups: std::sync::atomic::AtomicU64::new(0),
-            counts_rows: std::sync::atomic::AtomicBool::new(false),
-            no_keys: bloom_guard::keys::KeyBatch::default(),
-            warned_counts: std::sync::atomic::AtomicBool::new(false),
-            rebuild_here: std::sync::atomic::AtomicBool::new(false),
-            rebuild_soon: Notify::new(),
+            reading: Reading::new(guard.feed().reader()),
+            holds: Holds::default(),
+            rebuilds: Rebuilds::default(),
+            schedule: Schedule::default(),
+            hooks: Hooks::default(),
+            fleet: Mutex::default(),
+            prefetched: Mutex::new(None),
             guard,
             backend,
-            poll_interval: Duration::from_secs(15),
-            min_read_gap: Duration::from_millis(50),
-            check_interval: Duration::from_secs(10),
-            retention: Duration::from_secs(3600),
-            snapshots: true,
-            snapshot_interval: Duration::from_secs(600),
-            hooks: Hooks::default(),
-            instance_id: bloom_guard::fleet::instance_id(),
-            heartbeat_interval: Duration::from_secs(10),
-            fleet: Mutex::default(),
-            ascii_only: std::sync::atomic::AtomicBool::new(false),
-            unsafe_key: Mutex::new(None),
-            unrecorded: Mutex::new(None),
-            prefetched: Mutex::new(None),
-            resyncs: std::sync::atomic::AtomicU64::new(0),
             #[cfg(test)]
             between_keys_and_position: None,
         }
@@ -195,7 +123,7 @@ impl<B: Database> Engine<B> {
         tokio::pin!(shutdown);
         let this = Arc::new(self);
         let wake = Arc::new(Notify::new());
-        let resync = Arc::clone(&this.resync);
+        let resync = Arc::clone(&this.rebuilds.resync);
         let published = Arc::new(Notify::new());
         let settings = Arc::new(Notify::new());
         let stop = CancellationToken::new();
@@ -225,8 +153,9 @@ impl<B: Database> Engine<B> {
         if let Some((source, start)) = started {
             // Reads start from the position taken before any filter; a
             // build's filter is brought up to date from its own scan's.
-            *this.feed.lock().await = Some(start.position.clone());
-            this.reads
+            *this.reading.position.lock().await = Some(start.position.clone());
+            this.reading
+                .barrier
                 .catch_up_with(catch_up::CatchUpFrom(Arc::downgrade(&this)));
             // For as long as the follower runs, a key type that does not
             // fit its column keeps the guard open.
@@ -302,7 +231,7 @@ impl<B: Database> Engine<B> {
                     session_checked = true;
                     attempt
                 }
-                Err(crate::FeedError::Database(error)) => Err(error.into()),
+                Err(crate::error::FeedError::Database(error)) => Err(error.into()),
                 Err(error) => {
                     tracing::error!(error = %error_chain(&error), "cannot follow the change feed through this connection; the guard lets every request through");
                     self.guard.report_unavailable(&error);
@@ -325,10 +254,14 @@ impl<B: Database> Engine<B> {
     /// snapshot's catch-up): none while the feed's triggers may count a row
     /// twice or two rows once.
     pub(crate) fn deletes<'c>(&'c self, changes: &'c Changes) -> &'c bloom_guard::keys::KeyBatch {
-        if self.counts_rows.load(std::sync::atomic::Ordering::Acquire) {
+        if self
+            .holds
+            .counts_rows
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
             &changes.removed
         } else {
-            &self.no_keys
+            &self.holds.no_keys
         }
     }
 
@@ -340,7 +273,12 @@ impl<B: Database> Engine<B> {
     pub(crate) fn read_start<'p>(&self, from: &'p str, changes: &Changes) -> &'p str {
         // A truncation removed rows the feed does not list: the filter holds
         // them until its rebuild, and must not be published as exact.
-        if self.counts_rows.load(std::sync::atomic::Ordering::Acquire) && !changes.truncated {
+        if self
+            .holds
+            .counts_rows
+            .load(std::sync::atomic::Ordering::Acquire)
+            && !changes.truncated
+        {
             from
         } else {
             UNCOUNTED
@@ -351,22 +289,26 @@ impl<B: Database> Engine<B> {
     /// start found (a failed check keeps the last answer).
     pub(super) fn set_counts_rows(&self, counts: bool) {
         let before = self
+            .holds
             .counts_rows
             .swap(counts, std::sync::atomic::Ordering::AcqRel);
         if counts
             && !before
             && self
+                .holds
                 .warned_counts
                 .load(std::sync::atomic::Ordering::Acquire)
         {
             // The functions were written again: the filter in use kept the
             // deletes meanwhile; a rebuild here makes it exact again.
             tracing::info!(feed = self.backend.feed(), "the feed's trigger functions count rows again; rebuilding to forget the deleted keys kept meanwhile");
-            self.rebuild_here
+            self.rebuilds
+                .here
                 .store(true, std::sync::atomic::Ordering::Release);
-            self.rebuild_soon.notify_one();
+            self.rebuilds.soon.notify_one();
         }
         let warned = self
+            .holds
             .warned_counts
             .swap(!counts, std::sync::atomic::Ordering::AcqRel);
         if !counts && !warned {

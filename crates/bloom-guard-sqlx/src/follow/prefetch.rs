@@ -38,7 +38,7 @@ impl<B: Database> Engine<B> {
     /// already being read for it (a start that tries again) or snapshots
     /// are off.
     pub(super) fn prefetch(self: &Arc<Self>, fingerprint: &str) {
-        if !self.snapshots {
+        if !self.schedule.snapshots {
             return;
         }
         let mut slot = crate::lock::lock(&self.prefetched);

@@ -40,7 +40,10 @@ impl<B: Database> Engine<B> {
     /// heartbeat at the heartbeat interval, or at once when the guard's
     /// state, mode or filter changed; runs until dropped.
     pub(super) async fn keep_in_fleet(self: Arc<Self>, announced: Arc<Notify>) {
-        let heartbeat = self.heartbeat_interval.clamp(MIN_HEARTBEAT, MAX_HEARTBEAT);
+        let heartbeat = self
+            .schedule
+            .heartbeat_interval
+            .clamp(MIN_HEARTBEAT, MAX_HEARTBEAT);
         // The guard's own state is looked at every second (no query); the
         // stored settings are read when a change is announced, and every
         // `SETTINGS_FALLBACK` in case an announcement was lost.
@@ -96,13 +99,13 @@ impl<B: Database> Engine<B> {
 
     /// Records this instance's heartbeat, its guard's `stats`.
     async fn beat(&self, stats: &Stats) -> Result<(), sqlx::Error> {
-        let report = Instance::new(self.instance_id.clone(), stats);
+        let report = Instance::new(self.schedule.instance_id.clone(), stats);
         let report =
             serde_json::to_string(&report).map_err(|error| sqlx::Error::Encode(error.into()))?;
         self.backend
             .stores()
             .fleet()
-            .beat(self.guard.name(), &self.instance_id, report)
+            .beat(self.guard.name(), &self.schedule.instance_id, report)
             .await
     }
 
@@ -112,7 +115,7 @@ impl<B: Database> Engine<B> {
             .backend
             .stores()
             .fleet()
-            .leave(self.guard.name(), &self.instance_id);
+            .leave(self.guard.name(), &self.schedule.instance_id);
         match tokio::time::timeout(Duration::from_secs(2), leaving).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => {

@@ -1,7 +1,13 @@
 //! Reading the feed: on every wake-up and interval, forever.
 
-use bloom_guard::{feed::ReadStart, stats::FeedStatus};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
+
+use bloom_guard::{
+    feed::{FeedReader, ReadStart},
+    stats::FeedStatus,
+};
 use tokio::sync::Notify;
 
 use tokio::time::{sleep, sleep_until, Instant};
@@ -9,6 +15,50 @@ use tokio::time::{sleep, sleep_until, Instant};
 use super::changes::Changes;
 use super::group::{Companion, Membership};
 use super::{retry_pauses, BackendError, Database, Engine, Read, MAX_PAUSE};
+
+/// The follower's reads of the feed: its side of the read barrier, the
+/// position of the last read applied, and its counts. Owned by the engine,
+/// changed by the reader loop (here), a shared read (`group.rs`) and a
+/// catch-up (`catch_up.rs`).
+#[derive(Debug)]
+pub(crate) struct Reading<P> {
+    /// The follower's side of the read barrier, joined when the follower
+    /// is made: a refusal waits for this follower's first read too, even
+    /// while it is still starting.
+    pub(crate) barrier: FeedReader,
+    /// The feed position of the last read applied to the filter in use;
+    /// held from a read's start until it is applied (by the reader loop,
+    /// or by a catch-up that puts a new filter in use), so no read is
+    /// applied twice or skipped. Shared: another guard's read on the same
+    /// database may hold it to read for this one (`group.rs`).
+    pub(crate) position: Arc<tokio::sync::Mutex<Option<P>>>,
+    /// Wakes the reader loop: a read another guard's statement began for
+    /// this one failed.
+    pub(crate) now: Notify,
+    /// Feed rows read since the follower started.
+    pub(crate) rows: AtomicU64,
+    /// Feed reads applied since the follower started, and how many of them
+    /// were made by another guard's statement.
+    pub(crate) made: AtomicU64,
+    pub(crate) shared: AtomicU64,
+    /// Catch-ups that put a filter in use (and moved `position` past it).
+    pub(crate) catch_ups: AtomicU64,
+}
+
+impl<P> Reading<P> {
+    /// Reads from no position yet, on `barrier`.
+    pub(crate) fn new(barrier: FeedReader) -> Self {
+        Self {
+            barrier,
+            position: Arc::new(tokio::sync::Mutex::new(None)),
+            now: Notify::new(),
+            rows: AtomicU64::new(0),
+            made: AtomicU64::new(0),
+            shared: AtomicU64::new(0),
+            catch_ups: AtomicU64::new(0),
+        }
+    }
+}
 
 /// How often a reader loop waiting for refusals looks up again the
 /// guards that share its reads.
@@ -30,15 +80,15 @@ impl<B: Database> Engine<B> {
         let mut pauses = retry_pauses();
         // The read barrier: refusals wait for a read that began after their
         // request arrived; this loop is that read.
-        let reads = &self.reads;
+        let reads = &self.reading.barrier;
         loop {
             // Exact, and numbered for the barrier, when a refusal waits or
             // exact reads cost no more; otherwise read what is written.
             let exact = !B::UNWAITED_READS_ARE_CHEAPER || reads.waited_for();
             let started = exact.then(|| reads.begin());
             let mut gap = Duration::ZERO;
-            let mut next_poll = self.poll_interval;
-            let mut feed = self.feed.lock().await;
+            let mut next_poll = self.schedule.poll_interval;
+            let mut feed = self.reading.position.lock().await;
             let Some(position) = feed.clone() else {
                 // Set before the loop starts.
                 return;
@@ -77,7 +127,7 @@ impl<B: Database> Engine<B> {
                     // the next read waits out the gap. Real writes always
                     // bring rows, so they never wait.
                     if changes.rows == 0 {
-                        gap = self.min_read_gap;
+                        gap = self.schedule.min_read_gap;
                     }
                 }
                 Ok(Read::Pruned) => {
@@ -97,7 +147,7 @@ impl<B: Database> Engine<B> {
                     // committed meanwhile, and the sooner it is read the
                     // sooner other instances' keys arrive.
                     let pause = pauses.next().unwrap_or(MAX_PAUSE);
-                    sleep(pause.min(self.poll_interval)).await;
+                    sleep(pause.min(self.schedule.poll_interval)).await;
                     continue;
                 }
             }
@@ -108,13 +158,13 @@ impl<B: Database> Engine<B> {
                 // too, looked up again every second (one that stopped is
                 // not kept alive).
                 let others = group.map(Membership::others).unwrap_or_default();
-                let asks: Vec<_> = others.iter().map(|other| &other.reads).collect();
+                let asks: Vec<_> = others.iter().map(|other| &other.reading.barrier).collect();
                 tokio::select! {
                     // A refusal waits: read as soon as the guard's read pace
                     // allows, so the refusals of a flood share reads.
                     () = reads.asked_with(&asks) => break,
                     // Another guard's statement could not read for this one.
-                    () = self.read_now.notified() => break,
+                    () = self.reading.now.notified() => break,
                     () = async { sleep_until(gap_over).await; wake.notified().await } => break,
                     () = sleep_until(poll_at) => break,
                     () = sleep(OTHERS_AGAIN), if !others.is_empty() => {}
@@ -171,7 +221,8 @@ impl<B: Database> Engine<B> {
         changes: &Changes,
         tell: bool,
     ) {
-        self.rows_read
+        self.reading
+            .rows
             .fetch_add(changes.rows, std::sync::atomic::Ordering::Relaxed);
         self.note_read(changes);
         let (from, reached) = (from.to_string(), reached.to_string());
@@ -198,17 +249,17 @@ impl<B: Database> Engine<B> {
         use std::sync::atomic::Ordering::Relaxed;
         *feed = Some(reached.clone());
         if let Some(started) = started {
-            self.reads.done(started);
+            self.reading.barrier.done(started);
         }
-        let reads = self.reads_made.fetch_add(1, Relaxed) + 1;
+        let reads = self.reading.made.fetch_add(1, Relaxed) + 1;
         let shared_reads =
-            self.shared_reads.fetch_add(u64::from(shared), Relaxed) + u64::from(shared);
+            self.reading.shared.fetch_add(u64::from(shared), Relaxed) + u64::from(shared);
         if changes.resync {
             tracing::info!(feed = self.backend.feed(), "the feed's triggers were (re)installed; rebuilding to include keys written without them");
-            self.resync.notify_one();
+            self.rebuilds.resync.notify_one();
         }
         self.guard.feed().record_read(
-            FeedStatus::new(reached.to_string(), self.rows_read.load(Relaxed))
+            FeedStatus::new(reached.to_string(), self.reading.rows.load(Relaxed))
                 .with_reads(reads, shared_reads)
                 .with_lag(changes.lag),
         );
@@ -220,7 +271,10 @@ impl<B: Database> Engine<B> {
     /// the filter, and writes the feed could not record hold it open until
     /// a rebuild has them.
     pub(super) fn note_read(&self, changes: &Changes) {
-        if self.ascii_only.load(std::sync::atomic::Ordering::Acquire)
+        if self
+            .holds
+            .ascii_only
+            .load(std::sync::atomic::Ordering::Acquire)
             && changes
                 .added
                 .iter()
@@ -236,9 +290,10 @@ impl<B: Database> Engine<B> {
                 feed = self.backend.feed(),
                 "a watched table was truncated; rebuilding to forget its keys"
             );
-            self.rebuild_here
+            self.rebuilds
+                .here
                 .store(true, std::sync::atomic::Ordering::Release);
-            self.rebuild_soon.notify_one();
+            self.rebuilds.soon.notify_one();
         }
     }
 
@@ -259,7 +314,10 @@ impl<B: Database> Engine<B> {
                     continue;
                 }
             };
-            let caught_up = self.catch_ups.load(std::sync::atomic::Ordering::Acquire);
+            let caught_up = self
+                .reading
+                .catch_ups
+                .load(std::sync::atomic::Ordering::Acquire);
             // Only a rebuild that starts after the position was taken scans
             // every row committed before it.
             let since = Instant::now();
@@ -270,8 +328,13 @@ impl<B: Database> Engine<B> {
                 .await
                 .is_ok()
             {
-                let mut feed = self.feed.lock().await;
-                if self.catch_ups.load(std::sync::atomic::Ordering::Acquire) == caught_up {
+                let mut feed = self.reading.position.lock().await;
+                if self
+                    .reading
+                    .catch_ups
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    == caught_up
+                {
                     *feed = Some(position);
                 }
                 return;

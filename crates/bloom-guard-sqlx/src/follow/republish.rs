@@ -45,8 +45,10 @@ impl<B: Database> Engine<B> {
                 .newest(self.guard.name(), &fingerprint)
                 .await
             {
-                Ok(Some(stored)) if stored.age_secs < self.snapshot_interval.as_secs_f64() => {
-                    let left = self.snapshot_interval.as_secs_f64() - stored.age_secs;
+                Ok(Some(stored))
+                    if stored.age_secs < self.schedule.snapshot_interval.as_secs_f64() =>
+                {
+                    let left = self.schedule.snapshot_interval.as_secs_f64() - stored.age_secs;
                     // The changes it lacks are still counted from this
                     // instance's last publish: its position may predate
                     // changes read since (a publish racing a read, or
@@ -61,8 +63,10 @@ impl<B: Database> Engine<B> {
                     // Unchanged: the same bytes again would cost the
                     // database a snapshot's writes for nothing. Looked at
                     // again an interval later.
-                    self.fleet().fresh_until =
-                        Some((fingerprint.clone(), Instant::now() + self.snapshot_interval));
+                    self.fleet().fresh_until = Some((
+                        fingerprint.clone(),
+                        Instant::now() + self.schedule.snapshot_interval,
+                    ));
                     true
                 }
                 Ok(_) => false,
@@ -97,7 +101,9 @@ impl<B: Database> Engine<B> {
     /// horizon cannot be caught up).
     /// A zero interval republishes at every check, changed or not.
     fn changed_enough(&self, age_secs: f64) -> bool {
-        if self.snapshot_interval.is_zero() || age_secs >= self.retention.as_secs_f64() / 2.0 {
+        if self.schedule.snapshot_interval.is_zero()
+            || age_secs >= self.schedule.retention.as_secs_f64() / 2.0
+        {
             return true;
         }
         let since = self.fleet().changes_at_fresh;

@@ -6,7 +6,7 @@ use bloom_guard::{keys::Collation, KeyType};
 use sqlx::{AssertSqlSafe, MySqlPool, Row};
 use unicode_normalization::char::is_combining_mark;
 
-use crate::FeedError;
+use crate::error::FeedError;
 
 /// The case- or accent-insensitive collations whose weights the guard
 /// reproduces: the root collations of each family, PAD SPACE and NO PAD,

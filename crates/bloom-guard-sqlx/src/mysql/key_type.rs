@@ -4,9 +4,9 @@ use bloom_guard::KeyType;
 use sqlx::MySqlPool;
 
 use super::names::located;
+use crate::error::FeedError;
 use crate::follow::column::{key_type_for, Comparison, KeyColumn};
 use crate::watch::Watch;
-use crate::FeedError;
 
 impl Watch {
     /// The key type a guard over this table needs on MySQL or MariaDB,

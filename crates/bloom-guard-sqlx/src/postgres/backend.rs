@@ -199,7 +199,7 @@ impl FeedUpkeep for PgBackend {
 }
 
 impl Checks for PgBackend {
-    async fn check_session(&self) -> Result<(), crate::FeedError> {
+    async fn check_session(&self) -> Result<(), crate::error::FeedError> {
         // The feed reads' own connection opens meanwhile: the start's
         // first read follows at once, and over TLS a connection costs a
         // handshake. Not opened is no error here: that read reports it.

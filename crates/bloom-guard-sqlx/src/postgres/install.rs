@@ -21,7 +21,7 @@ pub const SQL: &str = include_str!("../../sql/postgres.sql");
 
 /// Installs (or upgrades) the change feed in the database: schema
 /// `bloom_guard` with the change table and the functions its triggers run.
-/// Then [`Watch::install`](crate::Watch::install) puts the triggers on a
+/// Then [`Watch::install`](crate::watch::Watch::install) puts the triggers on a
 /// table.
 ///
 /// Idempotent, and safe to call from every instance at start: it runs in one

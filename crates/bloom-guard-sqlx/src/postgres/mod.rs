@@ -140,7 +140,7 @@ impl Follower {
     /// found changes (real writes) is followed at once.
     #[must_use]
     pub fn min_read_gap(mut self, gap: Duration) -> Self {
-        self.engine.min_read_gap = gap;
+        self.engine.schedule.min_read_gap = gap;
         self
     }
 }

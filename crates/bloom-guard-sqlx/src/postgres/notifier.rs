@@ -215,7 +215,7 @@ mod tests {
             .execute(&pool)
             .await
             .expect("a table");
-        crate::Watch::table("items")
+        crate::watch::Watch::table("items")
             .key("key")
             .install(&pool)
             .await

@@ -1,7 +1,7 @@
 //! Tests of `feed.rs`.
 
 use super::*;
-use crate::Watch;
+use crate::watch::Watch;
 
 /// Feed rows this transaction fetched through the feed's indexes.
 async fn rows_fetched(connection: &mut PgConnection) -> i64 {

@@ -308,7 +308,7 @@ impl FeedUpkeep for PgLogBackend {
 impl Checks for PgLogBackend {
     /// The pool's sessions, and that the replication URL reaches its
     /// database.
-    async fn check_session(&self) -> Result<(), crate::FeedError> {
+    async fn check_session(&self) -> Result<(), crate::error::FeedError> {
         let (session, replication) = tokio::join!(
             self.inner.check_session(),
             super::url::check_replication(self.pool(), &self.url)

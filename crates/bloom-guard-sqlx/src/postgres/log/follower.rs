@@ -59,7 +59,7 @@ impl Follower {
     pub fn new(guard: BloomGuard, pool: PgPool, watch: Watch, url: impl Into<String>) -> Self {
         let inner = PgBackend::new(&guard, pool, watch);
         let mut engine = Engine::new(guard, PgLogBackend::new(inner, url.into()));
-        engine.min_read_gap = MIN_READ_GAP;
+        engine.schedule.min_read_gap = MIN_READ_GAP;
         Self { engine }
     }
 
@@ -80,7 +80,7 @@ impl Follower {
     /// found changes is followed at once.
     #[must_use]
     pub fn min_read_gap(mut self, gap: std::time::Duration) -> Self {
-        self.engine.min_read_gap = gap;
+        self.engine.schedule.min_read_gap = gap;
         self
     }
 }

@@ -68,9 +68,9 @@ impl Watch {
     ///
     /// # Errors
     ///
-    /// [`FeedError::LogFeed`](crate::FeedError::LogFeed) for a server
+    /// [`FeedError::LogFeed`](crate::error::FeedError::LogFeed) for a server
     /// without logical decoding, a key outside the replica identity, or a
-    /// table the feed's triggers feed; [`FeedError::Database`](crate::FeedError::Database) if a
+    /// table the feed's triggers feed; [`FeedError::Database`](crate::error::FeedError::Database) if a
     /// statement fails.
     ///
     /// # Example
@@ -81,13 +81,13 @@ impl Watch {
     /// bloom_guard_sqlx::Watch::table("items").key("key").install_log(&pool).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn install_log(&self, pool: &PgPool) -> Result<(), crate::FeedError> {
+    pub async fn install_log(&self, pool: &PgPool) -> Result<(), crate::error::FeedError> {
         self.put_on_log(pool).await.map_err(|error| match error {
             LogInstallError::Database(error)
             | LogInstallError::Slot(super::error::SlotError::Database(error)) => {
-                crate::FeedError::Database(error)
+                crate::error::FeedError::Database(error)
             }
-            other => crate::FeedError::LogFeed(other.to_string()),
+            other => crate::error::FeedError::LogFeed(other.to_string()),
         })
     }
 
@@ -176,7 +176,7 @@ impl Watch {
     ///
     /// # Errors
     ///
-    /// [`FeedError::Database`](crate::FeedError::Database) if the table
+    /// [`FeedError::Database`](crate::error::FeedError::Database) if the table
     /// does not exist, the feed is not installed, or the role does not own
     /// the table.
     ///
@@ -189,7 +189,7 @@ impl Watch {
     /// items.install(&pool).await?; // on the triggers from here on
     /// # Ok(()) }
     /// ```
-    pub async fn uninstall_log(&self, pool: &PgPool) -> Result<(), crate::FeedError> {
+    pub async fn uninstall_log(&self, pool: &PgPool) -> Result<(), crate::error::FeedError> {
         retrying_locks("take a table off the log feed", || async {
             let mut tx = install_transaction(pool, "").await?;
             let (name, last): (String, bool) = sqlx::query_as(

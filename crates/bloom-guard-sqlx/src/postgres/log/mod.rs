@@ -1,6 +1,6 @@
 //! The change feed from Postgres's write-ahead log, with no trigger on the
 //! watched tables: the [`Follower`] of a table on it
-//! ([`Watch::install_log`](crate::Watch::install_log)), and
+//! ([`Watch::install_log`](crate::watch::Watch::install_log)), and
 //! [`check_replication`] for the URL its replication connections use.
 //!
 //! Inside: the change feed from Postgres's write-ahead log (`wal_level=logical`):

@@ -8,7 +8,7 @@ use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig};
 use sqlx::PgPool;
 
 use super::error::StreamError;
-use crate::FeedError;
+use crate::error::FeedError;
 
 /// A database as both kinds of connection name it: its cluster's system
 /// identifier and its name.

@@ -241,7 +241,7 @@ async fn log_fed_items(pool: &PgPool) -> (String, Slot) {
          alter table items replica identity using index items_key_key;",
     )
     .await;
-    crate::Watch::table("items")
+    crate::watch::Watch::table("items")
         .key("key")
         .install_log(pool)
         .await

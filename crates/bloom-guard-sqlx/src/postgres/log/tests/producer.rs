@@ -138,9 +138,12 @@ async fn standby_producers_wait_in_the_election_without_a_statement_and_take_ove
 #[cfg_attr(not(database), ignore = "needs Postgres: set DATABASE_URL")]
 async fn a_table_has_one_feed_and_a_key_the_log_cannot_carry_is_refused(pool: PgPool) {
     let (_url, _slot) = log_fed_items(&pool).await;
-    let triggers = crate::Watch::table("items").key("key").install(&pool).await;
+    let triggers = crate::watch::Watch::table("items")
+        .key("key")
+        .install(&pool)
+        .await;
     assert!(
-        matches!(triggers, Err(crate::FeedError::LogFed(_))),
+        matches!(triggers, Err(crate::error::FeedError::LogFed(_))),
         "{triggers:?}"
     );
     exec(
@@ -153,37 +156,40 @@ async fn a_table_has_one_feed_and_a_key_the_log_cannot_carry_is_refused(pool: Pg
          create table child () inherits (parent);",
     )
     .await;
-    crate::Watch::table("watched")
+    crate::watch::Watch::table("watched")
         .key("key")
         .install(&pool)
         .await
         .expect("watch with triggers");
-    let log = crate::Watch::table("watched")
-        .key("key")
-        .install_log(&pool)
-        .await;
-    assert!(matches!(log, Err(crate::FeedError::LogFeed(_))), "{log:?}");
-    let by_id = crate::Watch::table("by_id")
+    let log = crate::watch::Watch::table("watched")
         .key("key")
         .install_log(&pool)
         .await;
     assert!(
-        matches!(by_id, Err(crate::FeedError::LogFeed(_))),
+        matches!(log, Err(crate::error::FeedError::LogFeed(_))),
+        "{log:?}"
+    );
+    let by_id = crate::watch::Watch::table("by_id")
+        .key("key")
+        .install_log(&pool)
+        .await;
+    assert!(
+        matches!(by_id, Err(crate::error::FeedError::LogFeed(_))),
         "{by_id:?}"
     );
-    crate::Watch::table("full_rows")
+    crate::watch::Watch::table("full_rows")
         .key("key")
         .install_log(&pool)
         .await
         .expect("a full replica identity carries the key");
     // An inheritance child's changes come as its own, and one made later
     // is not in the publication.
-    let parent = crate::Watch::table("parent")
+    let parent = crate::watch::Watch::table("parent")
         .key("key")
         .install_log(&pool)
         .await;
     assert!(
-        matches!(&parent, Err(crate::FeedError::LogFeed(why)) if why.contains("inheritance")),
+        matches!(&parent, Err(crate::error::FeedError::LogFeed(why)) if why.contains("inheritance")),
         "{parent:?}"
     );
     // Uninstalled, nothing of the log feed is left on the server.
@@ -209,7 +215,9 @@ async fn a_guard_put_on_a_streamed_table_gets_its_rows_from_its_commit_on(pool: 
     until_fed(&pool, "before").await;
     // Put on the log feed while the producer streams the table already:
     // no new relation comes, the message in the log says so.
-    let second = crate::Watch::table("items").key("key").name("second");
+    let second = crate::watch::Watch::table("items")
+        .key("key")
+        .name("second");
     second.install_log(&pool).await.expect("a second guard");
     exec(&pool, "insert into items (id, key) values (2, 'after')").await;
     until_fed(&pool, "after").await;
@@ -305,7 +313,7 @@ async fn a_slot_made_again_sends_readers_behind_it_to_a_rebuild(pool: PgPool) {
         .execute(&pool)
         .await
         .expect("drop the slot");
-    crate::Watch::table("items")
+    crate::watch::Watch::table("items")
         .key("key")
         .install_log(&pool)
         .await
