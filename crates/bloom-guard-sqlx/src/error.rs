@@ -67,19 +67,22 @@ pub enum FeedError {
     /// column or a setting must change.
     #[error("no key type compares the key as the database does, so the guard could never refuse one: {0}")]
     Uncomparable(String),
-    /// The table is fed by the write-ahead log (Postgres's log feed): the
-    /// feed's triggers on it would write every change a second time, and
-    /// a delete applied twice can remove another key. Take it off the log
-    /// feed first; switching feeds is a rebuild. Not retried.
+    /// The table is fed by its database's log (Postgres's write-ahead log,
+    /// the binary log of MySQL or MariaDB): the feed's triggers on it would
+    /// write every change a second time, and a delete applied twice can
+    /// remove another key. Take it off the log feed first
+    /// (`Watch::uninstall_log`); switching feeds is a rebuild. Not retried.
     #[error(
-        "{0} is fed by the write-ahead log; a table has one feed: take it off the log feed first"
+        "{0} is fed by the database's log; a table has one feed: take it off the log feed first"
     )]
     LogFed(String),
-    /// The table cannot be put on the log feed: the server's `wal_level`
-    /// is not `logical`, a key column is not in the table's replica
-    /// identity (a delete would reach the log without its key), or the
-    /// feed's triggers feed it. The message says what to change. Not
-    /// retried.
+    /// The table cannot be put on the log feed: on Postgres, the server's
+    /// `wal_level` is not `logical` or a key column is not in the table's
+    /// replica identity (a delete would reach the log without its key); on
+    /// MySQL or MariaDB, the binary log is off or not in `ROW` format, its
+    /// row image leaves the key out, or a key column's type is not one the
+    /// binary log feed reads; or the feed's triggers feed it. The message
+    /// says what to change. Not retried.
     #[error("cannot put the table on the log feed: {0}")]
     LogFeed(String),
     /// The log feed's replication connections cannot work with the URL

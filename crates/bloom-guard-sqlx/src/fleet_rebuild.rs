@@ -3,6 +3,8 @@
 use bloom_guard::{BloomGuard, BuildError, Stats};
 
 use crate::follow::Rebuild;
+#[cfg(feature = "binlog-feed")]
+use crate::mysql::log::MySqlLogBackend;
 #[cfg(feature = "mysql")]
 use crate::mysql::MySqlBackend;
 #[cfg(feature = "postgres")]
@@ -59,6 +61,8 @@ enum Engine {
     Sqlite(Rebuild<SqliteBackend>),
     #[cfg(feature = "mysql")]
     MySql(Rebuild<MySqlBackend>),
+    #[cfg(feature = "binlog-feed")]
+    MySqlLog(Rebuild<MySqlLogBackend>),
 }
 
 impl FleetRebuild {
@@ -121,6 +125,36 @@ impl FleetRebuild {
         }
     }
 
+    /// Rebuilds of `guard`, holding the keys of `watch`'s table on the
+    /// **binary log feed** of a MySQL or MariaDB database (feature
+    /// `binlog-feed`), as its `mysql::log::Follower` rebuilds: the scan
+    /// meets the log at one point. `url` is the database's URL, as the
+    /// follower's. A table on the binary log feed cannot be rebuilt with
+    /// [`mysql`](Self::mysql), which fails.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use bloom_guard_sqlx::{FleetRebuild, Watch};
+    ///
+    /// # async fn run(guard: bloom_guard::BloomGuard, pool: sqlx::MySqlPool, url: String) {
+    /// let items = Watch::table("items").key("code");
+    /// let stats = FleetRebuild::mysql_log(guard, pool, items, url).rebuild().await;
+    /// # }
+    /// ```
+    #[cfg(feature = "binlog-feed")]
+    pub fn mysql_log(
+        guard: BloomGuard,
+        pool: sqlx::MySqlPool,
+        watch: Watch,
+        url: impl Into<String>,
+    ) -> Self {
+        let backend = MySqlLogBackend::new(MySqlBackend::new(&guard, pool, watch), url.into());
+        Self {
+            engine: Engine::MySqlLog(Rebuild::new(guard, backend)),
+        }
+    }
+
     /// Whether the rebuild is shared through a snapshot (default on, as
     /// the followers' [`snapshots`](crate::postgres::Follower::snapshots)). Off, it
     /// rebuilds this instance's filter only, from the same keys.
@@ -135,6 +169,8 @@ impl FleetRebuild {
             Engine::Sqlite(engine) => engine.snapshots = enabled,
             #[cfg(feature = "mysql")]
             Engine::MySql(engine) => engine.snapshots = enabled,
+            #[cfg(feature = "binlog-feed")]
+            Engine::MySqlLog(engine) => engine.snapshots = enabled,
         }
         self
     }
@@ -155,6 +191,8 @@ impl FleetRebuild {
             Engine::Sqlite(engine) => engine.rebuild().await,
             #[cfg(feature = "mysql")]
             Engine::MySql(engine) => engine.rebuild().await,
+            #[cfg(feature = "binlog-feed")]
+            Engine::MySqlLog(engine) => engine.rebuild().await,
         }
     }
 }

@@ -41,6 +41,8 @@ pub use fleet_rebuild::FleetRebuild;
 pub use follow::Follow;
 pub use source::copy_text::CopyTextDecoder;
 pub use source::query::QuerySource;
+#[cfg(any(feature = "log-feed", feature = "binlog-feed"))]
+pub use watch::LogFeed;
 pub use watch::{TriggerFeed, Watch};
 
 #[cfg(test)]

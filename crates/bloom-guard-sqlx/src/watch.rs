@@ -138,6 +138,100 @@ impl Watch {
     pub async fn key_type<D: TriggerFeed>(&self, pool: &Pool<D>) -> Result<KeyType, FeedError> {
         D::key_type(self, pool).await
     }
+
+    /// Puts the table on its database's log feed: from then on every
+    /// committed change of its key reaches the feed from the database's
+    /// own log, with no trigger on the table. Idempotent.
+    ///
+    /// - **Postgres** (feature `log-feed`): the write-ahead log, through
+    ///   the database's logical replication slot; follow it with
+    ///   [`postgres::log::Follower`](crate::postgres::log::Follower). Needs
+    ///   `wal_level=logical`, [`install`](crate::postgres::install) first, a
+    ///   role that may create the publication `bloom_guard` and the slot
+    ///   (ownership of the table, the REPLICATION attribute), and a replica
+    ///   identity that holds the key: the primary key, `REPLICA IDENTITY
+    ///   USING INDEX` a unique index on it, or `FULL`.
+    /// - **MySQL and MariaDB** (feature `binlog-feed`): the binary log, read
+    ///   over the replication protocol; follow it with
+    ///   `mysql::log::Follower`. Needs `log_bin` on,
+    ///   `binlog_format=ROW`, and `binlog_row_image=FULL` unless the key is
+    ///   the primary key; key columns that are integers, binary strings, or
+    ///   strings in `utf8mb4`, `utf8mb3` or `ascii`; a role with
+    ///   `REPLICATION SLAVE` and `REPLICATION CLIENT`. Scans take a
+    ///   snapshot's place in the log, which MariaDB gives; MySQL has no such
+    ///   status, and its followers report a scan error.
+    ///
+    /// A table has one feed: one the feed's triggers feed is refused.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::LogFeed`] for a server whose log cannot feed the table
+    /// (the reason says what to change), a key outside what the log
+    /// carries, or a table the feed's triggers feed;
+    /// [`FeedError::Database`] if a statement fails.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "log-feed")]
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+    /// bloom_guard_sqlx::postgres::install(&pool).await?;
+    /// bloom_guard_sqlx::Watch::table("items").key("key").install_log(&pool).await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(any(feature = "log-feed", feature = "binlog-feed"))]
+    pub async fn install_log<D: LogFeed>(&self, pool: &Pool<D>) -> Result<(), FeedError> {
+        D::install_log(self, pool).await
+    }
+
+    /// Takes the table off its database's log feed. Followers of the guard
+    /// on the log feed report a gap and let every request through. To
+    /// switch the table to the feed's triggers, stop the log feed's
+    /// followers of it, take it off, then [`install`](Watch::install) it:
+    /// its followers rebuild from a scan. Idempotent.
+    ///
+    /// # Errors
+    ///
+    /// [`FeedError::Database`] if a statement fails (on Postgres: the table
+    /// does not exist, the feed is not installed, or the role does not own
+    /// the table).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "log-feed")]
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
+    /// let items = bloom_guard_sqlx::Watch::table("items").key("key");
+    /// items.uninstall_log(&pool).await?;
+    /// items.install(&pool).await?; // on the triggers from here on
+    /// # Ok(()) }
+    /// ```
+    #[cfg(any(feature = "log-feed", feature = "binlog-feed"))]
+    pub async fn uninstall_log<D: LogFeed>(&self, pool: &Pool<D>) -> Result<(), FeedError> {
+        D::uninstall_log(self, pool).await
+    }
+}
+
+/// The databases whose own log can feed a table ([`Watch::install_log`]):
+/// Postgres's write-ahead log (feature `log-feed`) and the binary log of
+/// MySQL and MariaDB (feature `binlog-feed`). Sealed.
+#[cfg(any(feature = "log-feed", feature = "binlog-feed"))]
+pub trait LogFeed: sqlx::Database + log_sealed::Sealed {
+    #[doc(hidden)]
+    fn install_log(
+        watch: &Watch,
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<(), FeedError>> + Send;
+    #[doc(hidden)]
+    fn uninstall_log(
+        watch: &Watch,
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<(), FeedError>> + Send;
+}
+
+#[cfg(any(feature = "log-feed", feature = "binlog-feed"))]
+pub(crate) mod log_sealed {
+    pub trait Sealed {}
 }
 
 /// A database whose tables a [`Watch`] puts on the trigger feed:

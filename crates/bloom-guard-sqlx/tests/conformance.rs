@@ -334,6 +334,17 @@ macro_rules! conformance {
                 }
             )*
         }
+        #[cfg(feature = "binlog-feed")]
+        mod mysql_log {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+                async fn $scenario() {
+                    super::$scenario(MySqlLog::fresh().await).await;
+                }
+            )*
+        }
         mod mysql {
             use super::*;
             $(
@@ -675,5 +686,96 @@ impl Db for MySql {
             }
         }
         killed
+    }
+}
+
+/// MySQL or MariaDB with `items` on the binary log feed. Its gap is the
+/// table taken off the feed.
+#[cfg(feature = "binlog-feed")]
+struct MySqlLog {
+    db: MySql,
+    url: String,
+}
+
+#[cfg(feature = "binlog-feed")]
+impl MySqlLog {
+    async fn fresh() -> Self {
+        let url = std::env::var("MYSQL_URL").expect("MYSQL_URL");
+        let options = sqlx::mysql::MySqlConnectOptions::from_str(&url).expect("MYSQL_URL");
+        let name = database_name();
+        let mut admin = options.connect().await.expect("connect to MySQL");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("create database {name}")))
+            .execute(&mut admin)
+            .await
+            .expect("create the test database");
+        let _ = admin.close().await;
+        let pool = MySqlPool::connect_with(options.database(&name))
+            .await
+            .expect("connect to the test database");
+        let db = MySql(pool);
+        db.exec(
+            "create table items (id bigint auto_increment primary key,
+                                 code varchar(200) collate utf8mb4_nopad_bin not null)",
+        )
+        .await;
+        items()
+            .install_log(&db.0)
+            .await
+            .expect("items on the binary log feed");
+        let (base, _) = url.rsplit_once('/').expect("a database in MYSQL_URL");
+        Self {
+            db,
+            url: format!("{base}/{name}"),
+        }
+    }
+}
+
+#[cfg(feature = "binlog-feed")]
+impl Db for MySqlLog {
+    fn caught_up_by_a_producer(&self) -> bool {
+        true
+    }
+
+    async fn another(&self) -> Self {
+        Self {
+            db: self.db.another().await,
+            url: self.url.clone(),
+        }
+    }
+
+    fn follower(&self, guard: &BloomGuard) -> impl Follow {
+        fast(bloom_guard_sqlx::mysql::log::Follower::new(
+            guard.clone(),
+            self.db.0.clone(),
+            items(),
+            &self.url,
+        ))
+    }
+
+    async fn exec(&self, sql: &str) {
+        self.db.exec(sql).await;
+    }
+
+    async fn snapshots(&self) -> i64 {
+        self.db.snapshots().await
+    }
+
+    async fn drop_insert_trigger(&self) {
+        items()
+            .uninstall_log(&self.db.0)
+            .await
+            .expect("items off the binary log feed");
+    }
+
+    async fn watch_again(&self) {
+        items()
+            .install_log(&self.db.0)
+            .await
+            .expect("items on the binary log feed");
+    }
+
+    async fn kill_other_sessions(&self) -> u64 {
+        // The producer's stream and its election's connection too.
+        self.db.kill_other_sessions().await
     }
 }

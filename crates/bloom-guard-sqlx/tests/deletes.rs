@@ -697,14 +697,34 @@ async fn mysql_rebuilt_since(
     .await;
 }
 
-async fn mysql_followed(pool: &MySqlPool, instance: &str) -> (BloomGuard, Running) {
+async fn mysql_followed(
+    pool: &MySqlPool,
+    instance: &str,
+    log: Option<&str>,
+) -> (BloomGuard, Running) {
     let guard = guard();
-    let follower = mysql::Follower::new(guard.clone(), pool.clone(), mysql_things())
-        .check_interval(Duration::from_millis(200))
-        .poll_interval(Duration::from_millis(200))
-        .snapshot_interval(Duration::from_secs(1))
-        .instance_id(instance);
-    let task = spawn(follower);
+    let fast = |follower: bloom_guard_sqlx::mysql::Follower| {
+        follower
+            .check_interval(Duration::from_millis(200))
+            .poll_interval(Duration::from_millis(200))
+            .snapshot_interval(Duration::from_secs(1))
+            .instance_id(instance)
+    };
+    let task = match log {
+        #[cfg(feature = "binlog-feed")]
+        Some(url) => spawn(
+            mysql::log::Follower::new(guard.clone(), pool.clone(), mysql_things(), url)
+                .check_interval(Duration::from_millis(200))
+                .poll_interval(Duration::from_millis(200))
+                .snapshot_interval(Duration::from_secs(1))
+                .instance_id(instance),
+        ),
+        _ => spawn(fast(mysql::Follower::new(
+            guard.clone(),
+            pool.clone(),
+            mysql_things(),
+        ))),
+    };
     wait_until("ready", Duration::from_secs(20), || guard.is_ready()).await;
     (guard, task)
 }
@@ -716,7 +736,31 @@ fn mysql_things() -> Watch {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
 async fn mysql_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one() {
+    mysql_forgets_deleted_keys(false).await;
+}
+
+#[cfg(feature = "binlog-feed")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn mysql_on_the_binary_log_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one() {
+    mysql_forgets_deleted_keys(true).await;
+}
+
+async fn mysql_forgets_deleted_keys(log: bool) {
     let pool = common::mysql::fresh(8).await;
+    let url = log.then(|| {
+        let url = std::env::var("MYSQL_URL").expect("MYSQL_URL");
+        let (base, _) = url
+            .rsplit_once('/')
+            .map(|(base, rest)| (base.to_owned(), rest.to_owned()))
+            .expect("a database in MYSQL_URL");
+        base
+    });
+    let url = match url {
+        Some(base) => Some(format!("{base}/{}", common::mysql::database(&pool).await)),
+        None => None,
+    };
+    let log = url.as_deref();
     // A second pool: instance B's own connections.
     let other = common::mysql::with_isolation(&pool, "repeatable read", 4).await;
     mysql_exec(
@@ -726,7 +770,11 @@ async fn mysql_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one() {
                               key things_code (code))",
     )
     .await;
-    mysql_things().install(&pool).await.expect("watch");
+    match log {
+        #[cfg(feature = "binlog-feed")]
+        Some(_) => mysql_things().install_log(&pool).await.expect("watch"),
+        _ => mysql_things().install(&pool).await.expect("watch"),
+    }
     let values: Vec<String> = (0..200).map(|i| format!("('k{i}')")).collect();
     mysql_exec(
         &pool,
@@ -735,8 +783,8 @@ async fn mysql_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one() {
     .await;
     let mut rng = rng();
     let mut seen: BTreeSet<String> = (0..200).map(|i| format!("k{i}")).collect();
-    let (a, _a) = mysql_followed(&pool, "a").await;
-    let (mut b, mut b_task) = mysql_followed(&other, "b").await;
+    let (a, _a) = mysql_followed(&pool, "a", log).await;
+    let (mut b, mut b_task) = mysql_followed(&other, "b", log).await;
     let (mut adopted, mut rebuilt, mut absent, mut applied) = (false, 0, 0, 0);
     let (mut truncated, mut late) = (None, None);
     for step in 0..ops() {
@@ -756,14 +804,18 @@ async fn mysql_the_guard_forgets_deleted_keys_and_never_refuses_a_stored_one() {
             match (step / 30) % 3 {
                 0 => {
                     drop(b_task);
-                    (b, b_task) = mysql_followed(&other, "b").await;
+                    (b, b_task) = mysql_followed(&other, "b", log).await;
                     adopted |= b.stats().origin == Some(FilterOrigin::Snapshot);
                 }
                 1 => {
-                    FleetRebuild::mysql(a.clone(), pool.clone(), mysql_things())
-                        .rebuild()
-                        .await
-                        .expect("rebuild");
+                    let rebuild = match log {
+                        #[cfg(feature = "binlog-feed")]
+                        Some(url) => {
+                            FleetRebuild::mysql_log(a.clone(), pool.clone(), mysql_things(), url)
+                        }
+                        _ => FleetRebuild::mysql(a.clone(), pool.clone(), mysql_things()),
+                    };
+                    rebuild.rebuild().await.expect("rebuild");
                     rebuilt += 1;
                 }
                 _ => {}

@@ -17,7 +17,7 @@ pub(crate) enum BackendError {
     /// A feed that could not be read for a reason of its own (the log
     /// feed's producer behind the barrier's bound, its slot missing, a
     /// member of the table's family the log never carries).
-    #[cfg(feature = "log-feed")]
+    #[cfg(any(feature = "log-feed", feature = "binlog-feed"))]
     #[error(transparent)]
     Feed(Box<dyn std::error::Error + Send + Sync>),
 }

@@ -13,7 +13,7 @@ use crate::error::FeedError;
 use crate::watch::Watch;
 
 /// The feed's, the snapshots' and the fleet's tables. Idempotent.
-const TABLES: [&str; 9] = [
+pub(super) const TABLES: [&str; 9] = [
     "create table if not exists bloom_guard_changes (
         id bigint not null auto_increment primary key,
         guard varchar(255) not null,
@@ -247,6 +247,11 @@ end if",
     /// it longer, and is tried again until the transaction in its way
     /// ends.
     pub(crate) async fn install_mysql(&self, pool: &MySqlPool) -> Result<(), FeedError> {
+        // One producer per table.
+        #[cfg(feature = "binlog-feed")]
+        if super::log::registry::is_logged(pool, self).await? {
+            return Err(FeedError::LogFed(self.table.clone()));
+        }
         crate::follow::column::comparable(&self.table, &key_type::key_columns(pool, self).await?)?;
         // One resync before the first drop, however many tries it takes.
         let resynced = AtomicBool::new(false);

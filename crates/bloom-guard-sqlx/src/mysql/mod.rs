@@ -12,6 +12,8 @@ mod feed;
 mod galera;
 mod install;
 mod key_type;
+#[cfg(feature = "binlog-feed")]
+pub mod log;
 mod names;
 mod position;
 mod scan;
@@ -102,6 +104,9 @@ pub(crate) struct MySqlBackend {
     /// The collation of a [`KeyType::Collated`] guard: stored keys are
     /// read as the server weighs them under it.
     collation: Option<String>,
+    /// Whether the binary log feeds the table (its backend wraps this one).
+    #[cfg_attr(not(feature = "binlog-feed"), allow(dead_code))]
+    on_the_log: bool,
 }
 
 impl MySqlBackend {
@@ -118,6 +123,7 @@ impl MySqlBackend {
             feed: Arc::new(feed::feed_connection(&pool)),
             pool,
             watch,
+            on_the_log: false,
         }
     }
 }
@@ -138,6 +144,16 @@ impl Scans for MySqlBackend {
     type Source = MySqlScan;
 
     async fn key_source(&self) -> Result<KeySet<MySqlScan>, BackendError> {
+        #[cfg(feature = "binlog-feed")]
+        if !self.on_the_log && log::registry::is_logged(&self.pool, &self.watch).await? {
+            return Err(BackendError::Feed(
+                format!(
+                    "{} is on the binary log feed: follow it with mysql::log::Follower, rebuild it with FleetRebuild::mysql_log",
+                    self.watch.table
+                )
+                .into(),
+            ));
+        }
         let query = self
             .watch
             .mysql_key_query(&self.pool, self.collation.as_deref())

@@ -48,6 +48,12 @@ impl MySqlScan {
     pub(super) fn query(&self) -> &str {
         &self.query
     }
+
+    /// Whether the key query reads keys as the server weighs them.
+    #[cfg(feature = "binlog-feed")]
+    pub(super) fn weighed(&self) -> bool {
+        self.weighed
+    }
 }
 
 impl KeySource for MySqlScan {
@@ -95,26 +101,43 @@ impl KeySource for MySqlScan {
             let settled = settled.advance(&pool);
             let mut tx = pool.begin_with(snapshot).await?;
             let position = position_in(&mut tx, settled).await?;
-            let mut batch = BatchSender::new_batch();
-            batch.set_position(position.to_string());
-            let mut rows = sqlx::query(AssertSqlSafe(query)).fetch(&mut *tx);
-            while let Some(row) = rows.try_next().await? {
-                // A NULL key names no row.
-                if let Some(key) = row.try_get::<Option<&[u8]>, _>(0)? {
-                    if weighed {
-                        batch.push(key);
-                    } else {
-                        batch.push_text(key);
-                    }
-                }
-                if !batches.send_if_full(&mut batch).await {
-                    return Ok(());
-                }
-            }
-            drop(rows);
+            let Some(batch) =
+                send_keys(&mut tx, &query, weighed, position.to_string(), &batches).await?
+            else {
+                return Ok(());
+            };
             tx.commit().await?;
             batches.finish(batch).await;
             Ok(())
         })
     }
+}
+
+/// Sends the keys `query` reads on `connection` to `batches`, the first
+/// batch naming `position`; the last batch, unsent, or `None` if the
+/// receiver is gone.
+pub(super) async fn send_keys(
+    connection: &mut sqlx::MySqlConnection,
+    query: &str,
+    weighed: bool,
+    position: String,
+    batches: &BatchSender,
+) -> Result<Option<KeyBatch>, SourceError> {
+    let mut batch = BatchSender::new_batch();
+    batch.set_position(position);
+    let mut rows = sqlx::query(AssertSqlSafe(query)).fetch(connection);
+    while let Some(row) = rows.try_next().await? {
+        // A NULL key names no row.
+        if let Some(key) = row.try_get::<Option<&[u8]>, _>(0)? {
+            if weighed {
+                batch.push(key);
+            } else {
+                batch.push_text(key);
+            }
+        }
+        if !batches.send_if_full(&mut batch).await {
+            return Ok(None);
+        }
+    }
+    Ok(Some(batch))
 }

@@ -81,7 +81,10 @@ impl Watch {
     /// bloom_guard_sqlx::Watch::table("items").key("key").install_log(&pool).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn install_log(&self, pool: &PgPool) -> Result<(), crate::error::FeedError> {
+    pub(crate) async fn install_postgres_log(
+        &self,
+        pool: &PgPool,
+    ) -> Result<(), crate::error::FeedError> {
         self.put_on_log(pool).await.map_err(|error| match error {
             LogInstallError::Database(error)
             | LogInstallError::Slot(super::error::SlotError::Database(error)) => {
@@ -189,7 +192,10 @@ impl Watch {
     /// items.install(&pool).await?; // on the triggers from here on
     /// # Ok(()) }
     /// ```
-    pub async fn uninstall_log(&self, pool: &PgPool) -> Result<(), crate::error::FeedError> {
+    pub(crate) async fn uninstall_postgres_log(
+        &self,
+        pool: &PgPool,
+    ) -> Result<(), crate::error::FeedError> {
         retrying_locks("take a table off the log feed", || async {
             let mut tx = install_transaction(pool, "").await?;
             let (name, last): (String, bool) = sqlx::query_as(
@@ -396,3 +402,15 @@ async fn relogged(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
 
 #[cfg(test)]
 mod tests;
+
+impl crate::watch::log_sealed::Sealed for sqlx::Postgres {}
+
+impl crate::watch::LogFeed for sqlx::Postgres {
+    async fn install_log(watch: &Watch, pool: &PgPool) -> Result<(), crate::error::FeedError> {
+        watch.install_postgres_log(pool).await
+    }
+
+    async fn uninstall_log(watch: &Watch, pool: &PgPool) -> Result<(), crate::error::FeedError> {
+        watch.uninstall_postgres_log(pool).await
+    }
+}

@@ -1,0 +1,26 @@
+//! Why the binary log's producer, or a read's wait for it, stopped.
+
+/// Why the binary log feed's producer stopped, or a read could not wait
+/// for it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum BinlogError {
+    /// A statement on the feed's tables or the server's status failed.
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    /// The binary log's stream failed: the connection, the server's
+    /// refusal (a purged file, a missing `REPLICATION SLAVE` right), or an
+    /// event that could not be decoded.
+    #[error("the binary log's stream failed")]
+    Stream(#[from] mysql_async::Error),
+    /// The server writes no binary log (`log_bin` is off).
+    #[error("the server writes no binary log: log_bin is off")]
+    NoBinlog,
+    /// The producer had not written what the log held when the read began,
+    /// within the read's bound.
+    #[error("the binary log feed's producer did not reach the log's position {0} in time")]
+    Behind(String),
+    /// The URL the producer streams the log with cannot be used.
+    #[error("the binary log feed's URL cannot be used: {0}")]
+    Url(String),
+}

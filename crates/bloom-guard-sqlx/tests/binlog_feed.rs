@@ -1,0 +1,449 @@
+//! The binary log feed of MySQL and MariaDB, end to end on the server of
+//! `MYSQL_URL` (its binary log on, in `ROW` format): raw SQL of every kind
+//! checked key by key against the table, a refusal of a key committed
+//! before the request on another instance, an idle server's refusals, a
+//! producer killed mid-stream, a purged log, DDL that starts the feed over,
+//! and one feed per table.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::str::FromStr;
+use std::time::Duration;
+
+use bloom_guard::{stats::GuardState, BloomGuard};
+use bloom_guard_sqlx::{mysql, FeedError, Watch};
+use common::{spawn, status, wait_until, Running};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{ConnectOptions, Connection, MySqlPool};
+
+fn guard() -> BloomGuard {
+    BloomGuard::builder()
+        .expected_items(20_000)
+        .false_positive_rate(0.0001)
+        .build()
+}
+
+fn items() -> Watch {
+    Watch::table("items").key("code")
+}
+
+/// A new database with `items` on the binary log feed, and its URL.
+async fn fresh() -> (MySqlPool, String) {
+    let url = std::env::var("MYSQL_URL").expect("MYSQL_URL");
+    let options = MySqlConnectOptions::from_str(&url).expect("MYSQL_URL");
+    let name = format!("bloom_guard_binlog_{}", fastrand::u64(..));
+    let mut admin = options.connect().await.expect("connect to MySQL");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("create database {name}")))
+        .execute(&mut admin)
+        .await
+        .expect("create the test database");
+    let _ = admin.close().await;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(16)
+        .connect_with(options.database(&name))
+        .await
+        .expect("connect to the test database");
+    sqlx::raw_sql(
+        "create table items (id bigint auto_increment primary key,
+                             code varchar(200) collate utf8mb4_nopad_bin not null,
+                             note varchar(20),
+                             unique key items_code (code))",
+    )
+    .execute(&pool)
+    .await
+    .expect("create items");
+    items().install_log(&pool).await.expect("install_log");
+    let (base, _) = url.rsplit_once('/').expect("a database in MYSQL_URL");
+    (pool, format!("{base}/{name}"))
+}
+
+async fn followed(pool: &MySqlPool, url: &str) -> (BloomGuard, Running) {
+    let guard = guard();
+    let follower = mysql::log::Follower::new(guard.clone(), pool.clone(), items(), url)
+        .check_interval(Duration::from_millis(200))
+        .poll_interval(Duration::from_millis(200));
+    let running = spawn(follower);
+    wait_until("the warm-up", Duration::from_secs(20), || guard.is_ready()).await;
+    (guard, running)
+}
+
+async fn exec(pool: &MySqlPool, sql: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(pool)
+        .await
+        .unwrap_or_else(|error| panic!("{sql}: {error}"));
+}
+
+async fn stored(pool: &MySqlPool) -> BTreeSet<String> {
+    sqlx::query_scalar::<_, String>("select code from items")
+        .fetch_all(pool)
+        .await
+        .expect("the table's keys")
+        .into_iter()
+        .collect()
+}
+
+/// Waits until the guard answers as the table for every key of `seen`:
+/// each stored key may be in the filter, each other one is not (the
+/// guard's filter removes keys; its false-positive rate is 1 in 10 000).
+async fn answers_as_the_table(guard: &BloomGuard, pool: &MySqlPool, seen: &BTreeSet<String>) {
+    let table = stored(pool).await;
+    for key in &table {
+        assert!(
+            guard.may_contain(key),
+            "{key} is stored but missing from the filter"
+        );
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let kept: Vec<&String> = seen
+            .iter()
+            .filter(|key| !table.contains(*key) && guard.may_contain(key))
+            .collect();
+        if kept.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "deleted keys still in the filter: {kept:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(guard.stats().state, GuardState::Ready);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn raw_sql_of_every_kind_reaches_the_guard_and_deletes_are_forgotten() {
+    let (pool, url) = fresh().await;
+    exec(
+        &pool,
+        "insert into items (code) values ('before-1'), ('before-2')",
+    )
+    .await;
+    let (guard, _running) = followed(&pool, &url).await;
+    let statements = [
+        "insert into items (code) values ('a'), ('b'), ('c')",
+        // An upsert that changes the key, one that changes another column.
+        "insert into items (id, code) values (1, 'before-1b') on duplicate key update code = values(code)",
+        "insert into items (code) values ('b') on duplicate key update note = 'upserted'",
+        // REPLACE: a delete and an insert of the same id.
+        "replace into items (id, code) values (2, 'replaced')",
+        // Key and id updates.
+        "update items set code = 'c2' where code = 'c'",
+        "update items set id = id + 1000 where code = 'a'",
+        "update items set note = 'n' where code = 'b'",
+        // A delete and a re-insert of one key in one transaction.
+        "begin; delete from items where code = 'b'; insert into items (code) values ('b'); commit",
+        // Deleted and gone.
+        "delete from items where code = 'c2'",
+        // Several rows by one statement, a rolled-back transaction.
+        "insert into items (code) select concat('copy-', code) from items",
+        "begin; insert into items (code) values ('rolled-back'); rollback",
+        "delete from items where code like 'copy-%' and code <> 'copy-a'",
+    ];
+    let mut seen: BTreeSet<String> = stored(&pool).await;
+    for statement in statements {
+        exec(&pool, statement).await;
+        seen.extend(stored(&pool).await);
+    }
+    seen.insert("c".to_owned());
+    seen.insert("rolled-back".to_owned());
+    // The barrier's promise: what committed before the request is found.
+    for key in stored(&pool).await {
+        assert_eq!(status(&guard, &key).await, http::StatusCode::OK, "{key}");
+    }
+    answers_as_the_table(&guard, &pool, &seen).await;
+    assert_eq!(status(&guard, "c2").await, http::StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn a_key_committed_on_one_instance_is_never_refused_by_another() {
+    let (pool, url) = fresh().await;
+    let (_writer, _running_a) = followed(&pool, &url).await;
+    // Another instance: its own pool, follower and producer candidate.
+    let other = MySqlPoolOptions::new()
+        .max_connections(8)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .expect("another pool");
+    let (reader, _running_b) = followed(&other, &url).await;
+    let mut refused = 0;
+    for i in 0..300 {
+        let key = format!("created-{i}");
+        exec(&pool, &format!("insert into items (code) values ('{key}')")).await;
+        if status(&reader, &key).await == http::StatusCode::NOT_FOUND {
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 0, "keys committed before the request were refused");
+    // And the barrier lets refusals through: absent keys are refused, not
+    // passed on after a timeout (a rare one, on a busy machine, aside).
+    let mut absent_refused = 0;
+    for i in 0..100 {
+        if status(&reader, &format!("absent-{i}")).await == http::StatusCode::NOT_FOUND {
+            absent_refused += 1;
+        }
+    }
+    let stats = reader.stats();
+    assert!(
+        absent_refused >= 95,
+        "{absent_refused} of 100 absent keys refused: {:?} {:?}, {} barrier timeouts",
+        stats.state,
+        stats.last_error,
+        stats.barrier_timeouts
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn refusals_do_not_wait_for_commits_of_other_tables() {
+    let (pool, url) = fresh().await;
+    exec(
+        &pool,
+        "create table other (id bigint auto_increment primary key, v int)",
+    )
+    .await;
+    let guard = guard();
+    // A bound far below what a wait for the producer could take were it
+    // woken by each commit elsewhere.
+    let follower = mysql::log::Follower::new(guard.clone(), pool.clone(), items(), &url)
+        .barrier_bound(Duration::from_millis(500));
+    let _running = spawn(follower);
+    wait_until("the warm-up", Duration::from_secs(20), || guard.is_ready()).await;
+    let writing = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            loop {
+                let _ = sqlx::query("insert into other (v) values (1)")
+                    .execute(&pool)
+                    .await;
+            }
+        })
+    };
+    let mut refused = 0;
+    for i in 0..200 {
+        if status(&guard, &format!("absent-{i}")).await == http::StatusCode::NOT_FOUND {
+            refused += 1;
+        }
+    }
+    writing.abort();
+    let stats = guard.stats();
+    assert!(
+        refused >= 190,
+        "{refused} of 200 absent keys refused while another table was written: {} barrier timeouts, {:?}",
+        stats.barrier_timeouts,
+        stats.last_error,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn a_producer_killed_mid_stream_resumes_and_writes_nothing_twice() {
+    let (pool, url) = fresh().await;
+    let (guard, _running) = followed(&pool, &url).await;
+    let writer = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            for i in 0..2_000 {
+                let _ = sqlx::query("insert into items (code) values (?)")
+                    .bind(format!("k{i}"))
+                    .execute(&pool)
+                    .await;
+                if i % 3 == 0 {
+                    let _ = sqlx::query("delete from items where code = ?")
+                        .bind(format!("k{}", i / 2))
+                        .execute(&pool)
+                        .await;
+                }
+            }
+        })
+    };
+    // Kill the producer's connections (its stream and its lock) a few
+    // times while the writes go on.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let ids: Vec<Option<u64>> = sqlx::query_scalar(
+            "select cast(id as unsigned) from information_schema.processlist
+              where db = database() and command like 'Binlog Dump%'
+             union all
+             select cast(is_used_lock(concat('bloom_guard_binlog:', md5(database()))) as unsigned)",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("the processlist");
+        for id in ids.into_iter().flatten() {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("kill {id}")))
+                .execute(&pool)
+                .await;
+        }
+    }
+    writer.await.expect("the writes");
+    // Every transaction once: no two rows of one kind and key at one point.
+    let twice: i64 = sqlx::query_scalar(
+        "select cast(count(*) as signed) from (
+            select 1 from bloom_guard_log_changes group by seq, pos, kind, k having count(*) > 1) d",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("duplicates");
+    assert_eq!(twice, 0, "a transaction's rows were written twice");
+    let seen: BTreeSet<String> = (0..2_000).map(|i| format!("k{i}")).collect();
+    wait_until("the producer to catch up", Duration::from_secs(20), || {
+        guard.stats().state == GuardState::Ready
+    })
+    .await;
+    exec(&pool, "insert into items (code) values ('after-the-kills')").await;
+    assert_eq!(
+        status(&guard, "after-the-kills").await,
+        http::StatusCode::OK
+    );
+    answers_as_the_table(&guard, &pool, &seen).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn a_log_purged_before_it_was_read_starts_the_feed_over() {
+    let (pool, url) = fresh().await;
+    let (guard, running) = followed(&pool, &url).await;
+    let epoch = || async {
+        sqlx::query_scalar::<_, String>("select epoch from bloom_guard_log_progress")
+            .fetch_one(&pool)
+            .await
+            .expect("the feed's epoch")
+    };
+    let before = epoch().await;
+    // The fleet stops; keys are written; the log they are in is purged.
+    drop(running);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    exec(
+        &pool,
+        "insert into items (code) values ('while-down-1'), ('while-down-2')",
+    )
+    .await;
+    let progress_file: String = sqlx::query_scalar("select file from bloom_guard_log_progress")
+        .fetch_one(&pool)
+        .await
+        .expect("the progress's file");
+    exec(&pool, "flush binary logs").await;
+    // Purged once no stream reads it any more (other producers on the
+    // server may still).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        use sqlx::Row as _;
+        let current: String = sqlx::query("show master status")
+            .fetch_one(&pool)
+            .await
+            .expect("the log's end")
+            .try_get(0)
+            .expect("the file");
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "purge binary logs to '{current}'"
+        )))
+        .execute(&pool)
+        .await;
+        let files: Vec<String> = sqlx::query("show binary logs")
+            .fetch_all(&pool)
+            .await
+            .expect("the log's files")
+            .iter()
+            .map(|row| row.try_get(0).expect("a file"))
+            .collect();
+        if !files.contains(&progress_file) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{progress_file} was not purged"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The next start reads from a point that is gone: a new epoch, and a
+    // guard rebuilt from a scan, with the keys written while down.
+    let guard_again = self::guard();
+    let _running = spawn(
+        mysql::log::Follower::new(guard_again.clone(), pool.clone(), items(), &url)
+            .check_interval(Duration::from_millis(200)),
+    );
+    wait_until("the new epoch", Duration::from_secs(20), || {
+        guard_again.is_ready()
+    })
+    .await;
+    let mut after = epoch().await;
+    for _ in 0..100 {
+        if after != before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        after = epoch().await;
+    }
+    assert_ne!(before, after, "the feed did not start over");
+    wait_until("the rebuild", Duration::from_secs(20), || {
+        guard_again.stats().state == GuardState::Ready
+            && guard_again.may_contain("while-down-1")
+            && guard_again.may_contain("while-down-2")
+    })
+    .await;
+    exec(&pool, "insert into items (code) values ('after-purge')").await;
+    assert_eq!(
+        status(&guard_again, "after-purge").await,
+        http::StatusCode::OK
+    );
+    drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn truncate_starts_the_guard_over() {
+    let (pool, url) = fresh().await;
+    exec(&pool, "insert into items (code) values ('old')").await;
+    let (guard, _running) = followed(&pool, &url).await;
+    let generation = guard.stats().generation;
+    exec(&pool, "truncate table items").await;
+    exec(&pool, "insert into items (code) values ('new')").await;
+    wait_until(
+        "a rebuild after the truncate",
+        Duration::from_secs(20),
+        || {
+            let stats = guard.stats();
+            stats.generation > generation
+                && stats.state == GuardState::Ready
+                && !guard.may_contain("old")
+        },
+    )
+    .await;
+    assert_eq!(status(&guard, "new").await, http::StatusCode::OK);
+    assert_eq!(status(&guard, "old").await, http::StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn a_table_has_one_feed() {
+    let (pool, _url) = fresh().await;
+    let error = items().install(&pool).await.expect_err("triggers refused");
+    assert!(matches!(error, FeedError::LogFed(_)), "{error}");
+    exec(
+        &pool,
+        "create table users (id bigint auto_increment primary key,
+                             name varchar(50) collate utf8mb4_nopad_bin not null)",
+    )
+    .await;
+    let users = Watch::table("users").key("name");
+    users.install(&pool).await.expect("triggers on users");
+    let error = users.install_log(&pool).await.expect_err("log refused");
+    assert!(matches!(error, FeedError::LogFeed(_)), "{error}");
+    // A key type whose bytes in the log are not the triggers' is refused.
+    exec(
+        &pool,
+        "create table prices (id bigint auto_increment primary key, p decimal(10, 2) not null)",
+    )
+    .await;
+    let error = Watch::table("prices")
+        .key("p")
+        .install_log(&pool)
+        .await
+        .expect_err("decimal refused");
+    assert!(error.to_string().contains("decimal"), "{error}");
+}
