@@ -26,7 +26,8 @@ pub fn admin_app(state: &AppState, token: &str, prometheus: Option<PrometheusHan
         (Pool::Postgres(pool), Some(url)) => FleetRebuild::log(guard.clone(), pool, watch, url),
         (Pool::Postgres(pool), None) => FleetRebuild::new(guard.clone(), pool, watch),
         (Pool::Sqlite(pool), _) => FleetRebuild::sqlite(guard.clone(), pool, watch),
-        (Pool::MySql(pool), _) => FleetRebuild::mysql(guard.clone(), pool, watch),
+        (Pool::MySql(pool), Some(url)) => FleetRebuild::mysql_log(guard.clone(), pool, watch, url),
+        (Pool::MySql(pool), None) => FleetRebuild::mysql(guard.clone(), pool, watch),
     };
     let mut admin = Admin::new(token);
     for (guard, watch) in [(&guards.items, items_feed()), (&guards.users, users_feed())] {

@@ -35,7 +35,8 @@ pub struct Config {
     /// `BLOOM_SNAPSHOTS`: `off` makes every instance scan at start instead
     /// of adopting the fleet's snapshot (Postgres only).
     pub snapshots: bool,
-    /// `BLOOM_FEED`: where a Postgres database's changes come from.
+    /// `BLOOM_FEED`: where a Postgres, MySQL or MariaDB database's changes
+    /// come from.
     pub feed: Feed,
     /// `BLOOM_READ_BARRIER`: `off` lets the guard refuse on its filter as
     /// it is, without waiting for a feed read begun after the request (a
@@ -210,13 +211,16 @@ impl Config {
     }
 }
 
-/// Where a Postgres database's changes come from (`BLOOM_FEED`).
+/// Where a Postgres, MySQL or MariaDB database's changes come from
+/// (`BLOOM_FEED`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Feed {
     /// `triggers` (the default): the feed's triggers on each watched table.
     Triggers,
-    /// `log`: the write-ahead log, decoded from a logical replication slot
-    /// (`wal_level=logical`); no trigger on the tables.
+    /// `log`: the database's own log, no trigger on the tables: Postgres's
+    /// write-ahead log, decoded from a logical replication slot
+    /// (`wal_level=logical`), or the binary log of MySQL or MariaDB, read
+    /// over the replication protocol (`binlog_format=ROW`).
     Log,
 }
 
@@ -240,14 +244,20 @@ fn is_postgres(database_url: Option<&str>) -> bool {
         .is_some_and(|url| url.starts_with("postgres://") || url.starts_with("postgresql://"))
 }
 
+/// Whether `database_url` names a MySQL or MariaDB database.
+fn is_mysql(database_url: Option<&str>) -> bool {
+    database_url.is_some_and(|url| url.starts_with("mysql://") || url.starts_with("mariadb://"))
+}
+
 impl Feed {
-    /// The log feed is Postgres's: refused for any other database.
+    /// The log feeds are Postgres's, MySQL's and MariaDB's: refused for
+    /// SQLite.
     fn check(self, database_url: Option<&str>) -> Result<(), ConfigError> {
-        if self == Feed::Log && !is_postgres(database_url) {
+        if self == Feed::Log && !is_postgres(database_url) && !is_mysql(database_url) {
             return Err(ConfigError {
                 name: "BLOOM_FEED",
                 value: "log".to_owned(),
-                expected: "triggers, unless DATABASE_URL is a postgres:// URL (the log feed is Postgres's)",
+                expected: "triggers, unless DATABASE_URL is a postgres:// or mysql:// URL (SQLite has no log to read)",
             });
         }
         Ok(())
@@ -319,9 +329,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_log_feed_is_for_postgres_only() {
+    fn the_log_feed_is_for_postgres_and_mysql() {
         assert!(Feed::Log.check(Some("postgres://db/items")).is_ok());
-        for url in [None, Some("mysql://db/items"), Some("sqlite://items.db")] {
+        assert!(Feed::Log.check(Some("mysql://db/items")).is_ok());
+        for url in [None, Some("sqlite://items.db")] {
             let error = Feed::Log.check(url).expect_err("refused").to_string();
             assert!(error.starts_with("BLOOM_FEED=\"log\""), "{error}");
             assert!(Feed::Triggers.check(url).is_ok());

@@ -20,8 +20,9 @@ pub struct Guards {
     pub snapshots: bool,
     /// This instance's name in the fleet view.
     pub instance: String,
-    /// Where their Postgres followers read the changes (`BLOOM_FEED`): the
-    /// log feed's with the database's URL, for its replication connection.
+    /// Where their followers read the changes (`BLOOM_FEED`): the log
+    /// feed's (Postgres, MySQL, MariaDB) with the database's URL, for its
+    /// replication connection.
     pub log_feed: Option<String>,
 }
 

@@ -44,7 +44,8 @@ pub async fn guards_at_start(config: &Config, db: &Database) -> Result<Guards, F
 /// Brings the database up and the guard warm: applies the migrations and
 /// installs the change feed (retrying while the database is unreachable),
 /// starts the follower that keeps the filter complete ([`postgres::Follower`], or
-/// [`postgres::log::Follower`] with `BLOOM_FEED=log`, [`mysql::Follower`] or
+/// [`postgres::log::Follower`] with `BLOOM_FEED=log`, [`mysql::Follower`]
+/// ([`mysql::log::Follower`] with `BLOOM_FEED=log`) or
 /// [`sqlite::Follower`]: warm-up, every key written by any instance or SQL
 /// client, scheduled rebuilds), and returns once the guard is ready. The
 /// service fails open until then.
@@ -137,7 +138,15 @@ pub async fn prepare(state: AppState) {
             invalidate,
             drop_all,
         ),
-        (Pool::MySql(pool), _) => follow(
+        (Pool::MySql(pool), Some(url)) => follow(
+            &state,
+            &guards,
+            mysql::log::Follower::new(items, pool.clone(), items_feed(), url.clone()),
+            mysql::log::Follower::new(users, pool, users_feed(), url),
+            invalidate,
+            drop_all,
+        ),
+        (Pool::MySql(pool), None) => follow(
             &state,
             &guards,
             mysql::Follower::new(items, pool.clone(), items_feed()),

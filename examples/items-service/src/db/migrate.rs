@@ -24,14 +24,15 @@ impl Database {
         self.migrate_for(Feed::Triggers).await
     }
 
-    /// As [`migrate`](Self::migrate), with a Postgres database's tables put
-    /// on `feed`: the triggers' or the write-ahead log's
-    /// ([`Watch::install_log`](bloom_guard_sqlx::Watch::install_log)).
+    /// As [`migrate`](Self::migrate), with a Postgres, MySQL or MariaDB
+    /// database's tables put on `feed`: the triggers' or the database's
+    /// log's ([`Watch::install_log`](bloom_guard_sqlx::Watch::install_log)).
     ///
     /// # Errors
     ///
-    /// As [`migrate`](Self::migrate); and for the log feed, a server
-    /// without `wal_level=logical` or tables the triggers feed
+    /// As [`migrate`](Self::migrate); and for the log feed, a server whose
+    /// log cannot feed the tables (`wal_level` not `logical`, a binary log
+    /// off or not in `ROW` format) or tables the triggers feed
     /// ([`FeedError::LogFeed`](bloom_guard_sqlx::FeedError::LogFeed)).
     pub async fn migrate_for(&self, feed: Feed) -> Result<(), MigrateError> {
         let (items, users) = (crate::items_feed(), crate::users_feed());
@@ -56,8 +57,16 @@ impl Database {
             }
             Pool::MySql(pool) => {
                 run_if_needed(&MYSQL, &pool).await?;
-                items.install(&pool).await?;
-                users.install(&pool).await?;
+                match feed {
+                    Feed::Triggers => {
+                        items.install(&pool).await?;
+                        users.install(&pool).await?;
+                    }
+                    Feed::Log => {
+                        items.install_log(&pool).await?;
+                        users.install_log(&pool).await?;
+                    }
+                }
             }
         }
         Ok(())
