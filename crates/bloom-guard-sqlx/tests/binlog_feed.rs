@@ -28,8 +28,13 @@ fn items() -> Watch {
     Watch::table("items").key("code")
 }
 
-/// A new database with `items` on the binary log feed, and its URL.
+/// A new database with `items` on the binary log feed, and its URL. The
+/// feed's warnings go to the test's output.
 async fn fresh() -> (MySqlPool, String) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("bloom_guard_sqlx=info")
+        .with_test_writer()
+        .try_init();
     let url = std::env::var("MYSQL_URL").expect("MYSQL_URL");
     let options = MySqlConnectOptions::from_str(&url).expect("MYSQL_URL");
     let name = format!("bloom_guard_binlog_{}", fastrand::u64(..));
@@ -392,6 +397,57 @@ async fn a_log_purged_before_it_was_read_starts_the_feed_over() {
         http::StatusCode::OK
     );
     drop(guard);
+}
+
+/// A failover to a replica, or a restore to another host, as the producer
+/// finds it: its progress names another server (the replica's copy of the
+/// feed's tables came from the old primary). It starts the feed over; the
+/// guard rebuilds with every key, those written after the switch too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn a_log_of_another_server_starts_the_feed_over() {
+    let (pool, url) = fresh().await;
+    let (_guard, running) = followed(&pool, &url).await;
+    let epoch = || async {
+        sqlx::query_scalar::<_, String>("select epoch from bloom_guard_log_progress")
+            .fetch_one(&pool)
+            .await
+            .expect("the feed's epoch")
+    };
+    let before = epoch().await;
+    drop(running);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    exec(
+        &pool,
+        "update bloom_guard_log_progress set server = '2:/var/lib/mysql/old-primary-bin'",
+    )
+    .await;
+    exec(
+        &pool,
+        "insert into items (code) values ('after-the-switch')",
+    )
+    .await;
+    let guard = self::guard();
+    let _running = spawn(
+        mysql::log::Follower::new(guard.clone(), pool.clone(), items(), &url)
+            .check_interval(Duration::from_millis(200)),
+    );
+    wait_until(
+        "the new epoch and the rebuild",
+        Duration::from_secs(20),
+        || guard.stats().state == GuardState::Ready && guard.may_contain("after-the-switch"),
+    )
+    .await;
+    assert_ne!(before, epoch().await, "the feed did not start over");
+    exec(
+        &pool,
+        "insert into items (code) values ('after-the-rebuild')",
+    )
+    .await;
+    assert_eq!(
+        status(&guard, "after-the-rebuild").await,
+        http::StatusCode::OK
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,12 +1,18 @@
 //! `bloom-load mysql`: the MySQL/MariaDB backend's figures, each a ratio
-//! or a distribution from one run on one server:
+//! or a distribution from one run on one server, for both feeds: the
+//! triggers (`items`) and the binary log (`items_log`, when the server
+//! writes one in `ROW` format):
 //!
 //! - writers: 32 connections × {single-row insert, key-changing update,
-//!   delete} on the watched `items` against its unwatched twin
-//!   `items_plain`, alternating, statements per second and their ratio;
+//!   delete} on each watched table against their unwatched twin
+//!   `items_plain`, in turn, with each table's follower running,
+//!   statements per second and their ratio;
 //! - propagation: commit on one connection → the key in a follower's
-//!   filter (another pool, as another instance), idle and under 16
-//!   writers, p50 and p99;
+//!   filter (another pool, as another instance), idle and under about
+//!   2 000 writes a second, p50 and p99, per feed;
+//! - flood: absent keys through the guard's layer (in this process, 64
+//!   concurrent requests) while 32 writers insert into the table, per
+//!   feed: refusals a second and the share of barrier timeouts;
 //! - warm-up: a follower's scan of 1M keys into a guard, against a plain
 //!   `SELECT` of the same keys fetched by sqlx, alternating;
 //! - deploy: an instance published a snapshot of the empty table and
@@ -16,7 +22,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bloom_guard::BloomGuard;
 use bloom_guard_sqlx::{mysql, Watch};
@@ -24,12 +30,21 @@ use serde::Serialize;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{ConnectOptions, Connection, MySqlPool};
 
+mod flood;
+mod propagation;
 mod startup;
 
+use propagation::propagation;
 use startup::{deploy, warmup};
+
+/// The feeds measured: the triggers' table, and the binary log's where the
+/// server writes one in `ROW` format.
+const TRIGGERS: (&str, &str) = ("triggers", "items");
+const BINLOG: (&str, &str) = ("binlog", "items_log");
 
 #[derive(Debug, Serialize)]
 struct Writers {
+    feed: &'static str,
     statement: &'static str,
     watched_per_sec: f64,
     unwatched_per_sec: f64,
@@ -38,7 +53,9 @@ struct Writers {
 
 #[derive(Debug, Serialize)]
 struct Propagation {
+    feed: &'static str,
     load: &'static str,
+    writes_per_sec: f64,
     samples: usize,
     p50_ms: f64,
     p99_ms: f64,
@@ -71,6 +88,7 @@ struct Report {
     server: String,
     writers: Vec<Writers>,
     propagation: Vec<Propagation>,
+    flood: Vec<flood::Flood>,
     warmup: Option<Warmup>,
     deploy: Option<Deploy>,
 }
@@ -88,20 +106,32 @@ pub(crate) async fn run(
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .try_init();
     let part = |name: &str| parts.is_empty() || parts.iter().any(|part| part == name);
-    let pool = database(server_url, "bloom_guard_bench_mysql").await?;
+    let (pool, url) = database(server_url, "bloom_guard_bench_mysql").await?;
+    let feeds: Vec<(&'static str, &'static str)> = if url.is_some() {
+        vec![TRIGGERS, BINLOG]
+    } else {
+        vec![TRIGGERS]
+    };
+    let followers = Followers::start(&pool, url.as_deref()).await?;
     let server: String = sqlx::query_scalar("select version()")
         .fetch_one(&pool)
         .await?;
     let writers = if part("writers") {
-        writers(&pool, Duration::from_secs(seconds)).await?
+        writers(&pool, &feeds, Duration::from_secs(seconds)).await?
     } else {
         Vec::new()
     };
     let propagation = if part("propagation") {
-        propagation(&pool, samples).await?
+        propagation(&pool, &followers, samples).await?
     } else {
         Vec::new()
     };
+    let flood = if part("flood") {
+        flood::flood(&pool, &followers, Duration::from_secs(seconds)).await?
+    } else {
+        Vec::new()
+    };
+    drop(followers);
     let warmup = if part("warmup") {
         Some(warmup(&pool, keys).await?)
     } else {
@@ -116,6 +146,7 @@ pub(crate) async fn run(
         server,
         writers,
         propagation,
+        flood,
         warmup,
         deploy,
     };
@@ -142,13 +173,18 @@ pub(crate) async fn create_database(
     Ok(options.database(name))
 }
 
-/// A new database `name` on the server, `items` watched and its twin.
-async fn database(server_url: &str, name: &str) -> Result<MySqlPool, Box<dyn std::error::Error>> {
+/// A new database `name` on the server: `items` on the triggers,
+/// `items_log` on the binary log (if the server's log can feed it: then
+/// its URL), and their unwatched twin `items_plain`.
+async fn database(
+    server_url: &str,
+    name: &str,
+) -> Result<(MySqlPool, Option<String>), Box<dyn std::error::Error>> {
     let pool = MySqlPoolOptions::new()
-        .max_connections(64)
+        .max_connections(96)
         .connect_with(create_database(server_url, name).await?)
         .await?;
-    for table in ["items", "items_plain"] {
+    for table in ["items", "items_log", "items_plain"] {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "create table {table} (id bigint auto_increment primary key,
                                    code varbinary(200) not null, unique key (code))"
@@ -157,7 +193,75 @@ async fn database(server_url: &str, name: &str) -> Result<MySqlPool, Box<dyn std
         .await?;
     }
     Watch::table("items").key("code").install(&pool).await?;
-    Ok(pool)
+    let url = match Watch::table("items_log")
+        .key("code")
+        .install_log(&pool)
+        .await
+    {
+        Ok(()) => {
+            let (base, _) = server_url.rsplit_once('/').unwrap_or((server_url, ""));
+            Some(format!("{base}/{name}"))
+        }
+        Err(error) => {
+            eprintln!("the binary log feed is not measured: {error}");
+            None
+        }
+    };
+    Ok((pool, url))
+}
+
+/// A follower of each feed's table, on pools of their own (other
+/// instances), running while this is held.
+struct Followers {
+    guards: Vec<(&'static str, &'static str, BloomGuard)>,
+    _stops: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Followers {
+    async fn start(
+        pool: &MySqlPool,
+        url: Option<&str>,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let mut guards = Vec::new();
+        let mut stops = Vec::new();
+        for (feed, table) in [TRIGGERS, BINLOG] {
+            if table == BINLOG.1 && url.is_none() {
+                continue;
+            }
+            let other = MySqlPoolOptions::new()
+                .max_connections(8)
+                .connect_with((*pool.connect_options()).clone())
+                .await?;
+            let guard = BloomGuard::builder().expected_items(5_000_000).build();
+            let watch = Watch::table(table).key("code");
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let until = async move {
+                let _ = stopped.await;
+            };
+            match url {
+                Some(url) if table == BINLOG.1 => {
+                    tokio::spawn(
+                        mysql::log::Follower::new(guard.clone(), other, watch, url)
+                            .run_until(until),
+                    );
+                }
+                _ => {
+                    tokio::spawn(
+                        mysql::Follower::new(guard.clone(), other, watch).run_until(until),
+                    );
+                }
+            }
+            while !guard.is_ready() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            guards.push((feed, table, guard));
+            stops.push(stop);
+        }
+        Ok(Self {
+            guards,
+            _stops: stops,
+        })
+    }
 }
 
 /// Inserts `rows` rows `row-1` … into `table`, 10 000 a statement.
@@ -225,115 +329,47 @@ async fn drive(
 
 async fn writers(
     pool: &MySqlPool,
+    feeds: &[(&'static str, &'static str)],
     duration: Duration,
 ) -> Result<Vec<Writers>, Box<dyn std::error::Error>> {
     // Rows to update and delete: more than the runs take.
     let rows = 1_500_000;
-    for table in ["items", "items_plain"] {
+    for (_, table) in feeds {
         fill(pool, table, 1, rows).await?;
     }
+    fill(pool, "items_plain", 1, rows).await?;
     let mut cells = Vec::new();
     for statement in ["insert", "update_key", "delete"] {
-        let taken = [Arc::new(AtomicU64::new(1)), Arc::new(AtomicU64::new(1))];
-        let (mut watched, mut unwatched) = (0.0, 0.0);
-        // Alternating, twice each: drift hits both alike.
+        let taken: Vec<Arc<AtomicU64>> = (0..=feeds.len())
+            .map(|_| Arc::new(AtomicU64::new(1)))
+            .collect();
+        let mut watched = vec![0.0; feeds.len()];
+        let mut unwatched = 0.0;
+        // In turn, twice each: drift hits every table alike.
         for _ in 0..2 {
-            watched += drive(pool, "items", statement, duration, &taken[0]).await;
-            unwatched += drive(pool, "items_plain", statement, duration, &taken[1]).await;
+            for (i, (_, table)) in feeds.iter().enumerate() {
+                watched[i] += drive(pool, table, statement, duration, &taken[i]).await;
+            }
+            unwatched += drive(
+                pool,
+                "items_plain",
+                statement,
+                duration,
+                &taken[feeds.len()],
+            )
+            .await;
         }
-        let cell = Writers {
-            statement,
-            watched_per_sec: watched / 2.0,
-            unwatched_per_sec: unwatched / 2.0,
-            ratio: watched / unwatched,
-        };
-        println!("{cell:?}");
-        cells.push(cell);
+        for (i, (feed, _)) in feeds.iter().enumerate() {
+            let cell = Writers {
+                feed,
+                statement,
+                watched_per_sec: watched[i] / 2.0,
+                unwatched_per_sec: unwatched / 2.0,
+                ratio: watched[i] / unwatched,
+            };
+            println!("{cell:?}");
+            cells.push(cell);
+        }
     }
     Ok(cells)
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    let index = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted.get(index).copied().unwrap_or(f64::NAN)
-}
-
-async fn propagation(
-    pool: &MySqlPool,
-    samples: usize,
-) -> Result<Vec<Propagation>, Box<dyn std::error::Error>> {
-    // The follower on a pool of its own: another instance.
-    let other = MySqlPoolOptions::new()
-        .max_connections(8)
-        .connect_with((*pool.connect_options()).clone())
-        .await?;
-    let guard = BloomGuard::builder().expected_items(5_000_000).build();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(
-        mysql::Follower::new(guard.clone(), other, Watch::table("items").key("code")).run_until(
-            async move {
-                let _ = stopped.await;
-            },
-        ),
-    );
-    while !guard.is_ready() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let mut results = Vec::new();
-    for load in ["idle", "16 writers"] {
-        let background = Arc::new(AtomicBool::new(load != "idle"));
-        let mut tasks = Vec::new();
-        if load != "idle" {
-            for writer in 0..16 {
-                let (pool, running) = (pool.clone(), background.clone());
-                tasks.push(tokio::spawn(async move {
-                    let mut i = 0_u64;
-                    while running.load(Ordering::Relaxed) {
-                        i += 1;
-                        let _ = sqlx::query("insert into items_plain (code) values (?)")
-                            .bind(format!("load-{writer}-{i}"))
-                            .execute(&pool)
-                            .await;
-                        let _ = sqlx::query("insert into items (code) values (?)")
-                            .bind(format!("watched-load-{writer}-{i}"))
-                            .execute(&pool)
-                            .await;
-                    }
-                }));
-            }
-        }
-        let mut millis = Vec::with_capacity(samples);
-        for i in 0..samples {
-            let key = format!("propagated-{load}-{i}");
-            sqlx::query("insert into items (code) values (?)")
-                .bind(&key)
-                .execute(pool)
-                .await?;
-            let committed = Instant::now();
-            while !guard.may_contain(&key) {
-                if committed.elapsed() > Duration::from_secs(10) {
-                    return Err(format!("{key} did not arrive in 10 s").into());
-                }
-                tokio::time::sleep(Duration::from_micros(200)).await;
-            }
-            millis.push(committed.elapsed().as_secs_f64() * 1000.0);
-            tokio::time::sleep(Duration::from_millis(fastrand::u64(5..25))).await;
-        }
-        background.store(false, Ordering::Relaxed);
-        for task in tasks {
-            let _ = task.await;
-        }
-        millis.sort_by(f64::total_cmp);
-        let cell = Propagation {
-            load,
-            samples,
-            p50_ms: percentile(&millis, 0.5),
-            p99_ms: percentile(&millis, 0.99),
-            max_ms: millis.last().copied().unwrap_or(f64::NAN),
-        };
-        println!("{cell:?}");
-        results.push(cell);
-    }
-    let _ = stop.send(());
-    Ok(results)
 }

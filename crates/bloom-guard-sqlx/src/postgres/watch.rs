@@ -1,4 +1,5 @@
-//! Watching and unwatching a Postgres table: the feed's triggers on it.
+//! Watching and unwatching a Postgres table: the feed's triggers on it,
+//! and (feature `log-feed`) its place on the log feed (`log/install.rs`).
 
 use super::install::{retrying_locks, QUIET};
 use crate::error::FeedError;
@@ -182,5 +183,25 @@ impl TriggerFeed for sqlx::Postgres {
         pool: &sqlx::PgPool,
     ) -> Result<bloom_guard::KeyType, FeedError> {
         watch.key_type_postgres(pool).await
+    }
+}
+
+#[cfg(feature = "log-feed")]
+impl crate::watch::log_sealed::Sealed for sqlx::Postgres {}
+
+#[cfg(feature = "log-feed")]
+impl crate::watch::LogFeed for sqlx::Postgres {
+    async fn install_log(
+        watch: &Watch,
+        pool: &sqlx::PgPool,
+    ) -> Result<(), crate::error::FeedError> {
+        watch.install_postgres_log(pool).await
+    }
+
+    async fn uninstall_log(
+        watch: &Watch,
+        pool: &sqlx::PgPool,
+    ) -> Result<(), crate::error::FeedError> {
+        watch.uninstall_postgres_log(pool).await
     }
 }

@@ -260,18 +260,6 @@ impl Watch {
     }
 }
 
-impl crate::watch::log_sealed::Sealed for sqlx::MySql {}
-
-impl crate::watch::LogFeed for sqlx::MySql {
-    async fn install_log(watch: &Watch, pool: &MySqlPool) -> Result<(), FeedError> {
-        watch.install_mysql_log(pool).await
-    }
-
-    async fn uninstall_log(watch: &Watch, pool: &MySqlPool) -> Result<(), FeedError> {
-        watch.uninstall_mysql_log(pool).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::logged_type;

@@ -3,11 +3,11 @@
 //! of a table on it ([`Watch::install_log`](crate::Watch::install_log) on
 //! a MySQL pool).
 //!
-//! Inside: one producer per database server, elected (`producer`),
+//! Inside: one producer per database, elected (`producer`),
 //! streams the log over the replication protocol (`stream`), turns each
 //! committed transaction's row images into feed rows (`rows`), and writes
 //! them with the transaction's end point and its progress, in commit order
-//! (`producer`); followers read the rows after their point, and a read for
+//! (`producer`, `write`); followers read the rows after their point, and a read for
 //! waiting refusals first waits until the producer has written what the
 //! log held when it began (`feed`). Scans take a snapshot's point in the
 //! log (`scan`); a point of another server or a purged log starts the
@@ -28,6 +28,7 @@ mod scan;
 mod stream;
 mod url;
 mod wake;
+mod write;
 
 pub(crate) use backend::MySqlLogBackend;
 pub use follower::Follower;

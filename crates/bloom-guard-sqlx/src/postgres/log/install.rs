@@ -402,15 +402,3 @@ async fn relogged(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
 
 #[cfg(test)]
 mod tests;
-
-impl crate::watch::log_sealed::Sealed for sqlx::Postgres {}
-
-impl crate::watch::LogFeed for sqlx::Postgres {
-    async fn install_log(watch: &Watch, pool: &PgPool) -> Result<(), crate::error::FeedError> {
-        watch.install_postgres_log(pool).await
-    }
-
-    async fn uninstall_log(watch: &Watch, pool: &PgPool) -> Result<(), crate::error::FeedError> {
-        watch.uninstall_postgres_log(pool).await
-    }
-}

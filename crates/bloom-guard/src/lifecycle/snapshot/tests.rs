@@ -280,7 +280,12 @@ async fn a_grown_filter_travels_with_its_sub_filters_and_keeps_growing() {
     restored.insert_batch(&more.iter().collect());
     let stats = restored.stats();
     assert_eq!(stats.sub_filters, 5, "{stats:?}");
-    assert!(stats.estimated_fpp <= stats.target_fpp, "{stats:?}");
+    // The rate its fill implies, around the target: a full 1 000-key
+    // sub-filter's estimate varies by about 9% (its bits set, to the power
+    // of its 11 hashes), and five sub-filters leave 3% of the target
+    // unspent. Far below the rate that makes a rebuild due (twice the
+    // target by default).
+    assert!(stats.estimated_fpp <= 1.25 * stats.target_fpp, "{stats:?}");
     assert!(more.iter().all(|key| restored.may_contain(key)));
 }
 

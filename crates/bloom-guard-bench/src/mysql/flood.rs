@@ -1,0 +1,131 @@
+//! The flood: absent keys through the guard's layer, in this process, 64
+//! requests at a time, while 32 writers insert one row per statement into
+//! the guarded table; per feed, what the guard refused a second and the
+//! share of requests its barrier let through because the read did not come
+//! in time.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bloom_guard::extract::PathSegment;
+use bloom_guard::BloomGuard;
+use http::{Request, Response, StatusCode};
+use serde::Serialize;
+use sqlx::MySqlPool;
+use tower::{Layer, Service, ServiceExt};
+
+use super::Followers;
+
+/// Requests in flight at once.
+const CONCURRENCY: usize = 64;
+
+/// Writers during the flood.
+const WRITERS: usize = 32;
+
+/// One feed's flood.
+#[derive(Debug, Serialize)]
+pub(super) struct Flood {
+    feed: &'static str,
+    requests_per_sec: f64,
+    refused_per_sec: f64,
+    barrier_timeouts: u64,
+    /// Barrier timeouts as a share of the requests.
+    timeout_share: f64,
+    writes_per_sec: f64,
+}
+
+/// The flood on each feed's table, in turn.
+pub(super) async fn flood(
+    pool: &MySqlPool,
+    followers: &Followers,
+    duration: Duration,
+) -> Result<Vec<Flood>, Box<dyn std::error::Error>> {
+    let mut cells = Vec::new();
+    for (feed, table, guard) in &followers.guards {
+        let stop = Arc::new(AtomicBool::new(false));
+        let written = Arc::new(AtomicU64::new(0));
+        let mut writers = Vec::new();
+        for writer in 0..WRITERS {
+            let (pool, stop, written) = (pool.clone(), stop.clone(), written.clone());
+            let table = *table;
+            writers.push(tokio::spawn(async move {
+                let mut i = 0_u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "insert into {table} (code) values (?)"
+                    )))
+                    .bind(format!("flood-writer-{writer}-{i}"))
+                    .execute(&pool)
+                    .await;
+                    if done.is_ok() {
+                        written.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+        let before = guard.stats();
+        let started = Instant::now();
+        let (requests, refused) = requests(guard, duration).await;
+        let elapsed = started.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        for writer in writers {
+            let _ = writer.await;
+        }
+        let after = guard.stats();
+        let timeouts = after.barrier_timeouts - before.barrier_timeouts;
+        let cell = Flood {
+            feed,
+            requests_per_sec: requests as f64 / elapsed,
+            refused_per_sec: refused as f64 / elapsed,
+            barrier_timeouts: timeouts,
+            timeout_share: timeouts as f64 / requests.max(1) as f64,
+            writes_per_sec: written.load(Ordering::Relaxed) as f64 / elapsed,
+        };
+        println!("{cell:?}");
+        cells.push(cell);
+    }
+    Ok(cells)
+}
+
+/// Runs absent keys through `guard`'s layer for `duration`; the requests
+/// answered and those refused.
+async fn requests(guard: &BloomGuard, duration: Duration) -> (u64, u64) {
+    let inner = tower::service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(
+            http_body_util::Empty::<bytes::Bytes>::new(),
+        ))
+    });
+    let service = guard.layer(PathSegment(1)).layer(inner);
+    let deadline = Instant::now() + duration;
+    let (answered, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut tasks = Vec::new();
+    for task in 0..CONCURRENCY {
+        let (mut service, answered, refused) = (service.clone(), answered.clone(), refused.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0_u64;
+            while Instant::now() < deadline {
+                i += 1;
+                let Ok(request) = Request::get(format!("/items/absent-{task}-{i}")).body(()) else {
+                    continue;
+                };
+                // The guard's service never fails: its error is the
+                // inner service's, which is `Infallible` here.
+                let Ok(ready) = service.ready().await;
+                let Ok(response) = ready.call(request).await;
+                answered.fetch_add(1, Ordering::Relaxed);
+                if response.status() == StatusCode::NOT_FOUND {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    (
+        answered.load(Ordering::Relaxed),
+        refused.load(Ordering::Relaxed),
+    )
+}
