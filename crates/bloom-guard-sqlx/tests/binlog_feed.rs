@@ -218,10 +218,14 @@ async fn refusals_do_not_wait_for_commits_of_other_tables() {
         .barrier_bound(Duration::from_millis(500));
     let _running = spawn(follower);
     wait_until("the warm-up", Duration::from_secs(20), || guard.is_ready()).await;
+    // About a thousand commits a second elsewhere: every producer on the
+    // server (each test's) reads them all.
     let writing = {
         let pool = pool.clone();
         tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(Duration::from_millis(1));
             loop {
+                ticks.tick().await;
                 let _ = sqlx::query("insert into other (v) values (1)")
                     .execute(&pool)
                     .await;

@@ -56,31 +56,8 @@ pub(crate) enum LogInstallError {
 }
 
 impl Watch {
-    /// Puts the table on the log feed (feature `log-feed`): from then on
-    /// every committed change of its key reaches the feed through the
-    /// database's logical replication slot, with no trigger on the table;
-    /// follow it with [`postgres::log::Follower`](crate::postgres::log::Follower). Needs
-    /// `wal_level=logical`, [`install`](crate::postgres::install) first, a role that
-    /// may create the publication `bloom_guard` and the slot (ownership of
-    /// the table, the REPLICATION attribute), and a replica identity that
-    /// holds the key: the primary key, `REPLICA IDENTITY USING INDEX` a
-    /// unique index on it, or `FULL`. Idempotent.
-    ///
-    /// # Errors
-    ///
-    /// [`FeedError::LogFeed`](crate::error::FeedError::LogFeed) for a server
-    /// without logical decoding, a key outside the replica identity, or a
-    /// table the feed's triggers feed; [`FeedError::Database`](crate::error::FeedError::Database) if a
-    /// statement fails.
-    ///
-    /// # Example
-    ///
-    /// ```no_run
-    /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
-    /// bloom_guard_sqlx::postgres::install(&pool).await?;
-    /// bloom_guard_sqlx::Watch::table("items").key("key").install_log(&pool).await?;
-    /// # Ok(()) }
-    /// ```
+    /// `Watch::install_log` on Postgres: the table in the publication and
+    /// its replica identity checked, the slot made.
     pub(crate) async fn install_postgres_log(
         &self,
         pool: &PgPool,
@@ -168,30 +145,8 @@ impl Watch {
         Ok(())
     }
 
-    /// Takes the table off the log feed for this guard (feature
-    /// `log-feed`): its row is deleted, and the table leaves the
-    /// publication `bloom_guard` once no guard is left on it. Followers of
-    /// the guard on the log feed report a gap and let every request
-    /// through. To switch the table to the feed's triggers, stop the log
-    /// feed's followers of it, take it off, then
-    /// [`install`](Watch::install) it: its followers rebuild from a scan.
-    /// Idempotent.
-    ///
-    /// # Errors
-    ///
-    /// [`FeedError::Database`](crate::error::FeedError::Database) if the table
-    /// does not exist, the feed is not installed, or the role does not own
-    /// the table.
-    ///
-    /// # Example
-    ///
-    /// ```no_run
-    /// # async fn run(pool: sqlx::PgPool) -> Result<(), bloom_guard_sqlx::FeedError> {
-    /// let items = bloom_guard_sqlx::Watch::table("items").key("key");
-    /// items.uninstall_log(&pool).await?;
-    /// items.install(&pool).await?; // on the triggers from here on
-    /// # Ok(()) }
-    /// ```
+    /// `Watch::uninstall_log` on Postgres: the table out of the
+    /// publication, and the publication dropped once no guard is left on it.
     pub(crate) async fn uninstall_postgres_log(
         &self,
         pool: &PgPool,
