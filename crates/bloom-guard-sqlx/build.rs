@@ -20,6 +20,14 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(mysql_database)");
     println!("cargo::rustc-check-cfg=cfg(pgbouncer)");
     println!("cargo::rustc-check-cfg=cfg(galera)");
+    println!("cargo::rustc-check-cfg=cfg(mariadb_server)");
+    // A MariaDB server of the test's own (`.ci/mariadb`).
+    println!("cargo::rerun-if-changed=/usr/sbin/mariadbd");
+    if std::path::Path::new("/usr/sbin/mariadbd").is_file()
+        && std::path::Path::new("/usr/bin/mariadb-install-db").is_file()
+    {
+        println!("cargo::rustc-cfg=mariadb_server");
+    }
     // A Galera cluster of the test's own (`.ci/galera`) needs the provider
     // and the MariaDB server.
     println!("cargo::rerun-if-changed={GALERA_PROVIDER}");

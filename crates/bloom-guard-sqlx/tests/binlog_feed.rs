@@ -507,3 +507,97 @@ async fn a_table_has_one_feed() {
         .expect_err("decimal refused");
     assert!(error.to_string().contains("decimal"), "{error}");
 }
+
+/// A MariaDB server of the test's own with TLS (`.ci/mariadb start DIR
+/// tls`), stopped when dropped.
+#[cfg(feature = "binlog-feed-tls")]
+struct TlsServer {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+#[cfg(feature = "binlog-feed-tls")]
+impl TlsServer {
+    fn script() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/mariadb")
+    }
+
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("a folder for the server");
+        let out = std::process::Command::new(Self::script())
+            .arg("start")
+            .arg(dir.path())
+            .arg("tls")
+            .output()
+            .expect(".ci/mariadb");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let url = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        Self { dir, url }
+    }
+}
+
+#[cfg(feature = "binlog-feed-tls")]
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(Self::script())
+            .arg("stop")
+            .arg(self.dir.path())
+            .output();
+    }
+}
+
+/// The stream over TLS, its server's certificate verified against the
+/// URL's `ssl-ca`, as a user the server lets in over TLS only: the producer
+/// streams, keys arrive, absent ones are refused.
+#[cfg(feature = "binlog-feed-tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(mariadb_server),
+    ignore = "needs MariaDB's server (mariadbd) for a server with TLS"
+)]
+async fn the_stream_goes_over_tls_as_the_url_asks() {
+    let server = TlsServer::start();
+    let pool = MySqlPoolOptions::new()
+        .max_connections(8)
+        .connect(&server.url)
+        .await
+        .expect("connect to the TLS server");
+    sqlx::raw_sql(
+        "create table items (id bigint auto_increment primary key,
+                             code varchar(200) collate utf8mb4_nopad_bin not null)",
+    )
+    .execute(&pool)
+    .await
+    .expect("create items");
+    items().install_log(&pool).await.expect("install_log");
+    let address = server
+        .url
+        .rsplit_once('@')
+        .map(|(_, address)| address.to_owned())
+        .expect("an address");
+    let ca = server.dir.path().join("tls/ca.pem");
+    let url = format!(
+        "mysql://bloom_tls:bloom@{address}?ssl-mode=VERIFY_CA&ssl-ca={}",
+        ca.display()
+    );
+    let (guard, _running) = followed(&pool, &url).await;
+    for i in 0..20 {
+        let key = format!("over-tls-{i}");
+        exec(&pool, &format!("insert into items (code) values ('{key}')")).await;
+        assert_eq!(status(&guard, &key).await, http::StatusCode::OK, "{key}");
+    }
+    let mut refused = 0;
+    for i in 0..20 {
+        if status(&guard, &format!("absent-{i}")).await == http::StatusCode::NOT_FOUND {
+            refused += 1;
+        }
+    }
+    assert!(
+        refused >= 19,
+        "{refused} of 20 absent keys refused over TLS"
+    );
+}

@@ -94,7 +94,18 @@ async fn check(
     synced(guard).await;
     let (mut absent, mut passed) = (0, Vec::new());
     for key in seen {
-        let refused = status(guard, key).await == StatusCode::NOT_FOUND;
+        // A request whose barrier read did not come in time (a loaded
+        // machine) passed without an answer from the filter: asked again,
+        // a few times, so only the filter's answer counts.
+        let mut refused = false;
+        for _ in 0..5 {
+            let timeouts = guard.stats().barrier_timeouts;
+            refused = status(guard, key).await == StatusCode::NOT_FOUND;
+            if refused || guard.stats().barrier_timeouts == timeouts {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         if table.contains(key) {
             assert!(
                 !refused,
@@ -747,6 +758,11 @@ async fn mysql_on_the_binary_log_the_guard_forgets_deleted_keys_and_never_refuse
 }
 
 async fn mysql_forgets_deleted_keys(log: bool) {
+    // The feed's warnings in the test's output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("bloom_guard_sqlx=info")
+        .with_test_writer()
+        .try_init();
     let pool = common::mysql::fresh(8).await;
     let url = log.then(|| {
         let url = std::env::var("MYSQL_URL").expect("MYSQL_URL");

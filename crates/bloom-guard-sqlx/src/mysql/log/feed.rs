@@ -13,7 +13,8 @@
 //! every commit up to that end: its progress reaches it (written with each
 //! transaction's rows, and within 5 ms of commits of other tables), or it
 //! holds the user lock named for exactly that point, which it takes
-//! whenever it has caught up with the stream. The lock is not logged, so
+//! whenever it has caught up with the stream (or it has been quiet for a
+//! millisecond). The lock is not logged, so
 //! an idle server's end stays where the producer caught up: a refusal
 //! there waits for one look, not for a write that would move the end
 //! again. (`SHOW BINLOG EVENTS` could tell what lies between, but it locks
@@ -90,7 +91,7 @@ pub(super) async fn wait_for_producer(
             sqlx::query_as(AssertSqlSafe(statement.as_str()))
                 .fetch_optional(&mut *connection)
                 .await?;
-        if let Some((same_server, file, pos, at_target)) = look {
+        if let Some((same_server, file, pos, at_target)) = look.clone() {
             let progress = BinlogPoint {
                 file,
                 pos: pos.try_into().unwrap_or(0),
@@ -103,7 +104,11 @@ pub(super) async fn wait_for_producer(
             }
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(BinlogError::Behind(target.to_string()));
+            let seen = look.map_or_else(
+                || "no progress".to_owned(),
+                |(_, file, pos, _)| format!("progress {file}:{pos}"),
+            );
+            return Err(BinlogError::Behind(format!("{target} ({seen})")));
         }
         tokio::time::sleep(LOOK_EVERY).await;
     }

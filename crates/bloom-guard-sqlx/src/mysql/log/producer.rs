@@ -45,6 +45,10 @@ const ELECTION: i64 = 2;
 const HEARTBEAT: Duration = Duration::from_secs(1);
 const SILENT: Duration = Duration::from_secs(5);
 
+/// How long the stream stays quiet before the point a batch cut short
+/// reached is marked.
+const MARK_AFTER: Duration = Duration::from_millis(1);
+
 /// A write's most events, most feed rows, and longest time taking them,
 /// before it is written: a batch never holds the progress back for long.
 const BATCH_EVENTS: usize = 4_096;
@@ -183,10 +187,19 @@ impl Producer {
                 .unwritten
                 .as_ref()
                 .map(|_| writer.last_write + PROGRESS_EVERY);
+            let unmarked = marked.as_ref() != Some(transactions.boundary());
             let event = tokio::select! {
                 () = stop.cancelled() => return Ok(()),
                 () = sleep_until(due) => {
                     writer.write(connection, Vec::new()).await?;
+                    continue;
+                }
+                // A batch cut short by its bounds left the point it reached
+                // unmarked: marked once the stream is quiet a moment, or a
+                // refusal would wait for the next commit anywhere.
+                () = tokio::time::sleep(MARK_AFTER), if unmarked => {
+                    mark(connection, transactions.boundary(), marked.as_ref()).await?;
+                    marked = Some(transactions.boundary().clone());
                     continue;
                 }
                 event = tokio::time::timeout(SILENT, binlog.next()) => event,
@@ -253,10 +266,31 @@ async fn sleep_until(due: Option<tokio::time::Instant>) {
     }
 }
 
-/// The binary log from `start`, over a replication connection of its own.
+/// The binary log from `start`, over a replication connection of its own
+/// (over TLS first where the URL prefers it, then without).
 async fn open(url: &str, start: &BinlogPoint) -> Result<mysql_async::BinlogStream, BinlogError> {
-    let options = super::url::options(url)?;
-    let mut connection = mysql_async::Conn::new(options).await?;
+    #[cfg(feature = "binlog-feed-tls")]
+    {
+        // mysql_async takes the process's default TLS provider; one where
+        // the application installed none.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let mut failed = None;
+    let mut connection = None;
+    for options in super::url::options(url)?.attempts() {
+        match mysql_async::Conn::new(options).await {
+            Ok(opened) => {
+                connection = Some(opened);
+                break;
+            }
+            Err(error) => failed = Some(error),
+        }
+    }
+    let mut connection = match (connection, failed) {
+        (Some(connection), _) => connection,
+        (None, Some(error)) => return Err(error.into()),
+        (None, None) => return Err(BinlogError::Url("no way to connect".to_owned())),
+    };
     let period = u64::try_from(HEARTBEAT.as_nanos()).unwrap_or(u64::MAX);
     connection
         .query_drop(format!("set @master_heartbeat_period = {period}"))
