@@ -153,6 +153,17 @@ async fn raw_sql_of_every_kind_reaches_the_guard_and_deletes_are_forgotten() {
         exec(&pool, statement).await;
         seen.extend(stored(&pool).await);
     }
+    // LOAD DATA, from a file the server reads (it runs on this machine).
+    let file = std::env::temp_dir().join(format!("bloom_guard_load_{}.txt", fastrand::u64(..)));
+    std::fs::write(&file, "loaded-1\nloaded-2\nloaded-3\n").expect("the file to load");
+    exec(
+        &pool,
+        &format!("load data infile '{}' into table items (code)", file.display()),
+    )
+    .await;
+    let _ = std::fs::remove_file(&file);
+    seen.extend(stored(&pool).await);
+    assert!(seen.contains("loaded-2"), "LOAD DATA loaded nothing");
     seen.insert("c".to_owned());
     seen.insert("rolled-back".to_owned());
     // The barrier's promise: what committed before the request is found.
