@@ -158,7 +158,10 @@ async fn raw_sql_of_every_kind_reaches_the_guard_and_deletes_are_forgotten() {
     std::fs::write(&file, "loaded-1\nloaded-2\nloaded-3\n").expect("the file to load");
     exec(
         &pool,
-        &format!("load data infile '{}' into table items (code)", file.display()),
+        &format!(
+            "load data infile '{}' into table items (code)",
+            file.display()
+        ),
     )
     .await;
     let _ = std::fs::remove_file(&file);
