@@ -26,7 +26,7 @@ use futures_util::TryStreamExt as _;
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row as _};
 
 use super::error::BinlogError;
-use super::position::{log_end, BinlogPoint, LogPosition, SERVER};
+use super::position::{log_end, ordinal, BinlogPoint, LogPosition, SERVER};
 use crate::follow::changes::Changes;
 use crate::follow::Read;
 
@@ -138,15 +138,13 @@ pub(super) async fn read_since(
     );
     let statement = format!(
         "select kind, k, {weighed} from bloom_guard_log_changes
-          where guard = ? and (seq, pos) > (?, ?) and (seq, pos) <= (?, ?)
+          where guard = ? and point > ? and point <= ?
           order by id"
     );
     let mut rows = sqlx::query(AssertSqlSafe(statement))
         .bind(guard)
-        .bind(since.seq)
-        .bind(since.pos)
-        .bind(progress.seq)
-        .bind(progress.point.pos)
+        .bind(ordinal(since.seq, since.pos))
+        .bind(ordinal(progress.seq, progress.point.pos))
         .fetch(&mut *connection);
     let mut changes = Changes::default();
     while let Some(row) = rows.try_next().await? {
@@ -187,11 +185,10 @@ pub(super) async fn pending(
 ) -> Result<u64, sqlx::Error> {
     let count: i64 = sqlx::query_scalar(
         "select cast(count(*) as signed) from (
-            select 1 from bloom_guard_log_changes where guard = ? and (seq, pos) > (?, ?) limit ?) as pending",
+            select 1 from bloom_guard_log_changes where guard = ? and point > ? limit ?) as pending",
     )
     .bind(guard)
-    .bind(since.seq)
-    .bind(since.pos)
+    .bind(ordinal(since.seq, since.pos))
     .bind(limit)
     .fetch_one(pool)
     .await?;
@@ -224,9 +221,11 @@ pub(super) async fn prune(pool: &MySqlPool, retention: Duration) -> Result<i64, 
     .bind(pos)
     .execute(&mut *tx)
     .await?;
-    let gone = sqlx::query("delete from bloom_guard_log_changes where (seq, pos) <= (?, ?)")
-        .bind(seq)
-        .bind(pos)
+    let gone = sqlx::query("delete from bloom_guard_log_changes where point <= ?")
+        .bind(ordinal(
+            seq.try_into().unwrap_or(0),
+            pos.try_into().unwrap_or(0),
+        ))
         .execute(&mut *tx)
         .await?
         .rows_affected();

@@ -24,7 +24,8 @@ pub(super) const TABLES: [&str; 3] = [
         at bigint not null,
         seq bigint not null,
         pos bigint not null,
-        key bloom_guard_log_changes_point (guard, seq, pos)
+        point bigint not null,
+        key bloom_guard_log_changes_point (guard, point)
     ) engine = InnoDB",
     "create table if not exists bloom_guard_log_progress (
         id int not null primary key,

@@ -76,6 +76,14 @@ impl LogPosition {
     }
 }
 
+/// A point as one number that orders as the points do, for the feed's
+/// index: the file's sequence number above the offset's 40 bits (a file
+/// of up to a terabyte, 2^23 files).
+pub(crate) fn ordinal(seq: u64, pos: u64) -> i64 {
+    let value = (seq.min((1 << 23) - 1) << 40) | pos.min((1 << 40) - 1);
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
 impl fmt::Display for LogPosition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}:{}", self.epoch, self.seq, self.pos)
@@ -149,6 +157,14 @@ mod tests {
         assert_eq!(LogPosition::parse("12:4096"), None);
         assert_eq!(LogPosition::parse("/12:4096"), None);
         assert_eq!(LogPosition::parse("e/x:1"), None);
+    }
+
+    #[test]
+    fn ordinals_order_as_points_do() {
+        use super::ordinal;
+        assert!(ordinal(2, 4) > ordinal(1, 1 << 39));
+        assert!(ordinal(7, 500) > ordinal(7, 499));
+        assert_eq!(ordinal(0, 0), 0);
     }
 
     #[test]

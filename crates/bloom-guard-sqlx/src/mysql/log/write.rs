@@ -10,7 +10,7 @@ use sqlx::{Connection as _, MySqlConnection};
 
 use super::error::BinlogError;
 use super::feed::at_point_lock;
-use super::position::{log_end, BinlogPoint};
+use super::position::{log_end, ordinal, BinlogPoint};
 use super::stream::Committed;
 
 /// The least time between two writes of progress alone (commits of other
@@ -93,9 +93,9 @@ impl Writer {
         };
         let mut tx = connection.begin().await?;
         for chunk in rows.chunks(INSERT_ROWS) {
-            let values = vec!["(?, ?, ?, unix_timestamp(), ?, ?)"; chunk.len()].join(", ");
+            let values = vec!["(?, ?, ?, unix_timestamp(), ?, ?, ?)"; chunk.len()].join(", ");
             let statement = format!(
-                "insert into bloom_guard_log_changes (guard, kind, k, at, seq, pos) values {values}"
+                "insert into bloom_guard_log_changes (guard, kind, k, at, seq, pos, point) values {values}"
             );
             let mut insert = sqlx::query(sqlx::AssertSqlSafe(statement));
             for (feed, kind, key, seq, pos) in chunk {
@@ -104,7 +104,8 @@ impl Writer {
                     .bind(kind.to_string())
                     .bind(key.as_deref().unwrap_or_default())
                     .bind(seq)
-                    .bind(pos);
+                    .bind(pos)
+                    .bind(ordinal(*seq, *pos));
             }
             insert.execute(&mut *tx).await?;
         }
