@@ -5,7 +5,8 @@
 //!
 //! - writers: 32 connections × {single-row insert, key-changing update,
 //!   delete} on each watched table against their unwatched twin
-//!   `items_plain`, in turn, with each table's follower running,
+//!   `items_plain`, in turn, with each table's follower running (the next
+//!   turn waits until the binary log's producer has caught up),
 //!   statements per second and their ratio;
 //! - propagation: commit on one connection → the key in a follower's
 //!   filter (another pool, as another instance), idle and under about
@@ -13,6 +14,8 @@
 //! - flood: absent keys through the guard's layer (in this process, 64
 //!   concurrent requests) while 32 writers insert into the table, per
 //!   feed: refusals a second and the share of barrier timeouts;
+//! - catch-up: the binary log feed's producer alone, writing what 32
+//!   writers committed while no instance ran (`catchup.rs`);
 //! - warm-up: a follower's scan of 1M keys into a guard, against a plain
 //!   `SELECT` of the same keys fetched by sqlx, alternating;
 //! - deploy: an instance published a snapshot of the empty table and
@@ -30,6 +33,7 @@ use serde::Serialize;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{ConnectOptions, Connection, MySqlPool};
 
+mod catchup;
 mod flood;
 mod propagation;
 mod startup;
@@ -89,6 +93,7 @@ struct Report {
     writers: Vec<Writers>,
     propagation: Vec<Propagation>,
     flood: Vec<flood::Flood>,
+    catch_up: Option<catchup::CatchUp>,
     warmup: Option<Warmup>,
     deploy: Option<Deploy>,
 }
@@ -111,6 +116,13 @@ pub(crate) async fn run(
         vec![TRIGGERS, BINLOG]
     } else {
         vec![TRIGGERS]
+    };
+    // Before any instance runs: the producer alone, catching up.
+    let catch_up = match url.as_deref() {
+        Some(url) if part("catchup") => {
+            Some(catchup::catch_up(&pool, url, BINLOG.1, Duration::from_secs(seconds)).await?)
+        }
+        _ => None,
     };
     let followers = Followers::start(&pool, url.as_deref()).await?;
     let server: String = sqlx::query_scalar("select version()")
@@ -147,6 +159,7 @@ pub(crate) async fn run(
         writers,
         propagation,
         flood,
+        catch_up,
         warmup,
         deploy,
     };
@@ -349,6 +362,11 @@ async fn writers(
         for _ in 0..2 {
             for (i, (_, table)) in feeds.iter().enumerate() {
                 watched[i] += drive(pool, table, statement, duration, &taken[i]).await;
+                // The binary log's producer catches up before the next
+                // table runs, not beside it.
+                if *table == BINLOG.1 {
+                    catchup::settle(pool).await?;
+                }
             }
             unwatched += drive(
                 pool,

@@ -34,7 +34,7 @@ pub(super) async fn propagation(
                 for writer in 0..16 {
                     let (pool, running, written) =
                         (pool.clone(), background.clone(), written.clone());
-                    let table = *table;
+                    let (table, feed) = (*table, *feed);
                     tasks.push(tokio::spawn(async move {
                         let mut ticks = tokio::time::interval(pause);
                         let mut i = 0_u64;
@@ -50,7 +50,7 @@ pub(super) async fn propagation(
                             let done = sqlx::query(sqlx::AssertSqlSafe(format!(
                                 "insert into {target} (code) values (?)"
                             )))
-                            .bind(format!("load-{writer}-{i}"))
+                            .bind(format!("load-{feed}-{writer}-{i}"))
                             .execute(&pool)
                             .await;
                             if done.is_ok() {

@@ -66,13 +66,16 @@ async fn progress(connection: &mut MySqlConnection) -> Result<Option<Progress>, 
     .transpose()
 }
 
-/// The user lock the producer holds while it has handled every commit up
-/// to a point of the log and the stream holds nothing more: its name
-/// carries the point (`GET_LOCK` is not logged, so holding it moves
-/// nothing).
-pub(super) fn at_point_lock(seq: u64, pos: u64) -> String {
-    format!("concat('bloom_guard_binlog_at:', left(md5(database()), 16), ':{seq}:{pos}')")
-}
+/// The name of the user lock the producer holds while it has handled
+/// every commit up to a point of the log and the stream holds nothing
+/// more: the point (file sequence, offset) bound to its two parameters.
+/// `GET_LOCK` is not logged, so holding it moves nothing.
+///
+/// Every statement naming it has one text whatever the point: a text per
+/// point would be a prepared statement per point, and the connection's
+/// cache of them would churn (`write.rs` says what that costs).
+pub(super) const AT_POINT_LOCK: &str =
+    "concat('bloom_guard_binlog_at:', left(md5(database()), 16), ':', ?, ':', ?)";
 
 /// Waits until the producer has written every change committed before
 /// the call, at most until `deadline`.
@@ -81,14 +84,15 @@ pub(super) async fn wait_for_producer(
     deadline: tokio::time::Instant,
 ) -> Result<(), BinlogError> {
     let target = log_end(connection).await?;
-    let caught_up = at_point_lock(target.sequence().unwrap_or(0), target.pos);
     let statement = format!(
-        "select server = {SERVER}, file, pos, is_used_lock({caught_up}) is not null
+        "select server = {SERVER}, file, pos, is_used_lock({AT_POINT_LOCK}) is not null
            from bloom_guard_log_progress where id = 1"
     );
     loop {
         let look: Option<(i64, String, i64, i64)> =
             sqlx::query_as(AssertSqlSafe(statement.as_str()))
+                .bind(target.sequence().unwrap_or(0))
+                .bind(target.pos)
                 .fetch_optional(&mut *connection)
                 .await?;
         if let Some((same_server, file, pos, at_target)) = look.clone() {
