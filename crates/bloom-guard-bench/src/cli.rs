@@ -244,7 +244,7 @@ pub(crate) enum Command {
         /// Propagation samples per load.
         #[arg(long, default_value_t = 300)]
         samples: usize,
-        /// Only these parts: writers, propagation, flood, catchup, warmup, deploy.
+        /// Only these parts: writers, propagation, flood, catchup, idle, warmup, deploy.
         #[arg(long, value_delimiter = ',')]
         parts: Vec<String>,
     },

@@ -4,9 +4,9 @@
 //! writes one in `ROW` format):
 //!
 //! - writers: 32 connections × {single-row insert, key-changing update,
-//!   delete} on each watched table against their unwatched twin
-//!   `items_plain`, in turn, with each table's follower running (the next
-//!   turn waits until the binary log's producer has caught up),
+//!   delete} on each watched table and 32 more on their unwatched twin
+//!   `items_plain` at the same time, with each table's follower running
+//!   (the next pair waits until the binary log's producer has caught up),
 //!   statements per second and their ratio;
 //! - propagation: commit on one connection → the key in a follower's
 //!   filter (another pool, as another instance), idle and under about
@@ -16,6 +16,8 @@
 //!   feed: refusals a second and the share of barrier timeouts;
 //! - catch-up: the binary log feed's producer alone, writing what 32
 //!   writers committed while no instance ran (`catchup.rs`);
+//! - idle: the statements a second one idle instance costs the server,
+//!   per feed, beside none (`idle.rs`);
 //! - warm-up: a follower's scan of 1M keys into a guard, against a plain
 //!   `SELECT` of the same keys fetched by sqlx, alternating;
 //! - deploy: an instance published a snapshot of the empty table and
@@ -35,6 +37,7 @@ use sqlx::{ConnectOptions, Connection, MySqlPool};
 
 mod catchup;
 mod flood;
+mod idle;
 mod propagation;
 mod startup;
 
@@ -94,6 +97,7 @@ struct Report {
     propagation: Vec<Propagation>,
     flood: Vec<flood::Flood>,
     catch_up: Option<catchup::CatchUp>,
+    idle: Vec<idle::Idle>,
     warmup: Option<Warmup>,
     deploy: Option<Deploy>,
 }
@@ -124,7 +128,7 @@ pub(crate) async fn run(
         }
         _ => None,
     };
-    let followers = Followers::start(&pool, url.as_deref()).await?;
+    let followers = Followers::start(&pool, url.as_deref(), &feeds).await?;
     let server: String = sqlx::query_scalar("select version()")
         .fetch_one(&pool)
         .await?;
@@ -144,6 +148,17 @@ pub(crate) async fn run(
         Vec::new()
     };
     drop(followers);
+    let idle = if part("idle") {
+        idle::idle(
+            &pool,
+            url.as_deref(),
+            &feeds,
+            Duration::from_secs(seconds.max(10)),
+        )
+        .await?
+    } else {
+        Vec::new()
+    };
     let warmup = if part("warmup") {
         Some(warmup(&pool, keys).await?)
     } else {
@@ -160,6 +175,7 @@ pub(crate) async fn run(
         propagation,
         flood,
         catch_up,
+        idle,
         warmup,
         deploy,
     };
@@ -234,10 +250,11 @@ impl Followers {
     async fn start(
         pool: &MySqlPool,
         url: Option<&str>,
+        feeds: &[(&'static str, &'static str)],
     ) -> Result<Self, Box<dyn std::error::Error>> {
         let mut guards = Vec::new();
         let mut stops = Vec::new();
-        for (feed, table) in [TRIGGERS, BINLOG] {
+        for &(feed, table) in feeds {
             if table == BINLOG.1 && url.is_none() {
                 continue;
             }
@@ -357,33 +374,38 @@ async fn writers(
             .map(|_| Arc::new(AtomicU64::new(1)))
             .collect();
         let mut watched = vec![0.0; feeds.len()];
-        let mut unwatched = 0.0;
-        // In turn, twice each: drift hits every table alike.
+        let mut unwatched = vec![0.0; feeds.len()];
+        // Each watched table at the same time as the twin, twice: drifts
+        // of the machine (the server's flushes, the other processes) hit
+        // both alike, which turns on two shared cores cannot promise.
         for _ in 0..2 {
             for (i, (_, table)) in feeds.iter().enumerate() {
-                watched[i] += drive(pool, table, statement, duration, &taken[i]).await;
+                let (table_rate, twin_rate) = tokio::join!(
+                    drive(pool, table, statement, duration, &taken[i]),
+                    drive(
+                        pool,
+                        "items_plain",
+                        statement,
+                        duration,
+                        &taken[feeds.len()]
+                    ),
+                );
+                watched[i] += table_rate;
+                unwatched[i] += twin_rate;
                 // The binary log's producer catches up before the next
-                // table runs, not beside it.
+                // pair runs, not beside it.
                 if *table == BINLOG.1 {
                     catchup::settle(pool).await?;
                 }
             }
-            unwatched += drive(
-                pool,
-                "items_plain",
-                statement,
-                duration,
-                &taken[feeds.len()],
-            )
-            .await;
         }
         for (i, (feed, _)) in feeds.iter().enumerate() {
             let cell = Writers {
                 feed,
                 statement,
                 watched_per_sec: watched[i] / 2.0,
-                unwatched_per_sec: unwatched / 2.0,
-                ratio: watched[i] / unwatched,
+                unwatched_per_sec: unwatched[i] / 2.0,
+                ratio: watched[i] / unwatched[i],
             };
             println!("{cell:?}");
             cells.push(cell);
