@@ -100,40 +100,69 @@ where
     S: Fn() -> F,
     F: std::future::Future<Output = ()>,
 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(AtomicU64::new(0));
-    let mut writers = Vec::new();
-    for writer in 0..WRITERS {
-        let (pool, stop, written) = (pool.clone(), stop.clone(), written.clone());
-        writers.push(tokio::spawn(async move {
-            let mut i = 0_u64;
-            while !stop.load(Ordering::Relaxed) {
-                i += 1;
-                let done = sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "insert into {table} (code) values (?)"
-                )))
-                .bind(format!("{prefix}-{writer}-{i}"))
-                .execute(&pool)
-                .await;
-                if done.is_ok() {
-                    written.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }));
-    }
+    let writers = Inserters::start(pool, table, prefix, WRITERS);
     let started = Instant::now();
     while started.elapsed() < duration {
         tokio::time::sleep(Duration::from_millis(100)).await;
         sample().await;
     }
-    stop.store(true, Ordering::Relaxed);
-    for writer in writers {
-        let _ = writer.await;
+    let written = writers.stop().await;
+    (written, started.elapsed().as_secs_f64())
+}
+
+/// Connections inserting one new row per statement into a table until
+/// stopped.
+pub(super) struct Inserters {
+    stop: Arc<AtomicBool>,
+    written: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Inserters {
+    /// `count` connections inserting `{prefix}-{writer}-{i}` into `table`.
+    pub(super) fn start(
+        pool: &MySqlPool,
+        table: &'static str,
+        prefix: &'static str,
+        count: usize,
+    ) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let written = Arc::new(AtomicU64::new(0));
+        let tasks = (0..count)
+            .map(|writer| {
+                let (pool, stop, written) = (pool.clone(), stop.clone(), written.clone());
+                tokio::spawn(async move {
+                    let mut i = 0_u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        i += 1;
+                        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+                            "insert into {table} (code) values (?)"
+                        )))
+                        .bind(format!("{prefix}-{writer}-{i}"))
+                        .execute(&pool)
+                        .await;
+                        if done.is_ok() {
+                            written.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            written,
+            tasks,
+        }
     }
-    (
-        written.load(Ordering::Relaxed),
-        started.elapsed().as_secs_f64(),
-    )
+
+    /// Stops them; the rows they inserted.
+    pub(super) async fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        self.written.load(Ordering::Relaxed)
+    }
 }
 
 /// Writers on `table` with no instance running, then one instance's

@@ -4,7 +4,7 @@
 //! share of requests its barrier let through because the read did not come
 //! in time.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use serde::Serialize;
 use sqlx::MySqlPool;
 use tower::{Layer, Service, ServiceExt};
 
+use super::catchup::Inserters;
 use super::Followers;
 
 /// Requests in flight at once.
@@ -43,36 +44,12 @@ pub(super) async fn flood(
 ) -> Result<Vec<Flood>, Box<dyn std::error::Error>> {
     let mut cells = Vec::new();
     for (feed, table, guard) in &followers.guards {
-        let stop = Arc::new(AtomicBool::new(false));
-        let written = Arc::new(AtomicU64::new(0));
-        let mut writers = Vec::new();
-        for writer in 0..WRITERS {
-            let (pool, stop, written) = (pool.clone(), stop.clone(), written.clone());
-            let table = *table;
-            writers.push(tokio::spawn(async move {
-                let mut i = 0_u64;
-                while !stop.load(Ordering::Relaxed) {
-                    i += 1;
-                    let done = sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "insert into {table} (code) values (?)"
-                    )))
-                    .bind(format!("flood-writer-{writer}-{i}"))
-                    .execute(&pool)
-                    .await;
-                    if done.is_ok() {
-                        written.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }));
-        }
+        let writers = Inserters::start(pool, table, "flood-writer", WRITERS);
         let before = guard.stats();
         let started = Instant::now();
         let (requests, refused) = requests(guard, duration).await;
         let elapsed = started.elapsed().as_secs_f64();
-        stop.store(true, Ordering::Relaxed);
-        for writer in writers {
-            let _ = writer.await;
-        }
+        let written = writers.stop().await;
         let after = guard.stats();
         let timeouts = after.barrier_timeouts - before.barrier_timeouts;
         let cell = Flood {
@@ -81,7 +58,7 @@ pub(super) async fn flood(
             refused_per_sec: refused as f64 / elapsed,
             barrier_timeouts: timeouts,
             timeout_share: timeouts as f64 / requests.max(1) as f64,
-            writes_per_sec: written.load(Ordering::Relaxed) as f64 / elapsed,
+            writes_per_sec: written as f64 / elapsed,
         };
         println!("{cell:?}");
         cells.push(cell);
