@@ -70,14 +70,16 @@ pub mod feed {
     //! What a change feed needs from a guard, for the authors of feeds
     //! (`bloom-guard-sqlx` is one): a [`FeedHandle`] from
     //! [`BloomGuard::feed`](crate::BloomGuard::feed) applies each read at
-    //! its typed [`Position`]s, keeps the read barrier ([`FeedReader`]),
-    //! brings a counting filter from its scan to the present
+    //! its typed [`Position`]s, keeps the read barrier ([`FeedReader`],
+    //! or a look at the table itself: [`KeyLookup`]), brings a counting filter from its scan to the present
     //! ([`CatchUp`]), and adopts snapshots ([`Adoption`]).
 
     pub use crate::error::AdoptError;
     pub use crate::handle::feed::{FeedHandle, Position};
     pub use crate::lifecycle::adopt::Adoption;
-    pub use crate::lifecycle::barrier::{FeedReader, ReadPace, ReadStart};
+    pub use crate::lifecycle::barrier::{
+        FeedReader, KeyLookup, LookupError, LookupKey, ReadPace, ReadStart,
+    };
     pub use crate::lifecycle::catch_up::{CatchUp, PendingFilter};
 }
 

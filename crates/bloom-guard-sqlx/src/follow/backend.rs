@@ -8,7 +8,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bloom_guard::KeySource;
+use bloom_guard::feed::KeyLookup;
+use bloom_guard::{KeySource, KeyType};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -95,6 +96,15 @@ pub(crate) trait Database: Scans + FeedReads + FeedUpkeep + Checks + Wakes {
     /// The feed's name.
     fn feed(&self) -> &str {
         self.watch().feed_name()
+    }
+
+    /// How the guard's would-be refusals look their keys up in the watched
+    /// table instead of waiting for a feed read ([`KeyLookup`]), for a feed
+    /// whose reads for refusals cost more than that statement; `None`
+    /// (the default): they wait for feed reads.
+    fn key_lookup(&self, key_type: KeyType) -> Option<Box<dyn KeyLookup>> {
+        let _ = key_type;
+        None
     }
 }
 

@@ -157,6 +157,9 @@ impl<B: Database> Engine<B> {
             this.reading
                 .barrier
                 .catch_up_with(catch_up::CatchUpFrom(Arc::downgrade(&this)));
+            if let Some(lookup) = this.backend.key_lookup(this.guard.key_type()) {
+                this.reading.barrier.look_up_with(lookup);
+            }
             // For as long as the follower runs, a key type that does not
             // fit its column keeps the guard open.
             let _key_type = this.check_key_type(&source).await;

@@ -7,7 +7,8 @@ use http::{HeaderMap, StatusCode};
 
 use crate::handle::shared::Shared;
 use crate::keys::key::{Key, KeyError};
-use crate::lifecycle::barrier::Ticket;
+use crate::keys::key_type::KeyType;
+use crate::lifecycle::barrier::{LookupKey, Lookups, Ticket};
 use crate::request::response::CannedResponse;
 use crate::switches::mode::Mode;
 
@@ -63,7 +64,11 @@ pub(crate) fn decide<'s, 'k>(
         shared.counters.unchecked(&why);
         return Verdict::Pass;
     }
-    let key = match shared.config.key_type.to_canonical(key) {
+    let key_type = shared.config.key_type;
+    // A collation's weights are no text to look a key up by: a lookup
+    // takes the request's own spelling.
+    let spelling = matches!(key_type, KeyType::Collated(_)).then(|| key.clone());
+    let key = match key_type.to_canonical(key) {
         Ok(key) => key,
         Err(why) => {
             shared.counters.unchecked(&why);
@@ -79,9 +84,15 @@ pub(crate) fn decide<'s, 'k>(
     } else if audit(shared.control.audit_rate()) {
         shared.counters.audited();
     } else if shared.barrier.active() {
+        let wait = match shared.barrier.lookups() {
+            Some(lookups) => {
+                Wait::Lookup(lookups, spelling.map(|spelling| spelling.as_bytes().into()))
+            }
+            None => Wait::Read(shared.barrier.ticket()),
+        };
         return Verdict::Confirm(Confirm {
             key: key.as_bytes().into(),
-            ticket: shared.barrier.ticket(),
+            wait,
         });
     } else {
         shared.counters.rejected();
@@ -91,21 +102,45 @@ pub(crate) fn decide<'s, 'k>(
 }
 
 /// A would-be refusal waiting for the read barrier: the key in canonical
-/// form, and the reads it waits for.
+/// form, and what it waits for.
 #[derive(Debug)]
 pub(crate) struct Confirm {
     key: Box<[u8]>,
-    ticket: Ticket,
+    wait: Wait,
+}
+
+/// What a would-be refusal waits for.
+#[derive(Debug)]
+enum Wait {
+    /// A feed read of every follower, begun after the request arrived.
+    Read(Ticket),
+    /// A lookup in every follower's table, begun after the request
+    /// arrived; with the request's own spelling of the key, where the
+    /// canonical form is not text to look it up by.
+    Lookup(Vec<Arc<Lookups>>, Option<Box<[u8]>>),
 }
 
 impl Confirm {
     /// Whether the key is still absent once the filter holds every row
-    /// committed before the request arrived. `false` (pass it on) when the
-    /// read brought the key, or when no read finished within the bound: a
-    /// refusal never trusts a filter older than its request.
+    /// committed before the request arrived, or the table itself says it
+    /// held no row of it after the request arrived. `false` (pass it on)
+    /// when the read or the lookup found the key, or when no answer came
+    /// within the bound: a refusal never trusts a filter older than its
+    /// request.
     pub(crate) async fn absent(self, shared: &Shared) -> bool {
-        let fresh = shared.barrier.wait(self.ticket).await;
-        let found = fresh && shared.may_contain(&Key::from(&*self.key));
+        let (fresh, found) = match self.wait {
+            Wait::Read(ticket) => {
+                let fresh = shared.barrier.wait(ticket).await;
+                (fresh, fresh && shared.may_contain(&Key::from(&*self.key)))
+            }
+            Wait::Lookup(lookups, spelling) => {
+                let key = LookupKey::new(self.key, spelling);
+                match shared.barrier.look_up(lookups, key).await {
+                    Some(found) => (true, found),
+                    None => (false, false),
+                }
+            }
+        };
         shared.counters.barrier_wait(found, !fresh);
         if fresh && !found {
             shared.counters.rejected();

@@ -7,11 +7,14 @@
 
 use std::time::Duration;
 
+use bloom_guard::feed::KeyLookup;
+use bloom_guard::KeyType;
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 
 use super::super::catalog;
 use super::super::MySqlBackend;
+use super::lookup::TableLookup;
 use super::position::LogPosition;
 use super::scan::LogScan;
 use super::{feed, install, registry};
@@ -36,6 +39,8 @@ pub(crate) struct MySqlLogBackend {
     url: String,
     /// How long a read waits for the producer.
     pub(crate) bound: Duration,
+    /// Whether would-be refusals are confirmed in the table itself.
+    pub(crate) look_up: bool,
 }
 
 impl MySqlLogBackend {
@@ -45,6 +50,7 @@ impl MySqlLogBackend {
             inner,
             url,
             bound: BARRIER_BOUND,
+            look_up: true,
         }
     }
 
@@ -93,6 +99,20 @@ impl Database for MySqlLogBackend {
 
     fn watch(&self) -> &Watch {
         &self.inner.watch
+    }
+
+    fn key_lookup(&self, key_type: KeyType) -> Option<Box<dyn KeyLookup>> {
+        if !self.look_up {
+            return None;
+        }
+        let lookup = TableLookup::new(
+            self.pool().clone(),
+            self.inner.watch.clone(),
+            self.inner.collation.clone(),
+            key_type == KeyType::Integer,
+            std::sync::Arc::clone(&self.inner.settled),
+        )?;
+        Some(Box::new(lookup))
     }
 }
 

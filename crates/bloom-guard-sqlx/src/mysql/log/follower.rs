@@ -43,4 +43,18 @@ impl Follower {
         self.engine.backend.bound = bound;
         self
     }
+
+    /// Whether the guard's would-be refusals are confirmed by a lookup of
+    /// their keys in the table (the default), or wait for a feed read,
+    /// which waits for the producer to write what the log held after the
+    /// request. Either way a refusal is exact as of its request; the
+    /// lookup answers in one indexed statement shared by the refusals
+    /// waiting at one moment, where the read waits out the producer's lag
+    /// (tens of milliseconds while writers write). Watches of several key
+    /// columns always wait for reads.
+    #[must_use]
+    pub fn look_up_refusals(mut self, look_up: bool) -> Self {
+        self.engine.backend.look_up = look_up;
+        self
+    }
 }

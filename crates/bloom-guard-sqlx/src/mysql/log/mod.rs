@@ -9,7 +9,8 @@
 //! them with the transaction's end point and its progress, in commit order
 //! (`producer`, `write`); followers read the rows after their point, and a read for
 //! waiting refusals first waits until the producer has written what the
-//! log held when it began (`feed`). Scans take a snapshot's point in the
+//! log held when it began (`feed`); a would-be refusal itself waits for a
+//! lookup of its key in the table instead (`lookup`). Scans take a snapshot's point in the
 //! log (`scan`); a point of another server or a purged log starts the
 //! feed over (`position`, `producer`). The stream's connection comes from
 //! the URL (`url`); wake-ups from the producer's progress (`wake`); the
@@ -20,6 +21,7 @@ mod error;
 mod feed;
 mod follower;
 mod install;
+mod lookup;
 mod position;
 mod producer;
 pub(crate) mod registry;

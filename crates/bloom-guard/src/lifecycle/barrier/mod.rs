@@ -9,6 +9,7 @@
 //! | `reader.rs` | [`FeedReader`], the follower's side |
 //! | `pace.rs` | [`ReadPace`], how often reads start while refusals wait |
 //! | `ticket.rs` | [`Ticket`], the reads one request waits for |
+//! | `lookup.rs` | [`KeyLookup`], a follower's look at its table instead of a read |
 //!
 //! Waiting costs a request no lock, channel or timer of its own. Reads are
 //! numbered: a request notes, per follower, the number of the next read
@@ -21,6 +22,7 @@
 //! wakes everyone, and every request that arrived before `now - bound` goes
 //! on to the handler.
 
+mod lookup;
 mod pace;
 mod reader;
 mod slot;
@@ -36,9 +38,11 @@ use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+pub use lookup::{KeyLookup, LookupError, LookupKey};
 pub use pace::ReadPace;
 pub use reader::{FeedReader, ReadStart};
 
+pub(crate) use lookup::Lookups;
 use pace::nanos;
 use slot::Slot;
 use ticket::Reads;
@@ -143,6 +147,42 @@ impl Barrier {
             (Some(_), [slot]) => slot.next_read() - 1,
             _ => 0,
         }
+    }
+
+    /// The lookups of every follower, when each has one: a would-be
+    /// refusal then waits for their statements instead of feed reads.
+    /// `None` without a barrier or a follower, or when one follower cannot
+    /// look keys up.
+    pub(crate) fn lookups(&self) -> Option<Vec<Arc<Lookups>>> {
+        self.bound?;
+        let readers = self.readers.load();
+        if readers.is_empty() {
+            return None;
+        }
+        readers.iter().map(|slot| slot.lookup.load_full()).collect()
+    }
+
+    /// Whether a table holds `key`, by every follower's lookup (see
+    /// [`lookups`](Self::lookups)): `Some(false)` only if no table held it
+    /// as of statements begun after this call; `None` if the answers did
+    /// not all come within the bound (the database slow or gone).
+    pub(crate) async fn look_up(&self, lookups: Vec<Arc<Lookups>>, key: LookupKey) -> Option<bool> {
+        let answers: Vec<_> = lookups
+            .iter()
+            .map(|lookups| lookups.ask(key.clone()))
+            .collect();
+        let all = async move {
+            for answer in answers {
+                // A lost answer (the lookup's task gone) counts as found.
+                if answer.await.unwrap_or(true) {
+                    return true;
+                }
+            }
+            false
+        };
+        tokio::time::timeout(self.bound.unwrap_or_default(), all)
+            .await
+            .ok()
     }
 
     /// What a request arriving now waits for; asks every follower for a

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use super::lookup::{KeyLookup, Lookups};
 use super::slot::Slot;
 use super::Barrier;
 use crate::handle::shared::Shared;
@@ -123,6 +124,22 @@ impl FeedReader {
         if let Some(shared) = &self.shared {
             shared.add_catch_up(self.slot.id, Arc::new(catch_up));
         }
+    }
+
+    /// Registers how this follower looks keys up in its table (see
+    /// [`KeyLookup`]), for as long as the reader lives. Once every
+    /// follower of the guard has one, a would-be refusal waits for a
+    /// lookup begun after it arrived instead of a feed read, within the
+    /// same bound; a key found, or a lookup that fails or does not answer
+    /// in time, goes on to the handler.
+    pub fn look_up_with(&self, lookup: impl KeyLookup) {
+        let key_type = self
+            .shared
+            .as_ref()
+            .map_or_else(Default::default, |shared| shared.config.key_type);
+        self.slot
+            .lookup
+            .store(Some(Arc::new(Lookups::new(Box::new(lookup), key_type))));
     }
 
     /// Completes when a refusal waits for a read and the guard's

@@ -4,7 +4,10 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use arc_swap::ArcSwapOption;
 use tokio::sync::Notify;
+
+use super::lookup::Lookups;
 
 /// A reader's reads and asks, shared by the reader and every waiter.
 #[derive(Debug)]
@@ -27,6 +30,8 @@ pub(super) struct Slot {
     /// Wakes the reader: the first ask since a read began, and the ask
     /// that makes company enough.
     pub(super) wake: Notify,
+    /// How the follower looks keys up in its table, if it can.
+    pub(super) lookup: ArcSwapOption<Lookups>,
 }
 
 impl Slot {
@@ -40,6 +45,7 @@ impl Slot {
             asks: AtomicU64::new(0),
             enough_at: AtomicU64::new(u64::MAX),
             wake: Notify::new(),
+            lookup: ArcSwapOption::empty(),
         }
     }
 

@@ -661,3 +661,184 @@ async fn mode_switches_under_load_lose_no_request() {
     switcher.await.expect("switcher");
     assert_eq!(guard.stats().shadow_false_negatives, 0);
 }
+
+/// A table in memory that counts the statements looking keys up in it;
+/// each waits for `gate` if there is one.
+#[derive(Clone, Default)]
+struct Table {
+    rows: Arc<std::sync::Mutex<std::collections::HashSet<Vec<u8>>>>,
+    statements: Arc<AtomicUsize>,
+    keys_looked_up: Arc<AtomicUsize>,
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+    fails: bool,
+}
+
+impl crate::feed::KeyLookup for Table {
+    fn find<'a>(
+        &'a self,
+        keys: &'a [crate::feed::LookupKey],
+    ) -> futures_util::future::BoxFuture<'a, Result<crate::keys::KeyBatch, crate::feed::LookupError>>
+    {
+        Box::pin(async move {
+            self.statements.fetch_add(1, Ordering::SeqCst);
+            self.keys_looked_up.fetch_add(keys.len(), Ordering::SeqCst);
+            if let Some(gate) = &self.gate {
+                gate.acquire()
+                    .await
+                    .map_err(crate::feed::LookupError::new)?
+                    .forget();
+            }
+            if self.fails {
+                return Err(crate::feed::LookupError::new("the database is gone"));
+            }
+            let rows = self.rows.lock().expect("rows");
+            let mut found = crate::keys::KeyBatch::default();
+            for key in keys.iter().filter(|key| rows.contains(key.text())) {
+                found.push(key.text());
+            }
+            Ok(found)
+        })
+    }
+}
+
+/// An inner service that counts its calls, behind `guard`'s layer.
+fn counted(
+    guard: &BloomGuard,
+) -> (
+    impl tower::Service<
+            http::Request<()>,
+            Response = http::Response<crate::service::ResponseBody<Body>>,
+            Error = Infallible,
+            Future: Send,
+        > + Clone
+        + Send
+        + 'static,
+    Arc<AtomicUsize>,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&calls);
+    let svc = ServiceBuilder::new()
+        .layer(guard.layer(PathSegment(1)))
+        .service(service_fn(move |_req: http::Request<()>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Infallible>(http::Response::new(Body::from("inner"))) }
+        }));
+    (svc, calls)
+}
+
+fn get_request(uri: &str) -> http::Request<()> {
+    http::Request::get(uri).body(()).expect("valid request")
+}
+
+#[tokio::test]
+async fn a_lookup_in_the_table_confirms_refusals_without_a_feed_read() {
+    let guard = warm_guard(&["present"]).await;
+    // No feed read ever comes: only the lookup can answer.
+    let reader = guard.feed().reader();
+    let table = Table::default();
+    table.rows.lock().expect("rows").insert(b"late".to_vec());
+    reader.look_up_with(table.clone());
+    let (svc, calls) = counted(&guard);
+    let absent = svc.clone().oneshot(get_request("/items/absent")).await;
+    assert_eq!(absent.map(|r| r.status()), Ok(StatusCode::NOT_FOUND));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // Committed after the build and in no feed read: the table has it.
+    let late = svc.clone().oneshot(get_request("/items/late")).await;
+    assert_eq!(late.map(|r| r.status()), Ok(StatusCode::OK));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // The filter's own answer needs no lookup.
+    let present = svc.oneshot(get_request("/items/present")).await;
+    assert_eq!(present.map(|r| r.status()), Ok(StatusCode::OK));
+    assert_eq!(table.statements.load(Ordering::SeqCst), 2);
+    let stats = guard.stats();
+    assert_eq!((stats.rejected, stats.barrier_waits), (1, 2));
+    drop(reader);
+}
+
+#[tokio::test]
+async fn refusals_waiting_together_share_one_lookup() {
+    let guard = warm_guard(&["present"]).await;
+    let reader = guard.feed().reader();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let table = Table {
+        gate: Some(Arc::clone(&gate)),
+        ..Table::default()
+    };
+    table.rows.lock().expect("rows").insert(b"k7".to_vec());
+    reader.look_up_with(table.clone());
+    let (svc, calls) = counted(&guard);
+    // The first refusal's statement runs; 40 more arrive meanwhile.
+    let first = tokio::spawn(svc.clone().oneshot(get_request("/items/first")));
+    while table.statements.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let waiting: Vec<_> = (0..40)
+        .map(|i| tokio::spawn(svc.clone().oneshot(get_request(&format!("/items/k{i}")))))
+        .collect();
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    gate.add_permits(2);
+    let status = |answer: Result<Result<http::Response<_>, Infallible>, _>| {
+        answer.expect("the request runs").map(|r| r.status())
+    };
+    assert_eq!(status(first.await), Ok(StatusCode::NOT_FOUND));
+    for (i, answer) in waiting.into_iter().enumerate() {
+        let expected = if i == 7 {
+            StatusCode::OK
+        } else {
+            StatusCode::NOT_FOUND
+        };
+        assert_eq!(status(answer.await), Ok(expected), "k{i}");
+    }
+    assert_eq!(table.statements.load(Ordering::SeqCst), 2);
+    assert_eq!(table.keys_looked_up.load(Ordering::SeqCst), 41);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    drop(reader);
+}
+
+#[tokio::test]
+async fn a_lookup_that_fails_or_does_not_answer_sends_refusals_on() {
+    let guard = BloomGuard::builder()
+        .read_barrier_timeout(std::time::Duration::from_millis(50))
+        .build();
+    guard.clone().warm(KeyList::new(["present"])).await;
+    let reader = guard.feed().reader();
+    reader.look_up_with(Table {
+        fails: true,
+        ..Table::default()
+    });
+    let (svc, calls) = counted(&guard);
+    let failed = svc.clone().oneshot(get_request("/items/absent")).await;
+    assert_eq!(failed.map(|r| r.status()), Ok(StatusCode::OK));
+    // A statement that never answers: the request goes on at the bound.
+    reader.look_up_with(Table {
+        gate: Some(Arc::new(tokio::sync::Semaphore::new(0))),
+        ..Table::default()
+    });
+    let silent = svc.oneshot(get_request("/items/absent")).await;
+    assert_eq!(silent.map(|r| r.status()), Ok(StatusCode::OK));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(guard.stats().rejected, 0);
+    drop(reader);
+}
+
+#[tokio::test]
+async fn a_follower_without_a_lookup_keeps_the_feed_read_for_every_refusal() {
+    let guard = BloomGuard::builder()
+        .read_barrier_timeout(std::time::Duration::from_millis(50))
+        .build();
+    guard.clone().warm(KeyList::new(["present"])).await;
+    let looking = guard.feed().reader();
+    let table = Table::default();
+    looking.look_up_with(table.clone());
+    // Another follower, of another table, that only reads its feed (and
+    // never does here): the table it follows may hold the key.
+    let reading = guard.feed().reader();
+    let (svc, calls) = counted(&guard);
+    let answer = svc.oneshot(get_request("/items/absent")).await;
+    assert_eq!(answer.map(|r| r.status()), Ok(StatusCode::OK));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(table.statements.load(Ordering::SeqCst), 0);
+    drop((looking, reading));
+}
