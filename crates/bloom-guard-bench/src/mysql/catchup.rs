@@ -120,17 +120,13 @@ pub(super) struct Inserters {
 
 impl Inserters {
     /// `count` connections inserting `{prefix}-{writer}-{i}` into `table`.
-    pub(super) fn start(
-        pool: &MySqlPool,
-        table: &'static str,
-        prefix: &'static str,
-        count: usize,
-    ) -> Self {
+    pub(super) fn start(pool: &MySqlPool, table: &'static str, prefix: &str, count: usize) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let written = Arc::new(AtomicU64::new(0));
         let tasks = (0..count)
             .map(|writer| {
                 let (pool, stop, written) = (pool.clone(), stop.clone(), written.clone());
+                let prefix = prefix.to_owned();
                 tokio::spawn(async move {
                     let mut i = 0_u64;
                     while !stop.load(Ordering::Relaxed) {

@@ -2,7 +2,7 @@
 //! requests at a time, while 32 writers insert one row per statement into
 //! the guarded table; per feed, what the guard refused a second and the
 //! share of requests its barrier let through because the read did not come
-//! in time.
+//! in time, and the server's statements per refusal beyond the writers'.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,6 +34,9 @@ pub(super) struct Flood {
     /// Barrier timeouts as a share of the requests.
     timeout_share: f64,
     writes_per_sec: f64,
+    /// The server's statements (`Questions`) during the flood, less the
+    /// writers' inserts, per refusal: what a refusal costs the database.
+    statements_per_refusal: f64,
 }
 
 /// The flood on each feed's table, in turn.
@@ -44,11 +47,13 @@ pub(super) async fn flood(
 ) -> Result<Vec<Flood>, Box<dyn std::error::Error>> {
     let mut cells = Vec::new();
     for (feed, table, guard) in &followers.guards {
-        let writers = Inserters::start(pool, table, "flood-writer", WRITERS);
+        let writers = Inserters::start(pool, table, &format!("flood-{feed}"), WRITERS);
         let before = guard.stats();
+        let questions = super::idle::questions(pool).await?;
         let started = Instant::now();
         let (requests, refused) = requests(guard, duration).await;
         let elapsed = started.elapsed().as_secs_f64();
+        let questions = super::idle::questions(pool).await? - questions - 1.0;
         let written = writers.stop().await;
         let after = guard.stats();
         let timeouts = after.barrier_timeouts - before.barrier_timeouts;
@@ -59,6 +64,7 @@ pub(super) async fn flood(
             barrier_timeouts: timeouts,
             timeout_share: timeouts as f64 / requests.max(1) as f64,
             writes_per_sec: written as f64 / elapsed,
+            statements_per_refusal: (questions - written as f64) / refused.max(1) as f64,
         };
         println!("{cell:?}");
         cells.push(cell);

@@ -23,7 +23,7 @@ pub(super) struct Idle {
 }
 
 /// The server's statements so far, from every session.
-async fn questions(pool: &MySqlPool) -> Result<f64, sqlx::Error> {
+pub(super) async fn questions(pool: &MySqlPool) -> Result<f64, sqlx::Error> {
     let (_, value): (String, String) = sqlx::query_as("show global status like 'Questions'")
         .fetch_one(pool)
         .await?;

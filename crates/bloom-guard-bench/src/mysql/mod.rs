@@ -13,7 +13,10 @@
 //!   2 000 writes a second, p50 and p99, per feed;
 //! - flood: absent keys through the guard's layer (in this process, 64
 //!   concurrent requests) while 32 writers insert into the table, per
-//!   feed: refusals a second and the share of barrier timeouts;
+//!   feed (the binary log's twice: refusals confirmed by a lookup in the
+//!   table, and by a feed read that waits for the producer): refusals a
+//!   second, the share of barrier timeouts, and the server's statements
+//!   per refusal beyond the writers' own;
 //! - catch-up: the binary log feed's producer alone, writing what 32
 //!   writers committed while no instance ran (`catchup.rs`);
 //! - idle: the statements a second one idle instance costs the server,
@@ -48,6 +51,9 @@ use startup::{deploy, warmup};
 /// server writes one in `ROW` format.
 const TRIGGERS: (&str, &str) = ("triggers", "items");
 const BINLOG: (&str, &str) = ("binlog", "items_log");
+/// The binary log's table once more, its refusals waiting for feed reads
+/// (the barrier by log point) instead of looking their keys up.
+const BINLOG_READ: (&str, &str) = ("binlog, read barrier", "items_log");
 
 #[derive(Debug, Serialize)]
 struct Writers {
@@ -143,7 +149,12 @@ pub(crate) async fn run(
         Vec::new()
     };
     let flood = if part("flood") {
-        flood::flood(&pool, &followers, Duration::from_secs(seconds)).await?
+        let mut cells = flood::flood(&pool, &followers, Duration::from_secs(seconds)).await?;
+        if url.is_some() {
+            let reading = Followers::start(&pool, url.as_deref(), &[BINLOG_READ]).await?;
+            cells.extend(flood::flood(&pool, &reading, Duration::from_secs(seconds)).await?);
+        }
+        cells
     } else {
         Vec::new()
     };
@@ -272,6 +283,7 @@ impl Followers {
                 Some(url) if table == BINLOG.1 => {
                     tokio::spawn(
                         mysql::log::Follower::new(guard.clone(), other, watch, url)
+                            .look_up_refusals(feed != BINLOG_READ.0)
                             .run_until(until),
                     );
                 }
