@@ -309,6 +309,38 @@ async fn without_lookups_a_refusal_waits_for_the_producer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn a_key_column_no_index_leads_with_is_not_looked_up() {
+    let (pool, url) = fresh().await;
+    exec(
+        &pool,
+        "create table unindexed (id bigint auto_increment primary key,
+                                 code varchar(100) collate utf8mb4_nopad_bin not null)",
+    )
+    .await;
+    let watch = Watch::table("unindexed").key("code");
+    watch.install_log(&pool).await.expect("install_log");
+    let guard = guard();
+    let _running = spawn(mysql::log::Follower::new(
+        guard.clone(),
+        pool.clone(),
+        watch,
+        &url,
+    ));
+    wait_until("the warm-up", Duration::from_secs(20), || guard.is_ready()).await;
+    assert_eq!(status(&guard, "absent").await, http::StatusCode::NOT_FOUND);
+    // Each lookup would read the whole table: refusals wait for feed reads,
+    // which the stalled producer cannot give.
+    let stalled = producer_stalled(&pool).await;
+    exec(&pool, "insert into unindexed (code) values ('unfed')").await;
+    for key in ["unfed", "never"] {
+        assert_eq!(status(&guard, key).await, http::StatusCode::OK, "{key}");
+    }
+    assert_eq!(guard.stats().rejected, 1);
+    resume(stalled).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
 async fn lookups_find_every_spelling_the_column_does() {
     let (pool, url) = fresh().await;
     exec(

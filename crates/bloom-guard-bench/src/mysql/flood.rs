@@ -1,5 +1,5 @@
 //! The flood: absent keys through the guard's layer, in this process, 64
-//! requests at a time, while 32 writers insert one row per statement into
+//! and 1 024 requests at a time, while 32 writers insert one row per statement into
 //! the guarded table; per feed, what the guard refused a second and the
 //! share of requests its barrier let through because the read did not come
 //! in time, and the server's statements per refusal beyond the writers'.
@@ -18,8 +18,8 @@ use tower::{Layer, Service, ServiceExt};
 use super::catchup::Inserters;
 use super::Followers;
 
-/// Requests in flight at once.
-const CONCURRENCY: usize = 64;
+/// Requests in flight at once: a flood per number.
+const CONCURRENCY: [usize; 2] = [64, 1024];
 
 /// Writers during the flood.
 const WRITERS: usize = 32;
@@ -28,6 +28,8 @@ const WRITERS: usize = 32;
 #[derive(Debug, Serialize)]
 pub(super) struct Flood {
     feed: &'static str,
+    /// Requests in flight at once.
+    concurrency: usize,
     requests_per_sec: f64,
     refused_per_sec: f64,
     barrier_timeouts: u64,
@@ -47,34 +49,38 @@ pub(super) async fn flood(
 ) -> Result<Vec<Flood>, Box<dyn std::error::Error>> {
     let mut cells = Vec::new();
     for (feed, table, guard) in &followers.guards {
-        let writers = Inserters::start(pool, table, &format!("flood-{feed}"), WRITERS);
-        let before = guard.stats();
-        let questions = super::idle::questions(pool).await?;
-        let started = Instant::now();
-        let (requests, refused) = requests(guard, duration).await;
-        let elapsed = started.elapsed().as_secs_f64();
-        let questions = super::idle::questions(pool).await? - questions - 1.0;
-        let written = writers.stop().await;
-        let after = guard.stats();
-        let timeouts = after.barrier_timeouts - before.barrier_timeouts;
-        let cell = Flood {
-            feed,
-            requests_per_sec: requests as f64 / elapsed,
-            refused_per_sec: refused as f64 / elapsed,
-            barrier_timeouts: timeouts,
-            timeout_share: timeouts as f64 / requests.max(1) as f64,
-            writes_per_sec: written as f64 / elapsed,
-            statements_per_refusal: (questions - written as f64) / refused.max(1) as f64,
-        };
-        println!("{cell:?}");
-        cells.push(cell);
+        for concurrency in CONCURRENCY {
+            let writers =
+                Inserters::start(pool, table, &format!("flood-{feed}-{concurrency}"), WRITERS);
+            let before = guard.stats();
+            let questions = super::idle::questions(pool).await?;
+            let started = Instant::now();
+            let (requests, refused) = requests(guard, concurrency, duration).await;
+            let elapsed = started.elapsed().as_secs_f64();
+            let questions = super::idle::questions(pool).await? - questions - 1.0;
+            let written = writers.stop().await;
+            let after = guard.stats();
+            let timeouts = after.barrier_timeouts - before.barrier_timeouts;
+            let cell = Flood {
+                feed,
+                concurrency,
+                requests_per_sec: requests as f64 / elapsed,
+                refused_per_sec: refused as f64 / elapsed,
+                barrier_timeouts: timeouts,
+                timeout_share: timeouts as f64 / requests.max(1) as f64,
+                writes_per_sec: written as f64 / elapsed,
+                statements_per_refusal: (questions - written as f64) / refused.max(1) as f64,
+            };
+            println!("{cell:?}");
+            cells.push(cell);
+        }
     }
     Ok(cells)
 }
 
-/// Runs absent keys through `guard`'s layer for `duration`; the requests
-/// answered and those refused.
-async fn requests(guard: &BloomGuard, duration: Duration) -> (u64, u64) {
+/// Runs absent keys through `guard`'s layer for `duration`, `concurrency`
+/// at a time; the requests answered and those refused.
+async fn requests(guard: &BloomGuard, concurrency: usize, duration: Duration) -> (u64, u64) {
     let inner = tower::service_fn(|_: Request<()>| async {
         Ok::<_, std::convert::Infallible>(Response::new(
             http_body_util::Empty::<bytes::Bytes>::new(),
@@ -84,7 +90,7 @@ async fn requests(guard: &BloomGuard, duration: Duration) -> (u64, u64) {
     let deadline = Instant::now() + duration;
     let (answered, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let mut tasks = Vec::new();
-    for task in 0..CONCURRENCY {
+    for task in 0..concurrency {
         let (mut service, answered, refused) = (service.clone(), answered.clone(), refused.clone());
         tasks.push(tokio::spawn(async move {
             let mut i = 0_u64;

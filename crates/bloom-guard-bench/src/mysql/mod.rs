@@ -12,7 +12,7 @@
 //!   filter (another pool, as another instance), idle and under about
 //!   2 000 writes a second, p50 and p99, per feed;
 //! - flood: absent keys through the guard's layer (in this process, 64
-//!   concurrent requests) while 32 writers insert into the table, per
+//!   and 1 024 concurrent requests) while 32 writers insert into the table, per
 //!   feed (the binary log's twice: refusals confirmed by a lookup in the
 //!   table, and by a feed read that waits for the producer): refusals a
 //!   second, the share of barrier timeouts, and the server's statements

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bloom_guard::feed::KeyLookup;
-use bloom_guard::{KeySource, KeyType};
+use bloom_guard::KeySource;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -102,9 +102,8 @@ pub(crate) trait Database: Scans + FeedReads + FeedUpkeep + Checks + Wakes {
     /// table instead of waiting for a feed read ([`KeyLookup`]), for a feed
     /// whose reads for refusals cost more than that statement; `None`
     /// (the default): they wait for feed reads.
-    fn key_lookup(&self, key_type: KeyType) -> Option<Box<dyn KeyLookup>> {
-        let _ = key_type;
-        None
+    fn key_lookup(&self) -> impl Future<Output = Option<Box<dyn KeyLookup>>> + Send {
+        async { None }
     }
 }
 

@@ -101,7 +101,7 @@ pub(super) async fn identity(pool: &MySqlPool) -> Result<String, sqlx::Error> {
 
 /// Whether a column of `data_type` holds binary strings, its key their
 /// bytes.
-fn is_binary_string(data_type: &str) -> bool {
+pub(super) fn is_binary_string(data_type: &str) -> bool {
     matches!(
         data_type.to_ascii_lowercase().as_str(),
         "binary" | "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob"

@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use bloom_guard::feed::KeyLookup;
-use bloom_guard::KeyType;
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 
@@ -101,18 +100,24 @@ impl Database for MySqlLogBackend {
         &self.inner.watch
     }
 
-    fn key_lookup(&self, key_type: KeyType) -> Option<Box<dyn KeyLookup>> {
+    async fn key_lookup(&self) -> Option<Box<dyn KeyLookup>> {
         if !self.look_up {
             return None;
         }
-        let lookup = TableLookup::new(
-            self.pool().clone(),
-            self.inner.watch.clone(),
-            self.inner.collation.clone(),
-            key_type == KeyType::Integer,
+        let prepared = TableLookup::prepare(
+            self.pool(),
+            &self.inner.watch,
+            self.inner.collation.as_deref(),
             std::sync::Arc::clone(&self.inner.settled),
-        )?;
-        Some(Box::new(lookup))
+        )
+        .await;
+        match prepared {
+            Ok(lookup) => lookup.map(|lookup| Box::new(lookup) as Box<dyn KeyLookup>),
+            Err(error) => {
+                tracing::warn!(%error, "refusals wait for feed reads: the key column's facts could not be read");
+                None
+            }
+        }
     }
 }
 

@@ -10,6 +10,7 @@
 //! find did not exist as of the request, whatever the feed has carried.
 //! Refusals waiting at one moment share one statement.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
@@ -19,8 +20,9 @@ use tokio::sync::oneshot;
 use crate::keys::batch::KeyBatch;
 use crate::keys::key_type::KeyType;
 
-/// The most keys one statement looks up.
-const MAX_KEYS: usize = 256;
+/// The most keys one lookup is asked about (a backend may split them
+/// into several statements).
+const MAX_KEYS: usize = 1024;
 
 /// A key a would-be refusal asks a [`KeyLookup`] about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +135,22 @@ impl<L: KeyLookup + ?Sized> KeyLookup for Box<L> {
     }
 }
 
+/// The distinct keys of `asked` (by canonical form: a flood repeats
+/// keys), and for each key asked, its index among them.
+fn distinct(asked: impl Iterator<Item = LookupKey>) -> (Vec<LookupKey>, Vec<usize>) {
+    let mut index: HashMap<Box<[u8]>, usize> = HashMap::new();
+    let mut keys = Vec::new();
+    let which = asked
+        .map(|key| {
+            *index.entry(key.canonical.clone()).or_insert_with(|| {
+                keys.push(key);
+                keys.len() - 1
+            })
+        })
+        .collect();
+    (keys, which)
+}
+
 /// Which of `keys` the rows `found` stand for, under `key_type`: `None`
 /// when a row stands for none of them, or a key was skipped.
 fn attribute(key_type: KeyType, keys: &[LookupKey], found: &KeyBatch) -> Option<Vec<bool>> {
@@ -231,7 +249,7 @@ impl Lookups {
         }
         let mut running = Running(Some(&self.queue));
         loop {
-            let (keys, answers) = {
+            let (keys, asked, answers) = {
                 let mut queue = self.queue.lock();
                 if queue.keys.is_empty() {
                     // Handed back under the lock: an ask after it starts
@@ -241,9 +259,9 @@ impl Lookups {
                     return;
                 }
                 let take = queue.keys.len().min(MAX_KEYS);
-                let keys: Vec<LookupKey> = queue.keys.drain(..take).collect();
                 let answers: Vec<_> = queue.answers.drain(..take).collect();
-                (keys, answers)
+                let (keys, asked) = distinct(queue.keys.drain(..take));
+                (keys, asked, answers)
             };
             let found = self.lookup.find(&keys).await;
             let found = match found {
@@ -265,8 +283,8 @@ impl Lookups {
                     vec![true; keys.len()]
                 }
             };
-            for (answer, present) in answers.into_iter().zip(found) {
-                let _ = answer.send(present);
+            for (answer, key) in answers.into_iter().zip(asked) {
+                let _ = answer.send(found.get(key).copied().unwrap_or(true));
             }
         }
     }
@@ -313,6 +331,13 @@ mod tests {
         let mut skipped = rows(&["apple"]);
         skipped.skip();
         assert_eq!(attribute(KeyType::Text, &asked, &skipped), None);
+    }
+
+    #[test]
+    fn a_key_asked_twice_is_looked_up_once() {
+        let (distinct, which) = distinct(keys(&["a", "b", "a", "c", "b"]).into_iter());
+        assert_eq!(distinct, keys(&["a", "b", "c"]));
+        assert_eq!(which, [0, 1, 0, 2, 1]);
     }
 
     #[test]
