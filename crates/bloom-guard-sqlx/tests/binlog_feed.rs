@@ -292,6 +292,120 @@ async fn refusals_are_confirmed_in_the_table_while_the_producer_cannot_write() {
     .await;
 }
 
+/// One random statement (or transaction) of raw SQL on `items`, its keys
+/// drawn from `next` new ones and the table's own; the keys it may name.
+fn random_statement(
+    rng: &mut fastrand::Rng,
+    table: &[String],
+    next: &mut u64,
+) -> (String, Vec<String>) {
+    let mut fresh = || {
+        *next += 1;
+        format!("m-{next}")
+    };
+    let stored = |rng: &mut fastrand::Rng| {
+        if table.is_empty() {
+            "none".to_owned()
+        } else {
+            table[rng.usize(..table.len())].clone()
+        }
+    };
+    match rng.u8(..7) {
+        0 => {
+            let (a, b) = (fresh(), fresh());
+            (
+                format!("insert into items (code) values ('{a}'), ('{b}')"),
+                vec![a, b],
+            )
+        }
+        1 => {
+            let old = stored(rng);
+            (format!("delete from items where code = '{old}'"), vec![old])
+        }
+        2 => {
+            let (old, new) = (stored(rng), fresh());
+            (
+                format!("update items set code = '{new}' where code = '{old}'"),
+                vec![old, new],
+            )
+        }
+        3 => {
+            let (old, new) = (stored(rng), fresh());
+            (
+                format!("insert into items (code) values ('{old}') on duplicate key update code = '{new}'"),
+                vec![old, new],
+            )
+        }
+        4 => {
+            let new = fresh();
+            (
+                format!("replace into items (id, code) select id, '{new}' from items order by id limit 1"),
+                vec![new],
+            )
+        }
+        5 => {
+            let old = stored(rng);
+            (
+                format!("begin; delete from items where code = '{old}'; insert into items (code) values ('{old}'); commit"),
+                vec![old],
+            )
+        }
+        _ => {
+            let new = fresh();
+            (
+                format!("begin; insert into items (code) values ('{new}'); rollback"),
+                vec![new],
+            )
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn refusals_answer_as_the_table_for_every_key_ever_seen_while_the_feed_lags() {
+    let (pool, url) = fresh().await;
+    let (guard, _running) = followed(&pool, &url).await;
+    let mut rng = fastrand::Rng::with_seed(fastrand::u64(..));
+    let (mut seen, mut next) = (BTreeSet::new(), 0_u64);
+    for round in 0..6 {
+        // Half the rounds with the producer unable to write: the filter
+        // knows nothing of the round's changes, the table everything.
+        let stalled = if round % 2 == 0 {
+            Some(producer_stalled(&pool).await)
+        } else {
+            None
+        };
+        for _ in 0..40 {
+            let table: Vec<String> = stored(&pool).await.into_iter().collect();
+            let (statement, keys) = random_statement(&mut rng, &table, &mut next);
+            exec(&pool, &statement).await;
+            seen.extend(keys);
+        }
+        let table = stored(&pool).await;
+        for key in &seen {
+            let answer = status(&guard, key).await;
+            if table.contains(key) {
+                assert_eq!(
+                    answer,
+                    http::StatusCode::OK,
+                    "round {round}: {key} is stored"
+                );
+            } else if !guard.may_contain(key) {
+                assert_eq!(
+                    answer,
+                    http::StatusCode::NOT_FOUND,
+                    "round {round}: {key} is absent and the filter says so"
+                );
+            }
+        }
+        assert_eq!(guard.stats().barrier_timeouts, 0);
+        if let Some(stalled) = stalled {
+            resume(stalled).await;
+        }
+        answers_as_the_table(&guard, &pool, &seen).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
 async fn without_lookups_a_refusal_waits_for_the_producer() {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bloom_guard::feed::KeyLookup;
-use bloom_guard::KeySource;
+use bloom_guard::{KeySource, KeyType};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -102,7 +102,11 @@ pub(crate) trait Database: Scans + FeedReads + FeedUpkeep + Checks + Wakes {
     /// table instead of waiting for a feed read ([`KeyLookup`]), for a feed
     /// whose reads for refusals cost more than that statement; `None`
     /// (the default): they wait for feed reads.
-    fn key_lookup(&self) -> impl Future<Output = Option<Box<dyn KeyLookup>>> + Send {
+    fn key_lookup(
+        &self,
+        key_type: KeyType,
+    ) -> impl Future<Output = Option<Box<dyn KeyLookup>>> + Send {
+        let _ = key_type;
         async { None }
     }
 }

@@ -157,7 +157,7 @@ impl<B: Database> Engine<B> {
             this.reading
                 .barrier
                 .catch_up_with(catch_up::CatchUpFrom(Arc::downgrade(&this)));
-            if let Some(lookup) = this.backend.key_lookup().await {
+            if let Some(lookup) = this.backend.key_lookup(this.guard.key_type()).await {
                 this.reading.barrier.look_up_with(lookup);
             }
             // For as long as the follower runs, a key type that does not

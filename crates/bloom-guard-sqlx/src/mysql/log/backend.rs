@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use bloom_guard::feed::KeyLookup;
+use bloom_guard::KeyType;
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 
@@ -100,17 +101,11 @@ impl Database for MySqlLogBackend {
         &self.inner.watch
     }
 
-    async fn key_lookup(&self) -> Option<Box<dyn KeyLookup>> {
+    async fn key_lookup(&self, key_type: KeyType) -> Option<Box<dyn KeyLookup>> {
         if !self.look_up {
             return None;
         }
-        let prepared = TableLookup::prepare(
-            self.pool(),
-            &self.inner.watch,
-            self.inner.collation.as_deref(),
-            std::sync::Arc::clone(&self.inner.settled),
-        )
-        .await;
+        let prepared = TableLookup::prepare(self.pool(), &self.inner.watch, key_type).await;
         match prepared {
             Ok(lookup) => lookup.map(|lookup| Box::new(lookup) as Box<dyn KeyLookup>),
             Err(error) => {

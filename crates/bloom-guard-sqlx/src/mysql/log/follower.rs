@@ -50,9 +50,10 @@ impl Follower {
     /// request. Either way a refusal is exact as of its request; the
     /// lookup answers in one indexed statement shared by the refusals
     /// waiting at one moment, where the read waits out the producer's lag
-    /// (tens of milliseconds while writers write). A watch of several key
-    /// columns, or of a key column no index leads with, always waits for
-    /// reads.
+    /// (tens of milliseconds while writers write). Lookups are made only
+    /// for a watch of one key column that compares keys exactly as the
+    /// guard's key type does and that an index leads with; any other
+    /// always waits for reads.
     #[must_use]
     pub fn look_up_refusals(mut self, look_up: bool) -> Self {
         self.engine.backend.look_up = look_up;

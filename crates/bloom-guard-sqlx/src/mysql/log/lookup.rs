@@ -9,10 +9,9 @@
 //! moment share it. The statement reads the key column as the scan does,
 //! so the guard puts its rows in canonical form as it does a scan's.
 
-use std::sync::Arc;
-
 use bloom_guard::feed::{KeyLookup, LookupError, LookupKey};
 use bloom_guard::keys::KeyBatch;
+use bloom_guard::KeyType;
 use futures_util::future::BoxFuture;
 use sqlx::mysql::{MySqlArguments, MySqlRow};
 use sqlx::query::Query;
@@ -21,7 +20,7 @@ use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row};
 use super::super::install::is_binary_string;
 use super::super::key_type;
 use super::super::names::{ident, located};
-use super::super::settle::Settled;
+use crate::follow::column::Comparison;
 use crate::watch::Watch;
 
 /// The numbers of keys a statement is written for: a batch is padded to
@@ -40,7 +39,6 @@ pub(crate) struct TableLookup {
     /// Keys are read weighed under a collation (a `KeyType::Collated`
     /// guard).
     weighed: bool,
-    settled: Arc<Settled>,
 }
 
 /// How a key is bound: as the key column holds it.
@@ -51,51 +49,57 @@ enum Binding {
     Text,
 }
 
-/// The integer types of MySQL and MariaDB.
-const INTEGER_TYPES: [&str; 6] = [
-    "tinyint",
-    "smallint",
-    "mediumint",
-    "int",
-    "integer",
-    "bigint",
-];
-
 impl TableLookup {
-    /// The lookup of `watch`'s table read as the scan reads it (weighed
-    /// under `collation`, if any), or `None` where a lookup cannot be made
-    /// or would cost more than a feed read: a watch of several key columns
-    /// (its keys are joined, and a request's key is not split back), a key
-    /// column no index leads with (each statement would read the table).
+    /// The lookup of `watch`'s table for a guard of `key_type`, read as
+    /// the scan reads it, or `None` where a lookup cannot be made exact or
+    /// would cost more than a feed read:
+    ///
+    /// - a watch of several key columns (its keys are joined, and a
+    ///   request's key is not split back);
+    /// - a key column that does not compare keys exactly as the key type
+    ///   does (a key type looser than its column, such as `Integer` over a
+    ///   byte-exact `varchar`: a stored `007` is the key `7`, which the
+    ///   column would not find);
+    /// - a key column no B-tree or hash index leads with (each statement
+    ///   would read the table).
     pub(crate) async fn prepare(
         pool: &MySqlPool,
         watch: &Watch,
-        collation: Option<&str>,
-        settled: Arc<Settled>,
+        key_type: KeyType,
     ) -> Result<Option<Self>, sqlx::Error> {
         let [column] = watch.key_columns.as_slice() else {
             return Ok(None);
         };
-        let columns = key_type::columns(pool, watch).await?;
-        let Some((_, data_type, _)) = columns
-            .iter()
-            .find(|(name, ..)| name.eq_ignore_ascii_case(column))
-        else {
+        let columns = key_type::key_columns(pool, watch).await?;
+        let Some(key_column) = columns.first() else {
             return Ok(None);
         };
-        let data_type = data_type.to_ascii_lowercase();
-        let binding = if INTEGER_TYPES.contains(&data_type.as_str()) {
-            Binding::Integer
-        } else if is_binary_string(&data_type) {
-            Binding::Bytes
-        } else {
-            Binding::Text
+        if !compares_as(&key_column.comparison, key_type) {
+            tracing::info!(
+                table = watch.table,
+                column,
+                ?key_type,
+                "the key column compares keys otherwise than the key type: refusals wait for feed reads instead of looking their keys up"
+            );
+            return Ok(None);
+        }
+        let data_type = key_type::columns(pool, watch)
+            .await?
+            .into_iter()
+            .find(|(name, ..)| name.eq_ignore_ascii_case(column))
+            .map(|(_, data_type, _)| data_type)
+            .unwrap_or_default();
+        let binding = match key_column.comparison {
+            Comparison::Integer => Binding::Integer,
+            _ if is_binary_string(&data_type) => Binding::Bytes,
+            _ => Binding::Text,
         };
         let (schema, table) = located(watch);
         let indexed: i64 = sqlx::query_scalar(
             "select count(*) from information_schema.statistics
               where table_schema = coalesce(?, database()) and table_name = ?
-                and column_name = ? and seq_in_index = 1",
+                and column_name = ? and seq_in_index = 1
+                and index_type in ('BTREE', 'HASH')",
         )
         .bind(schema)
         .bind(table)
@@ -110,17 +114,31 @@ impl TableLookup {
             );
             return Ok(None);
         }
-        let query = watch.mysql_key_query(pool, collation).await?;
+        let collation = match key_type {
+            KeyType::Collated(collation) => Some(collation.name().to_owned()),
+            _ => None,
+        };
+        let query = watch.mysql_key_query(pool, collation.as_deref()).await?;
         let column = ident(column);
+        // On a Galera node, each statement first applies every write set
+        // the cluster certified before it (a causal read).
+        let galera = sqlx::query_as::<_, (String, String)>("show variables like 'wsrep_on'")
+            .fetch_optional(pool)
+            .await?
+            .is_some_and(|(_, on)| on.eq_ignore_ascii_case("on"));
+        let prefix = if galera {
+            "set statement wsrep_sync_wait = 1 for "
+        } else {
+            ""
+        };
         Ok(Some(Self {
             pool: pool.clone(),
             texts: SIZES
                 .iter()
-                .map(|&size| statement(&query, &column, size))
+                .map(|&size| format!("{prefix}{}", statement(&query, &column, size)))
                 .collect(),
             binding,
             weighed: collation.is_some(),
-            settled,
         }))
     }
 
@@ -188,18 +206,35 @@ impl TableLookup {
         let Some(first) = chunk.first() else {
             return Ok(Vec::new());
         };
-        let mut text = self.texts[index].as_str();
-        let causal;
-        if self.settled.known_galera() {
-            // Every write set certified before it is applied first.
-            causal = format!("set statement wsrep_sync_wait = 1 for {text}");
-            text = &causal;
-        }
-        let mut query = sqlx::query(AssertSqlSafe(text));
+        let mut query = sqlx::query(AssertSqlSafe(self.texts[index].as_str()));
         for slot in 0..size {
             query = self.bind(query, chunk.get(slot).unwrap_or(first))?;
         }
-        query.fetch_all(&self.pool).await.map_err(LookupError::new)
+        // A transaction of its own: its snapshot is taken by this
+        // statement, even on a connection whose session left one open or
+        // runs with autocommit off (`BEGIN` ends any transaction before).
+        let mut transaction = self.pool.begin().await.map_err(LookupError::new)?;
+        let rows = query
+            .fetch_all(&mut *transaction)
+            .await
+            .map_err(LookupError::new)?;
+        transaction.commit().await.map_err(LookupError::new)?;
+        Ok(rows)
+    }
+}
+
+/// Whether a column compared as `comparison` finds exactly the rows whose
+/// keys `key_type` calls equal to a key's canonical form.
+fn compares_as(comparison: &Comparison, key_type: KeyType) -> bool {
+    match (comparison, key_type) {
+        (Comparison::Exact, KeyType::Text)
+        | (Comparison::PadSpace, KeyType::SpacePaddedText)
+        | (Comparison::Integer, KeyType::Integer)
+        | (Comparison::Uuid, KeyType::Uuid) => true,
+        (Comparison::Collated(name), KeyType::Collated(collation)) => {
+            collation.name().eq_ignore_ascii_case(name)
+        }
+        _ => false,
     }
 }
 
@@ -218,6 +253,124 @@ impl KeyLookup for TableLookup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_column_that_compares_as_the_key_type_is_looked_up() {
+        assert!(compares_as(&Comparison::Exact, KeyType::Text));
+        assert!(compares_as(&Comparison::Integer, KeyType::Integer));
+        assert!(compares_as(&Comparison::PadSpace, KeyType::SpacePaddedText));
+        // Looser key types fit their columns, but the column would not find
+        // every stored spelling of the canonical form.
+        for looser in [
+            KeyType::Integer,
+            KeyType::Uuid,
+            KeyType::SpacePaddedText,
+            KeyType::CaseInsensitiveText,
+        ] {
+            assert!(!compares_as(&Comparison::Exact, looser), "{looser:?}");
+        }
+        assert!(!compares_as(&Comparison::Integer, KeyType::Uuid));
+        assert!(!compares_as(
+            &Comparison::Collated("utf8mb4_general_ci".into()),
+            KeyType::Text
+        ));
+    }
+
+    /// A pool of one connection to a new table `name` of the server of
+    /// `MYSQL_URL`, made by `create`.
+    async fn table(create: &str) -> (MySqlPool, Watch) {
+        let url = std::env::var("MYSQL_URL").expect("MYSQL_URL");
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .expect("connect to MySQL");
+        let name = format!("lookup_{}", fastrand::u64(..));
+        sqlx::raw_sql(AssertSqlSafe(create.replace("{name}", &name)))
+            .execute(&pool)
+            .await
+            .expect("create the table");
+        (pool, Watch::table(name).key("code"))
+    }
+
+    async fn found(lookup: &TableLookup, keys: &[&str]) -> Vec<Vec<u8>> {
+        let keys: Vec<LookupKey> = keys
+            .iter()
+            .map(|key| LookupKey::new(key.as_bytes(), None))
+            .collect();
+        let rows = lookup.find(&keys).await.expect("a lookup");
+        rows.iter().map(|key| key.as_bytes().to_vec()).collect()
+    }
+
+    #[tokio::test]
+    #[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+    async fn a_connection_left_in_a_transaction_does_not_hide_a_row() {
+        let (pool, watch) =
+            table("create table {name} (code varchar(50) collate utf8mb4_nopad_bin primary key)")
+                .await;
+        let lookup = TableLookup::prepare(&pool, &watch, KeyType::Text)
+            .await
+            .expect("the column's facts")
+            .expect("a lookup");
+        // The pool's one connection goes back with a snapshot open.
+        {
+            let mut connection = pool.acquire().await.expect("the connection");
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "start transaction with consistent snapshot; select count(*) from {}",
+                watch.table
+            )))
+            .execute(&mut *connection)
+            .await
+            .expect("a snapshot");
+        }
+        let url = std::env::var("MYSQL_URL").expect("MYSQL_URL");
+        let mut other = <sqlx::MySqlConnection as sqlx::Connection>::connect(&url)
+            .await
+            .expect("another connection");
+        sqlx::query(AssertSqlSafe(format!(
+            "insert into {} (code) values ('late')",
+            watch.table
+        )))
+        .execute(&mut other)
+        .await
+        .expect("insert");
+        assert_eq!(found(&lookup, &["late", "never"]).await, [b"late".to_vec()]);
+    }
+
+    #[tokio::test]
+    #[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+    async fn no_lookup_where_it_could_miss_a_row_or_read_the_table() {
+        let (pool, exact) =
+            table("create table {name} (code varchar(50) collate utf8mb4_nopad_bin primary key)")
+                .await;
+        // `Integer` fits a byte-exact column (it compares more loosely),
+        // but the column would not find `007` for the key `7`.
+        assert!(TableLookup::prepare(&pool, &exact, KeyType::Integer)
+            .await
+            .expect("the column's facts")
+            .is_none());
+        let (pool, unindexed) = table(
+            "create table {name} (id bigint primary key, code varchar(50) collate utf8mb4_nopad_bin, fulltext key (code))",
+        )
+        .await;
+        assert!(TableLookup::prepare(&pool, &unindexed, KeyType::Text)
+            .await
+            .expect("the column's facts")
+            .is_none());
+        let (pool, numbers) = table("create table {name} (code bigint primary key)").await;
+        let lookup = TableLookup::prepare(&pool, &numbers, KeyType::Integer)
+            .await
+            .expect("the column's facts")
+            .expect("a lookup");
+        sqlx::query(AssertSqlSafe(format!(
+            "insert into {} values (7)",
+            numbers.table
+        )))
+        .execute(&pool)
+        .await
+        .expect("insert");
+        assert_eq!(found(&lookup, &["7", "8"]).await, [b"7".to_vec()]);
+    }
 
     #[test]
     fn a_statement_restricts_the_key_query_to_its_keys() {

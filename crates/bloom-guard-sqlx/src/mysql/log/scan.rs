@@ -43,12 +43,12 @@ impl KeySource for LogScan {
             self.inner.weighed(),
         );
         spawn_scan(move |batches| async move {
-            let mut connection = pool.acquire().await?;
-            sqlx::query("set session transaction isolation level repeatable read")
-                .execute(&mut *connection)
-                .await?;
-            sqlx::query("start transaction with consistent snapshot, read only")
-                .execute(&mut *connection)
+            // A transaction that rolls back when dropped: a scan that ends
+            // early leaves no snapshot open on a pooled connection.
+            let mut connection = pool
+                .begin_with(
+                    "set transaction isolation level repeatable read; start transaction with consistent snapshot, read only",
+                )
                 .await?;
             let point = snapshot_point(&mut connection).await?;
             let epoch: Option<String> =
@@ -76,7 +76,7 @@ impl KeySource for LogScan {
             else {
                 return Ok(());
             };
-            sqlx::query("commit").execute(&mut *connection).await?;
+            connection.commit().await?;
             batches.finish(batch).await;
             Ok(())
         })

@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
@@ -52,8 +53,10 @@ impl LookupKey {
     /// The text to look the key up by in the table: the request's own
     /// spelling under a [`KeyType::Collated`](crate::KeyType::Collated)
     /// guard (whose canonical form is the collation's weights), else the
-    /// canonical form, which the column compares equal to every spelling
-    /// the key type does.
+    /// canonical form. A column that compares keys exactly as the key type
+    /// does finds every row of the key by either; a lookup over a column
+    /// that compares otherwise (a key type looser than its column) may
+    /// miss rows, and must not be made.
     pub fn text(&self) -> &[u8] {
         self.spelling.as_deref().unwrap_or(&self.canonical)
     }
@@ -86,7 +89,11 @@ impl LookupError {
 /// for the key whose canonical form it comes to. A row that comes to none
 /// of the keys asked about, or a key the batch
 /// [skipped](KeyBatch::skip), sends every key of the statement on, as does
-/// an error: the statement's answer is trusted only where it is plain.
+/// an error: the statement's answer is trusted only where it is plain. What
+/// it cannot catch is a row the statement did not return: the statement
+/// must find every row whose key the guard's key type calls equal to the
+/// key asked (a column that compares keys as the key type does), and must
+/// see every row committed before it began.
 ///
 /// # Example
 ///
@@ -178,6 +185,8 @@ fn attribute(key_type: KeyType, keys: &[LookupKey], found: &KeyBatch) -> Option<
 pub(crate) struct Lookups {
     lookup: Box<dyn KeyLookup>,
     key_type: KeyType,
+    /// How long a statement may take: its waiters go on at the same bound.
+    bound: Duration,
     queue: Mutex<Queue>,
 }
 
@@ -189,8 +198,8 @@ impl std::fmt::Debug for Lookups {
 
 #[derive(Default)]
 struct Queue {
-    keys: Vec<LookupKey>,
-    answers: Vec<oneshot::Sender<bool>>,
+    /// Each key, and where its answer goes.
+    waiting: Vec<(LookupKey, oneshot::Sender<bool>)>,
     /// A task takes the queue's keys to statements.
     running: bool,
     /// The last statement failed (logged once, when it began failing).
@@ -198,10 +207,11 @@ struct Queue {
 }
 
 impl Lookups {
-    pub(crate) fn new(lookup: Box<dyn KeyLookup>, key_type: KeyType) -> Self {
+    pub(crate) fn new(lookup: Box<dyn KeyLookup>, key_type: KeyType, bound: Duration) -> Self {
         Self {
             lookup,
             key_type,
+            bound,
             queue: Mutex::default(),
         }
     }
@@ -213,8 +223,7 @@ impl Lookups {
         let (answer, receiver) = oneshot::channel();
         let start = {
             let mut queue = self.queue.lock();
-            queue.keys.push(key);
-            queue.answers.push(answer);
+            queue.waiting.push((key, answer));
             !std::mem::replace(&mut queue.running, true)
         };
         if start {
@@ -226,8 +235,7 @@ impl Lookups {
                     // No runtime to look up on: every key queued goes on.
                     let mut queue = self.queue.lock();
                     queue.running = false;
-                    queue.keys.clear();
-                    queue.answers.clear();
+                    queue.waiting.clear();
                 }
             }
         }
@@ -251,21 +259,24 @@ impl Lookups {
         loop {
             let (keys, asked, answers) = {
                 let mut queue = self.queue.lock();
-                if queue.keys.is_empty() {
+                // Waiters that went on (the bound, their client gone) need
+                // no statement.
+                queue.waiting.retain(|(_, answer)| !answer.is_closed());
+                if queue.waiting.is_empty() {
                     // Handed back under the lock: an ask after it starts
                     // another task.
                     queue.running = false;
                     running.0 = None;
                     return;
                 }
-                let take = queue.keys.len().min(MAX_KEYS);
-                let answers: Vec<_> = queue.answers.drain(..take).collect();
-                let (keys, asked) = distinct(queue.keys.drain(..take));
+                let take = queue.waiting.len().min(MAX_KEYS);
+                let (keys, answers): (Vec<_>, Vec<_>) = queue.waiting.drain(..take).unzip();
+                let (keys, asked) = distinct(keys.into_iter());
                 (keys, asked, answers)
             };
-            let found = self.lookup.find(&keys).await;
+            let found = tokio::time::timeout(self.bound, self.lookup.find(&keys)).await;
             let found = match found {
-                Ok(found) => {
+                Ok(Ok(found)) => {
                     self.queue.lock().failing = false;
                     attribute(self.key_type, &keys, &found).unwrap_or_else(|| {
                         tracing::debug!(
@@ -275,9 +286,13 @@ impl Lookups {
                         vec![true; keys.len()]
                     })
                 }
-                Err(error) => {
+                failed => {
                     let first = !std::mem::replace(&mut self.queue.lock().failing, true);
                     if first {
+                        let error = match failed {
+                            Ok(Err(error)) => error.to_string(),
+                            _ => format!("no answer within {:?}", self.bound),
+                        };
                         tracing::warn!(%error, "would-be refusals go on to the handler until a key lookup succeeds again");
                     }
                     vec![true; keys.len()]

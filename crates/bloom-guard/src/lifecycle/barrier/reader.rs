@@ -130,16 +130,22 @@ impl FeedReader {
     /// [`KeyLookup`]), for as long as the reader lives. Once every
     /// follower of the guard has one, a would-be refusal waits for a
     /// lookup begun after it arrived instead of a feed read, within the
-    /// same bound; a key found, or a lookup that fails or does not answer
-    /// in time, goes on to the handler.
+    /// same bound (a statement that takes longer is given up); a key
+    /// found, or a lookup that fails or does not answer in time, goes on
+    /// to the handler. The lookup must find every row of a key the guard's
+    /// key type calls equal to it: register one only for a table whose key
+    /// column compares keys exactly as the key type does.
     pub fn look_up_with(&self, lookup: impl KeyLookup) {
         let key_type = self
             .shared
             .as_ref()
             .map_or_else(Default::default, |shared| shared.config.key_type);
-        self.slot
-            .lookup
-            .store(Some(Arc::new(Lookups::new(Box::new(lookup), key_type))));
+        let bound = self.barrier.bound.unwrap_or_default();
+        self.slot.lookup.store(Some(Arc::new(Lookups::new(
+            Box::new(lookup),
+            key_type,
+            bound,
+        ))));
     }
 
     /// Completes when a refusal waits for a read and the guard's
