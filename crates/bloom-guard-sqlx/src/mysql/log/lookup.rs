@@ -13,7 +13,7 @@ use bloom_guard::feed::{KeyLookup, LookupError, LookupKey};
 use bloom_guard::keys::KeyBatch;
 use bloom_guard::KeyType;
 use futures_util::future::BoxFuture;
-use sqlx::mysql::{MySqlArguments, MySqlRow};
+use sqlx::mysql::{MySqlArguments, MySqlPoolOptions, MySqlRow};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row};
 
@@ -28,9 +28,14 @@ use crate::watch::Watch;
 /// batch and each stays prepared on its connection.
 const SIZES: [usize; 4] = [1, 8, 64, 256];
 
+/// The connections of a lookup's own pool: the chunks of the largest
+/// lookup the guard asks for (1 024 keys) at once.
+const CONNECTIONS: u32 = 4;
+
 /// Looks keys up in a watched MySQL table with one key column.
 #[derive(Debug)]
 pub(crate) struct TableLookup {
+    /// Connections of the lookup's own (see [`own_pool`]).
     pool: MySqlPool,
     /// The statements by [`SIZES`].
     texts: Vec<String>,
@@ -132,7 +137,7 @@ impl TableLookup {
             ""
         };
         Ok(Some(Self {
-            pool: pool.clone(),
+            pool: own_pool(pool),
             texts: SIZES
                 .iter()
                 .map(|&size| format!("{prefix}{}", statement(&query, &column, size)))
@@ -210,17 +215,33 @@ impl TableLookup {
         for slot in 0..size {
             query = self.bind(query, chunk.get(slot).unwrap_or(first))?;
         }
-        // A transaction of its own: its snapshot is taken by this
-        // statement, even on a connection whose session left one open or
-        // runs with autocommit off (`BEGIN` ends any transaction before).
-        let mut transaction = self.pool.begin().await.map_err(LookupError::new)?;
-        let rows = query
-            .fetch_all(&mut *transaction)
-            .await
-            .map_err(LookupError::new)?;
-        transaction.commit().await.map_err(LookupError::new)?;
-        Ok(rows)
+        query.fetch_all(&self.pool).await.map_err(LookupError::new)
     }
+}
+
+/// Connections for lookups alone, to the server and database of `pool`:
+/// each statement is a transaction of its own (autocommit, whatever the
+/// server's default), so its snapshot is the statement's, and no other
+/// code of the process can leave one of them inside a transaction. One a
+/// chunk of the largest lookup; opened when first needed; not pinged
+/// before each use (a statement on a lost connection fails, and its keys
+/// go on).
+fn own_pool(pool: &MySqlPool) -> MySqlPool {
+    MySqlPoolOptions::new()
+        .max_connections(CONNECTIONS)
+        .min_connections(0)
+        .test_before_acquire(false)
+        .after_connect(|connection, _| {
+            Box::pin(async move {
+                sqlx::raw_sql(
+                    "set session autocommit = 1; set session transaction isolation level read committed",
+                )
+                .execute(connection)
+                .await
+                .map(|_| ())
+            })
+        })
+        .connect_lazy_with(pool.connect_options().as_ref().clone())
 }
 
 /// Whether a column compared as `comparison` finds exactly the rows whose

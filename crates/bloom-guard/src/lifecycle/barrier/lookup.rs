@@ -217,14 +217,15 @@ impl Lookups {
     }
 
     /// Queues `key` for the next statement: the answer, `true` if the
-    /// table holds it (or it could not be looked up). A dropped sender
-    /// (the task gone with its runtime) counts as `true` at the receiver.
-    pub(crate) fn ask(self: &Arc<Self>, key: LookupKey) -> oneshot::Receiver<bool> {
+    /// table holds it (or it could not be looked up), and whether the last
+    /// statement failed. A dropped sender (the task gone with its runtime)
+    /// counts as `true` at the receiver.
+    pub(crate) fn ask(self: &Arc<Self>, key: LookupKey) -> (oneshot::Receiver<bool>, bool) {
         let (answer, receiver) = oneshot::channel();
-        let start = {
+        let (start, failing) = {
             let mut queue = self.queue.lock();
             queue.waiting.push((key, answer));
-            !std::mem::replace(&mut queue.running, true)
+            (!std::mem::replace(&mut queue.running, true), queue.failing)
         };
         if start {
             match tokio::runtime::Handle::try_current() {
@@ -239,7 +240,7 @@ impl Lookups {
                 }
             }
         }
-        receiver
+        (receiver, failing)
     }
 
     /// Takes the queued keys to statements, one at a time, until none
@@ -260,8 +261,14 @@ impl Lookups {
             let (keys, asked, answers) = {
                 let mut queue = self.queue.lock();
                 // Waiters that went on (the bound, their client gone) need
-                // no statement.
-                queue.waiting.retain(|(_, answer)| !answer.is_closed());
+                // no statement; while lookups fail, refusals go on at once,
+                // and one of their keys makes the next try.
+                let (failing, mut trying) = (queue.failing, false);
+                queue.waiting.retain(|(_, answer)| {
+                    let keep = !answer.is_closed() || (failing && !trying);
+                    trying |= keep && answer.is_closed();
+                    keep
+                });
                 if queue.waiting.is_empty() {
                     // Handed back under the lock: an ask after it starts
                     // another task.

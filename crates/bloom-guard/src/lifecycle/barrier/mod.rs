@@ -165,12 +165,20 @@ impl Barrier {
     /// Whether a table holds `key`, by every follower's lookup (see
     /// [`lookups`](Self::lookups)): `Some(false)` only if no table held it
     /// as of statements begun after this call; `None` if the answers did
-    /// not all come within the bound (the database slow or gone).
+    /// not all come within the bound (the database slow or gone), or at
+    /// once while a follower's last lookup failed (its next statement,
+    /// which this key joins, tells when they work again).
     pub(crate) async fn look_up(&self, lookups: Vec<Arc<Lookups>>, key: LookupKey) -> Option<bool> {
-        let answers: Vec<_> = lookups
-            .iter()
-            .map(|lookups| lookups.ask(key.clone()))
-            .collect();
+        let mut answers = Vec::with_capacity(lookups.len());
+        let mut failing = false;
+        for lookups in &lookups {
+            let (answer, failed) = lookups.ask(key.clone());
+            answers.push(answer);
+            failing |= failed;
+        }
+        if failing {
+            return None;
+        }
         let all = async move {
             for answer in answers {
                 // A lost answer (the lookup's task gone) counts as found.

@@ -670,7 +670,7 @@ struct Table {
     statements: Arc<AtomicUsize>,
     keys_looked_up: Arc<AtomicUsize>,
     gate: Option<Arc<tokio::sync::Semaphore>>,
-    fails: bool,
+    fails: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl crate::feed::KeyLookup for Table {
@@ -688,7 +688,7 @@ impl crate::feed::KeyLookup for Table {
                     .map_err(crate::feed::LookupError::new)?
                     .forget();
             }
-            if self.fails {
+            if self.fails.load(Ordering::SeqCst) {
                 return Err(crate::feed::LookupError::new("the database is gone"));
             }
             let rows = self.rows.lock().expect("rows");
@@ -804,13 +804,30 @@ async fn a_lookup_that_fails_or_does_not_answer_sends_refusals_on() {
         .build();
     guard.clone().warm(KeyList::new(["present"])).await;
     let reader = guard.feed().reader();
-    reader.look_up_with(Table {
-        fails: true,
-        ..Table::default()
-    });
+    let table = Table::default();
+    table.fails.store(true, Ordering::SeqCst);
+    reader.look_up_with(table.clone());
     let (svc, calls) = counted(&guard);
     let failed = svc.clone().oneshot(get_request("/items/absent")).await;
     assert_eq!(failed.map(|r| r.status()), Ok(StatusCode::OK));
+    // While lookups fail, refusals go on at once, each driving a retry.
+    let started = std::time::Instant::now();
+    let again = svc.clone().oneshot(get_request("/items/absent")).await;
+    assert_eq!(again.map(|r| r.status()), Ok(StatusCode::OK));
+    assert!(started.elapsed() < std::time::Duration::from_millis(50));
+    // The database back: the retry clears the failure, refusals resume.
+    table.fails.store(false, Ordering::SeqCst);
+    let mut refused = false;
+    for _ in 0..100 {
+        let answer = svc.clone().oneshot(get_request("/items/absent")).await;
+        if answer.map(|r| r.status()) == Ok(StatusCode::NOT_FOUND) {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(refused, "lookups never recovered");
+    let calls_before = calls.load(Ordering::SeqCst);
     // A statement that never answers: the request goes on at the bound.
     reader.look_up_with(Table {
         gate: Some(Arc::new(tokio::sync::Semaphore::new(0))),
@@ -818,8 +835,8 @@ async fn a_lookup_that_fails_or_does_not_answer_sends_refusals_on() {
     });
     let silent = svc.oneshot(get_request("/items/absent")).await;
     assert_eq!(silent.map(|r| r.status()), Ok(StatusCode::OK));
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
-    assert_eq!(guard.stats().rejected, 0);
+    assert_eq!(calls.load(Ordering::SeqCst), calls_before + 1);
+    assert_eq!(guard.stats().rejected, 1);
     drop(reader);
 }
 
