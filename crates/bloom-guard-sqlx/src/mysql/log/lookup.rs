@@ -136,8 +136,16 @@ impl TableLookup {
         } else {
             ""
         };
+        // The database the pool's own connections use (set by an
+        // `after_connect` `USE` as well as by the URL), and one connection
+        // opened now, outside any refusal's wait.
+        let database: Option<String> = sqlx::query_scalar("select database()")
+            .fetch_one(pool)
+            .await?;
+        let own = own_pool(pool, database.as_deref());
+        drop(own.acquire().await?);
         Ok(Some(Self {
-            pool: own_pool(pool),
+            pool: own,
             texts: SIZES
                 .iter()
                 .map(|&size| format!("{prefix}{}", statement(&query, &column, size)))
@@ -219,17 +227,23 @@ impl TableLookup {
     }
 }
 
-/// Connections for lookups alone, to the server and database of `pool`:
-/// each statement is a transaction of its own (autocommit, whatever the
-/// server's default), so its snapshot is the statement's, and no other
-/// code of the process can leave one of them inside a transaction. One a
-/// chunk of the largest lookup; opened when first needed; not pinged
-/// before each use (a statement on a lost connection fails, and its keys
-/// go on).
-fn own_pool(pool: &MySqlPool) -> MySqlPool {
+/// Connections for lookups alone, with `pool`'s options as they are now,
+/// to `database`: each statement is a transaction of its own (autocommit,
+/// whatever the server's default), so its snapshot is the statement's, and
+/// no other code of the process can leave one of them inside a
+/// transaction. One a chunk of the largest lookup, the first kept open
+/// (connecting, with TLS to a distant server, could take longer than a
+/// refusal waits), the others opened when a flood needs them; not pinged before each use (a statement on a lost connection fails,
+/// and its keys go on).
+fn own_pool(pool: &MySqlPool, database: Option<&str>) -> MySqlPool {
+    let options = pool.connect_options().as_ref().clone();
+    let options = match database {
+        Some(database) => options.database(database),
+        None => options,
+    };
     MySqlPoolOptions::new()
         .max_connections(CONNECTIONS)
-        .min_connections(0)
+        .min_connections(1)
         .test_before_acquire(false)
         .after_connect(|connection, _| {
             Box::pin(async move {
@@ -241,7 +255,7 @@ fn own_pool(pool: &MySqlPool) -> MySqlPool {
                 .map(|_| ())
             })
         })
-        .connect_lazy_with(pool.connect_options().as_ref().clone())
+        .connect_lazy_with(options)
 }
 
 /// Whether a column compared as `comparison` finds exactly the rows whose

@@ -21,12 +21,15 @@ use tokio::sync::oneshot;
 use crate::keys::batch::KeyBatch;
 use crate::keys::key_type::KeyType;
 
+/// The pause after a failed lookup before the next try.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 /// The most keys one lookup is asked about (a backend may split them
 /// into several statements).
 const MAX_KEYS: usize = 1024;
 
 /// A key a would-be refusal asks a [`KeyLookup`] about.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LookupKey {
     canonical: Box<[u8]>,
     spelling: Option<Box<[u8]>>,
@@ -131,8 +134,8 @@ impl LookupError {
 /// # }
 /// ```
 pub trait KeyLookup: Send + Sync + 'static {
-    /// The keys of the rows the table holds of `keys`, read by one
-    /// statement that begins after this call.
+    /// The keys of the rows the table holds of `keys`, read by statements
+    /// (one, or one per chunk of them) that each begin after this call.
     fn find<'a>(&'a self, keys: &'a [LookupKey]) -> BoxFuture<'a, Result<KeyBatch, LookupError>>;
 }
 
@@ -142,14 +145,17 @@ impl<L: KeyLookup + ?Sized> KeyLookup for Box<L> {
     }
 }
 
-/// The distinct keys of `asked` (by canonical form: a flood repeats
-/// keys), and for each key asked, its index among them.
+/// The distinct keys of `asked` (a flood repeats keys), and for each key
+/// asked, its index among them. Keys are the same only if both their
+/// canonical form and their spelling are: two spellings of one canonical
+/// form are each looked up, so a server that equates otherwise than the
+/// guard's weights returns a row that names no key asked, never hides one.
 fn distinct(asked: impl Iterator<Item = LookupKey>) -> (Vec<LookupKey>, Vec<usize>) {
-    let mut index: HashMap<Box<[u8]>, usize> = HashMap::new();
+    let mut index: HashMap<LookupKey, usize> = HashMap::new();
     let mut keys = Vec::new();
     let which = asked
         .map(|key| {
-            *index.entry(key.canonical.clone()).or_insert_with(|| {
+            *index.entry(key.clone()).or_insert_with(|| {
                 keys.push(key);
                 keys.len() - 1
             })
@@ -308,6 +314,10 @@ impl Lookups {
             for (answer, key) in answers.into_iter().zip(asked) {
                 let _ = answer.send(found.get(key).copied().unwrap_or(true));
             }
+            if self.queue.lock().failing {
+                // Refusals go on at once meanwhile: the next try can wait.
+                tokio::time::sleep(RETRY_PAUSE.min(self.bound)).await;
+            }
         }
     }
 }
@@ -360,6 +370,12 @@ mod tests {
         let (distinct, which) = distinct(keys(&["a", "b", "a", "c", "b"]).into_iter());
         assert_eq!(distinct, keys(&["a", "b", "c"]));
         assert_eq!(which, [0, 1, 0, 2, 1]);
+        // One canonical form, two spellings: each looked up.
+        let spelt =
+            |spelling: &str| LookupKey::new(b"w".as_slice(), Some(spelling.as_bytes().into()));
+        let (spellings, which) = super::distinct([spelt("a"), spelt("A"), spelt("a")].into_iter());
+        assert_eq!(spellings.len(), 2);
+        assert_eq!(which, [0, 1, 0]);
     }
 
     #[test]

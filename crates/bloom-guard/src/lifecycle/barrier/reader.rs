@@ -132,7 +132,10 @@ impl FeedReader {
     /// lookup begun after it arrived instead of a feed read, within the
     /// same bound (a statement that takes longer is given up); a key
     /// found, or a lookup that fails or does not answer in time, goes on
-    /// to the handler. The lookup must find every row of a key the guard's
+    /// to the handler. After a lookup failed, would-be refusals go on at
+    /// once (counted as barrier timeouts) until one succeeds again: the
+    /// next try, paced at most one per 100 ms, looks up one of their
+    /// keys. The lookup must find every row of a key the guard's
     /// key type calls equal to it: register one only for a table whose key
     /// column compares keys exactly as the key type does.
     pub fn look_up_with(&self, lookup: impl KeyLookup) {
