@@ -386,7 +386,11 @@ async fn writers(
     for statement in ["insert", "update_key", "delete"] {
         // Deletes take rows the key updates did not rename: a delete of a
         // renamed row finds nothing, and costs next to nothing.
-        let first = if statement == "delete" { rows / 2 + 1 } else { 1 };
+        let first = if statement == "delete" {
+            rows / 2 + 1
+        } else {
+            1
+        };
         let taken: Vec<Arc<AtomicU64>> = (0..=feeds.len())
             .map(|_| Arc::new(AtomicU64::new(first)))
             .collect();
