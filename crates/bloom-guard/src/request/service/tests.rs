@@ -726,6 +726,15 @@ fn counted(
     (svc, calls)
 }
 
+/// A guard holding "present" whose refusals wait at most 50 ms.
+async fn bounded_guard() -> BloomGuard {
+    let guard = BloomGuard::builder()
+        .read_barrier_timeout(std::time::Duration::from_millis(50))
+        .build();
+    guard.clone().warm(KeyList::new(["present"])).await;
+    guard
+}
+
 fn get_request(uri: &str) -> http::Request<()> {
     http::Request::get(uri).body(()).expect("valid request")
 }
@@ -799,10 +808,7 @@ async fn refusals_waiting_together_share_one_lookup() {
 
 #[tokio::test]
 async fn a_lookup_that_fails_or_does_not_answer_sends_refusals_on() {
-    let guard = BloomGuard::builder()
-        .read_barrier_timeout(std::time::Duration::from_millis(50))
-        .build();
-    guard.clone().warm(KeyList::new(["present"])).await;
+    let guard = bounded_guard().await;
     let reader = guard.feed().reader();
     let table = Table::default();
     table.fails.store(true, Ordering::SeqCst);
@@ -842,10 +848,7 @@ async fn a_lookup_that_fails_or_does_not_answer_sends_refusals_on() {
 
 #[tokio::test]
 async fn a_follower_without_a_lookup_keeps_the_feed_read_for_every_refusal() {
-    let guard = BloomGuard::builder()
-        .read_barrier_timeout(std::time::Duration::from_millis(50))
-        .build();
-    guard.clone().warm(KeyList::new(["present"])).await;
+    let guard = bounded_guard().await;
     let looking = guard.feed().reader();
     let table = Table::default();
     looking.look_up_with(table.clone());
