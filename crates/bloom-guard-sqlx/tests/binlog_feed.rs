@@ -233,6 +233,29 @@ async fn created_on_one_refused_by_none(look_up: bool, keys: usize) {
     );
 }
 
+/// Waits until no reader feeds `pool`'s database: nobody follows it (the
+/// server's reader, which other tests' followers keep running, leaves it
+/// within a second).
+async fn unfed(pool: &MySqlPool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let fed: i64 = sqlx::query_scalar(
+            "select is_used_lock(concat('bloom_guard_binlog:', md5(database()))) is not null",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("the feed's lock");
+        if fed == 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a database nobody follows is still fed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Holds the feed's tables locked for writes on a connection of its own,
 /// until [`resume`]d: the producer can write nothing to the feed, and no
 /// feed read can bring a key committed meanwhile.
@@ -655,7 +678,7 @@ async fn a_log_purged_before_it_was_read_starts_the_feed_over() {
     let before = epoch().await;
     // The fleet stops; keys are written; the log they are in is purged.
     drop(running);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    unfed(&pool).await;
     exec(
         &pool,
         "insert into items (code) values ('while-down-1'), ('while-down-2')",
@@ -749,7 +772,7 @@ async fn a_log_of_another_server_starts_the_feed_over() {
     };
     let before = epoch().await;
     drop(running);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    unfed(&pool).await;
     exec(
         &pool,
         "update bloom_guard_log_progress set server = '2:/var/lib/mysql/old-primary-bin'",
@@ -837,48 +860,6 @@ async fn a_table_has_one_feed() {
     assert!(error.to_string().contains("decimal"), "{error}");
 }
 
-/// A MariaDB server of the test's own with TLS (`.ci/mariadb start DIR
-/// tls`), stopped when dropped.
-#[cfg(feature = "binlog-feed-tls")]
-struct TlsServer {
-    dir: tempfile::TempDir,
-    url: String,
-}
-
-#[cfg(feature = "binlog-feed-tls")]
-impl TlsServer {
-    fn script() -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/mariadb")
-    }
-
-    fn start() -> Self {
-        let dir = tempfile::tempdir().expect("a folder for the server");
-        let out = std::process::Command::new(Self::script())
-            .arg("start")
-            .arg(dir.path())
-            .arg("tls")
-            .output()
-            .expect(".ci/mariadb");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let url = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        Self { dir, url }
-    }
-}
-
-#[cfg(feature = "binlog-feed-tls")]
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(Self::script())
-            .arg("stop")
-            .arg(self.dir.path())
-            .output();
-    }
-}
-
 /// The stream over TLS, its server's certificate verified against the
 /// URL's `ssl-ca`, as a user the server lets in over TLS only: the producer
 /// streams, keys arrive, absent ones are refused.
@@ -889,7 +870,7 @@ impl Drop for TlsServer {
     ignore = "needs MariaDB's server (mariadbd) for a server with TLS"
 )]
 async fn the_stream_goes_over_tls_as_the_url_asks() {
-    let server = TlsServer::start();
+    let server = common::mysql::Server::start(true);
     let pool = MySqlPoolOptions::new()
         .max_connections(8)
         .connect(&server.url)

@@ -130,3 +130,75 @@ pub(crate) fn position(guard: &bloom_guard::BloomGuard) -> String {
         .map(|feed| feed.position)
         .unwrap_or_default()
 }
+
+/// A MariaDB server of the test's own (`.ci/mariadb start DIR [tls]`): its
+/// `url` for the user `bloom`, and `root` statements over its socket;
+/// stopped when dropped.
+pub(crate) struct Server {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) url: String,
+}
+
+impl Server {
+    fn script() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/mariadb")
+    }
+
+    /// Starts one, with TLS (a user `bloom_tls` that connects over TLS
+    /// only, the CA at `dir/tls/ca.pem`) where `tls` says so.
+    pub(crate) fn start(tls: bool) -> Self {
+        let dir = tempfile::tempdir().expect("a folder for the server");
+        let mut command = std::process::Command::new(Self::script());
+        command.arg("start").arg(dir.path());
+        if tls {
+            command.arg("tls");
+        }
+        let out = command.output().expect(".ci/mariadb");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let url = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        Self { dir, url }
+    }
+
+    /// Runs `sql` as the server's `root` (users, rights).
+    pub(crate) fn root(&self, sql: &str) {
+        let out = std::process::Command::new("mariadb")
+            .arg("--no-defaults")
+            .arg(format!(
+                "--socket={}",
+                self.dir.path().join("sock").display()
+            ))
+            .arg("-uroot")
+            .arg("-e")
+            .arg(sql)
+            .output()
+            .expect("the mariadb client");
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The URL of `user` (password `bloom`) on `database`.
+    pub(crate) fn url_of(&self, user: &str, database: &str) -> String {
+        let address = self
+            .url
+            .rsplit_once('@')
+            .and_then(|(_, address)| address.split('/').next())
+            .expect("an address");
+        format!("mysql://{user}:bloom@{address}/{database}")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(Self::script())
+            .arg("stop")
+            .arg(self.dir.path())
+            .output();
+    }
+}

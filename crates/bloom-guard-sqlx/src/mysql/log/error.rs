@@ -20,6 +20,14 @@ pub(crate) enum BinlogError {
     /// within the read's bound.
     #[error("the binary log feed's producer did not reach the log's position {0} in time")]
     Behind(String),
+    /// The stream ended, or another producer wrote a feed's progress: the
+    /// producer starts again from the progress.
+    #[error("the binary log feed's producer lost its place: {0}")]
+    Lost(String),
+    /// Another session holds a database's feed tables locked (a dump
+    /// with `LOCK TABLES`, DDL) past the producer's lock wait.
+    #[error("the feed tables of database {0} are locked by another session")]
+    Blocked(String),
     /// The URL the producer streams the log with cannot be used.
     #[error("the binary log feed's URL cannot be used: {0}")]
     Url(String),

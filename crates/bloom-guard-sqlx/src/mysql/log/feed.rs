@@ -77,6 +77,11 @@ async fn progress(connection: &mut MySqlConnection) -> Result<Option<Progress>, 
 pub(super) const AT_POINT_LOCK: &str =
     "concat('bloom_guard_binlog_at:', left(md5(database()), 16), ':', ?, ':', ?)";
 
+/// [`AT_POINT_LOCK`] of the database named by a first parameter: the
+/// producer's, which writes the feeds of several databases.
+pub(super) const AT_POINT_LOCK_OF: &str =
+    "concat('bloom_guard_binlog_at:', left(md5(?), 16), ':', ?, ':', ?)";
+
 /// Waits until the producer has written every change committed before
 /// the call, at most until `deadline`.
 pub(super) async fn wait_for_producer(

@@ -3,11 +3,12 @@
 //! of a table on it ([`Watch::install_log`](crate::Watch::install_log) on
 //! a MySQL pool).
 //!
-//! Inside: one producer per database, elected (`producer`),
-//! streams the log over the replication protocol (`stream`), turns each
+//! Inside: one reader per server, elected among the followers' processes
+//! (`producer`), streams the log over the replication protocol (`stream`)
+//! for every database whose feed someone follows (`reader`), turns each
 //! committed transaction's row images into feed rows (`rows`), and writes
-//! them with the transaction's end point and its progress, in commit order
-//! (`producer`, `write`); followers read the rows after their point, and a read for
+//! them with the transaction's end point and each feed's progress, in
+//! commit order (`write`); followers read the rows after their point, and a read for
 //! waiting refusals first waits until the producer has written what the
 //! log held when it began (`feed`); a would-be refusal itself waits for a
 //! lookup of its key in the table instead (`lookup`). Scans take a snapshot's point in the
@@ -24,6 +25,7 @@ mod install;
 mod lookup;
 mod position;
 mod producer;
+mod reader;
 pub(crate) mod registry;
 mod rows;
 mod scan;

@@ -5,7 +5,8 @@
 use sqlx::MySqlPool;
 
 use super::rows::KeyPart;
-use super::stream::{LoggedTable, LoggedTables};
+use super::stream::{FeedId, LoggedTable, LoggedTables};
+use crate::mysql::names::ident;
 use crate::watch::Watch;
 
 /// Whether `watch`'s table is on the binary log feed.
@@ -22,17 +23,33 @@ pub(crate) async fn is_logged(pool: &MySqlPool, watch: &Watch) -> Result<bool, s
     }
 }
 
-/// The tables on the binary log feed, with their key columns' places in
-/// the rows as the server's catalog says now.
-pub(crate) async fn logged_tables(
+/// The tables on the binary log feeds of `databases`, with their key
+/// columns' places in the rows as the server's catalog says now.
+pub(crate) async fn logged_tables<'a>(
     connection: &mut sqlx::MySqlConnection,
+    databases: impl IntoIterator<Item = &'a String>,
 ) -> Result<LoggedTables, sqlx::Error> {
-    let registered: Vec<(String, String, String, String)> = sqlx::query_as(
-        "select guard, table_schema, table_name, key_columns from bloom_guard_log_tables",
-    )
-    .fetch_all(&mut *connection)
-    .await?;
     let mut tables = LoggedTables::default();
+    for database in databases {
+        let registered: Vec<(String, String, String, String)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "select guard, table_schema, table_name, key_columns from {}.bloom_guard_log_tables",
+                ident(database)
+            )))
+            .fetch_all(&mut *connection)
+            .await?;
+        add_tables(connection, database, registered, &mut tables).await?;
+    }
+    Ok(tables)
+}
+
+/// Adds `database`'s `registered` tables, as its registry lists them.
+async fn add_tables(
+    connection: &mut sqlx::MySqlConnection,
+    database: &str,
+    registered: Vec<(String, String, String, String)>,
+    tables: &mut LoggedTables,
+) -> Result<(), sqlx::Error> {
     for (feed, schema, table, keys) in registered {
         let keys: Vec<String> = serde_json::from_str(&keys).unwrap_or_default();
         let columns: Vec<(String, i64, String)> = sqlx::query_as(
@@ -63,12 +80,15 @@ pub(crate) async fn logged_tables(
                 &schema,
                 &table,
                 LoggedTable {
-                    feed,
+                    feed: FeedId {
+                        database: database.to_owned(),
+                        feed,
+                    },
                     parts,
                     columns: columns.len(),
                 },
             );
         }
     }
-    Ok(tables)
+    Ok(())
 }

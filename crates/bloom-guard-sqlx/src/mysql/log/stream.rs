@@ -23,10 +23,18 @@ use mysql_async::BinlogStream;
 use super::position::BinlogPoint;
 use super::rows::{feed_rows, KeyError, KeyPart};
 
-/// The feed's name and key columns of a table on the binary log feed.
+/// A feed of the server: the database whose feed tables it is written
+/// to, and its name there.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct FeedId {
+    pub(crate) database: String,
+    pub(crate) feed: String,
+}
+
+/// The feed and key columns of a table on the binary log feed.
 #[derive(Debug, Clone)]
 pub(crate) struct LoggedTable {
-    pub(crate) feed: String,
+    pub(crate) feed: FeedId,
     pub(crate) parts: Vec<KeyPart>,
     /// The table's columns as the catalog listed them when the parts were
     /// read: a row of another count was written under another layout.
@@ -57,7 +65,7 @@ impl LoggedTables {
     /// that is a watched table, `schema.table` or unqualified in the
     /// statement's default `schema`. Too many is a rebuild more; too few
     /// would be a skipped change.
-    fn named_in(&self, statement: &str, schema: &str) -> BTreeSet<String> {
+    fn named_in(&self, statement: &str, schema: &str) -> BTreeSet<FeedId> {
         let statement = statement.to_lowercase().replace('`', "");
         let schema = schema.to_lowercase();
         statement
@@ -79,9 +87,9 @@ pub(crate) struct Committed {
     /// Where it ends in the log.
     pub(crate) end: Option<BinlogPoint>,
     /// Its feed rows: the feed, the kind, the key.
-    pub(crate) rows: Vec<(String, char, Vec<u8>)>,
+    pub(crate) rows: Vec<(FeedId, char, Vec<u8>)>,
     /// The feeds it starts over.
-    pub(crate) resync: BTreeSet<String>,
+    pub(crate) resync: BTreeSet<FeedId>,
     /// Whether it changed a table other than the feed's own: a read's
     /// wait for the producer waits for it (`feed.rs`).
     pub(crate) foreign: bool,
@@ -119,6 +127,12 @@ impl Transactions {
     /// The end of the last event outside any transaction.
     pub(crate) fn boundary(&self) -> &BinlogPoint {
         &self.boundary
+    }
+
+    /// Whether the stream is inside a transaction: its rows so far were
+    /// read for the tables it was given then.
+    pub(crate) fn in_transaction(&self) -> bool {
+        self.open.is_some()
     }
 
     /// Reads on for `tables`, as the catalog lists them now (after a
@@ -273,7 +287,8 @@ impl Transactions {
                     ),
                     Err(KeyError::Missing(column) | KeyError::Unsupported(column)) => {
                         tracing::warn!(
-                            feed = watched.feed,
+                            database = watched.feed.database,
+                            feed = watched.feed.feed,
                             column,
                             "a change reached the binary log without its key; the guard rebuilds"
                         );
@@ -294,7 +309,10 @@ mod tests {
     fn a_statement_names_a_table_of_its_schema_or_a_qualified_one() {
         let mut tables = LoggedTables::default();
         let logged = LoggedTable {
-            feed: "items".to_owned(),
+            feed: super::FeedId {
+                database: "shop".to_owned(),
+                feed: "items".to_owned(),
+            },
             parts: Vec::new(),
             columns: 2,
         };
