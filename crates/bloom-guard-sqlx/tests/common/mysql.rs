@@ -147,9 +147,17 @@ impl Server {
     /// Starts one, with TLS (a user `bloom_tls` that connects over TLS
     /// only, the CA at `dir/tls/ca.pem`) where `tls` says so.
     pub(crate) fn start(tls: bool) -> Self {
+        Self::start_as(tls, 1)
+    }
+
+    /// [`Server::start`] with server id `id` (a replica needs its own).
+    pub(crate) fn start_as(tls: bool, id: u32) -> Self {
         let dir = tempfile::tempdir().expect("a folder for the server");
         let mut command = std::process::Command::new(Self::script());
-        command.arg("start").arg(dir.path());
+        command
+            .arg("start")
+            .arg(dir.path())
+            .env("MARIADB_SERVER_ID", id.to_string());
         if tls {
             command.arg("tls");
         }
@@ -181,6 +189,51 @@ impl Server {
             "{sql}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// The server's port.
+    pub(crate) fn port(&self) -> u16 {
+        self.url
+            .rsplit_once(':')
+            .and_then(|(_, rest)| rest.split('/').next())
+            .and_then(|port| port.parse().ok())
+            .expect("a port in the URL")
+    }
+
+    /// The value of `sql` as the server's `root` sees it (one column, one
+    /// row).
+    pub(crate) fn root_value(&self, sql: &str) -> String {
+        let out = std::process::Command::new("mariadb")
+            .arg("--no-defaults")
+            .arg(format!(
+                "--socket={}",
+                self.dir.path().join("sock").display()
+            ))
+            .arg("-uroot")
+            .arg("-N")
+            .arg("-B")
+            .arg("-e")
+            .arg(sql)
+            .output()
+            .expect("the mariadb client");
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Stops the server at once, as a crash does (`SIGKILL`).
+    pub(crate) fn crash(&self) {
+        let pid_file = self.dir.path().join("pid");
+        if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+            let _ = std::process::Command::new("kill")
+                .arg("-9")
+                .arg(pid.trim())
+                .status();
+            let _ = std::fs::remove_file(pid_file);
+        }
     }
 
     /// The URL of `user` (password `bloom`) on `database`.
