@@ -117,6 +117,19 @@ async fn guards_on_galera_refuse_no_key_written_on_any_node_through_a_node_kille
         cluster.pool(2, "galera_items").await,
         cluster.pool(3, "galera_items").await,
     ];
+    // The binary log feed is refused on Galera, and says why: each node
+    // logs apart.
+    #[cfg(feature = "binlog-feed")]
+    {
+        let refused = items()
+            .install_log(&nodes[0])
+            .await
+            .expect_err("the binary log feed on Galera");
+        assert!(
+            refused.to_string().contains("Galera"),
+            "the refusal does not say why: {refused}"
+        );
+    }
     items().install(&nodes[0]).await.expect("install the feed");
     // Right after the feed's DDL on node 1, a write on node 2 may lose
     // certification to it (error 1213): Galera's answer is to try again.

@@ -139,6 +139,15 @@ pub(super) async fn log_settings_gap(
     )
     .fetch_one(pool)
     .await?;
+    let galera: Option<(String, String)> = sqlx::query_as("show variables like 'wsrep_on'")
+        .fetch_optional(pool)
+        .await?;
+    if galera.is_some_and(|(_, on)| on.eq_ignore_ascii_case("ON")) {
+        return Ok(Some(
+            "the server is a Galera node (wsrep_on): each node writes a binary log of its own and its instances elect their reader apart, so one node's log can miss what another commits: follow Galera with the trigger feed (Watch::install)"
+                .to_owned(),
+        ));
+    }
     if log_bin == 0 {
         return Ok(Some(
             "the server writes no binary log: start it with log_bin (and binlog_format=ROW)"

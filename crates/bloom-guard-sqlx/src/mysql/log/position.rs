@@ -122,9 +122,10 @@ async fn status(
 
 /// The server's identity as far as its binary log goes, as an SQL
 /// expression: its server id (unique among the servers of a replication
-/// topology, so a promoted replica has another) and its log's base name.
-pub(crate) const SERVER: &str =
-    "cast(concat(@@server_id, ':', coalesce(@@log_bin_basename, '')) as char)";
+/// topology, so a promoted replica has another), its log's base name, and
+/// its host name and port (a copy of a server's data on another host, its
+/// settings and all, has the same id and base name).
+pub(crate) const SERVER: &str = "cast(concat(@@server_id, ':', coalesce(@@log_bin_basename, ''), '@', @@hostname, ':', @@port) as char)";
 
 #[cfg(test)]
 mod tests {
