@@ -1,8 +1,10 @@
 //! The flood: absent keys through the guard's layer, in this process, 64
-//! and 1 024 requests at a time, while 32 writers insert one row per statement into
-//! the guarded table; per feed, what the guard refused a second and the
-//! share of requests its barrier let through because the read did not come
-//! in time, and the server's statements per refusal beyond the writers'.
+//! and 1 024 requests at a time, while 32 writers insert one row per
+//! statement into the guarded table, and again while they insert into a
+//! table of another database on the same server; per feed, what the guard
+//! refused a second and the share of requests its barrier let through
+//! because the read did not come in time, and the server's statements per
+//! refusal beyond the writers'.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,6 +32,8 @@ pub(super) struct Flood {
     feed: &'static str,
     /// Requests in flight at once.
     concurrency: usize,
+    /// Where the writers write: the guarded table, or another database.
+    writers: &'static str,
     requests_per_sec: f64,
     refused_per_sec: f64,
     barrier_timeouts: u64,
@@ -41,17 +45,31 @@ pub(super) struct Flood {
     statements_per_refusal: f64,
 }
 
-/// The flood on each feed's table, in turn.
+/// The flood on each feed's table, in turn, with the writers on the
+/// table, then on `elsewhere`'s table `elsewhere` (another database).
 pub(super) async fn flood(
     pool: &MySqlPool,
+    elsewhere: &MySqlPool,
     followers: &Followers,
     duration: Duration,
 ) -> Result<Vec<Flood>, Box<dyn std::error::Error>> {
     let mut cells = Vec::new();
     for (feed, table, guard) in &followers.guards {
-        for concurrency in CONCURRENCY {
-            let writers =
-                Inserters::start(pool, table, &format!("flood-{feed}-{concurrency}"), WRITERS);
+        for (concurrency, (writers_at, writing, written_table)) in CONCURRENCY
+            .into_iter()
+            .flat_map(|concurrency| {
+                [
+                    (concurrency, ("the table", pool, *table)),
+                    (concurrency, ("another database", elsewhere, "elsewhere")),
+                ]
+            })
+        {
+            let writers = Inserters::start(
+                writing,
+                written_table,
+                &format!("flood-{feed}-{concurrency}-{}", writers_at.len()),
+                WRITERS,
+            );
             let before = guard.stats();
             let questions = super::idle::questions(pool).await?;
             let started = Instant::now();
@@ -64,6 +82,7 @@ pub(super) async fn flood(
             let cell = Flood {
                 feed,
                 concurrency,
+                writers: writers_at,
                 requests_per_sec: requests as f64 / elapsed,
                 refused_per_sec: refused as f64 / elapsed,
                 barrier_timeouts: timeouts,

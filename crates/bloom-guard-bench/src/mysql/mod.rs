@@ -12,7 +12,8 @@
 //!   filter (another pool, as another instance), idle and under about
 //!   2 000 writes a second, p50 and p99, per feed;
 //! - flood: absent keys through the guard's layer (in this process, 64
-//!   and 1 024 concurrent requests) while 32 writers insert into the table, per
+//!   and 1 024 concurrent requests) while 32 writers insert into the table
+//!   (and again while they insert into another database's table), per
 //!   feed (the binary log's twice: refusals confirmed by a lookup in the
 //!   table, and by a feed read that waits for the producer): refusals a
 //!   second, the share of barrier timeouts, and the server's statements
@@ -149,10 +150,12 @@ pub(crate) async fn run(
         Vec::new()
     };
     let flood = if part("flood") {
-        let mut cells = flood::flood(&pool, &followers, Duration::from_secs(seconds)).await?;
+        let elsewhere = elsewhere(server_url).await?;
+        let duration = Duration::from_secs(seconds);
+        let mut cells = flood::flood(&pool, &elsewhere, &followers, duration).await?;
         if url.is_some() {
             let reading = Followers::start(&pool, url.as_deref(), &[BINLOG_READ]).await?;
-            cells.extend(flood::flood(&pool, &reading, Duration::from_secs(seconds)).await?);
+            cells.extend(flood::flood(&pool, &elsewhere, &reading, duration).await?);
         }
         cells
     } else {
@@ -211,6 +214,22 @@ pub(crate) async fn create_database(
     .await?;
     admin.close().await?;
     Ok(options.database(name))
+}
+
+/// Another database on the server, with an unwatched table `elsewhere`
+/// for writers beside the guarded tables'.
+async fn elsewhere(server_url: &str) -> Result<MySqlPool, Box<dyn std::error::Error>> {
+    let pool = MySqlPoolOptions::new()
+        .max_connections(40)
+        .connect_with(create_database(server_url, "bloom_guard_bench_mysql_elsewhere").await?)
+        .await?;
+    sqlx::raw_sql(
+        "create table elsewhere (id bigint auto_increment primary key,
+                                 code varbinary(200) not null, unique key (code))",
+    )
+    .execute(&pool)
+    .await?;
+    Ok(pool)
 }
 
 /// A new database `name` on the server: `items` on the triggers,
