@@ -45,6 +45,11 @@ async fn pool(url: &str) -> MySqlPool {
 
 /// A guard on `url`'s `items`, followed on the binary log feed, once warm.
 async fn followed(url: &str) -> (BloomGuard, MySqlPool, Running) {
+    followed_watch(url, items()).await
+}
+
+/// A guard on `url`'s `watch`, followed on the binary log feed, once warm.
+async fn followed_watch(url: &str, watch: Watch) -> (BloomGuard, MySqlPool, Running) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("bloom_guard_sqlx=info")
         .with_test_writer()
@@ -55,7 +60,7 @@ async fn followed(url: &str) -> (BloomGuard, MySqlPool, Running) {
         .false_positive_rate(0.0001)
         .build();
     let running = spawn(
-        mysql::log::Follower::new(guard.clone(), pool.clone(), items(), url)
+        mysql::log::Follower::new(guard.clone(), pool.clone(), watch, url)
             .check_interval(Duration::from_millis(200))
             .poll_interval(Duration::from_millis(200)),
     );
@@ -407,4 +412,52 @@ async fn a_database_whose_feed_tables_are_locked_does_not_hold_back_the_others()
     written_a.push(key.to_owned());
     complete(&guard_a, &pool_a, &written_a).await;
     complete(&guard_b, &pool_b, &writer_b.await.expect("the writes")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(mariadb_server),
+    ignore = "needs MariaDB's server (mariadbd) for a server of the test's own"
+)]
+async fn a_database_watching_a_table_the_server_reader_cannot_see_is_read_by_its_own_instances() {
+    let server = Server::start(false);
+    database(&server, "shop_a").await;
+    // shop_b's feed watches `catalog.items`, which alice may not see,
+    // though she may write shop_b's feed tables.
+    server.root(
+        "create database shop_b;
+         create database catalog;
+         create table catalog.items (id bigint auto_increment primary key,
+                                     code varchar(200) collate utf8mb4_nopad_bin not null,
+                                     unique key items_code (code));
+         create user alice@'127.0.0.1' identified by 'bloom';
+         create user bob@'127.0.0.1' identified by 'bloom';
+         grant replication slave, replication client, process on *.* to alice@'127.0.0.1';
+         grant replication slave, replication client, process on *.* to bob@'127.0.0.1';
+         grant all on shop_a.* to alice@'127.0.0.1';
+         grant all on shop_b.* to alice@'127.0.0.1';
+         grant all on shop_b.* to bob@'127.0.0.1';
+         grant all on catalog.* to bob@'127.0.0.1';",
+    );
+    let catalog = Watch::table("catalog.items").key("code");
+    {
+        let setup = pool(&server.url_of("bloom", "shop_b")).await;
+        catalog.install_log(&setup).await.expect("install_log");
+        setup.close().await;
+    }
+    let mut admin = MySqlConnection::connect(&server.url).await.expect("admin");
+    let (guard_a, pool_a, _running_a) = followed(&server.url_of("alice", "shop_a")).await;
+    one_reader(&mut admin, &["shop_a"]).await;
+    let (guard_b, pool_b, _running_b) =
+        followed_watch(&server.url_of("bob", "shop_b"), catalog).await;
+    let catalog_pool = pool(&server.url_of("bob", "catalog")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer_a = writing(&pool_a, "a", &stop);
+    let writer_b = writing(&catalog_pool, "b", &stop);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    complete(&guard_a, &pool_a, &writer_a.await.expect("the writes")).await;
+    complete(&guard_b, &pool_b, &writer_b.await.expect("the writes")).await;
+    let ids = feeders(&mut admin, &["shop_a", "shop_b"]).await;
+    assert_ne!(ids[0], ids[1], "the server's reader feeds shop_b");
 }

@@ -55,9 +55,8 @@ pub(super) async fn flood(
 ) -> Result<Vec<Flood>, Box<dyn std::error::Error>> {
     let mut cells = Vec::new();
     for (feed, table, guard) in &followers.guards {
-        for (concurrency, (writers_at, writing, written_table)) in CONCURRENCY
-            .into_iter()
-            .flat_map(|concurrency| {
+        for (concurrency, (writers_at, writing, written_table)) in
+            CONCURRENCY.into_iter().flat_map(|concurrency| {
                 [
                     (concurrency, ("the table", pool, *table)),
                     (concurrency, ("another database", elsewhere, "elsewhere")),

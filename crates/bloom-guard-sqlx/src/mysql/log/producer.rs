@@ -44,7 +44,7 @@ use sqlx::{Connection as _, MySqlConnection, MySqlPool};
 use tokio_util::sync::CancellationToken;
 
 use super::error::BinlogError;
-use super::reader::{Reader, Scope};
+use super::reader::{Reader, Scope, Shunned};
 use crate::per_database::{Membership, PerDatabase};
 
 /// The pause before a candidate that failed stands again.
@@ -79,17 +79,26 @@ static PRODUCERS: PerDatabase<()> = PerDatabase::new();
 /// held; it streams with `url`.
 pub(crate) fn join(database: String, pool: MySqlPool, url: String) -> Membership<()> {
     PRODUCERS.join(database, (), move |stop| {
-        tokio::spawn(Candidate { pool, url }.run(stop))
+        tokio::spawn(
+            Candidate {
+                pool,
+                url,
+                shunned: Shunned::default(),
+            }
+            .run(stop),
+        )
     })
 }
 
 struct Candidate {
     pool: MySqlPool,
     url: String,
+    /// What its readers left to other instances, from one to the next.
+    shunned: Shunned,
 }
 
 impl Candidate {
-    async fn run(self, stop: CancellationToken) {
+    async fn run(mut self, stop: CancellationToken) {
         let mut warned: Option<String> = None;
         while !stop.is_cancelled() {
             match self.stand(&stop).await {
@@ -119,7 +128,7 @@ impl Candidate {
 
     /// Stands for the server's reader on a connection of its own (its
     /// locks go with it), and reads until stopped or failed.
-    async fn stand(&self, stop: &CancellationToken) -> Result<(), BinlogError> {
+    async fn stand(&mut self, stop: &CancellationToken) -> Result<(), BinlogError> {
         let mut connection = MySqlConnection::connect_with(&self.pool.connect_options()).await?;
         let stood = self.candidacy(&mut connection, stop).await;
         let _ = connection.close().await;
@@ -127,14 +136,19 @@ impl Candidate {
     }
 
     async fn candidacy(
-        &self,
+        &mut self,
         connection: &mut MySqlConnection,
         stop: &CancellationToken,
     ) -> Result<(), BinlogError> {
-        let database: String = sqlx::query_scalar("select cast(database() as char)")
-            .fetch_optional(&mut *connection)
-            .await?
-            .ok_or_else(|| BinlogError::Url("the URL names no database".to_owned()))?;
+        // As the catalog spells it: the server's reader names the
+        // database's locks from the catalog.
+        let database: String = sqlx::query_scalar(
+            "select cast(schema_name as char) from information_schema.schemata
+              where schema_name = database()",
+        )
+        .fetch_optional(&mut *connection)
+        .await?
+        .ok_or_else(|| BinlogError::Url("the URL names no database".to_owned()))?;
         // Wanted (taken unless this connection holds it), the server's
         // reader (waited for), and whether anyone feeds the database.
         let statement = format!(
@@ -154,7 +168,7 @@ impl Candidate {
                     .fetch_one(&mut *connection) => look?,
             };
             if elected == Some(1) {
-                return Reader::new(Scope::Server, &self.url)
+                return Reader::new(Scope::Server, &self.url, &mut self.shunned)
                     .read(connection, stop)
                     .await;
             }
@@ -178,9 +192,13 @@ impl Candidate {
                     "the server's binary log reader does not feed this database: reading for it alone"
                 );
                 // Until stopped, or handed over to the server's reader.
-                Reader::new(Scope::Database(database.clone()), &self.url)
-                    .read(connection, stop)
-                    .await?;
+                Reader::new(
+                    Scope::Database(database.clone()),
+                    &self.url,
+                    &mut self.shunned,
+                )
+                .read(connection, stop)
+                .await?;
                 unfed_since = None;
             }
         }

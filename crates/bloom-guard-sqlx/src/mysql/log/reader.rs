@@ -21,9 +21,9 @@ use super::error::BinlogError;
 use super::feed::AT_POINT_LOCK_OF;
 use super::position::{log_end, BinlogPoint, SERVER};
 use super::producer::{ASKED_LOCK, FED_LOCK, SERVER_LOCK, WANTED_LOCK};
-use super::registry::logged_tables;
-use super::stream::{Committed, Transactions};
-use super::write::{start_over, Feed, Writer};
+use super::registry::add_logged_tables;
+use super::stream::{Committed, LoggedTables, Transactions};
+use super::write::{blocked, start_over, Feed, Writer};
 use crate::mysql::names::ident;
 
 /// The server's heartbeat period on the stream, and how long without an
@@ -44,12 +44,49 @@ const BATCH_TIME: Duration = Duration::from_millis(2);
 /// How often a reader looks at who wants and who feeds each database.
 pub(super) const RESCAN: Duration = Duration::from_secs(1);
 
-/// How long the reader's writes wait for a lock on a feed's tables, and how
-/// long a database whose tables another session held locked past it is
-/// left to its own instances: one locked database does not hold back the
-/// feeds of the others.
+/// How long the reader's statements wait for a lock on a feed's tables
+/// (`lock_wait_timeout`: table and metadata locks).
 const LOCK_WAIT: u32 = 2;
+
+/// How long the server's reader leaves a database to its own instances
+/// after a statement on its feed failed (its tables held locked past
+/// [`LOCK_WAIT`], by a dump with `LOCK TABLES`), and after it found it may
+/// not write its feed or see its watched tables: one database does not
+/// hold back the feeds of the others.
 const SET_ASIDE: Duration = Duration::from_secs(30);
+const BARRED: Duration = Duration::from_secs(300);
+
+/// How long a database stays followed by nobody before the server's
+/// reader leaves it: an instance's restart is not a reason to rewind.
+const LEAVE_AFTER: Duration = Duration::from_secs(5);
+
+/// How far behind the server's stream a database's progress may be for the
+/// server's reader to take it (in the stream's file, in bytes): one further
+/// behind is caught up by its own instances first, so that the others'
+/// feeds do not wait while the stream reads the log again, unless nobody
+/// took it within [`FAR_WAIT`].
+const FAR: u64 = 64 << 20;
+const FAR_WAIT: Duration = Duration::from_secs(30);
+
+/// The databases a server's reader leaves to their own instances, and
+/// until when: kept by the candidate from one of its readers to the next.
+#[derive(Debug, Default)]
+pub(super) struct Shunned {
+    until: BTreeMap<String, tokio::time::Instant>,
+}
+
+impl Shunned {
+    fn leaves(&mut self, database: &str) -> bool {
+        let now = tokio::time::Instant::now();
+        self.until.retain(|_, until| *until > now);
+        self.until.contains_key(database)
+    }
+
+    fn leave_for(&mut self, database: &str, period: Duration) {
+        self.until
+            .insert(database.to_owned(), tokio::time::Instant::now() + period);
+    }
+}
 
 /// Which databases a reader feeds.
 pub(super) enum Scope {
@@ -75,22 +112,28 @@ enum Streamed {
 pub(super) struct Reader<'a> {
     scope: Scope,
     url: &'a str,
+    shunned: &'a mut Shunned,
     /// Databases fed by another reader that the server's reader asked for.
     asked: BTreeSet<String>,
-    /// Databases whose feed the reader's role may not write.
-    barred: BTreeSet<String>,
-    /// Databases whose feed tables were locked, until when they are left.
-    set_aside: BTreeMap<String, tokio::time::Instant>,
+    /// Since when each database fed here has been followed by nobody.
+    unwanted_since: BTreeMap<String, tokio::time::Instant>,
+    /// Since when each database left to catch up alone has been so.
+    far_since: BTreeMap<String, tokio::time::Instant>,
 }
 
+/// Whether a database's feed can be written by the server's reader, and
+/// why not.
+type Feedable = Result<(), String>;
+
 impl<'a> Reader<'a> {
-    pub(super) fn new(scope: Scope, url: &'a str) -> Self {
+    pub(super) fn new(scope: Scope, url: &'a str, shunned: &'a mut Shunned) -> Self {
         Self {
             scope,
             url,
+            shunned,
             asked: BTreeSet::new(),
-            barred: BTreeSet::new(),
-            set_aside: BTreeMap::new(),
+            unwanted_since: BTreeMap::new(),
+            far_since: BTreeMap::new(),
         }
     }
 
@@ -105,7 +148,7 @@ impl<'a> Reader<'a> {
             .fetch_one(&mut *connection)
             .await?;
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "set session lock_wait_timeout = {LOCK_WAIT}, innodb_lock_wait_timeout = {LOCK_WAIT}"
+            "set session lock_wait_timeout = {LOCK_WAIT}"
         )))
         .execute(&mut *connection)
         .await?;
@@ -113,7 +156,8 @@ impl<'a> Reader<'a> {
         match &self.scope {
             Scope::Database(database) => {
                 let database = database.clone();
-                resume(connection, &mut writer, &database).await?;
+                let feed = stored_feed(connection, &writer.server, &database).await?;
+                writer.feeds.insert(database, feed);
             }
             Scope::Server => {
                 self.rescan(connection, &mut writer, None).await?;
@@ -144,6 +188,9 @@ impl<'a> Reader<'a> {
                     }
                     for database in behind {
                         tracing::warn!(database, error = %error.message, "the binary log to resume from cannot be read: the feed starts over, every guard rebuilds");
+                        if let Some(feed) = writer.forget(&database) {
+                            unmark(connection, &database, &feed).await?;
+                        }
                         let feed = start_over(connection, &writer.server, &database).await?;
                         writer.feeds.insert(database, feed);
                     }
@@ -164,8 +211,8 @@ impl<'a> Reader<'a> {
 
     /// The server's reader: takes the databases someone wants that nobody
     /// feeds, asks for those another reader feeds, and leaves those nobody
-    /// wants any more. Whether a database taken is behind `boundary`, the
-    /// point the stream has reached.
+    /// has wanted for [`LEAVE_AFTER`]. Whether a database taken is behind
+    /// `boundary`, the point the stream has reached.
     async fn rescan(
         &mut self,
         connection: &mut MySqlConnection,
@@ -182,71 +229,53 @@ impl<'a> Reader<'a> {
         )))
         .fetch_all(&mut *connection)
         .await?;
+        let now = tokio::time::Instant::now();
         let mut behind = false;
         let mut seen = BTreeSet::new();
         for (database, wanted, fed) in listed {
             seen.insert(database.clone());
-            let mine = writer.feeds.contains_key(&database);
-            let now = tokio::time::Instant::now();
-            self.set_aside.retain(|_, until| *until > now);
-            let wanted = wanted == 1
-                && !self.barred.contains(&database)
-                && !self.set_aside.contains_key(&database);
-            if mine {
-                if !wanted {
+            if writer.feeds.contains_key(&database) {
+                if wanted == 1 {
+                    self.unwanted_since.remove(&database);
+                } else if now - *self.unwanted_since.entry(database.clone()).or_insert(now)
+                    >= LEAVE_AFTER
+                {
                     tracing::debug!(
                         database,
                         "no instance follows the database any more: its feed stops"
                     );
+                    self.unwanted_since.remove(&database);
                     leave(connection, writer, &database).await?;
                 }
                 continue;
             }
-            match (wanted, fed == 1) {
-                (true, false) => {
-                    let taken: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                        "select get_lock({FED_LOCK}, 0)"
-                    )))
-                    .bind(&database)
-                    .fetch_one(&mut *connection)
-                    .await?;
-                    if taken != Some(1) {
-                        continue;
-                    }
-                    if let Err(error) = may_write(connection, &database).await {
-                        if !is_denied(&error) {
-                            return Err(error.into());
+            if wanted != 1 || self.shunned.leaves(&database) {
+                self.unask(connection, &database).await?;
+                continue;
+            }
+            if fed == 1 {
+                // Another reader feeds it (its own instances'): asked for
+                // once this one may feed it, and handed over when caught up.
+                if !self.asked.contains(&database) {
+                    match self.feedable(connection, &database).await {
+                        Ok(Ok(())) => {
+                            sqlx::query(sqlx::AssertSqlSafe(format!(
+                                "select get_lock({ASKED_LOCK}, 0)"
+                            )))
+                            .bind(&database)
+                            .execute(&mut *connection)
+                            .await?;
+                            self.asked.insert(database);
                         }
-                        tracing::info!(
-                            database,
-                            error = %error,
-                            "the binary log reader may not write this database's feed: its own instances feed it"
-                        );
-                        self.barred.insert(database.clone());
-                        release(connection, FED_LOCK, &database).await?;
-                        continue;
-                    }
-                    let at = resume(connection, writer, &database).await?;
-                    behind |= boundary.is_some_and(|boundary| !at.reaches(boundary));
-                    if self.asked.remove(&database) {
-                        release(connection, ASKED_LOCK, &database).await?;
+                        Ok(Err(why)) => self.bar(&database, &why),
+                        Err(error) => self.set_aside(&database, error)?,
                     }
                 }
-                (true, true) => {
-                    if self.asked.insert(database.clone()) {
-                        sqlx::query(sqlx::AssertSqlSafe(format!(
-                            "select get_lock({ASKED_LOCK}, 0)"
-                        )))
-                        .bind(&database)
-                        .execute(&mut *connection)
-                        .await?;
-                    }
-                }
-                (false, _) => {
-                    if self.asked.remove(&database) {
-                        release(connection, ASKED_LOCK, &database).await?;
-                    }
-                }
+                continue;
+            }
+            match self.take(connection, writer, &database, boundary).await {
+                Ok(taken_behind) => behind |= taken_behind,
+                Err(error) => self.set_aside(&database, error)?,
             }
         }
         // A database dropped, or whose tables the role no longer sees.
@@ -260,6 +289,124 @@ impl<'a> Reader<'a> {
             leave(connection, writer, &database).await?;
         }
         Ok(behind)
+    }
+
+    /// Takes `database`, unfed, if this reader gets its lock, may feed it,
+    /// and its progress is not far behind `boundary`; whether it is behind.
+    async fn take(
+        &mut self,
+        connection: &mut MySqlConnection,
+        writer: &mut Writer,
+        database: &str,
+        boundary: Option<&BinlogPoint>,
+    ) -> Result<bool, BinlogError> {
+        let taken: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "select get_lock({FED_LOCK}, 0)"
+        )))
+        .bind(database)
+        .fetch_one(&mut *connection)
+        .await?;
+        if taken != Some(1) {
+            return Ok(false);
+        }
+        let feed = match self.feedable(connection, database).await {
+            Ok(Ok(())) => stored_feed(connection, &writer.server, database).await,
+            Ok(Err(why)) => {
+                self.bar(database, &why);
+                release(connection, FED_LOCK, database).await?;
+                return Ok(false);
+            }
+            Err(error) => Err(error),
+        };
+        let feed = match feed {
+            Ok(feed) => feed,
+            Err(error) => {
+                let _ = release(connection, FED_LOCK, database).await;
+                return Err(error);
+            }
+        };
+        if let Some(boundary) = boundary {
+            let now = tokio::time::Instant::now();
+            if far(&feed.written, boundary)
+                && now - *self.far_since.entry(database.to_owned()).or_insert(now) < FAR_WAIT
+            {
+                // Its own instances catch it up, and hand it over.
+                tracing::debug!(
+                    database,
+                    "the database's feed is far behind the server's stream: its own instances catch it up"
+                );
+                release(connection, FED_LOCK, database).await?;
+                return Ok(false);
+            }
+        }
+        self.far_since.remove(database);
+        let behind = boundary.is_some_and(|boundary| !feed.written.reaches(boundary));
+        writer.feeds.insert(database.to_owned(), feed);
+        self.unask(connection, database).await?;
+        Ok(behind)
+    }
+
+    /// Whether the server's reader may feed `database`: write its feed
+    /// tables and see its watched tables (a table it cannot see, it would
+    /// read no row of, and the feed's progress would pass them).
+    async fn feedable(
+        &mut self,
+        connection: &mut MySqlConnection,
+        database: &str,
+    ) -> Result<Feedable, BinlogError> {
+        if let Err(error) = may_write(connection, database).await {
+            if is_denied(&error) {
+                return Ok(Err(format!("it may not write the feed's tables ({error})")));
+            }
+            return Err(blocked(database, error));
+        }
+        let mut tables = LoggedTables::default();
+        if !add_logged_tables(connection, database, &mut tables).await? {
+            return Ok(Err("it cannot see every table on the feed".to_owned()));
+        }
+        Ok(Ok(()))
+    }
+
+    /// Leaves `database` to its own instances: the server's reader may
+    /// not feed it.
+    fn bar(&mut self, database: &str, why: &str) {
+        tracing::info!(
+            database,
+            why,
+            "the server's binary log reader cannot feed this database: its own instances read the log for it"
+        );
+        self.shunned.leave_for(database, BARRED);
+    }
+
+    /// Leaves `database` to its own instances for a while after a statement
+    /// on its feed failed; an error of the connection is the reader's.
+    fn set_aside(&mut self, database: &str, error: BinlogError) -> Result<(), BinlogError> {
+        let statement_failed = matches!(
+            error,
+            BinlogError::Blocked(_) | BinlogError::Database(sqlx::Error::Database(_))
+        );
+        if !statement_failed {
+            return Err(error);
+        }
+        tracing::warn!(
+            database,
+            error = %crate::error::error_chain(&error),
+            "a statement on the database's feed failed: the server's binary log reader leaves it to its own instances for now"
+        );
+        self.shunned.leave_for(database, SET_ASIDE);
+        Ok(())
+    }
+
+    /// No longer asks for `database`.
+    async fn unask(
+        &mut self,
+        connection: &mut MySqlConnection,
+        database: &str,
+    ) -> Result<(), BinlogError> {
+        if self.asked.remove(database) {
+            release(connection, ASKED_LOCK, database).await?;
+        }
+        Ok(())
     }
 
     /// A database's own reader: whether it is elected the server's reader
@@ -291,15 +438,15 @@ impl<'a> Reader<'a> {
         loop {
             match writer.write(connection).await {
                 Err(BinlogError::Blocked(database))
-                    if matches!(self.scope, Scope::Server) && writer.feeds.len() > 1 =>
+                    if matches!(self.scope, Scope::Server)
+                        && others_writable(connection, writer, &database).await? =>
                 {
                     tracing::warn!(
                         database,
                         "another session holds the database's feed tables locked: the server's binary log reader leaves it to its own instances for now"
                     );
                     leave(connection, writer, &database).await?;
-                    self.set_aside
-                        .insert(database, tokio::time::Instant::now() + SET_ASIDE);
+                    self.shunned.leave_for(&database, SET_ASIDE);
                 }
                 written => return written,
             }
@@ -336,9 +483,46 @@ impl<'a> Reader<'a> {
             return Ok(true);
         }
         if changed {
-            transactions.set_tables(logged_tables(connection, writer.feeds.keys()).await?);
+            let tables = self.tables(connection, writer).await?;
+            transactions.set_tables(tables);
         }
         Ok(false)
+    }
+
+    /// The tables on the feeds of the databases fed. The server's reader
+    /// leaves a database whose registry it cannot read, or one of whose
+    /// tables it cannot see.
+    async fn tables(
+        &mut self,
+        connection: &mut MySqlConnection,
+        writer: &mut Writer,
+    ) -> Result<LoggedTables, BinlogError> {
+        let mut tables = LoggedTables::default();
+        let databases: Vec<String> = writer.feeds.keys().cloned().collect();
+        for database in databases {
+            let mut theirs = LoggedTables::default();
+            let read = add_logged_tables(connection, &database, &mut theirs).await;
+            match (&self.scope, read) {
+                (Scope::Database(_), read) => {
+                    // Its own instances' reader: a table gone is a table
+                    // whose DDL started its guards over.
+                    read?;
+                }
+                (Scope::Server, Ok(true)) => {}
+                (Scope::Server, Ok(false)) => {
+                    self.bar(&database, "it cannot see every table on the feed");
+                    leave(connection, writer, &database).await?;
+                    continue;
+                }
+                (Scope::Server, Err(error)) => {
+                    self.set_aside(&database, error.into())?;
+                    leave(connection, writer, &database).await?;
+                    continue;
+                }
+            }
+            tables.extend(theirs);
+        }
+        Ok(tables)
     }
 
     /// Streams the log from `start` and writes its transactions.
@@ -349,7 +533,7 @@ impl<'a> Reader<'a> {
         start: BinlogPoint,
         stop: &CancellationToken,
     ) -> Result<Streamed, BinlogError> {
-        let tables = logged_tables(connection, writer.feeds.keys()).await?;
+        let tables = self.tables(connection, writer).await?;
         let mut binlog = open(self.url, &start).await?;
         let mut transactions = Transactions::new(start, tables);
         let mut next_rescan = tokio::time::Instant::now() + RESCAN;
@@ -462,13 +646,13 @@ fn changes_tables(committed: &Committed) -> bool {
     committed.tables_changed || !committed.resync.is_empty()
 }
 
-/// Takes `database`'s feed from its progress, or starts it over where the
-/// progress is another server's or missing; the point it resumes from.
-async fn resume(
+/// `database`'s feed from its progress, or started over where the
+/// progress is another server's or missing.
+async fn stored_feed(
     connection: &mut MySqlConnection,
-    writer: &mut Writer,
+    server: &str,
     database: &str,
-) -> Result<BinlogPoint, BinlogError> {
+) -> Result<Feed, BinlogError> {
     let stored: Option<(String, String, String, i64)> =
         sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "select server, epoch, file, pos from {}.bloom_guard_log_progress where id = 1",
@@ -476,24 +660,46 @@ async fn resume(
         )))
         .fetch_optional(&mut *connection)
         .await?;
-    let feed = match stored {
-        Some((server, epoch, file, pos)) if server == writer.server => Feed::at(
+    match stored {
+        Some((stored_server, epoch, file, pos)) if stored_server == server => Ok(Feed::at(
             epoch,
             BinlogPoint {
                 file,
                 pos: pos.try_into().unwrap_or(4),
             },
-        ),
+        )),
         stored => {
             if stored.is_some() {
                 tracing::warn!(database, "the binary log is another server's than the feed's progress (a failover, a restore): the feed starts over, every guard rebuilds");
             }
-            start_over(connection, &writer.server, database).await?
+            start_over(connection, server, database).await
         }
+    }
+}
+
+/// Whether `point` is far behind `boundary`: in an earlier file, or more
+/// than [`FAR`] bytes before it.
+fn far(point: &BinlogPoint, boundary: &BinlogPoint) -> bool {
+    !point.reaches(boundary)
+        && (point.file != boundary.file || boundary.pos.saturating_sub(point.pos) > FAR)
+}
+
+/// Whether a feed other than `blocked`'s can be written now: where none can
+/// (a global read lock, a backup's), the reader waits rather than leave
+/// every database in turn.
+async fn others_writable(
+    connection: &mut MySqlConnection,
+    writer: &Writer,
+    blocked: &str,
+) -> Result<bool, BinlogError> {
+    let Some(other) = writer.feeds.keys().find(|database| *database != blocked) else {
+        return Ok(false);
     };
-    let at = feed.written.clone();
-    writer.feeds.insert(database.to_owned(), feed);
-    Ok(at)
+    match may_write(connection, other).await {
+        Ok(()) => Ok(true),
+        Err(error) if is_lock_wait(&error) => Ok(false),
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Stops feeding `database`: its locks go, and what it owes with them; its
@@ -505,18 +711,28 @@ async fn leave(
     database: &str,
 ) -> Result<(), BinlogError> {
     if let Some(feed) = writer.forget(database) {
-        if let Some(marked) = feed.marked {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "select release_lock({AT_POINT_LOCK_OF})"
-            )))
-            .bind(database)
-            .bind(marked.sequence().unwrap_or(0))
-            .bind(marked.pos)
-            .execute(&mut *connection)
-            .await?;
-        }
+        unmark(connection, database, &feed).await?;
     }
     release(connection, FED_LOCK, database).await
+}
+
+/// Releases the lock `feed` holds for the point it marked.
+async fn unmark(
+    connection: &mut MySqlConnection,
+    database: &str,
+    feed: &Feed,
+) -> Result<(), BinlogError> {
+    if let Some(marked) = &feed.marked {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "select release_lock({AT_POINT_LOCK_OF})"
+        )))
+        .bind(database)
+        .bind(marked.sequence().unwrap_or(0))
+        .bind(marked.pos)
+        .execute(&mut *connection)
+        .await?;
+    }
+    Ok(())
 }
 
 async fn release(
@@ -550,6 +766,14 @@ async fn may_write(connection: &mut MySqlConnection, database: &str) -> Result<(
             .await?;
     }
     Ok(())
+}
+
+/// Whether `error` is a lock wait that timed out (`ER_LOCK_WAIT_TIMEOUT`).
+fn is_lock_wait(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|error| error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .is_some_and(|error| error.number() == 1205)
 }
 
 /// Whether `error` is the server's refusal of a right (on a table, a
@@ -603,4 +827,27 @@ async fn open(url: &str, start: &BinlogPoint) -> Result<mysql_async::BinlogStrea
         .with_filename(start.file.as_bytes())
         .with_pos(start.pos);
     Ok(connection.get_binlog_stream(request).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{far, BinlogPoint};
+
+    fn at(file: &str, pos: u64) -> BinlogPoint {
+        BinlogPoint {
+            file: file.to_owned(),
+            pos,
+        }
+    }
+
+    #[test]
+    fn only_a_point_well_behind_the_stream_is_far() {
+        let stream = at("binlog.000007", 100 << 20);
+        assert!(!far(&at("binlog.000007", 90 << 20), &stream));
+        assert!(far(&at("binlog.000007", 4), &stream));
+        assert!(far(&at("binlog.000006", 200 << 20), &stream));
+        // Ahead of the stream (a feed started over at the log's end).
+        assert!(!far(&at("binlog.000008", 4), &stream));
+        assert!(!far(&at("binlog.000007", 200 << 20), &stream));
+    }
 }

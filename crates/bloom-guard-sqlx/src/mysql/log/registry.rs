@@ -23,24 +23,23 @@ pub(crate) async fn is_logged(pool: &MySqlPool, watch: &Watch) -> Result<bool, s
     }
 }
 
-/// The tables on the binary log feeds of `databases`, with their key
-/// columns' places in the rows as the server's catalog says now.
-pub(crate) async fn logged_tables<'a>(
+/// Adds the tables on `database`'s feed to `tables`, with their key
+/// columns' places in the rows as the server's catalog says now; whether
+/// the connection sees every one of them (a role without rights on a table
+/// sees no column of it, nor does anyone of a table dropped).
+pub(crate) async fn add_logged_tables(
     connection: &mut sqlx::MySqlConnection,
-    databases: impl IntoIterator<Item = &'a String>,
-) -> Result<LoggedTables, sqlx::Error> {
-    let mut tables = LoggedTables::default();
-    for database in databases {
-        let registered: Vec<(String, String, String, String)> =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "select guard, table_schema, table_name, key_columns from {}.bloom_guard_log_tables",
-                ident(database)
-            )))
-            .fetch_all(&mut *connection)
-            .await?;
-        add_tables(connection, database, registered, &mut tables).await?;
-    }
-    Ok(tables)
+    database: &str,
+    tables: &mut LoggedTables,
+) -> Result<bool, sqlx::Error> {
+    let registered: Vec<(String, String, String, String)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "select guard, table_schema, table_name, key_columns from {}.bloom_guard_log_tables",
+            ident(database)
+        )))
+        .fetch_all(&mut *connection)
+        .await?;
+    add_tables(connection, database, registered, tables).await
 }
 
 /// Adds `database`'s `registered` tables, as its registry lists them.
@@ -49,7 +48,8 @@ async fn add_tables(
     database: &str,
     registered: Vec<(String, String, String, String)>,
     tables: &mut LoggedTables,
-) -> Result<(), sqlx::Error> {
+) -> Result<bool, sqlx::Error> {
+    let mut all_seen = true;
     for (feed, schema, table, keys) in registered {
         let keys: Vec<String> = serde_json::from_str(&keys).unwrap_or_default();
         let columns: Vec<(String, i64, String)> = sqlx::query_as(
@@ -60,6 +60,7 @@ async fn add_tables(
         .bind(&table)
         .fetch_all(&mut *connection)
         .await?;
+        all_seen &= !columns.is_empty();
         let parts: Option<Vec<KeyPart>> = keys
             .iter()
             .map(|key| {
@@ -90,5 +91,5 @@ async fn add_tables(
             );
         }
     }
-    Ok(())
+    Ok(all_seen)
 }

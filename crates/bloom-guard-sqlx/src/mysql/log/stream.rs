@@ -55,6 +55,13 @@ impl LoggedTables {
             .push(logged);
     }
 
+    /// Adds `other`'s tables.
+    pub(crate) fn extend(&mut self, other: Self) {
+        for (name, logged) in other.by_name {
+            self.by_name.entry(name).or_default().extend(logged);
+        }
+    }
+
     fn get(&self, schema: &str, table: &str) -> &[LoggedTable] {
         self.by_name
             .get(&(schema.to_lowercase(), table.to_lowercase()))

@@ -97,6 +97,14 @@ impl Feed {
 
 /// What the producer has written for each database it feeds, and what it
 /// owes.
+///
+/// Two facts carry the argument that no transaction is written twice or
+/// skipped: `pending` holds rows only between [`Writer::take`] and a
+/// [`Writer::write`] that commits them with the progress past them (a
+/// failed write keeps both owed; a database left drops both, and whoever
+/// feeds it next reads again from its progress); and `unwritten` never
+/// covers a transaction with rows of its database (such a transaction is
+/// written at once), so it may outlive a restart of the stream.
 pub(super) struct Writer {
     pub(super) server: String,
     pub(super) feeds: BTreeMap<String, Feed>,
@@ -229,7 +237,7 @@ impl Writer {
             let updated = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "update {}.bloom_guard_log_progress
                     set file = ?, seq = ?, pos = ?, at = cast(unix_timestamp(now(6)) * 1000000 as signed)
-                  where id = 1 and epoch = ? and server = ?",
+                  where id = 1 and epoch = ? and server = ? and file = ? and pos = ?",
                 ident(database)
             )))
             .bind(&point.file)
@@ -237,6 +245,10 @@ impl Writer {
             .bind(point.pos)
             .bind(&feed.epoch)
             .bind(&self.server)
+            // From where this producer left it: any other writer of the
+            // feed shows here.
+            .bind(&feed.written.file)
+            .bind(feed.written.pos)
             .execute(&mut *tx)
             .await
             .map_err(|error| blocked(database, error))?
@@ -316,7 +328,7 @@ impl Writer {
 
 /// `error` of a statement on `database`'s feed: [`BinlogError::Blocked`]
 /// where it waited out a lock (`ER_LOCK_WAIT_TIMEOUT`).
-fn blocked(database: &str, error: sqlx::Error) -> BinlogError {
+pub(super) fn blocked(database: &str, error: sqlx::Error) -> BinlogError {
     let timed_out = error
         .as_database_error()
         .and_then(|error| error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
