@@ -461,3 +461,47 @@ async fn a_database_watching_a_table_the_server_reader_cannot_see_is_read_by_its
     let ids = feeders(&mut admin, &["shop_a", "shop_b"]).await;
     assert_ne!(ids[0], ids[1], "the server's reader feeds shop_b");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(mariadb_server),
+    ignore = "needs MariaDB's server (mariadbd) for a server of the test's own"
+)]
+async fn a_reader_elected_as_its_database_was_released_still_feeds_it() {
+    let server = Server::start(false);
+    database(&server, "shop_a").await;
+    // Another connection holds both the server's lock and shop_a's
+    // "wanted" lock, as an instance stopping does until its connection
+    // closes: the new candidate fails to take the second, then is elected
+    // the moment both go.
+    let mut stopping = MySqlConnection::connect(&server.url)
+        .await
+        .expect("connect");
+    let held: (Option<i64>, Option<i64>) = sqlx::query_as(
+        "select get_lock('bloom_guard_binlog_server', 0),
+                get_lock(concat('bloom_guard_binlog_wanted:', md5('shop_a')), 0)",
+    )
+    .fetch_one(&mut stopping)
+    .await
+    .expect("the locks");
+    assert_eq!(held, (Some(1), Some(1)));
+    let url = server.url_of("bloom", "shop_a");
+    let pool = pool(&url).await;
+    let guard = BloomGuard::builder()
+        .expected_items(20_000)
+        .false_positive_rate(0.0001)
+        .build();
+    let _running = spawn(
+        mysql::log::Follower::new(guard.clone(), pool.clone(), items(), url)
+            .check_interval(Duration::from_millis(200))
+            .poll_interval(Duration::from_millis(200)),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stopping.close().await.expect("the locks released");
+    wait_until("the warm-up", Duration::from_secs(20), || guard.is_ready()).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = writing(&pool, "a", &stop);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    complete(&guard, &pool, &writer.await.expect("the writes")).await;
+}

@@ -168,7 +168,8 @@ impl Candidate {
                     .fetch_one(&mut *connection) => look?,
             };
             if elected == Some(1) {
-                return Reader::new(Scope::Server, &self.url, &mut self.shunned)
+                tracing::debug!(database, "elected the server's binary log reader");
+                return Reader::new(Scope::Server, &self.url, &database, &mut self.shunned)
                     .read(connection, stop)
                     .await;
             }
@@ -195,6 +196,7 @@ impl Candidate {
                 Reader::new(
                     Scope::Database(database.clone()),
                     &self.url,
+                    &database,
                     &mut self.shunned,
                 )
                 .read(connection, stop)

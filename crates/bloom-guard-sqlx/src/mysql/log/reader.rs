@@ -112,6 +112,8 @@ enum Streamed {
 pub(super) struct Reader<'a> {
     scope: Scope,
     url: &'a str,
+    /// The database of the candidate the reader was elected as.
+    own: &'a str,
     shunned: &'a mut Shunned,
     /// Databases fed by another reader that the server's reader asked for.
     asked: BTreeSet<String>,
@@ -126,10 +128,11 @@ pub(super) struct Reader<'a> {
 type Feedable = Result<(), String>;
 
 impl<'a> Reader<'a> {
-    pub(super) fn new(scope: Scope, url: &'a str, shunned: &'a mut Shunned) -> Self {
+    pub(super) fn new(scope: Scope, url: &'a str, own: &'a str, shunned: &'a mut Shunned) -> Self {
         Self {
             scope,
             url,
+            own,
             shunned,
             asked: BTreeSet::new(),
             unwanted_since: BTreeMap::new(),
@@ -234,8 +237,20 @@ impl<'a> Reader<'a> {
         let mut seen = BTreeSet::new();
         for (database, wanted, fed) in listed {
             seen.insert(database.clone());
+            let mut wanted = wanted == 1;
+            if !wanted && database == self.own {
+                // The candidate's own database: its lock may have been
+                // held still by a connection closing as it stood.
+                let taken: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "select get_lock({WANTED_LOCK}, 0)"
+                )))
+                .bind(&database)
+                .fetch_one(&mut *connection)
+                .await?;
+                wanted = taken == Some(1);
+            }
             if writer.feeds.contains_key(&database) {
-                if wanted == 1 {
+                if wanted {
                     self.unwanted_since.remove(&database);
                 } else if now - *self.unwanted_since.entry(database.clone()).or_insert(now)
                     >= LEAVE_AFTER
@@ -249,7 +264,7 @@ impl<'a> Reader<'a> {
                 }
                 continue;
             }
-            if wanted != 1 || self.shunned.leaves(&database) {
+            if !wanted || self.shunned.leaves(&database) {
                 self.unask(connection, &database).await?;
                 continue;
             }
@@ -257,6 +272,7 @@ impl<'a> Reader<'a> {
                 // Another reader feeds it (its own instances'): asked for
                 // once this one may feed it, and handed over when caught up.
                 if !self.asked.contains(&database) {
+                    tracing::debug!(database, "another reader feeds the database: asked for it");
                     match self.feedable(connection, &database).await {
                         Ok(Ok(())) => {
                             sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -341,6 +357,12 @@ impl<'a> Reader<'a> {
         }
         self.far_since.remove(database);
         let behind = boundary.is_some_and(|boundary| !feed.written.reaches(boundary));
+        tracing::debug!(
+            database,
+            from = %feed.written,
+            behind,
+            "the binary log reader feeds the database"
+        );
         writer.feeds.insert(database.to_owned(), feed);
         self.unask(connection, database).await?;
         Ok(behind)
