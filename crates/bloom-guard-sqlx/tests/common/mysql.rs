@@ -173,22 +173,7 @@ impl Server {
 
     /// Runs `sql` as the server's `root` (users, rights).
     pub(crate) fn root(&self, sql: &str) {
-        let out = std::process::Command::new("mariadb")
-            .arg("--no-defaults")
-            .arg(format!(
-                "--socket={}",
-                self.dir.path().join("sock").display()
-            ))
-            .arg("-uroot")
-            .arg("-e")
-            .arg(sql)
-            .output()
-            .expect("the mariadb client");
-        assert!(
-            out.status.success(),
-            "{sql}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.client(sql, &[]);
     }
 
     /// The server's port.
@@ -203,6 +188,11 @@ impl Server {
     /// The value of `sql` as the server's `root` sees it (one column, one
     /// row).
     pub(crate) fn root_value(&self, sql: &str) -> String {
+        self.client(sql, &["-N", "-B"])
+    }
+
+    /// What the `mariadb` client prints for `sql`, as `root`, with `args`.
+    fn client(&self, sql: &str, args: &[&str]) -> String {
         let out = std::process::Command::new("mariadb")
             .arg("--no-defaults")
             .arg(format!(
@@ -210,8 +200,7 @@ impl Server {
                 self.dir.path().join("sock").display()
             ))
             .arg("-uroot")
-            .arg("-N")
-            .arg("-B")
+            .args(args)
             .arg("-e")
             .arg(sql)
             .output()

@@ -32,3 +32,12 @@ pub(crate) enum BinlogError {
     #[error("the binary log feed's URL cannot be used: {0}")]
     Url(String),
 }
+
+/// The server's error number of `error`, where the server refused a
+/// statement (`ER_LOCK_WAIT_TIMEOUT` is 1205).
+pub(super) fn server_error(error: &sqlx::Error) -> Option<u16> {
+    error
+        .as_database_error()
+        .and_then(|error| error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .map(sqlx::mysql::MySqlDatabaseError::number)
+}

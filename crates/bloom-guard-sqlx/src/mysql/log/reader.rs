@@ -17,7 +17,7 @@ use mysql_async::prelude::Queryable as _;
 use sqlx::MySqlConnection;
 use tokio_util::sync::CancellationToken;
 
-use super::error::BinlogError;
+use super::error::{server_error, BinlogError};
 use super::feed::AT_POINT_LOCK_OF;
 use super::position::{log_end, BinlogPoint, SERVER};
 use super::producer::{ASKED_LOCK, FED_LOCK, SERVER_LOCK, WANTED_LOCK};
@@ -792,19 +792,13 @@ async fn may_write(connection: &mut MySqlConnection, database: &str) -> Result<(
 
 /// Whether `error` is a lock wait that timed out (`ER_LOCK_WAIT_TIMEOUT`).
 fn is_lock_wait(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .and_then(|error| error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
-        .is_some_and(|error| error.number() == 1205)
+    server_error(error) == Some(1205)
 }
 
 /// Whether `error` is the server's refusal of a right (on a table, a
 /// column, a database).
 fn is_denied(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .and_then(|error| error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
-        .is_some_and(|error| matches!(error.number(), 1044 | 1142 | 1143))
+    matches!(server_error(error), Some(1044 | 1142 | 1143))
 }
 
 async fn sleep_until(due: Option<tokio::time::Instant>) {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sqlx::{Connection as _, MySqlConnection};
 
-use super::error::BinlogError;
+use super::error::{server_error, BinlogError};
 use super::feed::AT_POINT_LOCK_OF;
 use super::position::{log_end, ordinal, BinlogPoint};
 use super::stream::{Committed, FeedId};
@@ -329,11 +329,7 @@ impl Writer {
 /// `error` of a statement on `database`'s feed: [`BinlogError::Blocked`]
 /// where it waited out a lock (`ER_LOCK_WAIT_TIMEOUT`).
 pub(super) fn blocked(database: &str, error: sqlx::Error) -> BinlogError {
-    let timed_out = error
-        .as_database_error()
-        .and_then(|error| error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
-        .is_some_and(|error| error.number() == 1205);
-    if timed_out {
+    if server_error(&error) == Some(1205) {
         BinlogError::Blocked(database.to_owned())
     } else {
         error.into()
