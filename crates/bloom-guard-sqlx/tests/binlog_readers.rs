@@ -1,9 +1,11 @@
 //! One reader of the binary log per server, on a MariaDB server of each
 //! test's own (`.ci/mariadb`): the databases of a server share one stream;
-//! a database whose feed the server's reader may not write is read by its
-//! own instances; one read alone is handed to the server's reader; a reader
-//! stopped is replaced. Through every change of reader, every key written
-//! reaches its guard and no transaction is written twice.
+//! a database whose feed the server's reader may not write, or whose
+//! watched table it cannot see, is read by its own instances, and so is one
+//! whose feed tables are locked or whose progress is far behind; one read
+//! alone is handed to the server's reader; a reader stopped is replaced.
+//! Through every change of reader, every key written reaches its guard and
+//! no transaction is written twice.
 
 mod common;
 
@@ -504,4 +506,71 @@ async fn a_reader_elected_as_its_database_was_released_still_feeds_it() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
     complete(&guard, &pool, &writer.await.expect("the writes")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(mariadb_server),
+    ignore = "needs MariaDB's server (mariadbd) for a server of the test's own"
+)]
+async fn a_database_far_behind_the_stream_is_caught_up_alone_then_handed_over() {
+    let server = Server::start(false);
+    database(&server, "shop_a").await;
+    database(&server, "shop_b").await;
+    let mut admin = MySqlConnection::connect(&server.url).await.expect("admin");
+    let (guard_a, pool_a, _running_a) = followed(&server.url_of("bloom", "shop_a")).await;
+    let (guard_b, pool_b, running_b) = followed(&server.url_of("bloom", "shop_b")).await;
+    one_reader(&mut admin, &["shop_a", "shop_b"]).await;
+    // shop_b's instance stops, and is written while down; the log moves
+    // to a new file, which shop_a's writes go on in.
+    drop(running_b);
+    drop(guard_b);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while feeders(&mut admin, &["shop_b"]).await[0].is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "shop_b is still fed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let while_down = writing(&pool_b, "down", &stop);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let written_b = while_down.await.expect("the writes");
+    sqlx::raw_sql("flush binary logs")
+        .execute(&mut admin)
+        .await
+        .expect("a new log file");
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer_a = writing(&pool_a, "a", &stop);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // shop_b's instance comes back: its feed is a file behind the server's
+    // stream, so its own instance reads for it, then hands it over.
+    let (guard_b, _running_b) = {
+        let (guard, _, running) = followed(&server.url_of("bloom", "shop_b")).await;
+        (guard, running)
+    };
+    let reader_a = feeders(&mut admin, &["shop_a"]).await[0];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let ids = feeders(&mut admin, &["shop_a", "shop_b"]).await;
+        if ids[1].is_some() && ids[1] != ids[0] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "shop_b was not read alone: {ids:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        feeders(&mut admin, &["shop_a"]).await[0],
+        reader_a,
+        "the server's reader went back for shop_b"
+    );
+    one_reader(&mut admin, &["shop_a", "shop_b"]).await;
+    stop.store(true, Ordering::Relaxed);
+    complete(&guard_a, &pool_a, &writer_a.await.expect("the writes")).await;
+    complete(&guard_b, &pool_b, &written_b).await;
 }
