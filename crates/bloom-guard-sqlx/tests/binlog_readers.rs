@@ -152,6 +152,40 @@ fn writing(
     })
 }
 
+/// Writers of keys `<prefix>-<n>`, one per pool, until stopped.
+struct Writers {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Vec<String>>>,
+}
+
+impl Writers {
+    fn start(targets: &[(&MySqlPool, &str)]) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = targets
+            .iter()
+            .map(|(pool, prefix)| writing(pool, prefix, &stop))
+            .collect();
+        Self { stop, tasks }
+    }
+
+    /// Stops them: the keys each wrote and kept, in the order started.
+    async fn stop(self) -> Vec<Vec<String>> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut written = Vec::new();
+        for task in self.tasks {
+            written.push(task.await.expect("the writes"));
+        }
+        written
+    }
+}
+
+/// What [`Writers`] on `targets` wrote in `millis` milliseconds.
+async fn written_for(targets: &[(&MySqlPool, &str)], millis: u64) -> Vec<Vec<String>> {
+    let writers = Writers::start(targets);
+    tokio::time::sleep(Duration::from_millis(millis)).await;
+    writers.stop().await
+}
+
 /// Every key of `written` reaches the guard, the guard is ready, absent
 /// keys are refused, and the feed holds no transaction twice.
 async fn complete(guard: &BloomGuard, pool: &MySqlPool, written: &[String]) {
@@ -207,12 +241,12 @@ async fn the_databases_of_a_server_share_one_stream_and_a_reader_stopped_is_repl
     .fetch_one(&mut admin)
     .await
     .expect("the reader's database");
-    let stop = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = followed_all
+    let targets: Vec<(&MySqlPool, &str)> = followed_all
         .iter()
         .zip(names)
-        .map(|((_, pool, _), name)| writing(pool, name, &stop))
+        .map(|((_, pool, _), name)| (pool, name))
         .collect();
+    let writers = Writers::start(&targets);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let index = names
         .iter()
@@ -244,9 +278,7 @@ async fn the_databases_of_a_server_share_one_stream_and_a_reader_stopped_is_repl
     }
     one_reader(&mut admin, &rest).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    for (writer, name) in writers.into_iter().zip(names) {
-        let written = writer.await.expect("the writes");
+    for (written, name) in writers.stop().await.into_iter().zip(names) {
         if name == reader_database {
             continue;
         }
@@ -301,13 +333,9 @@ async fn a_database_the_server_reader_may_not_write_is_read_by_its_own_instances
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer_a = writing(&pool_a, "a", &stop);
-    let writer_b = writing(&pool_b, "b", &stop);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::Relaxed);
-    complete(&guard_a, &pool_a, &writer_a.await.expect("the writes")).await;
-    complete(&guard_b, &pool_b, &writer_b.await.expect("the writes")).await;
+    let written = written_for(&[(&pool_a, "a"), (&pool_b, "b")], 500).await;
+    complete(&guard_a, &pool_a, &written[0]).await;
+    complete(&guard_b, &pool_b, &written[1]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,16 +372,14 @@ async fn databases_read_alone_are_handed_to_one_reader_while_written() {
     assert_eq!(streams(&mut admin).await, 2);
     // Written throughout: the lock goes, one of them becomes the server's
     // reader and the other hands its database over.
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer_a = writing(&pool_a, "a", &stop);
-    let writer_b = writing(&pool_b, "b", &stop);
+    let writers = Writers::start(&[(&pool_a, "a"), (&pool_b, "b")]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     holder.close().await.expect("the lock released");
     one_reader(&mut admin, &["shop_a", "shop_b"]).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    complete(&guard_a, &pool_a, &writer_a.await.expect("the writes")).await;
-    complete(&guard_b, &pool_b, &writer_b.await.expect("the writes")).await;
+    let written = writers.stop().await;
+    complete(&guard_a, &pool_a, &written[0]).await;
+    complete(&guard_b, &pool_b, &written[1]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -376,9 +402,7 @@ async fn a_database_whose_feed_tables_are_locked_does_not_hold_back_the_others()
         .execute(&mut *dump)
         .await
         .expect("lock the feed's tables");
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer_a = writing(&pool_a, "a", &stop);
-    let writer_b = writing(&pool_b, "b", &stop);
+    let writers = Writers::start(&[(&pool_a, "a"), (&pool_b, "b")]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     // shop_a's keys reach its guard while shop_b's tables stay locked.
     let key = "a-while-b-is-locked";
@@ -409,11 +433,11 @@ async fn a_database_whose_feed_tables_are_locked_does_not_hold_back_the_others()
         .expect("unlock");
     drop(dump);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut written_a = writer_a.await.expect("the writes");
+    let mut written = writers.stop().await;
+    let mut written_a = std::mem::take(&mut written[0]);
     written_a.push(key.to_owned());
     complete(&guard_a, &pool_a, &written_a).await;
-    complete(&guard_b, &pool_b, &writer_b.await.expect("the writes")).await;
+    complete(&guard_b, &pool_b, &written[1]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -453,13 +477,9 @@ async fn a_database_watching_a_table_the_server_reader_cannot_see_is_read_by_its
     let (guard_b, pool_b, _running_b) =
         followed_watch(&server.url_of("bob", "shop_b"), catalog).await;
     let catalog_pool = pool(&server.url_of("bob", "catalog")).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer_a = writing(&pool_a, "a", &stop);
-    let writer_b = writing(&catalog_pool, "b", &stop);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::Relaxed);
-    complete(&guard_a, &pool_a, &writer_a.await.expect("the writes")).await;
-    complete(&guard_b, &pool_b, &writer_b.await.expect("the writes")).await;
+    let written = written_for(&[(&pool_a, "a"), (&catalog_pool, "b")], 500).await;
+    complete(&guard_a, &pool_a, &written[0]).await;
+    complete(&guard_b, &pool_b, &written[1]).await;
     let ids = feeders(&mut admin, &["shop_a", "shop_b"]).await;
     assert_ne!(ids[0], ids[1], "the server's reader feeds shop_b");
 }
@@ -501,11 +521,8 @@ async fn a_reader_elected_as_its_database_was_released_still_feeds_it() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     stopping.close().await.expect("the locks released");
     wait_until("the warm-up", Duration::from_secs(20), || guard.is_ready()).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = writing(&pool, "a", &stop);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    complete(&guard, &pool, &writer.await.expect("the writes")).await;
+    let written = written_for(&[(&pool, "a")], 300).await;
+    complete(&guard, &pool, &written[0]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -533,17 +550,12 @@ async fn a_database_far_behind_the_stream_is_caught_up_alone_then_handed_over() 
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let while_down = writing(&pool_b, "down", &stop);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    let written_b = while_down.await.expect("the writes");
+    let written_b = written_for(&[(&pool_b, "down")], 300).await.remove(0);
     sqlx::raw_sql("flush binary logs")
         .execute(&mut admin)
         .await
         .expect("a new log file");
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer_a = writing(&pool_a, "a", &stop);
+    let writer_a = Writers::start(&[(&pool_a, "a")]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     // shop_b's instance comes back: its feed is a file behind the server's
     // stream, so its own instance reads for it, then hands it over.
@@ -570,7 +582,6 @@ async fn a_database_far_behind_the_stream_is_caught_up_alone_then_handed_over() 
         "the server's reader went back for shop_b"
     );
     one_reader(&mut admin, &["shop_a", "shop_b"]).await;
-    stop.store(true, Ordering::Relaxed);
-    complete(&guard_a, &pool_a, &writer_a.await.expect("the writes")).await;
+    complete(&guard_a, &pool_a, &writer_a.stop().await[0]).await;
     complete(&guard_b, &pool_b, &written_b).await;
 }

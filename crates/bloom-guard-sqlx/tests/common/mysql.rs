@@ -151,24 +151,37 @@ impl Server {
     }
 
     /// [`Server::start`] with server id `id` (a replica needs its own).
+    /// A start that fails (a port taken between its choice and the
+    /// server's bind, a machine too busy for the script's wait) is tried
+    /// once more in a new folder.
     pub(crate) fn start_as(tls: bool, id: u32) -> Self {
-        let dir = tempfile::tempdir().expect("a folder for the server");
-        let mut command = std::process::Command::new(Self::script());
-        command
-            .arg("start")
-            .arg(dir.path())
-            .env("MARIADB_SERVER_ID", id.to_string());
-        if tls {
-            command.arg("tls");
+        let mut failed = String::new();
+        for _ in 0..2 {
+            let dir = tempfile::tempdir().expect("a folder for the server");
+            let mut command = std::process::Command::new(Self::script());
+            command
+                .arg("start")
+                .arg(dir.path())
+                .env("MARIADB_SERVER_ID", id.to_string());
+            if tls {
+                command.arg("tls");
+            }
+            let out = command.output().expect(".ci/mariadb");
+            if out.status.success() {
+                let url = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+                return Self { dir, url };
+            }
+            failed = format!(
+                "{}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default()
+            );
+            let _ = std::process::Command::new(Self::script())
+                .arg("stop")
+                .arg(dir.path())
+                .output();
         }
-        let out = command.output().expect(".ci/mariadb");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let url = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        Self { dir, url }
+        panic!("the test's MariaDB server did not start: {failed}");
     }
 
     /// Runs `sql` as the server's `root` (users, rights).
