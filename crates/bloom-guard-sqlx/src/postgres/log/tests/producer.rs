@@ -61,7 +61,8 @@ async fn standby_producers_wait_in_the_election_without_a_statement_and_take_ove
     // The elected one's lease and the two standbys waiting for it, each
     // as (pid, the start of its last statement).
     let sessions = || async {
-        sqlx::query_as::<_, (String, i32, String, bool)>(
+        sqlx::query_as::<_, (String, i32, Option<String>, bool)>(
+            // A session that has run no statement yet has no start.
             "select application_name, pid, query_start::text,
                     coalesce(wait_event_type = 'Lock' and wait_event = 'advisory', false)
                from pg_stat_activity
