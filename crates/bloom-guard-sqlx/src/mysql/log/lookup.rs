@@ -23,10 +23,26 @@ use super::super::names::{ident, located};
 use crate::follow::column::Comparison;
 use crate::watch::Watch;
 
-/// The numbers of keys a statement is written for: a batch is padded to
-/// the next (its first key repeated), so a few statement texts serve every
-/// batch and each stays prepared on its connection.
-const SIZES: [usize; 4] = [1, 8, 64, 256];
+/// The most keys one statement takes: a larger lookup is split into
+/// chunks of about equal size, looked up at the same time.
+const MOST: usize = 256;
+
+/// The numbers of keys a statement is written for: 1, 2, 4, 8, then every
+/// multiple of 16 up to [`MOST`]. A chunk is padded to the next (its first
+/// key repeated), so twenty statement texts serve every chunk and each
+/// stays prepared on its connection, while the padding stays under 16
+/// keys: the server converts, sorts and compares every value of the list,
+/// padding included (a list of 256 values costs it about twice one of 94).
+fn sizes() -> impl Iterator<Item = usize> {
+    [1, 2, 4, 8].into_iter().chain((16..=MOST).step_by(16))
+}
+
+/// The chunks `keys` is looked up in: as few as [`MOST`] allows, of about
+/// equal size (the fewer statements, the less each costs per key).
+fn chunks<T>(keys: &[T]) -> impl Iterator<Item = &[T]> {
+    let count = keys.len().div_ceil(MOST).max(1);
+    keys.chunks(keys.len().div_ceil(count).max(1))
+}
 
 /// The connections of a lookup's own pool: the chunks of the largest
 /// lookup the guard asks for (1 024 keys) at once.
@@ -37,8 +53,8 @@ const CONNECTIONS: u32 = 4;
 pub(crate) struct TableLookup {
     /// Connections of the lookup's own (see [`own_pool`]).
     pool: MySqlPool,
-    /// The statements by [`SIZES`].
-    texts: Vec<String>,
+    /// The statements, with their sizes (see [`sizes`]).
+    texts: Vec<(usize, String)>,
     /// Keys are bound as the column holds them.
     binding: Binding,
     /// Keys are read weighed under a collation (a `KeyType::Collated`
@@ -146,9 +162,13 @@ impl TableLookup {
         drop(own.acquire().await?);
         Ok(Some(Self {
             pool: own,
-            texts: SIZES
-                .iter()
-                .map(|&size| format!("{prefix}{}", statement(&query, &column, size)))
+            texts: sizes()
+                .map(|size| {
+                    (
+                        size,
+                        format!("{prefix}{}", statement(&query, &column, size)),
+                    )
+                })
                 .collect(),
             binding,
             weighed: collation.is_some(),
@@ -159,7 +179,7 @@ impl TableLookup {
     fn bind<'q>(
         &self,
         query: Query<'q, MySql, MySqlArguments>,
-        key: &LookupKey,
+        key: &'q LookupKey,
     ) -> Result<Query<'q, MySql, MySqlArguments>, LookupError> {
         let text = key.text();
         match self.binding {
@@ -172,21 +192,19 @@ impl TableLookup {
                     })?;
                 Ok(query.bind(number))
             }
-            Binding::Bytes => Ok(query.bind(text.to_vec())),
+            Binding::Bytes => Ok(query.bind(text)),
             Binding::Text => {
                 let text = std::str::from_utf8(text)
                     .map_err(|_| LookupError::new("a key that is not UTF-8 for a text column"))?;
-                Ok(query.bind(text.to_owned()))
+                Ok(query.bind(text))
             }
         }
     }
 
-    /// The rows of `keys`, a statement per [`SIZES`]-long chunk, the
+    /// The rows of `keys`, a statement per chunk (see [`chunks`]), the
     /// chunks at the same time (each on a connection of its own).
     async fn look_up(&self, keys: &[LookupKey]) -> Result<KeyBatch, LookupError> {
-        let chunks = keys
-            .chunks(SIZES[SIZES.len() - 1])
-            .map(|chunk| self.look_up_chunk(chunk));
+        let chunks = chunks(keys).map(|chunk| self.look_up_chunk(chunk));
         let mut found = KeyBatch::default();
         for rows in futures_util::future::try_join_all(chunks).await? {
             for row in rows {
@@ -206,21 +224,16 @@ impl TableLookup {
         Ok(found)
     }
 
-    /// The rows of `chunk`, at most the largest of [`SIZES`] keys, in one
-    /// statement.
+    /// The rows of `chunk`, at most [`MOST`] keys, in one statement.
     async fn look_up_chunk(&self, chunk: &[LookupKey]) -> Result<Vec<MySqlRow>, LookupError> {
-        let Some((index, &size)) = SIZES
-            .iter()
-            .enumerate()
-            .find(|(_, &size)| size >= chunk.len())
-        else {
+        let Some((size, text)) = self.texts.iter().find(|(size, _)| *size >= chunk.len()) else {
             return Err(LookupError::new("more keys than a statement takes"));
         };
         let Some(first) = chunk.first() else {
             return Ok(Vec::new());
         };
-        let mut query = sqlx::query(AssertSqlSafe(self.texts[index].as_str()));
-        for slot in 0..size {
+        let mut query = sqlx::query(AssertSqlSafe(text.as_str()));
+        for slot in 0..*size {
             query = self.bind(query, chunk.get(slot).unwrap_or(first))?;
         }
         query.fetch_all(&self.pool).await.map_err(LookupError::new)
@@ -288,6 +301,26 @@ impl KeyLookup for TableLookup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunks_are_as_few_as_a_statement_allows_and_about_equal() {
+        let lengths = |keys: usize| chunks(&vec![0; keys]).map(<[_]>::len).collect::<Vec<_>>();
+        assert_eq!(lengths(94), [94]);
+        assert_eq!(lengths(256), [256]);
+        assert_eq!(lengths(300), [150, 150]);
+        assert_eq!(lengths(1024), [256; 4]);
+        assert_eq!(lengths(1000), [250, 250, 250, 250]);
+        // Every chunk fits a statement, padded by fewer than 16 keys.
+        let sizes: Vec<usize> = sizes().collect();
+        assert_eq!(sizes.len(), 20);
+        for keys in 1..=MOST {
+            let size = sizes.iter().find(|&&size| size >= keys).copied();
+            assert!(
+                size.is_some_and(|size| size - keys < 16),
+                "{keys}: {size:?}"
+            );
+        }
+    }
 
     #[test]
     fn only_a_column_that_compares_as_the_key_type_is_looked_up() {
@@ -405,6 +438,39 @@ mod tests {
         .await
         .expect("insert");
         assert_eq!(found(&lookup, &["7", "8"]).await, [b"7".to_vec()]);
+    }
+
+    #[tokio::test]
+    #[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+    async fn every_key_of_a_lookup_is_looked_up_however_it_is_chunked_and_padded() {
+        let (pool, watch) =
+            table("create table {name} (code varchar(50) collate utf8mb4_nopad_bin primary key)")
+                .await;
+        sqlx::query(AssertSqlSafe(format!(
+            "insert into {} (code) select concat('k', seq) from seq_0_to_1199 where seq % 3 = 0",
+            watch.table
+        )))
+        .execute(&pool)
+        .await
+        .expect("insert");
+        let lookup = TableLookup::prepare(&pool, &watch, KeyType::Text)
+            .await
+            .expect("the column's facts")
+            .expect("a lookup");
+        let mut all: Vec<String> = (0..1200).map(|i| format!("k{i}")).collect();
+        fastrand::shuffle(&mut all);
+        for count in [1, 2, 3, 9, 17, 100, 255, 256, 257, 600, 1024] {
+            let asked: Vec<&str> = all[..count].iter().map(String::as_str).collect();
+            let mut rows = found(&lookup, &asked).await;
+            rows.sort();
+            let mut stored: Vec<Vec<u8>> = asked
+                .iter()
+                .filter(|key| key[1..].parse::<u32>().is_ok_and(|i| i % 3 == 0))
+                .map(|key| key.as_bytes().to_vec())
+                .collect();
+            stored.sort();
+            assert_eq!(rows, stored, "{count} keys");
+        }
     }
 
     #[test]
