@@ -12,7 +12,7 @@ use std::hint::black_box;
 use axum::extract::MatchedPath;
 use bloom_guard::{
     extract::{Header, KeyExtractor, PathParam, PathSegment, QueryParam},
-    feed::{CatchUp, PendingFilter},
+    feed::{CatchUp, KeyLookup, LookupError, LookupKey, PendingFilter},
     keys::{Collation, Key, KeyBatch},
     BloomGuard, BuildError, KeySource, KeyType,
 };
@@ -327,12 +327,91 @@ fn sub_filters(c: &mut Criterion) {
     group.finish();
 }
 
+/// A table that holds none of the keys asked, answering at once.
+struct Empty;
+
+impl KeyLookup for Empty {
+    fn find<'a>(&'a self, _: &'a [LookupKey]) -> BoxFuture<'a, Result<KeyBatch, LookupError>> {
+        Box::pin(async { Ok(KeyBatch::default()) })
+    }
+}
+
+/// Absent keys through a guard whose refusals wait for the barrier, 1 024
+/// requests at a time on two worker threads, the follower's feed reads (or
+/// its lookups) answering at once: what confirming a refusal costs the
+/// process, each way, with no database in it.
+fn refusals(c: &mut Criterion) {
+    const IN_FLIGHT: usize = 1024;
+    const EACH: usize = 16;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let mut group = c.benchmark_group("refusals");
+    group.throughput(criterion::Throughput::Elements((IN_FLIGHT * EACH) as u64));
+    for name in ["feed_read", "lookup"] {
+        let guard = BloomGuard::builder().expected_items(1_000).build();
+        let reader = guard.feed().reader();
+        reader.catch_up_with(Quiet);
+        let reads = if name == "lookup" {
+            reader.look_up_with(Empty);
+            None
+        } else {
+            Some(runtime.spawn(async move {
+                loop {
+                    reader.asked().await;
+                    reader.done(reader.begin());
+                }
+            }))
+        };
+        let guard = warm_guard(guard, 1_000);
+        let service = guard.layer(PathSegment(1)).layer(Inner);
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                runtime.block_on(async {
+                    let tasks: Vec<_> = (0..IN_FLIGHT)
+                        .map(|task| {
+                            let mut service = service.clone();
+                            tokio::spawn(async move {
+                                let mut refused = 0;
+                                for i in 0..EACH {
+                                    let request = Request::get(format!("/items/absent-{task}-{i}"))
+                                        .body(())
+                                        .expect("a request");
+                                    let Ok(response) = service.call(request).await;
+                                    refused += usize::from(response.status() == 404);
+                                }
+                                refused
+                            })
+                        })
+                        .collect();
+                    let mut refused = 0;
+                    for task in tasks {
+                        refused += task.await.expect("the task");
+                    }
+                    // A few are the filter's false positives.
+                    assert!(
+                        refused * 100 >= IN_FLIGHT * EACH * 99,
+                        "absent keys refused"
+                    );
+                });
+            });
+        });
+        if let Some(reads) = reads {
+            reads.abort();
+        }
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     service,
     extraction,
     key_types,
     contains,
-    sub_filters
+    sub_filters,
+    refusals
 );
 criterion_main!(benches);
