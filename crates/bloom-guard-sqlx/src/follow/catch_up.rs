@@ -45,7 +45,7 @@ impl<B: Database> CatchUp for CatchUpFrom<B> {
             let from = B::parse_position(pending.position())
                 .ok_or_else(|| CatchUpError::Position(pending.position().to_owned()))?;
             follower
-                .bring_up_to_date(&from, |changes, reached| {
+                .bring_up_to_date(&from, Candidate::Build, |changes, reached| {
                     // Truncated after the scan: the rebuild that follows
                     // scans what is left.
                     if changes.truncated {
@@ -59,6 +59,19 @@ impl<B: Database> CatchUp for CatchUpFrom<B> {
     }
 }
 
+/// Whose filter [`Engine::bring_up_to_date`] brings up to date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Candidate {
+    /// A build's, put in use whatever the read holds: writes the feed could
+    /// not record after its scan hold the guard open until a rebuild has
+    /// them, and a truncation after it asks for one.
+    Build,
+    /// A published snapshot's, refused when the read holds writes the feed
+    /// could not record: those are then no concern of the filter in use,
+    /// whose own reads see them if they came after it.
+    Snapshot,
+}
+
 impl<B: Database> Engine<B> {
     /// Holding the feed: applies to the filter in use what the reader loop
     /// would (so the hooks see every change), reads the feed from `from`
@@ -69,6 +82,7 @@ impl<B: Database> Engine<B> {
     pub(super) async fn bring_up_to_date<T, E>(
         &self,
         from: &B::Position,
+        candidate: Candidate,
         put_in_use: impl FnOnce(&Changes, &str) -> Result<T, E>,
     ) -> Result<T, E>
     where
@@ -114,7 +128,9 @@ impl<B: Database> Engine<B> {
         else {
             return Err(CatchUpError::Pruned.into());
         };
-        self.note_read(&changes);
+        if candidate == Candidate::Build || !changes.resync {
+            self.note_read(&changes);
+        }
         warn_skipped(feed_name, &changes);
         let in_use = put_in_use(&changes, &reached.to_string())?;
         self.hooks.tell(&changes);

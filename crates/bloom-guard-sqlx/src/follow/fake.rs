@@ -23,6 +23,9 @@ use crate::follow::column::KeyColumn;
 use crate::lock::lock;
 use crate::watch::Watch;
 
+/// The feed entry of a resync.
+const RESYNC: &str = "\0resync";
+
 /// A table, its feed (position = the number of changes committed), its
 /// snapshots and its build lock, with a log of what the engine did.
 #[derive(Clone)]
@@ -84,6 +87,13 @@ impl Fake {
         let mut state = self.state();
         state.table.insert(key.to_owned());
         state.feed.push(key.to_owned());
+    }
+
+    /// Records writes the feed could not hold (a resync), and wakes the
+    /// engine: every instance rebuilds.
+    fn resync(&self) {
+        self.state().feed.push(RESYNC.to_owned());
+        self.db.commits.notify_one();
     }
 
     /// Commits a row with `key`, and wakes the engine.
@@ -202,7 +212,11 @@ impl FeedReads for Fake {
         }
         let mut changes = Changes::default();
         for key in &state.feed[*since..] {
-            changes.record("i", Some(key.as_bytes()));
+            if key == RESYNC {
+                changes.record("r", None);
+            } else {
+                changes.record("i", Some(key.as_bytes()));
+            }
         }
         Ok(Read::Changes {
             position: state.feed.len(),
@@ -436,6 +450,71 @@ async fn a_snapshot_refused_once_is_not_retried() {
     let state = fake.state();
     assert_eq!(state.loads, 1, "the refused snapshot was loaded again");
     assert_eq!(state.scans, 1);
+}
+
+/// A resync: the follower rebuilds, and is ready once that scan has the
+/// writes; the number of scans then, and the fleet's clock before it.
+async fn resynced(fake: &Fake, follower: &Running) -> (usize, i64) {
+    let (scans, before) = {
+        // Time passes: a scan of another instance's now would be newer
+        // than this one's first.
+        let mut state = fake.state();
+        state.clock += 1;
+        (state.scans, state.clock)
+    };
+    fake.resync();
+    until("the rebuild after the resync", || {
+        fake.state().scans > scans
+            && follower.guard.stats().state == bloom_guard::stats::GuardState::Ready
+    })
+    .await;
+    (fake.state().scans, before)
+}
+
+#[tokio::test]
+async fn a_rebuild_for_a_resync_makes_older_snapshots_no_newer() {
+    let fake = Fake::new();
+    fake.commit("a");
+    let follower = run(&fake, true);
+    until("ready", || follower.guard.is_ready()).await;
+    let published = fake.state().snapshots[0].0.clone();
+    let (scans, before) = resynced(&fake, &follower).await;
+    // Published by another instance from a scan before the resync (newer
+    // than this instance's first): the rebuild is newer still.
+    fake.state().snapshots.push((published, before));
+    let loads = fake.state().loads;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let state = fake.state();
+    assert_eq!(
+        state.loads, loads,
+        "a snapshot older than the rebuild was loaded"
+    );
+    assert_eq!(state.scans, scans);
+}
+
+#[tokio::test]
+async fn a_snapshot_refused_for_a_resync_after_it_does_not_hold_the_guard_open() {
+    let fake = Fake::new();
+    fake.commit("a");
+    let follower = run(&fake, true);
+    until("ready", || follower.guard.is_ready()).await;
+    let published = fake.state().snapshots[0].0.clone();
+    let (scans, _) = resynced(&fake, &follower).await;
+    // Newer than any scan, at the position before the resync: its replay
+    // meets the resync, and it is refused. The filter in use was built
+    // after the resync and stays as it is.
+    let loads = fake.state().loads;
+    fake.state().snapshots.push((published, i64::MAX));
+    until("the snapshot's load", || fake.state().loads > loads).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+    while tokio::time::Instant::now() < deadline {
+        assert_eq!(
+            follower.guard.stats().state,
+            bloom_guard::stats::GuardState::Ready
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(fake.state().scans, scans, "the guard rebuilt again");
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use std::fmt;
 use bloom_guard::BloomGuard;
 use tokio::time::Instant;
 
-use super::catch_up::CatchUpError;
+use super::catch_up::{Candidate, CatchUpError};
 use super::cost::Rates;
 use super::prefetch::Loaded;
 use super::{Clock, Database, Engine, LoadError, SnapshotStore, Stored, Stores};
@@ -218,7 +218,7 @@ impl<B: Database> Engine<B> {
         let replay = Instant::now();
         let mut replayed = 0;
         let adopted = self
-            .bring_up_to_date(&position, |changes, reached| {
+            .bring_up_to_date(&position, Candidate::Snapshot, |changes, reached| {
                 if changes.resync {
                     return Err(AdoptFailure::Resync);
                 }
