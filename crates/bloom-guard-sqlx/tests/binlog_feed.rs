@@ -830,6 +830,66 @@ async fn truncate_starts_the_guard_over() {
     assert_eq!(status(&guard, "old").await, http::StatusCode::NOT_FOUND);
 }
 
+/// A transaction of more keys than the reader holds in memory starts the
+/// guard over instead: its keys are found after the rebuild, the one it
+/// deleted is forgotten, and the feed holds no row of it but the resync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
+async fn a_transaction_of_more_keys_than_the_reader_holds_starts_the_guard_over() {
+    let (pool, url) = fresh().await;
+    exec(&pool, "insert into items (code) values ('old'), ('gone')").await;
+    let (guard, _running) = followed(&pool, &url).await;
+    let generation = guard.stats().generation;
+    // 250 001 inserts (MariaDB's sequence engine) and a delete, one
+    // transaction.
+    exec(
+        &pool,
+        "start transaction;
+         insert into items (code) select concat('bulk-', seq) from seq_0_to_250000;
+         delete from items where code = 'gone';
+         commit",
+    )
+    .await;
+    wait_until(
+        "a rebuild after the bulk transaction",
+        Duration::from_secs(60),
+        || {
+            let stats = guard.stats();
+            stats.generation > generation
+                && stats.state == GuardState::Ready
+                && !guard.may_contain("gone")
+        },
+    )
+    .await;
+    for key in (0..=250_000)
+        .step_by(499)
+        .map(|i| format!("bulk-{i}"))
+        .chain(["bulk-250000".to_owned(), "old".to_owned()])
+    {
+        assert!(guard.may_contain(&key), "{key} missing after the rebuild");
+    }
+    let (rows, resyncs): (i64, i64) = sqlx::query_as(
+        "select cast(coalesce(sum(kind <> 'r'), 0) as signed),
+                cast(coalesce(sum(kind = 'r'), 0) as signed)
+           from bloom_guard_log_changes",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("the feed");
+    // At most the two rows written before it.
+    assert!(
+        rows <= 2,
+        "{rows} feed rows: the transaction's rows were written"
+    );
+    assert_eq!(resyncs, 1, "the transaction's resync");
+    // The feed goes on after it.
+    exec(&pool, "insert into items (code) values ('after')").await;
+    wait_until("a key after the rebuild", Duration::from_secs(10), || {
+        guard.may_contain("after")
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(mysql_database), ignore = "needs MySQL or MariaDB: set MYSQL_URL")]
 async fn a_table_has_one_feed() {

@@ -12,7 +12,11 @@
 //! (a resync: every instance rebuilds): a statement that names a watched
 //! table outside `BEGIN`/`COMMIT` (`TRUNCATE`, `ALTER TABLE`, `RENAME
 //! TABLE`, partition DDL, `DROP`) or inside one (a session that writes in
-//! `binlog_format=STATEMENT`), and a row change without its key.
+//! `binlog_format=STATEMENT`), and a row change without its key. So does
+//! a transaction that changes more than [`HELD_ROWS`] keys of watched
+//! tables: its rows are held until its end is read, and a bulk load or a
+//! mass delete of millions would be held whole; the rebuild's scan, which
+//! begins after the transaction committed, holds its changes instead.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -22,6 +26,10 @@ use mysql_async::BinlogStream;
 
 use super::position::BinlogPoint;
 use super::rows::{feed_rows, KeyError, KeyPart};
+
+/// The most feed rows one transaction holds in the reader's memory (about
+/// 100 bytes each): past them, the feeds it changed start over instead.
+pub(crate) const HELD_ROWS: usize = 250_000;
 
 /// A feed of the server: the database whose feed tables it is written
 /// to, and its name there.
@@ -279,6 +287,12 @@ impl Transactions {
         for row in rows.rows(table) {
             let (before, after) = row.map_err(mysql_async::Error::from)?;
             for watched in logged {
+                if transaction.resync.contains(&watched.feed) {
+                    // Its guards rebuild from a scan that begins after
+                    // this transaction committed: its rows would add
+                    // nothing.
+                    continue;
+                }
                 if usize::try_from(table.columns_count()).ok() != Some(watched.columns) {
                     // Written before or after a change of the table's
                     // columns the catalog does not show yet: the key's
@@ -303,6 +317,16 @@ impl Transactions {
                     }
                 }
             }
+        }
+        if transaction.rows.len() > HELD_ROWS {
+            let feeds: BTreeSet<FeedId> = transaction.rows.drain(..).map(|(id, ..)| id).collect();
+            tracing::info!(
+                rows = HELD_ROWS,
+                feeds = feeds.len(),
+                "a transaction changed more keys than the reader holds; the guards of its tables rebuild"
+            );
+            transaction.resync.extend(feeds);
+            transaction.rows.shrink_to_fit();
         }
         Ok(())
     }
