@@ -153,10 +153,10 @@ impl Server {
     /// [`Server::start`] with server id `id` (a replica needs its own).
     /// A start that fails (a port taken between its choice and the
     /// server's bind, a machine too busy for the script's wait) is tried
-    /// once more in a new folder.
+    /// twice more, each in a new folder.
     pub(crate) fn start_as(tls: bool, id: u32) -> Self {
         let mut failed = String::new();
-        for _ in 0..2 {
+        for _ in 0..3 {
             let dir = tempfile::tempdir().expect("a folder for the server");
             let mut command = std::process::Command::new(Self::script());
             command
@@ -171,11 +171,15 @@ impl Server {
                 let url = String::from_utf8_lossy(&out.stdout).trim().to_owned();
                 return Self { dir, url };
             }
-            failed = format!(
-                "{}\n{}",
+            let log =
+                |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap_or_default();
+            failed.push_str(&format!(
+                "\n{}: {}\ninstall.log: {}\nerror.log: {}",
+                out.status,
                 String::from_utf8_lossy(&out.stderr),
-                std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default()
-            );
+                log("install.log"),
+                log("error.log"),
+            ));
             let _ = std::process::Command::new(Self::script())
                 .arg("stop")
                 .arg(dir.path())
