@@ -290,22 +290,30 @@ impl<B: Database> Engine<B> {
         };
         if !self.adopt_newer().await {
             tracing::info!(reason, "rebuilding the bloom filter for the fleet");
-            if let Ok(now) = self.backend.position().await {
-                let started = Instant::now();
-                if self
-                    .guard
-                    .feed()
-                    .rebuild_newer_than(source, started)
-                    .await
-                    .is_ok()
-                {
-                    self.scanned(started);
-                    self.fleet().scanned_at = Some(now.at);
-                    self.publish(&now).await;
-                }
+            if let Some(now) = self.rebuild_here(source).await {
+                self.publish(&now).await;
             }
         }
         drop(build_lock);
+    }
+
+    /// Rebuilds this instance's filter from a scan, whatever the fleet
+    /// does: the position taken before the scan, once the new filter is in
+    /// use (none if the database gave no position or the rebuild failed).
+    /// The filter in use then descends from a scan as new as that
+    /// position, so no snapshot published before it counts as newer (its
+    /// replay could only bring back what this rebuild was for).
+    pub(super) async fn rebuild_here(&self, source: &B::Source) -> Option<Clock<B::Position>> {
+        let now = self.backend.position().await.ok()?;
+        let started = Instant::now();
+        self.guard
+            .feed()
+            .rebuild_newer_than(source, started)
+            .await
+            .ok()?;
+        self.scanned(started);
+        self.fleet().scanned_at = Some(now.at);
+        Some(now)
     }
 }
 

@@ -95,7 +95,7 @@ impl<B: Database> Engine<B> {
             if unrecorded
                 && checked
                 && gap.is_none()
-                && self.rebuild_here(&source).await
+                && self.rebuild_here(&source).await.is_some()
                 // A resync read while the rebuild ran may postdate its scan.
                 && self.rebuilds.resyncs.load(std::sync::atomic::Ordering::Acquire) == resyncs
             {
@@ -134,7 +134,7 @@ impl<B: Database> Engine<B> {
                 .rebuilds
                 .here
                 .swap(false, std::sync::atomic::Ordering::AcqRel)
-                && !self.rebuild_here(&source).await
+                && self.rebuild_here(&source).await.is_none()
             {
                 self.rebuilds
                     .here
@@ -149,29 +149,6 @@ impl<B: Database> Engine<B> {
                 }
             }
         }
-    }
-
-    /// Rebuilds this instance's filter from a scan, whatever the fleet
-    /// does; whether it did. The filter in use then descends from a scan
-    /// as new as the position taken before it, so no snapshot published
-    /// before that counts as newer (its replay could only bring back what
-    /// this rebuild was for).
-    async fn rebuild_here(&self, source: &B::Source) -> bool {
-        let now = self.backend.position().await.ok();
-        let started = Instant::now();
-        if self
-            .guard
-            .feed()
-            .rebuild_newer_than(source, started)
-            .await
-            .is_err()
-        {
-            return false;
-        }
-        if let Some(now) = now {
-            self.fleet().scanned_at = Some(now.at);
-        }
-        true
     }
 
     /// Fails the guard open while a watched table can take writes the
